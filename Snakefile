@@ -1,0 +1,25 @@
+# omicsprep: single-cell preprocessing on GPUs (RAPIDS) and CPUs (scanpy).
+# Table of contents: configuration, the stages in order, and the final targets.
+
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+report: "report/workflow.rst"
+
+
+include: "rules/common.smk"
+include: "rules/qc.smk"
+include: "rules/cluster.smk"
+include: "rules/plots.smk"
+include: "rules/report.smk"
+
+
+rule all:
+    input:
+        final_outputs(),
+    default_target: True

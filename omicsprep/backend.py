@@ -1,0 +1,156 @@
+"""The backend seam: the only module that imports GPU libraries.
+
+CuPy, cuDF, cuML, cuGraph and rapids-singlecell are imported lazily, on first use, so that
+every other module of omicsprep imports on machines without a GPU. The backend is always
+explicit: ``"auto"`` resolves to ``"gpu"`` only when the RAPIDS stack imports *and* a CUDA
+device is visible; an explicit ``"gpu"`` that cannot be honoured raises
+:class:`~omicsprep.errors.BackendUnavailableError` instead of falling back to the CPU.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from functools import cache
+from types import ModuleType
+from typing import Any, Literal
+
+import numpy as np
+from anndata import AnnData
+from scipy import sparse
+
+from omicsprep.errors import BackendUnavailableError
+
+Backend = Literal["cpu", "gpu"]
+BackendChoice = Literal["auto", "cpu", "gpu"]
+
+GPU_MODULES = ("cupy", "cudf", "cuml", "cugraph", "rapids_singlecell")
+# Recorded in every output, when imported in the producing process.
+RECORDED_MODULES = (
+    "omicsprep", "anndata", "scanpy", "numpy", "scipy", "pandas", "sklearn", "umap",
+    "igraph", "leidenalg", "numba", *GPU_MODULES,
+)
+
+
+@cache
+def gpu_unavailable_reason() -> str | None:
+    """Say why the GPU backend cannot run here, or return ``None`` when it can."""
+    try:
+        cupy = importlib.import_module("cupy")
+        n_devices = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # noqa: BLE001 - any failure means "no usable GPU"
+        return f"CuPy/CUDA unusable ({type(exc).__name__}: {exc})"
+    if n_devices == 0:
+        return "no CUDA device is visible"
+    for name in GPU_MODULES[1:]:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001
+            return f"cannot import {name} ({type(exc).__name__}: {exc})"
+    return None
+
+
+def resolve_backend(choice: str) -> Backend:
+    """Turn a configured backend (``auto``, ``cpu`` or ``gpu``) into the one to use.
+
+    Parameters
+    ----------
+    choice
+        ``"auto"`` picks the GPU when it is usable, ``"cpu"`` and ``"gpu"`` are taken as
+        given.
+
+    Returns
+    -------
+    ``"cpu"`` or ``"gpu"``.
+
+    Raises
+    ------
+    BackendUnavailableError
+        ``choice`` is ``"gpu"`` and no usable GPU with RAPIDS is present.
+    ValueError
+        ``choice`` is none of the three.
+    """
+    if choice == "cpu":
+        return "cpu"
+    if choice not in ("auto", "gpu"):
+        msg = f"backend must be 'auto', 'cpu' or 'gpu', not {choice!r}"
+        raise ValueError(msg)
+    reason = gpu_unavailable_reason()
+    if reason is None:
+        return "gpu"
+    if choice == "gpu":
+        msg = f"backend 'gpu' was requested but cannot be used: {reason}"
+        raise BackendUnavailableError(msg)
+    return "cpu"
+
+
+def rapids_singlecell() -> ModuleType:
+    """Return the imported ``rapids_singlecell`` module."""
+    return importlib.import_module("rapids_singlecell")
+
+
+def cupy() -> ModuleType:
+    """Return the imported ``cupy`` module."""
+    return importlib.import_module("cupy")
+
+
+def to_device(adata: AnnData, *, backend: Backend) -> None:
+    """Move ``X`` and every layer to the GPU (no-op on the CPU backend).
+
+    Call once per rule, right after reading.
+    """
+    if backend == "gpu":
+        rapids_singlecell().get.anndata_to_GPU(adata, convert_all=True)
+
+
+def _to_host_value(value: Any) -> Any:
+    if "cupy" not in sys.modules:
+        return value
+    cp = sys.modules["cupy"]
+    if isinstance(value, cp.ndarray):
+        return cp.asnumpy(value)
+    cpx_sparse = importlib.import_module("cupyx.scipy.sparse")
+    if cpx_sparse.issparse(value):
+        return value.get()
+    if isinstance(value, dict):
+        return {k: _to_host_value(v) for k, v in value.items()}
+    return value
+
+
+def to_host(adata: AnnData) -> None:
+    """Bring every array of ``adata`` back to host memory, in place, before writing."""
+    adata.X = _to_host_value(adata.X)
+    for mapping in (adata.layers, adata.obsm, adata.varm, adata.obsp, adata.varp):
+        for key in list(mapping.keys()):
+            mapping[key] = _to_host_value(mapping[key])
+    for key in list(adata.uns.keys()):
+        adata.uns[key] = _to_host_value(adata.uns[key])
+
+
+def as_numpy(value: Any) -> np.ndarray | sparse.spmatrix:
+    """Return ``value`` in host memory (a no-op for NumPy and SciPy)."""
+    return _to_host_value(value)
+
+
+def module_versions() -> dict[str, str]:
+    """Versions of the analysis libraries imported by this process, and the GPU's name."""
+    versions = {
+        name: str(getattr(sys.modules[name], "__version__", "unknown"))
+        for name in RECORDED_MODULES
+        if name in sys.modules
+    }
+    versions["python"] = sys.version.split()[0]
+    if "cupy" in sys.modules:
+        cp = sys.modules["cupy"]
+        try:
+            props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+            versions["gpu"] = props["name"].decode()
+        except Exception:  # noqa: BLE001, S110 - only informative
+            pass
+    return versions
+
+
+def synchronize(*, backend: Backend) -> None:
+    """Wait for queued GPU work (so timings are honest); a no-op on the CPU."""
+    if backend == "gpu":
+        cupy().cuda.get_current_stream().synchronize()

@@ -1,0 +1,181 @@
+"""Neighbour graph, UMAP, Leiden and Louvain clustering, and marker genes."""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+from anndata import AnnData
+from scipy import sparse
+
+from omicsprep.backend import Backend, rapids_singlecell
+from omicsprep.jit_cache import cache_umap_kernels
+
+log = logging.getLogger(__name__)
+
+MarkerMethod = Literal["wilcoxon", "t-test", "logreg"]
+
+
+def cluster_key(algorithm: Literal["leiden", "louvain"], resolution: float) -> str:
+    """Name of the ``obs`` column holding clusters at one resolution, e.g. ``leiden_1.0``."""
+    return f"{algorithm}_{float(resolution)}"
+
+
+def neighbors(adata: AnnData, *, n_neighbors: int, n_pcs: int, metric: str, backend: Backend) -> None:
+    """Exact k-nearest-neighbour graph on ``obsm["X_pca"]`` with UMAP connectivities.
+
+    Exact search on both backends (brute force on the GPU, scikit-learn on the CPU) gives
+    the same graph on both and avoids pynndescent's long compilation in every new process.
+
+    Parameters
+    ----------
+    adata
+        Cells with ``obsm["X_pca"]``.
+    n_neighbors
+        Neighbours per cell, the cell itself included (scanpy's convention).
+    n_pcs
+        Leading principal components used; capped by those present.
+    metric
+        Distance, e.g. ``"euclidean"`` or ``"cosine"``.
+    backend
+        ``"cpu"`` or ``"gpu"``.
+    """
+    n_pcs = min(n_pcs, adata.obsm["X_pca"].shape[1])
+    n_neighbors = min(n_neighbors, adata.n_obs - 1)
+    if backend == "gpu":
+        rapids_singlecell().pp.neighbors(
+            adata, n_neighbors=n_neighbors, n_pcs=n_pcs, metric=metric, algorithm="brute"
+        )
+    else:
+        import scanpy as sc
+
+        cache_umap_kernels()
+        sc.pp.neighbors(adata, n_neighbors=n_neighbors, n_pcs=n_pcs, metric=metric, transformer="sklearn")
+
+
+def umap(adata: AnnData, *, min_dist: float, seed: int, backend: Backend) -> None:
+    """Two-dimensional UMAP of the neighbour graph into ``obsm["X_umap"]``."""
+    if backend == "gpu":
+        rapids_singlecell().tl.umap(adata, min_dist=min_dist, rng=seed)
+    else:
+        import scanpy as sc
+
+        cache_umap_kernels()
+        sc.tl.umap(adata, min_dist=min_dist, random_state=seed)
+
+
+def leiden(adata: AnnData, *, resolutions: list[float], seed: int, backend: Backend) -> list[str]:
+    """Leiden clusters at each resolution, in ``obs["leiden_<resolution>"]``.
+
+    Runs until the partition is stable on both backends (igraph on the CPU, cuGraph on
+    the GPU).
+
+    Returns
+    -------
+    The ``obs`` columns written.
+    """
+    keys = []
+    for resolution in resolutions:
+        key = cluster_key("leiden", resolution)
+        if backend == "gpu":
+            rapids_singlecell().tl.leiden(adata, resolution=resolution, rng=seed, key_added=key)
+        else:
+            import scanpy as sc
+
+            sc.tl.leiden(
+                adata,
+                resolution=resolution,
+                flavor="igraph",
+                n_iterations=-1,
+                directed=False,
+                random_state=seed,
+                key_added=key,
+            )
+        keys.append(key)
+    return keys
+
+
+def _louvain_igraph(connectivities: sparse.spmatrix, *, resolution: float, seed: int) -> np.ndarray:
+    import igraph
+
+    upper = sparse.triu(connectivities, k=1).tocoo()
+    graph = igraph.Graph(n=connectivities.shape[0], edges=np.column_stack([upper.row, upper.col]).tolist())
+    # igraph draws from Python's `random`: seed a private generator, then restore.
+    igraph.set_random_number_generator(random.Random(seed))
+    try:
+        membership = graph.community_multilevel(weights=upper.data.tolist(), resolution=resolution).membership
+    finally:
+        igraph.set_random_number_generator(random)
+    return np.asarray(membership)
+
+
+def _ordered_categories(labels: np.ndarray) -> pd.Categorical:
+    """Relabel clusters 0, 1, ... by decreasing size, as scanpy does."""
+    values, counts = np.unique(labels, return_counts=True)
+    rank = {value: str(i) for i, value in enumerate(values[np.argsort(-counts, kind="stable")])}
+    names = [rank[value] for value in labels]
+    return pd.Categorical(names, categories=[str(i) for i in range(len(values))])
+
+
+def louvain(adata: AnnData, *, resolutions: list[float], seed: int, backend: Backend) -> list[str]:
+    """Louvain clusters at each resolution, in ``obs["louvain_<resolution>"]``.
+
+    cuGraph on the GPU; igraph's multilevel algorithm on the CPU (scanpy's igraph flavour
+    ignores the resolution, its default flavour needs the unmaintained ``louvain`` package).
+
+    Returns
+    -------
+    The ``obs`` columns written.
+    """
+    keys = []
+    for resolution in resolutions:
+        key = cluster_key("louvain", resolution)
+        if backend == "gpu":
+            rapids_singlecell().tl.louvain(adata, resolution=resolution, key_added=key)
+        else:
+            labels = _louvain_igraph(adata.obsp["connectivities"], resolution=resolution, seed=seed)
+            adata.obs[key] = _ordered_categories(labels)
+        keys.append(key)
+    return keys
+
+
+def rank_markers(adata: AnnData, *, groupby: str, method: MarkerMethod, backend: Backend) -> None:
+    """Rank marker genes of each cluster against the rest into ``uns["rank_genes_groups"]``.
+
+    Nothing is ranked (and a warning logged) when there is a single cluster.
+
+    Parameters
+    ----------
+    adata
+        Log-normalized ``X`` and clusters in ``obs[groupby]``.
+    groupby
+        Column of ``obs`` with the clusters.
+    method
+        Test: ``"wilcoxon"``, ``"t-test"`` or ``"logreg"``.
+    backend
+        ``"cpu"`` or ``"gpu"``.
+    """
+    if adata.obs[groupby].nunique() < 2:
+        log.warning("only one cluster in %s: no markers", groupby)
+        return
+    if backend == "gpu":
+        rapids_singlecell().tl.rank_genes_groups(adata, groupby, method=method, use_raw=False, pts=True)
+    else:
+        import scanpy as sc
+
+        sc.tl.rank_genes_groups(adata, groupby, method=method, use_raw=False, pts=True)
+
+
+def markers_table(adata: AnnData, *, n_genes: int) -> pd.DataFrame:
+    """Top ``n_genes`` markers per cluster as a long table (from :func:`rank_markers`)."""
+    import scanpy as sc
+
+    columns = ["group", "names", "scores", "logfoldchanges", "pvals", "pvals_adj", "pct_nz_group", "pct_nz_reference"]
+    if "rank_genes_groups" not in adata.uns:
+        return pd.DataFrame(columns=columns)
+    table = sc.get.rank_genes_groups_df(adata, group=None)
+    table = table.groupby("group", observed=True, sort=False).head(n_genes)
+    return table[[c for c in columns if c in table.columns]].rename(columns={"names": "gene"})

@@ -1,0 +1,198 @@
+"""Reading count matrices and writing outputs atomically.
+
+All file I/O of omicsprep lives here; the analysis modules take and return AnnData.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Literal
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+from anndata import AnnData
+from scipy import sparse
+
+from omicsprep.errors import InputError
+
+InputFormat = Literal["10x_h5", "10x_mtx", "h5ad", "zarr"]
+FORMATS: tuple[str, ...] = ("10x_h5", "10x_mtx", "h5ad", "zarr")
+_MTX_NAMES = ("matrix.mtx", "matrix.mtx.gz")
+_MTX_FEATURES = ("features.tsv.gz", "features.tsv", "genes.tsv", "genes.tsv.gz")
+
+
+def detect_format(path: str | Path) -> InputFormat:
+    """Guess the format of a count matrix from its path.
+
+    Parameters
+    ----------
+    path
+        A 10x HDF5 file (``.h5``), a 10x MatrixMarket folder, an ``.h5ad`` file or an
+        AnnData ``.zarr`` store.
+
+    Returns
+    -------
+    One of :data:`FORMATS`.
+
+    Raises
+    ------
+    InputError
+        The path is missing or its format is not recognised.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise InputError("does not exist", path=path)
+    suffix = path.suffix.lower()
+    if suffix == ".zarr" or (path.is_dir() and (path / ".zgroup").exists()):
+        return "zarr"
+    if path.is_dir():
+        if any((path / name).exists() for name in _MTX_NAMES):
+            return "10x_mtx"
+        raise InputError(
+            "is a folder but neither a 10x MatrixMarket folder (no matrix.mtx[.gz]) nor a .zarr store",
+            path=path,
+        )
+    if suffix == ".h5":
+        return "10x_h5"
+    if suffix == ".h5ad":
+        return "h5ad"
+    raise InputError(
+        f"unknown format (extension {suffix or 'none'!r}); expected one of {', '.join(FORMATS)} "
+        "or a 'format' column in the sample sheet",
+        path=path,
+    )
+
+
+def _read_mtx_folder(path: Path) -> AnnData:
+    import scanpy as sc
+
+    if not any((path / name).exists() for name in _MTX_FEATURES):
+        raise InputError("10x MatrixMarket folder has no features.tsv.gz or genes.tsv", path=path)
+    # v3 folders are gzipped, v2 folders are not; scanpy tells them apart by file name.
+    return sc.read_10x_mtx(path, var_names="gene_symbols", make_unique=True)
+
+
+def _read_any(path: Path, fmt: InputFormat) -> AnnData:
+    import scanpy as sc
+
+    if fmt == "10x_h5":
+        return sc.read_10x_h5(path)
+    if fmt == "10x_mtx":
+        return _read_mtx_folder(path)
+    if fmt == "h5ad":
+        return ad.read_h5ad(path)
+    return ad.read_zarr(path)
+
+
+def read_counts(path: str | Path, *, fmt: str | None = None) -> AnnData:
+    """Read a raw count matrix as cells x genes with a CSR ``X``.
+
+    Parameters
+    ----------
+    path
+        The matrix, in any of :data:`FORMATS`.
+    fmt
+        Its format; detected from ``path`` when ``None``.
+
+    Returns
+    -------
+    The counts, with unique cell and gene names.
+
+    Raises
+    ------
+    InputError
+        Missing file, unknown or unreadable format, an empty matrix, or values that are
+        not counts (negative or non-finite).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise InputError("does not exist", path=path)
+    if fmt is None:
+        fmt = detect_format(path)
+    if fmt not in FORMATS:
+        raise InputError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}", path=path)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*names are not unique.*")
+            adata = _read_any(path, fmt)  # type: ignore[arg-type]
+    except InputError:
+        raise
+    except Exception as exc:
+        raise InputError(f"cannot be read as {fmt} ({type(exc).__name__}: {exc})", path=path) from exc
+    if adata.n_obs == 0 or adata.n_vars == 0:
+        raise InputError(f"matrix is empty ({adata.n_obs} cells x {adata.n_vars} genes)", path=path)
+    adata.obs_names_make_unique()
+    adata.var_names_make_unique()
+    adata.X = sparse.csr_matrix(adata.X)
+    _check_counts(adata, path=path)
+    return adata
+
+
+def _check_counts(adata: AnnData, *, path: Path) -> None:
+    values = adata.X.data
+    if values.size == 0:
+        raise InputError(f"matrix has no non-zero counts ({adata.n_obs} cells x {adata.n_vars} genes)", path=path)
+    if not np.isfinite(values).all():
+        raise InputError("matrix holds NaN or infinite values; raw counts expected", path=path)
+    if values.min() < 0:
+        raise InputError("matrix holds negative values; raw counts expected", path=path)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; rename it to ``path`` only on success.
+
+    Nothing partial survives a failure: the temporary file is removed when the block
+    raises.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp" + path.suffix, dir=path.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_h5ad(adata: AnnData, path: str | Path) -> None:
+    """Write ``adata`` to ``path`` atomically (compressed, lzf)."""
+    with atomic_path(path) as tmp:
+        adata.write_h5ad(tmp, compression="lzf")
+
+
+def write_table(frame: pd.DataFrame, path: str | Path, *, index: bool = False) -> None:
+    """Write a table atomically; Parquet or tab-separated text chosen by extension."""
+    with atomic_path(path) as tmp:
+        if Path(path).suffix == ".parquet":
+            frame.to_parquet(tmp, index=index)
+        else:
+            frame.to_csv(tmp, sep="\t", index=index)
+
+
+def write_figure(figure: object, path: str | Path) -> None:
+    """Save a Matplotlib figure atomically and close it."""
+    import matplotlib.pyplot as plt
+
+    with atomic_path(path) as tmp:
+        figure.savefig(tmp, dpi=110, bbox_inches="tight", format=Path(path).suffix.lstrip("."))  # type: ignore[attr-defined]
+    plt.close(figure)  # type: ignore[arg-type]
+
+
+def read_h5ad_elements(path: str | Path, keys: list[str]) -> dict[str, object]:
+    """Read single elements (e.g. ``"obs"``, ``"obsm/X_umap"``) of an ``.h5ad`` file.
+
+    Cheaper than reading the file: the matrix and layers stay on disk.
+    """
+    import h5py
+
+    with h5py.File(path, "r") as handle:
+        return {key: ad.io.read_elem(handle[key]) for key in keys}

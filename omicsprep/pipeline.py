@@ -1,0 +1,137 @@
+"""The workflow's fused steps: each runs a whole rule's chain on one backend.
+
+A rule is a process, and on the GPU every process pays for importing RAPIDS and compiling
+kernels; chaining the steps of a stage in one call moves the data to the device once and
+pays those costs once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import pandas as pd
+from anndata import AnnData
+
+from omicsprep import clustering, preprocessing, qc
+from omicsprep.backend import Backend, to_device, to_host
+from omicsprep.provenance import StepTimer, record_provenance
+
+log = logging.getLogger(__name__)
+
+CELL_METRICS = (
+    "total_counts", "n_genes_by_counts", "pct_counts_mt", "pct_counts_ribo", "pct_counts_hb",
+)
+
+
+def run_qc(
+    adata: AnnData,
+    *,
+    qc_params: Mapping[str, Any],
+    doublet_params: Mapping[str, Any],
+    seed: int,
+    backend: Backend,
+) -> tuple[AnnData, pd.DataFrame]:
+    """QC metrics, cell filtering, gene filtering and doublet scoring.
+
+    Parameters
+    ----------
+    adata
+        Raw counts, cells x genes, in host memory.
+    qc_params
+        The ``qc`` section of the configuration: ``gene_groups``, ``filter`` (keyword
+        arguments of :func:`omicsprep.qc.qc_pass_mask`), ``min_cells_per_gene`` and
+        ``min_cells_left``.
+    doublet_params
+        The ``doublets`` section: ``enabled``, ``expected_rate``, ``remove``.
+    seed
+        Seed for doublet simulation.
+    backend
+        ``"cpu"`` or ``"gpu"``.
+
+    Returns
+    -------
+    The cells that passed (in host memory) and a table of every input cell's metrics with
+    ``passed`` and ``fail_reason`` columns.
+    """
+    timer = StepTimer(backend=backend)
+    n_input = adata.n_obs
+    with timer.step("to_device"):
+        to_device(adata, backend=backend)
+    with timer.step("qc_metrics"):
+        qc.annotate_gene_groups(adata, patterns=qc_params["gene_groups"])
+        qc.calculate_qc_metrics(adata, qc_vars=list(qc_params["gene_groups"]), backend=backend)
+    with timer.step("filter"):
+        reasons = qc.qc_pass_mask(adata, **qc_params["filter"])
+        metrics = adata.obs[[c for c in CELL_METRICS if c in adata.obs]].copy()
+        metrics["fail_reason"] = reasons
+        adata = adata[(reasons == "").to_numpy()].copy()
+        qc.require_cells(adata, minimum=qc_params["min_cells_left"], after="cell filtering")
+        qc.filter_genes(adata, min_cells=qc_params["min_cells_per_gene"], backend=backend)
+    if doublet_params["enabled"]:
+        with timer.step("doublets"):
+            qc.score_doublets(adata, expected_rate=doublet_params["expected_rate"], seed=seed, backend=backend)
+            metrics["doublet_score"] = adata.obs["doublet_score"].reindex(metrics.index)
+            doublets = adata.obs["predicted_doublet"].to_numpy()
+            if doublet_params["remove"]:
+                metrics.loc[adata.obs_names[doublets], "fail_reason"] = "doublet"
+                adata = adata[~doublets].copy()
+                qc.require_cells(adata, minimum=qc_params["min_cells_left"], after="doublet removal")
+    metrics["passed"] = metrics["fail_reason"] == ""
+    with timer.step("to_host"):
+        to_host(adata)
+    log.info("qc: kept %d of %d cells, %d genes", adata.n_obs, n_input, adata.n_vars)
+    params = {"qc": qc_params, "doublets": doublet_params, "seed": seed}
+    record_provenance(adata, rule="qc", backend=backend, params=params, timings=timer.seconds)
+    return adata, metrics
+
+
+def run_clustering(
+    adata: AnnData, *, params: Mapping[str, Any], seed: int, backend: Backend
+) -> pd.DataFrame:
+    """Normalization, HVG, PCA, neighbours, UMAP, Leiden, Louvain and markers, in place.
+
+    Parameters
+    ----------
+    adata
+        QC'd raw counts in host memory; comes back in host memory.
+    params
+        Configuration sections ``normalize``, ``hvg``, ``pca``, ``neighbors``, ``umap``,
+        ``leiden``, ``louvain`` and ``markers``.
+    seed
+        Seed for PCA, UMAP and clustering.
+    backend
+        ``"cpu"`` or ``"gpu"``.
+
+    Returns
+    -------
+    The marker genes table.
+    """
+    timer = StepTimer(backend=backend)
+    with timer.step("to_device"):
+        to_device(adata, backend=backend)
+    with timer.step("normalize"):
+        preprocessing.normalize(adata, target_sum=params["normalize"]["target_sum"], backend=backend)
+    with timer.step("hvg"):
+        preprocessing.highly_variable_genes(adata, **params["hvg"], backend=backend)
+    with timer.step("pca"):
+        preprocessing.pca(adata, n_comps=params["pca"]["n_comps"], seed=seed, backend=backend)
+    with timer.step("neighbors"):
+        clustering.neighbors(adata, **params["neighbors"], backend=backend)
+    with timer.step("umap"):
+        clustering.umap(adata, min_dist=params["umap"]["min_dist"], seed=seed, backend=backend)
+    with timer.step("leiden"):
+        clustering.leiden(adata, resolutions=params["leiden"]["resolutions"], seed=seed, backend=backend)
+    with timer.step("louvain"):
+        clustering.louvain(adata, resolutions=params["louvain"]["resolutions"], seed=seed, backend=backend)
+    markers = params["markers"]
+    with timer.step("markers"):
+        groupby = clustering.cluster_key(markers["algorithm"], markers["resolution"])
+        clustering.rank_markers(adata, groupby=groupby, method=markers["method"], backend=backend)
+    with timer.step("to_host"):
+        to_host(adata)
+    record_provenance(
+        adata, rule="cluster", backend=backend, params={**params, "seed": seed}, timings=timer.seconds
+    )
+    return clustering.markers_table(adata, n_genes=markers["n_genes"])

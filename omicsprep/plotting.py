@@ -1,0 +1,111 @@
+"""Figures of QC metrics and embeddings; each function returns a Matplotlib figure."""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+QC_PANELS = {
+    "total_counts": ("UMIs per cell", True),
+    "n_genes_by_counts": ("genes per cell", True),
+    "pct_counts_mt": ("% mitochondrial", False),
+    "pct_counts_ribo": ("% ribosomal", False),
+    "pct_counts_hb": ("% hemoglobin", False),
+    "doublet_score": ("doublet score", False),
+}
+
+
+def qc_histograms(metrics: pd.DataFrame, *, title: str) -> Figure:
+    """Histograms of each QC metric, cells that passed and cells that failed stacked.
+
+    Parameters
+    ----------
+    metrics
+        One row per input cell with metric columns and ``passed``.
+    title
+        Figure title (the sample's name).
+    """
+    panels = [name for name in QC_PANELS if name in metrics and metrics[name].notna().any()]
+    n_cols = 3
+    fig, axes = plt.subplots(math.ceil(len(panels) / n_cols), n_cols, figsize=(12, 3.2 * math.ceil(len(panels) / n_cols)))
+    axes = np.atleast_1d(axes).ravel()
+    for ax, name in zip(axes, panels):
+        label, log_scale = QC_PANELS[name]
+        values = metrics[name].astype(float)
+        shown = np.log10(values.clip(lower=1)) if log_scale else values
+        bins = np.histogram_bin_edges(shown.dropna(), bins=50)
+        groups = [shown[metrics["passed"]].dropna(), shown[~metrics["passed"]].dropna()]
+        ax.hist(groups, bins=bins, stacked=True, color=["#4c72b0", "#dd8452"], label=["passed", "failed"])
+        ax.set_xlabel(f"log10 {label}" if log_scale else label)
+        ax.set_ylabel("cells")
+    for ax in axes[len(panels):]:
+        ax.axis("off")
+    axes[0].legend(frameon=False)
+    n_pass = int(metrics["passed"].sum())
+    fig.suptitle(f"{title}: {n_pass} of {len(metrics)} cells passed QC")
+    fig.tight_layout()
+    return fig
+
+
+def qc_scatter(metrics: pd.DataFrame, *, title: str) -> Figure:
+    """UMIs against genes per cell, coloured by mitochondrial share, failed cells marked."""
+    fig, ax = plt.subplots(figsize=(6, 5))
+    colour = metrics["pct_counts_mt"] if "pct_counts_mt" in metrics else None
+    points = ax.scatter(
+        metrics["total_counts"], metrics["n_genes_by_counts"], c=colour, s=4, cmap="viridis", rasterized=True
+    )
+    failed = ~metrics["passed"]
+    ax.scatter(
+        metrics.loc[failed, "total_counts"], metrics.loc[failed, "n_genes_by_counts"],
+        s=12, facecolors="none", edgecolors="#dd8452", linewidths=0.5, label="failed QC",
+    )
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("UMIs per cell")
+    ax.set_ylabel("genes per cell")
+    ax.legend(frameon=False, loc="upper left")
+    if colour is not None:
+        fig.colorbar(points, ax=ax, label="% mitochondrial")
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def embedding_panels(coords: np.ndarray, obs: pd.DataFrame, *, keys: list[str], title: str) -> Figure:
+    """Scatter plots of a 2-D embedding, one panel per ``obs`` column.
+
+    Categorical columns get a colour per category and labels at category centres;
+    numeric columns a continuous colour map.
+    """
+    n_cols = min(3, len(keys))
+    n_rows = math.ceil(len(keys) / n_cols)
+    fig, axes = plt.subplots(n_rows, n_cols, figsize=(5.2 * n_cols, 4.6 * n_rows), squeeze=False)
+    size = max(0.5, min(8.0, 30000 / max(len(obs), 1)))
+    cmap = plt.get_cmap("tab20")
+    for ax, key in zip(axes.ravel(), keys):
+        values = obs[key]
+        if isinstance(values.dtype, pd.CategoricalDtype):
+            for i, category in enumerate(values.cat.categories):
+                mask = (values == category).to_numpy()
+                ax.scatter(coords[mask, 0], coords[mask, 1], s=size, color=cmap(i % 20), rasterized=True)
+                if mask.any():
+                    x, y = np.median(coords[mask], axis=0)
+                    ax.text(x, y, str(category), fontsize=8, weight="bold", ha="center", va="center")
+        else:
+            points = ax.scatter(coords[:, 0], coords[:, 1], c=values.astype(float), s=size, cmap="viridis", rasterized=True)
+            fig.colorbar(points, ax=ax, shrink=0.8)
+        ax.set_title(key)
+        ax.set_xticks([])
+        ax.set_yticks([])
+    for ax in axes.ravel()[len(keys):]:
+        ax.axis("off")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,84 @@
+"""Normalization, highly variable genes and PCA, on either backend."""
+
+from __future__ import annotations
+
+import logging
+from typing import Literal
+
+from anndata import AnnData
+
+from omicsprep.backend import Backend, rapids_singlecell
+
+log = logging.getLogger(__name__)
+
+HvgFlavor = Literal["seurat_v3", "seurat", "cell_ranger"]
+
+
+def _api(backend: Backend):  # noqa: ANN202 - scanpy or rapids_singlecell
+    if backend == "gpu":
+        return rapids_singlecell()
+    import scanpy as sc
+
+    return sc
+
+
+def normalize(adata: AnnData, *, target_sum: float | None, backend: Backend) -> None:
+    """Keep raw counts in ``layers["counts"]``, then library-size normalize and log1p ``X``.
+
+    Parameters
+    ----------
+    adata
+        Raw counts in ``X``.
+    target_sum
+        Counts per cell after scaling; ``None`` uses the median library size.
+    backend
+        ``"cpu"`` or ``"gpu"``.
+    """
+    api = _api(backend)
+    adata.layers["counts"] = adata.X.copy()
+    api.pp.normalize_total(adata, target_sum=target_sum)
+    api.pp.log1p(adata)
+
+
+def highly_variable_genes(adata: AnnData, *, flavor: HvgFlavor, n_top_genes: int, backend: Backend) -> None:
+    """Flag highly variable genes in ``var["highly_variable"]``.
+
+    Parameters
+    ----------
+    adata
+        Log-normalized ``X`` and raw ``layers["counts"]`` (from :func:`normalize`).
+    flavor
+        ``"seurat_v3"`` ranks genes on the raw counts; the others on log-normalized values.
+    n_top_genes
+        How many genes to flag; capped at the number of genes.
+    backend
+        ``"cpu"`` or ``"gpu"``.
+    """
+    n_top = min(n_top_genes, adata.n_vars)
+    layer = "counts" if flavor == "seurat_v3" else None
+    _api(backend).pp.highly_variable_genes(adata, flavor=flavor, n_top_genes=n_top, layer=layer)
+    log.info("highly variable genes: %d of %d", int(adata.var["highly_variable"].sum()), adata.n_vars)
+
+
+def pca(adata: AnnData, *, n_comps: int, seed: int, backend: Backend) -> None:
+    """PCA of the highly variable genes into ``obsm["X_pca"]``.
+
+    Parameters
+    ----------
+    adata
+        Log-normalized ``X`` with ``var["highly_variable"]``.
+    n_comps
+        Number of components; capped by the data's dimensions.
+    seed
+        Seed for randomized solvers.
+    backend
+        ``"cpu"`` (scanpy, ARPACK) or ``"gpu"`` (cuML).
+    """
+    n_hvg = int(adata.var["highly_variable"].sum())
+    n_comps = min(n_comps, adata.n_obs - 1, n_hvg - 1)
+    if backend == "gpu":
+        rapids_singlecell().pp.pca(adata, n_comps=n_comps, mask_var="highly_variable", rng=seed)
+    else:
+        import scanpy as sc
+
+        sc.pp.pca(adata, n_comps=n_comps, mask_var="highly_variable", svd_solver="arpack", random_state=seed)

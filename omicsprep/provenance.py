@@ -1,0 +1,60 @@
+"""What produced an output: backend, library versions, parameters and step timings."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from anndata import AnnData
+
+from omicsprep.backend import Backend, module_versions, synchronize
+
+log = logging.getLogger(__name__)
+
+
+class StepTimer:
+    """Times named steps of a rule; waits for the GPU so device time is counted."""
+
+    def __init__(self, *, backend: Backend) -> None:
+        self.backend = backend
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        """Time the enclosed block as step ``name`` and log it."""
+        start = time.perf_counter()
+        yield
+        synchronize(backend=self.backend)
+        self.seconds[name] = round(time.perf_counter() - start, 4)
+        log.info("step %-12s %8.3f s", name, self.seconds[name])
+
+
+def record_provenance(
+    adata: AnnData, *, rule: str, backend: Backend, params: Mapping[str, Any], timings: Mapping[str, float]
+) -> None:
+    """Store, under ``uns["omicsprep"][rule]``, how this rule produced ``adata``.
+
+    Parameters
+    ----------
+    adata
+        The rule's output.
+    rule
+        The rule's name.
+    backend
+        The backend that ran.
+    params
+        The configuration the rule used (stored as JSON text).
+    timings
+        Seconds per step, from :class:`StepTimer`.
+    """
+    record = {
+        "backend": backend,
+        "versions": module_versions(),
+        "params": json.dumps(params, sort_keys=True, default=str),
+        "timings": dict(timings),
+    }
+    adata.uns.setdefault("omicsprep", {})[rule] = record

@@ -1,0 +1,188 @@
+"""Quality control: per-cell metrics, cell and gene filtering, doublet scores."""
+
+from __future__ import annotations
+
+import logging
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+from anndata import AnnData
+
+from omicsprep.backend import Backend, rapids_singlecell
+from omicsprep.errors import InputError
+
+log = logging.getLogger(__name__)
+
+GENE_GROUPS = ("mt", "ribo", "hb")
+# Metrics that MAD filtering looks at, on the log scale where counts are skewed.
+MAD_METRICS = ("log1p_total_counts", "log1p_n_genes_by_counts")
+
+
+def annotate_gene_groups(adata: AnnData, *, patterns: dict[str, str]) -> None:
+    """Flag gene groups in ``adata.var`` by regular expressions on gene names.
+
+    Parameters
+    ----------
+    adata
+        Cells x genes.
+    patterns
+        Column name to regular expression, e.g. ``{"mt": "(?i)^mt-"}``; matched from the
+        start of each gene name.
+    """
+    names = adata.var_names.to_series()
+    for group, pattern in patterns.items():
+        adata.var[group] = names.str.match(pattern).to_numpy()
+
+
+def calculate_qc_metrics(adata: AnnData, *, qc_vars: list[str], backend: Backend) -> None:
+    """Add per-cell and per-gene QC metrics (scanpy's names) to ``obs`` and ``var``.
+
+    Parameters
+    ----------
+    adata
+        Raw counts in ``X``.
+    qc_vars
+        Boolean columns of ``var`` whose share of counts is reported as
+        ``pct_counts_<name>``.
+    backend
+        ``"cpu"`` (scanpy) or ``"gpu"`` (rapids-singlecell; ``X`` already on the device).
+    """
+    if backend == "gpu":
+        rapids_singlecell().pp.calculate_qc_metrics(adata, qc_vars=qc_vars, log1p=True)
+    else:
+        import scanpy as sc
+
+        sc.pp.calculate_qc_metrics(adata, qc_vars=qc_vars, percent_top=None, log1p=True, inplace=True)
+
+
+def mad_outliers(values: pd.Series | np.ndarray, *, n_mads: float) -> np.ndarray:
+    """Mark values more than ``n_mads`` median absolute deviations from the median.
+
+    Parameters
+    ----------
+    values
+        One metric per cell.
+    n_mads
+        How many MADs away counts as an outlier.
+
+    Returns
+    -------
+    Boolean mask, ``True`` for outliers.
+    """
+    values = np.asarray(values, dtype=float)
+    median = np.median(values)
+    mad = np.median(np.abs(values - median))
+    return np.abs(values - median) > n_mads * mad
+
+
+def qc_pass_mask(
+    adata: AnnData,
+    *,
+    method: Literal["thresholds", "mad"],
+    min_genes: int | None = None,
+    max_genes: int | None = None,
+    min_counts: int | None = None,
+    max_counts: int | None = None,
+    max_pct_mt: float | None = None,
+    n_mads: float = 5.0,
+    n_mads_mt: float = 3.0,
+) -> pd.Series:
+    """Decide which cells pass QC and record why the others fail.
+
+    Parameters
+    ----------
+    adata
+        Cells with metrics from :func:`calculate_qc_metrics`.
+    method
+        ``"thresholds"`` applies the fixed limits; ``"mad"`` also drops cells that are
+        outliers in log counts or log genes (``n_mads``) or in mitochondrial share
+        (``n_mads_mt``, upper side), as in the single-cell best-practices book.
+    min_genes, max_genes, min_counts, max_counts, max_pct_mt
+        Fixed limits; ``None`` disables one. Applied with either method.
+    n_mads, n_mads_mt
+        MAD multipliers for ``method="mad"``.
+
+    Returns
+    -------
+    The reason each cell fails (``""`` when it passes), indexed like ``adata.obs``.
+    """
+    obs = adata.obs
+    checks: list[tuple[str, np.ndarray]] = []
+    limits = [
+        ("min_genes", min_genes, obs["n_genes_by_counts"] < (min_genes or 0)),
+        ("max_genes", max_genes, obs["n_genes_by_counts"] > (max_genes or 0)),
+        ("min_counts", min_counts, obs["total_counts"] < (min_counts or 0)),
+        ("max_counts", max_counts, obs["total_counts"] > (max_counts or 0)),
+    ]
+    if "pct_counts_mt" in obs:
+        limits.append(("max_pct_mt", max_pct_mt, obs["pct_counts_mt"] > (max_pct_mt or 0)))
+    checks += [(name, np.asarray(failed)) for name, limit, failed in limits if limit is not None]
+    if method == "mad":
+        checks += [(f"mad_{metric}", mad_outliers(obs[metric], n_mads=n_mads)) for metric in MAD_METRICS]
+        if "pct_counts_mt" in obs:
+            pct_mt = obs["pct_counts_mt"].to_numpy()
+            high = pct_mt > np.median(pct_mt)
+            checks.append(("mad_pct_counts_mt", mad_outliers(pct_mt, n_mads=n_mads_mt) & high))
+    reasons = pd.Series("", index=obs.index, dtype=object)
+    for name, failed in checks:
+        first = failed & (reasons == "").to_numpy()
+        reasons[first] = name
+    return reasons
+
+
+def score_doublets(adata: AnnData, *, expected_rate: float, seed: int, backend: Backend) -> None:
+    """Score doublets with Scrublet; adds ``doublet_score`` and ``predicted_doublet``.
+
+    Parameters
+    ----------
+    adata
+        Raw counts of cells that passed QC.
+    expected_rate
+        Expected doublet rate of the assay.
+    seed
+        Seed for simulating doublets.
+    backend
+        ``"cpu"`` (scanpy) or ``"gpu"`` (rapids-singlecell).
+    """
+    n_comps = max(2, min(30, adata.n_obs - 1, adata.n_vars - 1))
+    if backend == "gpu":
+        rapids_singlecell().pp.scrublet(
+            adata, expected_doublet_rate=expected_rate, n_prin_comps=n_comps, rng=seed, verbose=False
+        )
+    else:
+        import scanpy as sc
+
+        # Exact neighbours: no pynndescent compilation, and the same graph as on the GPU.
+        sc.pp.scrublet(
+            adata,
+            expected_doublet_rate=expected_rate,
+            n_prin_comps=n_comps,
+            use_approx_neighbors=False,
+            random_state=seed,
+            verbose=False,
+        )
+    adata.obs["predicted_doublet"] = adata.obs["predicted_doublet"].astype(bool)
+
+
+def filter_genes(adata: AnnData, *, min_cells: int, backend: Backend) -> None:
+    """Drop, in place, genes detected in fewer than ``min_cells`` cells."""
+    if backend == "gpu":
+        rapids_singlecell().pp.filter_genes(adata, min_cells=min_cells, verbose=False)
+    else:
+        import scanpy as sc
+
+        sc.pp.filter_genes(adata, min_cells=min_cells)
+
+
+def require_cells(adata: AnnData, *, minimum: int, after: str) -> None:
+    """Fail clearly when fewer than ``minimum`` cells are left.
+
+    Raises
+    ------
+    InputError
+        Too few cells remain after the step named ``after``.
+    """
+    if adata.n_obs < minimum:
+        msg = f"only {adata.n_obs} cells left after {after} (at least {minimum} needed); loosen the QC settings"
+        raise InputError(msg)

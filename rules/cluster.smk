@@ -1,0 +1,28 @@
+# One fused rule: on the GPU every process pays for importing RAPIDS and compiling
+# kernels, so normalization through markers share one process and one device transfer.
+rule cluster:
+    input:
+        h5ad="results/{sample}/qc.h5ad",
+    output:
+        h5ad="results/{sample}/processed.h5ad",
+        obs="results/{sample}/obs.parquet",
+        markers=report(
+            "results/{sample}/markers.tsv",
+            category="Markers",
+            caption="../report/markers.rst",
+            labels={"sample": "{sample}"},
+        ),
+    params:
+        backend=backend_for("cluster"),
+        steps=cluster_params(),
+        seed=config["seed"],
+    resources:
+        gpu=gpus_for("cluster"),
+    log:
+        "logs/cluster/{sample}.log",
+    benchmark:
+        "benchmarks/cluster/{sample}.tsv"
+    conda:
+        conda_env_for("cluster")
+    script:
+        "../scripts/cluster.py"

@@ -1,0 +1,141 @@
+# Helpers of every stage: configuration and sample sheet validation, input functions.
+
+import csv
+from pathlib import Path
+
+import pandas as pd
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import validate
+
+from omicsprep.errors import InputError
+from omicsprep.io import detect_format
+
+validate(config, schema="../config/schemas/config.schema.yaml", set_default=True)
+
+REQUIRED_COLUMNS = ("sample", "input")
+
+
+def load_sample_sheet(path):
+    """Read and check the sample sheet; every problem names the sheet and the sample."""
+    sheet = Path(path)
+    if not sheet.is_file():
+        raise WorkflowError(f"sample sheet {str(sheet)!r} does not exist (config key 'samples')")
+    with sheet.open(newline="") as handle:
+        header = next(csv.reader(handle, delimiter="\t"), [])
+    duplicated = sorted({name for name in header if header.count(name) > 1})
+    if duplicated:
+        raise WorkflowError(f"sample sheet {str(sheet)!r}: duplicate columns {duplicated}")
+    missing = [name for name in REQUIRED_COLUMNS if name not in header]
+    if missing:
+        raise WorkflowError(f"sample sheet {str(sheet)!r}: missing columns {missing} (found {header})")
+    samples = pd.read_csv(sheet, sep="\t", dtype=str, keep_default_na=False, comment="#")
+    if samples.empty:
+        raise WorkflowError(f"sample sheet {str(sheet)!r} lists no samples")
+    repeated = sorted(samples.loc[samples["sample"].duplicated(), "sample"].unique())
+    if repeated:
+        raise WorkflowError(f"sample sheet {str(sheet)!r}: samples listed more than once: {repeated}")
+    try:
+        validate(samples, schema="../config/schemas/samples.schema.yaml")
+    except WorkflowError as exc:
+        raise WorkflowError(f"sample sheet {str(sheet)!r} does not match its schema", exc)
+    if "format" not in samples:
+        samples["format"] = ""
+    for row in samples.itertuples():
+        try:
+            samples.loc[row.Index, "format"] = row.format or detect_format(row.input)
+        except InputError as exc:
+            raise WorkflowError(f"sample sheet {str(sheet)!r}: {exc.for_sample(row.sample)}")
+    return samples.set_index("sample", drop=False)
+
+
+SAMPLE_SHEET = load_sample_sheet(config["samples"])
+SAMPLES = list(SAMPLE_SHEET.index)
+CLUSTER_SECTIONS = ("normalize", "hvg", "pca", "neighbors", "umap", "leiden", "louvain", "markers")
+QC_METRIC_COLUMNS = ["total_counts", "n_genes_by_counts", "pct_counts_mt", "doublet_score"]
+
+
+def check_marker_resolution():
+    markers = config["markers"]
+    resolutions = config[markers["algorithm"]]["resolutions"]
+    if markers["resolution"] not in resolutions:
+        raise WorkflowError(
+            f"config: markers.resolution {markers['resolution']} is not among "
+            f"{markers['algorithm']}.resolutions {resolutions}"
+        )
+
+
+check_marker_resolution()
+
+
+def backend_for(rule_name):
+    """The configured backend, per-rule override first, else the global one."""
+    return config["backend_per_rule"].get(rule_name, config["backend"])
+
+
+def gpus_for(rule_name):
+    """GPUs requested from the scheduler; none for rules pinned to the CPU."""
+    return 0 if backend_for(rule_name) == "cpu" else 1
+
+
+def conda_env_for(rule_name):
+    """The RAPIDS environment for rules that may use the GPU, the CPU one otherwise."""
+    return "../envs/cpu.yaml" if backend_for(rule_name) == "cpu" else "../envs/rapids.yaml"
+
+
+def counts_input(wildcards):
+    return SAMPLE_SHEET.loc[wildcards.sample, "input"]
+
+
+def counts_format(wildcards):
+    return SAMPLE_SHEET.loc[wildcards.sample, "format"]
+
+
+def cluster_params():
+    return {section: config[section] for section in CLUSTER_SECTIONS}
+
+
+def cluster_keys():
+    """The obs columns holding clusters, one per algorithm and resolution."""
+    return [
+        f"{algorithm}_{float(resolution)}"
+        for algorithm in ("leiden", "louvain")
+        for resolution in config[algorithm]["resolutions"]
+    ]
+
+
+# Rules whose run times the report tabulates, with the AnnData each writes.
+TIMED_RULES = {"qc": "results/{sample}/qc.h5ad", "cluster": "results/{sample}/processed.h5ad"}
+
+
+def timed_pairs():
+    return [(sample, rule) for sample in SAMPLES for rule in TIMED_RULES]
+
+
+def timed_samples():
+    return [sample for sample, _ in timed_pairs()]
+
+
+def timed_rules():
+    return [rule for _, rule in timed_pairs()]
+
+
+def timed_benchmarks():
+    return [f"benchmarks/{rule}/{sample}.tsv" for sample, rule in timed_pairs()]
+
+
+def timed_h5ads():
+    return [TIMED_RULES[rule].format(sample=sample) for sample, rule in timed_pairs()]
+
+
+def final_outputs():
+    per_sample = [
+        "results/{sample}/processed.h5ad",
+        "results/{sample}/obs.parquet",
+        "results/{sample}/markers.tsv",
+        "results/{sample}/qc/cell_metrics.parquet",
+        "results/{sample}/plots/qc_histograms.png",
+        "results/{sample}/plots/qc_scatter.png",
+        "results/{sample}/plots/umap_clusters.png",
+        "results/{sample}/plots/umap_qc.png",
+    ]
+    return [*expand(per_sample, sample=SAMPLES), "results/run_times.tsv"]

@@ -1,0 +1,19 @@
+rule run_times:
+    input:
+        benchmarks=timed_benchmarks(),
+        h5ads=timed_h5ads(),
+    output:
+        table=report(
+            "results/run_times.tsv",
+            category="Run times",
+            caption="../report/run_times.rst",
+        ),
+    params:
+        samples=timed_samples(),
+        rules=timed_rules(),
+    log:
+        "logs/run_times/all.log",
+    conda:
+        "../envs/cpu.yaml"
+    script:
+        "../scripts/run_times.py"

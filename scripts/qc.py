@@ -1,0 +1,26 @@
+"""Rule qc: read a sample's counts, compute QC metrics, filter cells and genes, score doublets."""
+
+from omicsprep import io
+from omicsprep.backend import resolve_backend
+from omicsprep.pipeline import run_qc
+from omicsprep.workflow import run_script
+
+snakemake = snakemake  # noqa: F821, PLW0127 - injected by Snakemake
+
+
+def main() -> None:
+    backend = resolve_backend(snakemake.params.backend)
+    adata = io.read_counts(snakemake.input.counts, fmt=snakemake.params.format)
+    adata.obs["sample"] = snakemake.wildcards.sample
+    adata, metrics = run_qc(
+        adata,
+        qc_params=snakemake.params.qc,
+        doublet_params=snakemake.params.doublets,
+        seed=snakemake.params.seed,
+        backend=backend,
+    )
+    io.write_table(metrics, snakemake.output.metrics, index=True)
+    io.write_h5ad(adata, snakemake.output.h5ad)
+
+
+run_script(main, log_path=snakemake.log[0], sample=snakemake.wildcards.sample)

@@ -1,0 +1,22 @@
+"""Rule run_times: one table of every rule's benchmark and per-step timings."""
+
+import pandas as pd
+
+from omicsprep import io
+from omicsprep.timings import run_time_table
+from omicsprep.workflow import run_script
+
+snakemake = snakemake  # noqa: F821, PLW0127 - injected by Snakemake
+
+
+def main() -> None:
+    keys = list(zip(snakemake.params.samples, snakemake.params.rules))
+    benchmarks = {key: pd.read_csv(path, sep="\t") for key, path in zip(keys, snakemake.input.benchmarks)}
+    provenance = {
+        key: io.read_h5ad_elements(path, [f"uns/omicsprep/{key[1]}"])[f"uns/omicsprep/{key[1]}"]
+        for key, path in zip(keys, snakemake.input.h5ads)
+    }
+    io.write_table(run_time_table(benchmarks, provenance), snakemake.output.table)
+
+
+run_script(main, log_path=snakemake.log[0])
