@@ -10,6 +10,7 @@ device is visible; an explicit ``"gpu"`` that cannot be honoured raises
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import sys
 from functools import cache
 from types import ModuleType
@@ -132,13 +133,23 @@ def as_numpy(value: Any) -> np.ndarray | sparse.spmatrix:
     return _to_host_value(value)
 
 
+@cache
+def _distributions() -> dict[str, list[str]]:
+    return importlib.metadata.packages_distributions()
+
+
+def _version_of(module_name: str) -> str:
+    # Some packages deprecate __version__; their distribution metadata is the source.
+    distribution = _distributions().get(module_name, [module_name])[0]
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return str(getattr(sys.modules[module_name], "__version__", "unknown"))
+
+
 def module_versions() -> dict[str, str]:
     """Versions of the analysis libraries imported by this process, and the GPU's name."""
-    versions = {
-        name: str(getattr(sys.modules[name], "__version__", "unknown"))
-        for name in RECORDED_MODULES
-        if name in sys.modules
-    }
+    versions = {name: _version_of(name) for name in RECORDED_MODULES if name in sys.modules}
     versions["python"] = sys.version.split()[0]
     if "cupy" in sys.modules:
         cp = sys.modules["cupy"]

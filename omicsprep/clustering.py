@@ -57,14 +57,21 @@ def neighbors(adata: AnnData, *, n_neighbors: int, n_pcs: int, metric: str, back
 
 
 def umap(adata: AnnData, *, min_dist: float, seed: int, backend: Backend) -> None:
-    """Two-dimensional UMAP of the neighbour graph into ``obsm["X_umap"]``."""
+    """Two-dimensional UMAP of the neighbour graph into ``obsm["X_umap"]``.
+
+    The neighbour graph in ``obsp["connectivities"]`` is left unchanged.
+    """
     if backend == "gpu":
         rapids_singlecell().tl.umap(adata, min_dist=min_dist, rng=seed)
     else:
         import scanpy as sc
 
         cache_umap_kernels()
+        # umap-learn prunes weak edges of the graph it is given in place; keep the
+        # neighbour graph intact for clustering.
+        graph = adata.obsp["connectivities"].copy()
         sc.tl.umap(adata, min_dist=min_dist, random_state=seed)
+        adata.obsp["connectivities"] = graph
 
 
 def leiden(adata: AnnData, *, resolutions: list[float], seed: int, backend: Backend) -> list[str]:

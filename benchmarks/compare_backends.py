@@ -1,0 +1,56 @@
+"""Compare two workflow runs (e.g. backend cpu and gpu) sample by sample.
+
+    python benchmarks/compare_backends.py RESULTS_A RESULTS_B
+
+Prints, per sample: cells in each, cells in common, HVG overlap, and the adjusted Rand
+index of every cluster column (Leiden/Louvain at each resolution) on the common cells.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pandas as pd
+from sklearn.metrics import adjusted_rand_score
+
+from omicsprep.io import read_h5ad_elements
+
+
+def compare_sample(run_a: Path, run_b: Path, sample: str) -> list[dict]:
+    obs = [pd.read_parquet(run / sample / "obs.parquet") for run in (run_a, run_b)]
+    var = [read_h5ad_elements(run / sample / "processed.h5ad", ["var"])["var"] for run in (run_a, run_b)]
+    common = obs[0].index.intersection(obs[1].index)
+    hvg = [set(v.index[v["highly_variable"]]) for v in var]
+    base = {
+        "sample": sample,
+        "cells_a": len(obs[0]),
+        "cells_b": len(obs[1]),
+        "cells_common": len(common),
+        "hvg_overlap": round(len(hvg[0] & hvg[1]) / max(len(hvg[0]), 1), 4),
+    }
+    keys = [c for c in obs[0].columns if c.startswith(("leiden_", "louvain_")) and c in obs[1]]
+    return [
+        {
+            **base,
+            "clustering": key,
+            "clusters_a": obs[0][key].nunique(),
+            "clusters_b": obs[1][key].nunique(),
+            "ari": round(adjusted_rand_score(obs[0].loc[common, key], obs[1].loc[common, key]), 4),
+        }
+        for key in keys
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results_a", type=Path)
+    parser.add_argument("results_b", type=Path)
+    args = parser.parse_args()
+    samples = sorted(p.parent.name for p in args.results_a.glob("*/obs.parquet"))
+    rows = [row for sample in samples for row in compare_sample(args.results_a, args.results_b, sample)]
+    print(pd.DataFrame(rows).to_csv(sep="\t", index=False), end="")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The GPU check, run on the GPU machine from the repository root once the RAPIDS bundle is
+# unpacked (see ../shared/gpu/README.md):
+#   bash .gpu/stage.sh && source .gpu/env.sh && bash benchmarks/gpu_check.sh
+# 1. the GPU tests; 2. the workflow on the demo data with backend cpu, then gpu twice (cold:
+# kernels compile; warm: CuPy's kernel cache is on disk); 3. CPU-vs-GPU agreement.
+# Tables and logs go to $OUT (default: gpu_check_out/).
+set -uo pipefail
+repo=$(pwd)
+out=${OUT:-$repo/gpu_check_out}
+mkdir -p "$out"
+log=$out/gpu_check.log
+exec > >(tee "$log") 2>&1
+export PYTHONUNBUFFERED=1
+
+echo "== machine"; date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "install failed"; exit 1; }
+python3 -c "import omicsprep.backend as b; print('gpu usable:', b.gpu_unavailable_reason() is None, b.gpu_unavailable_reason() or '')"
+
+echo "== GPU tests"
+python3 -m pytest -m gpu -v -s -p no:cacheprovider tests/test_gpu.py 2>&1 | tail -n 25
+
+for run in cpu gpu_cold gpu_warm; do
+  echo "== workflow, backend ${run%_*} ($run)"
+  dir=/tmp/omicsprep_$run; rm -rf "$dir"; mkdir -p "$dir"; ln -s "$repo/resources" "$dir/resources"
+  time snakemake -s "$repo/Snakefile" --directory "$dir" --configfile "$repo/config/config.yaml" \
+    --config backend="${run%_*}" samples="$repo/config/samples.tsv" --cores 16 --resources gpu=1 -q \
+    || { echo "workflow failed ($run)"; tail -n 30 "$dir"/logs/*/*.log; }
+  cp "$dir/results/run_times.tsv" "$out/run_times_$run.tsv" 2>/dev/null
+  (cd "$dir/results" && find . -type f ! -name '*.tmp*' | sort) > "/tmp/outputs_$run.txt"
+done
+
+echo "== same outputs?"
+diff /tmp/outputs_cpu.txt /tmp/outputs_gpu_cold.txt && echo "same set of output files"
+echo "== CPU vs GPU"
+python3 benchmarks/compare_backends.py /tmp/omicsprep_cpu/results /tmp/omicsprep_gpu_cold/results | tee "$out/compare_cpu_gpu.tsv"

@@ -1,0 +1,56 @@
+"""Shared fixtures: the bundled real datasets, and GPU detection for the `gpu` marker."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from omicsprep import io
+from omicsprep.backend import gpu_unavailable_reason
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO = REPO / "resources" / "demo"
+PBMC_H5 = DEMO / "pbmc_chr21" / "filtered_feature_bc_matrix.h5"
+PBMC_MTX = DEMO / "pbmc_chr21" / "filtered_feature_bc_matrix"
+MOUSE_ZARR = DEMO / "mouse_10k.zarr"
+
+# Settings for the one-chromosome demo matrices (few genes per cell).
+QC_PARAMS = {
+    "gene_groups": {"mt": "(?i)^mt-", "ribo": "(?i)^rp[sl]", "hb": "(?i)^hb[abdegmqz]\\d?(-|$)"},
+    "filter": {"method": "thresholds", "min_genes": 10, "max_pct_mt": 20},
+    "min_cells_per_gene": 3,
+    "min_cells_left": 30,
+}
+NO_DOUBLETS = {"enabled": False, "expected_rate": 0.06, "remove": False}
+CLUSTER_PARAMS = {
+    "normalize": {"target_sum": 1e4},
+    "hvg": {"flavor": "seurat_v3", "n_top_genes": 2000},
+    "pca": {"n_comps": 50},
+    "neighbors": {"n_neighbors": 15, "n_pcs": 30, "metric": "euclidean"},
+    "umap": {"min_dist": 0.5},
+    "leiden": {"resolutions": [1.0]},
+    "louvain": {"resolutions": [1.0]},
+    "markers": {"algorithm": "leiden", "resolution": 1.0, "method": "wilcoxon", "n_genes": 10},
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    reason = gpu_unavailable_reason() if any("gpu" in item.keywords for item in items) else None
+    if reason is None:
+        return
+    skip = pytest.mark.skip(reason=f"no usable GPU: {reason}")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def pbmc():
+    """10x chr21 PBMCs: 1,107 cells x 507 genes, raw counts (fresh copy per test)."""
+    return io.read_counts(PBMC_H5)
+
+
+@pytest.fixture(scope="session")
+def mouse_path() -> Path:
+    return MOUSE_ZARR

@@ -1,0 +1,73 @@
+"""The clustering chain on real data equals a plain scanpy script with the same settings."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scanpy as sc
+from conftest import CLUSTER_PARAMS, NO_DOUBLETS, QC_PARAMS
+from sklearn.metrics import adjusted_rand_score
+
+from omicsprep import clustering, io
+from omicsprep.pipeline import run_clustering, run_qc
+
+
+@pytest.fixture(scope="module")
+def mouse_qc(mouse_path):
+    adata, _ = run_qc(
+        io.read_counts(mouse_path), qc_params=QC_PARAMS, doublet_params=NO_DOUBLETS, seed=0, backend="cpu"
+    )
+    return adata
+
+
+@pytest.fixture(scope="module")
+def mouse_clustered(mouse_qc):
+    adata = mouse_qc.copy()
+    markers = run_clustering(adata, params=CLUSTER_PARAMS, seed=0, backend="cpu")
+    return adata, markers
+
+
+def plain_scanpy(adata):
+    """What a user would write with scanpy alone (the peer of the CPU backend)."""
+    adata.layers["counts"] = adata.X.copy()
+    sc.pp.normalize_total(adata, target_sum=1e4)
+    sc.pp.log1p(adata)
+    sc.pp.highly_variable_genes(adata, flavor="seurat_v3", n_top_genes=2000, layer="counts")
+    sc.pp.pca(adata, n_comps=50, mask_var="highly_variable", svd_solver="arpack", random_state=0)
+    sc.pp.neighbors(adata, n_neighbors=15, n_pcs=30, transformer="sklearn")
+    sc.tl.leiden(adata, resolution=1.0, flavor="igraph", n_iterations=-1, directed=False, random_state=0)
+    return adata
+
+
+def test_same_as_plain_scanpy(mouse_qc, mouse_clustered):
+    ours, _ = mouse_clustered
+    peer = plain_scanpy(mouse_qc.copy())
+    assert ours.var["highly_variable"].equals(peer.var["highly_variable"])
+    np.testing.assert_allclose(np.abs(ours.obsm["X_pca"]), np.abs(peer.obsm["X_pca"]), rtol=1e-3, atol=1e-3)
+    assert adjusted_rand_score(ours.obs["leiden_1.0"], peer.obs["leiden"]) == 1.0
+    # The reference run in shared/data found 9 clusters with similar settings.
+    assert 6 <= ours.obs["leiden_1.0"].nunique() <= 14
+
+
+def test_outputs_of_the_chain(mouse_clustered):
+    adata, markers = mouse_clustered
+    assert adata.obsm["X_umap"].shape == (adata.n_obs, 2)
+    assert np.isfinite(adata.obsm["X_umap"]).all()
+    assert adata.layers["counts"].sum() == pytest.approx(adata.obs["total_counts"].sum(), rel=1e-3)
+    louvain = adata.obs["louvain_1.0"]
+    assert louvain.nunique() > 3
+    assert adjusted_rand_score(louvain, adata.obs["leiden_1.0"]) > 0.5
+    assert set(markers["group"].unique()) == set(adata.obs["leiden_1.0"].cat.categories)
+    assert (markers.groupby("group").size() == CLUSTER_PARAMS["markers"]["n_genes"]).all()
+    assert (markers["pvals_adj"] <= 1).all()
+    record = adata.uns["omicsprep"]["cluster"]
+    assert record["backend"] == "cpu"
+    assert set(record["timings"]) >= {"normalize", "pca", "neighbors", "umap", "leiden", "markers"}
+
+
+def test_louvain_is_seeded(mouse_clustered):
+    adata, _ = mouse_clustered
+    again = adata.copy()
+    clustering.louvain(again, resolutions=[1.0], seed=0, backend="cpu")
+    assert (again.obs["louvain_1.0"] == adata.obs["louvain_1.0"]).all()
+    assert list(again.obs["louvain_1.0"].value_counts().index[:1]) == ["0"]  # largest first

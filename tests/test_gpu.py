@@ -1,0 +1,87 @@
+"""GPU backend against the CPU backend on real data (runs only where a GPU is usable)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import CLUSTER_PARAMS, NO_DOUBLETS, QC_PARAMS
+from scipy import sparse
+from sklearn.metrics import adjusted_rand_score
+
+from omicsprep import io
+from omicsprep.backend import resolve_backend
+from omicsprep.pipeline import run_clustering, run_qc
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def qc_both(mouse_path):
+    return {
+        backend: run_qc(
+            io.read_counts(mouse_path), qc_params=QC_PARAMS, doublet_params=NO_DOUBLETS, seed=0, backend=backend
+        )
+        for backend in ("cpu", "gpu")
+    }
+
+
+@pytest.fixture(scope="module")
+def clustered_both(qc_both):
+    result = {}
+    for backend in ("cpu", "gpu"):
+        adata = qc_both["cpu"][0].copy()
+        markers = run_clustering(adata, params=CLUSTER_PARAMS, seed=0, backend=backend)
+        result[backend] = (adata, markers)
+    return result
+
+
+def test_auto_and_gpu_resolve_to_the_gpu():
+    assert resolve_backend("gpu") == "gpu"
+    assert resolve_backend("auto") == "gpu"
+
+
+def test_qc_agrees(qc_both):
+    (cpu, cpu_metrics), (gpu, gpu_metrics) = qc_both["cpu"], qc_both["gpu"]
+    assert gpu.shape == cpu.shape == (9912, 613)
+    assert list(gpu.obs_names) == list(cpu.obs_names)
+    assert list(gpu.var_names) == list(cpu.var_names)
+    for column in ("total_counts", "n_genes_by_counts", "pct_counts_ribo"):
+        np.testing.assert_allclose(gpu_metrics[column], cpu_metrics[column], rtol=1e-5, atol=1e-5)
+    assert sparse.issparse(gpu.X) and not hasattr(gpu.X, "device")  # back in host memory
+    assert gpu.uns["omicsprep"]["qc"]["backend"] == "gpu"
+    assert "rapids_singlecell" in gpu.uns["omicsprep"]["qc"]["versions"]
+
+
+def test_doublet_scores_agree(pbmc):
+    doublets = {"enabled": True, "expected_rate": 0.06, "remove": False}
+    scores = {
+        backend: run_qc(pbmc.copy(), qc_params=QC_PARAMS, doublet_params=doublets, seed=0, backend=backend)[0]
+        .obs["doublet_score"]
+        .to_numpy()
+        for backend in ("cpu", "gpu")
+    }
+    assert np.corrcoef(scores["cpu"], scores["gpu"])[0, 1] > 0.8
+
+
+def test_clustering_agrees(clustered_both):
+    cpu, cpu_markers = clustered_both["cpu"]
+    gpu, gpu_markers = clustered_both["gpu"]
+    hvg_overlap = (cpu.var["highly_variable"] & gpu.var["highly_variable"]).sum() / cpu.var["highly_variable"].sum()
+    assert hvg_overlap >= 0.95
+    # Principal components agree up to sign.
+    for i in range(10):
+        corr = np.corrcoef(cpu.obsm["X_pca"][:, i], gpu.obsm["X_pca"][:, i])[0, 1]
+        assert abs(corr) > 0.99, f"PC{i + 1}: correlation {corr}"
+    ari = adjusted_rand_score(cpu.obs["leiden_1.0"], gpu.obs["leiden_1.0"])
+    print(f"Leiden CPU vs GPU adjusted Rand index: {ari:.3f}")
+    assert ari > 0.7
+    assert adjusted_rand_score(cpu.obs["louvain_1.0"], gpu.obs["louvain_1.0"]) > 0.6
+    assert gpu.obsm["X_umap"].shape == (gpu.n_obs, 2) and np.isfinite(gpu.obsm["X_umap"]).all()
+    assert set(gpu_markers.columns) == set(cpu_markers.columns)
+    assert gpu.uns["omicsprep"]["cluster"]["backend"] == "gpu"
+
+
+def test_gpu_result_writes_as_h5ad(clustered_both, tmp_path):
+    gpu, _ = clustered_both["gpu"]
+    io.write_h5ad(gpu, tmp_path / "gpu.h5ad")
+    assert io.read_counts(tmp_path / "gpu.h5ad").n_obs == gpu.n_obs

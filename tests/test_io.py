@@ -1,0 +1,106 @@
+"""Reading every supported format from real 10x data; clear errors; atomic writes."""
+
+from __future__ import annotations
+
+import anndata as ad
+import numpy as np
+import pytest
+from conftest import MOUSE_ZARR, PBMC_H5, PBMC_MTX
+from scipy import sparse
+
+from omicsprep import io
+from omicsprep.errors import InputError
+
+
+def test_detect_format_of_each_kind(tmp_path):
+    (tmp_path / "x.h5ad").touch()
+    assert io.detect_format(PBMC_H5) == "10x_h5"
+    assert io.detect_format(PBMC_MTX) == "10x_mtx"
+    assert io.detect_format(MOUSE_ZARR) == "zarr"
+    assert io.detect_format(tmp_path / "x.h5ad") == "h5ad"
+
+
+def test_h5_and_mtx_folders_hold_the_same_matrix():
+    from_h5 = io.read_counts(PBMC_H5)
+    from_mtx = io.read_counts(PBMC_MTX)
+    assert from_h5.shape == (1107, 507)
+    assert sparse.isspmatrix_csr(from_h5.X)
+    assert list(from_h5.obs_names) == list(from_mtx.obs_names)
+    assert list(from_h5.var_names) == list(from_mtx.var_names)
+    assert (from_h5.X != from_mtx.X).nnz == 0
+    assert from_h5.X.sum() == pytest.approx(from_h5.X.astype(np.int64).sum())
+
+
+def test_v2_mtx_folder_with_genes_tsv(tmp_path):
+    import scipy.io
+
+    adata = io.read_counts(PBMC_H5)
+    folder = tmp_path / "v2"
+    folder.mkdir()
+    scipy.io.mmwrite(folder / "matrix.mtx", adata.X.T.tocoo())
+    (folder / "genes.tsv").write_text(
+        "".join(f"{gid}\t{name}\n" for gid, name in zip(adata.var["gene_ids"], adata.var_names))
+    )
+    (folder / "barcodes.tsv").write_text("".join(f"{b}\n" for b in adata.obs_names))
+    v2 = io.read_counts(folder)
+    assert v2.shape == adata.shape
+    assert (v2.X != adata.X).nnz == 0
+
+
+def test_zarr_and_h5ad_read_with_unique_names(tmp_path):
+    mouse = io.read_counts(MOUSE_ZARR)
+    assert mouse.shape == (10000, 1000)
+    assert mouse.var_names.is_unique  # the source repeats e.g. 'Rp1'
+    assert sparse.isspmatrix_csr(mouse.X)
+    path = tmp_path / "mouse.h5ad"
+    io.write_h5ad(mouse, path)
+    again = io.read_counts(path)
+    assert (again.X != mouse.X).nnz == 0
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(InputError, match="nope.h5.*does not exist"):
+        io.read_counts(tmp_path / "nope.h5")
+
+
+def test_unknown_format_is_named(tmp_path):
+    path = tmp_path / "counts.csv"
+    path.write_text("a,b\n1,2\n")
+    with pytest.raises(InputError, match=r"counts\.csv.*unknown format"):
+        io.read_counts(path)
+
+
+def test_empty_matrix_is_refused(tmp_path):
+    path = tmp_path / "empty.h5ad"
+    ad.AnnData(sparse.csr_matrix((0, 5), dtype=np.float32)).write_h5ad(path)
+    with pytest.raises(InputError, match=r"empty\.h5ad.*matrix is empty \(0 cells x 5 genes\)"):
+        io.read_counts(path)
+
+
+def test_negative_values_are_refused(tmp_path):
+    path = tmp_path / "neg.h5ad"
+    ad.AnnData(sparse.csr_matrix(np.array([[1.0, -2.0], [3.0, 0.0]], dtype=np.float32))).write_h5ad(path)
+    with pytest.raises(InputError, match="negative values"):
+        io.read_counts(path)
+
+
+def test_error_names_the_sample():
+    error = InputError("matrix is empty", path="x.h5").for_sample("s1")
+    assert str(error) == "sample 's1': file 'x.h5': matrix is empty"
+
+
+def test_atomic_write_leaves_nothing_on_failure(tmp_path):
+    target = tmp_path / "out.tsv"
+    with pytest.raises(RuntimeError), io.atomic_path(target) as tmp:
+        tmp.write_text("partial")
+        raise RuntimeError("boom")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_read_single_elements(tmp_path, pbmc):
+    pbmc.obsm["X_umap"] = np.zeros((pbmc.n_obs, 2))
+    path = tmp_path / "a.h5ad"
+    io.write_h5ad(pbmc, path)
+    elements = io.read_h5ad_elements(path, ["obs", "obsm/X_umap"])
+    assert elements["obsm/X_umap"].shape == (pbmc.n_obs, 2)
+    assert list(elements["obs"].index) == list(pbmc.obs_names)

@@ -1,0 +1,82 @@
+"""QC on real 10x data: metrics agree with scanpy, filters, MAD outliers, doublets."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import scanpy as sc
+from conftest import NO_DOUBLETS, QC_PARAMS
+
+from omicsprep import io, qc
+from omicsprep.errors import InputError
+from omicsprep.pipeline import run_qc
+
+
+def test_gene_groups_match_human_and_mouse_names():
+    names = ["MT-CO1", "mt-Nd1", "RPL13", "Rps2", "HBB", "Hba-a1", "HBA2", "HBEGF", "HBP1", "GAPDH", "MTOR"]
+    adata = sc.AnnData(np.zeros((1, len(names)), dtype=np.float32))
+    adata.var_names = names
+    qc.annotate_gene_groups(adata, patterns=QC_PARAMS["gene_groups"])
+    assert adata.var_names[adata.var["mt"]].tolist() == ["MT-CO1", "mt-Nd1"]
+    assert adata.var_names[adata.var["ribo"]].tolist() == ["RPL13", "Rps2"]
+    assert adata.var_names[adata.var["hb"]].tolist() == ["HBB", "Hba-a1", "HBA2"]
+
+
+def test_metrics_equal_scanpy(pbmc):
+    qc.annotate_gene_groups(pbmc, patterns=QC_PARAMS["gene_groups"])
+    qc.calculate_qc_metrics(pbmc, qc_vars=["mt", "ribo", "hb"], backend="cpu")
+    expected = np.asarray(pbmc.X.sum(axis=1)).ravel()
+    np.testing.assert_allclose(pbmc.obs["total_counts"], expected)
+    np.testing.assert_array_equal(pbmc.obs["n_genes_by_counts"], np.diff(pbmc.X.indptr))
+    ribo = np.asarray(pbmc[:, pbmc.var["ribo"]].X.sum(axis=1)).ravel()
+    np.testing.assert_allclose(pbmc.obs["pct_counts_ribo"], 100 * ribo / expected, rtol=1e-5)
+
+
+def test_mad_outliers():
+    values = np.array([10.0, 11, 9, 10, 10, 50])
+    assert qc.mad_outliers(values, n_mads=5).tolist() == [False] * 5 + [True]
+
+
+def test_pass_mask_records_first_failing_reason():
+    obs = pd.DataFrame(
+        {
+            "n_genes_by_counts": [5, 300, 300, 300],
+            "total_counts": [10, 1000, 1000, 1000],
+            "pct_counts_mt": [50.0, 1.0, 30.0, 2.0],
+        },
+        index=list("abcd"),
+    )
+    adata = sc.AnnData(obs=obs)
+    reasons = qc.qc_pass_mask(adata, method="thresholds", min_genes=10, max_pct_mt=20)
+    assert reasons.tolist() == ["min_genes", "", "max_pct_mt", ""]
+
+
+def test_reference_filtering_of_the_mouse_10k(mouse_path):
+    # shared/data README: min_genes=10, min_cells=3 keep 9,912 cells x 613 genes.
+    adata = io.read_counts(mouse_path)
+    kept, metrics = run_qc(adata, qc_params=QC_PARAMS, doublet_params=NO_DOUBLETS, seed=0, backend="cpu")
+    assert kept.shape == (9912, 613)
+    assert len(metrics) == 10000
+    assert metrics["passed"].sum() == 9912
+    assert set(metrics.loc[~metrics["passed"], "fail_reason"]) == {"min_genes"}
+    assert kept.uns["omicsprep"]["qc"]["backend"] == "cpu"
+    assert "scanpy" in kept.uns["omicsprep"]["qc"]["versions"]
+
+
+def test_mad_filtering_and_doublets_are_reproducible(pbmc):
+    params = {**QC_PARAMS, "filter": {**QC_PARAMS["filter"], "method": "mad"}}
+    doublets = {"enabled": True, "expected_rate": 0.06, "remove": True}
+    first, metrics = run_qc(pbmc.copy(), qc_params=params, doublet_params=doublets, seed=0, backend="cpu")
+    second, _ = run_qc(pbmc, qc_params=params, doublet_params=doublets, seed=0, backend="cpu")
+    assert list(first.obs_names) == list(second.obs_names)
+    np.testing.assert_array_equal(first.obs["doublet_score"], second.obs["doublet_score"])
+    assert metrics["fail_reason"].str.startswith("mad_").any()
+    assert not first.obs["predicted_doublet"].any()
+    assert 1000 < first.n_obs < 1107
+
+
+def test_too_few_cells_left_is_a_clear_error(pbmc):
+    params = {**QC_PARAMS, "filter": {"method": "thresholds", "min_genes": 10_000}}
+    with pytest.raises(InputError, match="only 0 cells left after cell filtering"):
+        run_qc(pbmc, qc_params=params, doublet_params=NO_DOUBLETS, seed=0, backend="cpu")
