@@ -1,0 +1,26 @@
+# make run   set up .venv (pinned CPU environment) and run the workflow on the bundled demo data
+# make test  set up .venv and run the test suite (GPU tests skip without a GPU)
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+CORES ?= all
+
+.PHONY: setup run report test clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml requirements/cpu.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -r requirements/cpu.txt -e ".[test]"
+	touch $@
+
+run: setup
+	$(BIN)/snakemake --cores $(CORES)
+	$(BIN)/snakemake --report results/report.html
+
+test: setup
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf results logs benchmarks/qc benchmarks/cluster .snakemake

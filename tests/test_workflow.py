@@ -1,0 +1,169 @@
+"""The Snakemake workflow end to end: dry runs, lint, a full CPU run, and bad input."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import PBMC_H5, PBMC_MTX, REPO
+from scipy import sparse
+
+pytestmark = pytest.mark.workflow
+
+OUTPUTS = [
+    "processed.h5ad",
+    "obs.parquet",
+    "markers.tsv",
+    "qc/cell_metrics.parquet",
+    "plots/qc_histograms.png",
+    "plots/qc_scatter.png",
+    "plots/umap_clusters.png",
+    "plots/umap_qc.png",
+]
+
+
+def snakemake(*args: str, workdir: Path | None = None) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), *args]
+    if workdir is not None:
+        command += ["--directory", str(workdir), "--configfile", str(REPO / "config" / "config.yaml")]
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1200)
+
+
+def write_sheet(path: Path, rows: list[str], header: str = "sample\tinput") -> Path:
+    path.write_text("\n".join([header, *rows]) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("profile", [None, "profiles/default", "profiles/slurm"])
+def test_dry_run_of_shipped_config_and_profiles(profile):
+    args = ["-n", "--forceall", "--quiet", "rules"] + (["--profile", profile] if profile else [])
+    result = snakemake(*args)
+    assert result.returncode == 0, result.stderr
+    for rule in ("qc", "cluster", "plot_qc", "plot_umap", "run_times"):
+        assert rule in result.stdout + result.stderr
+
+
+def test_lint_is_clean():
+    result = snakemake("--lint")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Congratulations, your workflow is in a good condition!" in result.stdout + result.stderr
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory):
+    """One full CPU run on the chr21 PBMCs, read from the 10x HDF5 and MatrixMarket forms."""
+    workdir = tmp_path_factory.mktemp("run")
+    sheet = write_sheet(
+        workdir / "samples.tsv",
+        [f"pbmc_h5\t{PBMC_H5}\t\tb1", f"pbmc_mtx\t{PBMC_MTX}\t10x_mtx\tb2"],
+        header="sample\tinput\tformat\tbatch",
+    )
+    result = snakemake("--cores", "2", "--config", f"samples={sheet}", "backend=cpu", workdir=workdir)
+    assert result.returncode == 0, result.stderr[-5000:]
+    return workdir
+
+
+def test_full_run_writes_every_output(cpu_run):
+    for sample in ("pbmc_h5", "pbmc_mtx"):
+        for name in OUTPUTS:
+            path = cpu_run / "results" / sample / name
+            assert path.is_file() and path.stat().st_size > 0, path
+        assert (cpu_run / "logs" / "cluster" / f"{sample}.log").is_file()
+        assert (cpu_run / "benchmarks" / "cluster" / f"{sample}.tsv").is_file()
+    assert not list((cpu_run / "results").rglob("*.tmp*"))
+
+
+def test_full_run_results(cpu_run):
+    results = cpu_run / "results"
+    adata = ad.read_h5ad(results / "pbmc_h5" / "processed.h5ad")
+    assert sparse.issparse(adata.layers["counts"])
+    assert adata.uns["omicsprep"]["cluster"]["backend"] == "cpu"
+    assert adata.uns["omicsprep"]["qc"]["backend"] == "cpu"
+    assert {"leiden_0.5", "leiden_1.0", "louvain_1.0"} <= set(adata.obs.columns)
+    assert adata.obs["leiden_1.0"].nunique() >= 3
+    assert 1000 < adata.n_obs < 1107
+    # The same matrix read from two formats gives the same cells and clusters.
+    obs_h5 = pd.read_parquet(results / "pbmc_h5" / "obs.parquet")
+    obs_mtx = pd.read_parquet(results / "pbmc_mtx" / "obs.parquet")
+    assert list(obs_h5.index) == list(obs_mtx.index)
+    assert (obs_h5["leiden_1.0"] == obs_mtx["leiden_1.0"]).all()
+    markers = pd.read_csv(results / "pbmc_h5" / "markers.tsv", sep="\t")
+    assert list(markers.columns[:3]) == ["group", "gene", "scores"]
+    assert markers["group"].nunique() == adata.obs["leiden_1.0"].nunique()
+    metrics = pd.read_parquet(results / "pbmc_h5" / "qc" / "cell_metrics.parquet")
+    assert len(metrics) == 1107
+    assert metrics["passed"].sum() == adata.n_obs
+    times = pd.read_csv(results / "run_times.tsv", sep="\t")
+    assert set(times["rule"]) == {"qc", "cluster"}
+    assert (times.loc[times["step"] == "total", "seconds"] > 0).all()
+    assert np.isin(["neighbors", "leiden", "doublets"], times["step"]).all()
+
+
+def test_report_holds_plots_and_timings(cpu_run):
+    result = snakemake("--report", "report.html", "--config", f"samples={cpu_run / 'samples.tsv'}", workdir=cpu_run)
+    assert result.returncode == 0, result.stderr[-3000:]
+    html = (cpu_run / "report.html").read_text(errors="replace")
+    for name in ("qc_histograms.png", "umap_clusters.png", "run_times.tsv", "markers.tsv"):
+        assert name in html
+
+
+def expect_failure(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    for fragment in fragments:
+        assert fragment in output, output[-3000:]
+
+
+def test_missing_input_file(tmp_path):
+    sheet = write_sheet(tmp_path / "s.tsv", [f"ghost\t{tmp_path / 'ghost.h5'}"])
+    expect_failure(
+        snakemake("-n", "--config", f"samples={sheet}", workdir=tmp_path), "sample 'ghost'", "ghost.h5", "does not exist"
+    )
+
+
+def test_unknown_format(tmp_path):
+    counts = tmp_path / "counts.csv"
+    counts.write_text("cell,gene\n")
+    sheet = write_sheet(tmp_path / "s.tsv", [f"csv\t{counts}"])
+    expect_failure(snakemake("-n", "--config", f"samples={sheet}", workdir=tmp_path), "sample 'csv'", "unknown format")
+
+
+@pytest.mark.parametrize(
+    ("header", "rows", "message"),
+    [
+        ("sample\tinput\tinput", [f"a\t{PBMC_H5}\t{PBMC_H5}"], "duplicate columns ['input']"),
+        ("sample\tpath", [f"a\t{PBMC_H5}"], "missing columns ['input']"),
+        ("sample\tinput", [f"a\t{PBMC_H5}", f"a\t{PBMC_MTX}"], "samples listed more than once: ['a']"),
+    ],
+)
+def test_bad_sample_sheet(tmp_path, header, rows, message):
+    sheet = write_sheet(tmp_path / "s.tsv", rows, header=header)
+    expect_failure(snakemake("-n", "--config", f"samples={sheet}", workdir=tmp_path), str(sheet), message)
+
+
+def test_bad_config_value(tmp_path):
+    expect_failure(snakemake("-n", "--config", "backend=tpu", workdir=tmp_path), "backend", "tpu")
+
+
+def test_empty_matrix_fails_its_sample_and_leaves_nothing(tmp_path):
+    empty = tmp_path / "empty.h5ad"
+    ad.AnnData(sparse.csr_matrix((0, 5), dtype=np.float32)).write_h5ad(empty)
+    sheet = write_sheet(tmp_path / "s.tsv", [f"empty\t{empty}"])
+    result = snakemake("--cores", "1", "--config", f"samples={sheet}", workdir=tmp_path)
+    expect_failure(result, f"omicsprep error: sample 'empty': file '{empty}': matrix is empty (0 cells x 5 genes)")
+    assert not (tmp_path / "results" / "empty").exists() or not any((tmp_path / "results" / "empty").rglob("*"))
+
+
+@pytest.mark.skipif(
+    __import__("omicsprep.backend").backend.gpu_unavailable_reason() is None, reason="a GPU is present"
+)
+def test_explicit_gpu_without_one_fails_clearly(tmp_path):
+    sheet = write_sheet(tmp_path / "s.tsv", [f"pbmc\t{PBMC_H5}"])
+    result = snakemake("--cores", "1", "--config", f"samples={sheet}", "backend=gpu", workdir=tmp_path)
+    expect_failure(result, "omicsprep error: backend 'gpu' was requested but cannot be used")
+    assert not (tmp_path / "results" / "pbmc" / "qc.h5ad").exists()
