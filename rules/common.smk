@@ -7,6 +7,7 @@ import pandas as pd
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
+from omicsprep.clustering import cluster_key
 from omicsprep.errors import InputError
 from omicsprep.io import detect_format
 
@@ -97,7 +98,7 @@ def cluster_params():
 def cluster_keys():
     """The obs columns holding clusters, one per algorithm and resolution."""
     return [
-        f"{algorithm}_{float(resolution)}"
+        cluster_key(algorithm, resolution)
         for algorithm in ("leiden", "louvain")
         for resolution in config[algorithm]["resolutions"]
     ]
