@@ -4,7 +4,7 @@
 
 Model: 12 clusters of 3 sub-clusters, each with its own gene profile over a heavy-tailed
 baseline (3% of genes differential per cluster, 0.5% per sub-cluster); gamma-distributed
-library sizes (mean 2,500 UMIs), so within a profile each gene's counts are negative
+library sizes (mean 1,500 UMIs), so within a profile each gene's counts are negative
 binomial (Poisson with gamma-distributed rates); 13 mitochondrial genes (``MT-``) at 1-5%
 of counts, 8% damaged cells with 20-60%; highly expressed ribosomal genes (``RPL``/``RPS``)
 and hemoglobin genes; 4% heterotypic doublets (two profiles, summed library). Cells are
@@ -15,6 +15,8 @@ Ranger writes; optionally also ``.h5ad``): about 2-5% of entries are non-zero.
 from __future__ import annotations
 
 import argparse
+import os
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import h5py
@@ -39,7 +41,7 @@ def gene_names(n_genes: int) -> list[str]:
 
 def profiles(n_genes: int, rng: np.random.Generator) -> np.ndarray:
     """Cumulative gene probabilities (mitochondrial genes excluded) per sub-cluster."""
-    base = rng.lognormal(mean=0.0, sigma=1.6, size=n_genes)
+    base = rng.lognormal(mean=0.0, sigma=2.0, size=n_genes)
     base[N_MITO : N_MITO + N_RIBO] *= 40
     base[:N_MITO] = 0.0  # the mitochondrial share is drawn per cell
     rows = []
@@ -59,7 +61,7 @@ def profiles(n_genes: int, rng: np.random.Generator) -> np.ndarray:
 def chunk_counts(n_cells: int, n_genes: int, cdfs: np.ndarray, rng: np.random.Generator) -> sparse.csr_matrix:
     """Counts of ``n_cells`` cells as CSR; every cell's UMIs drawn from its profile(s)."""
     n_profiles = len(cdfs)
-    sizes = np.maximum(rng.gamma(shape=2.0, scale=1250.0, size=n_cells).astype(np.int64), 50)
+    sizes = np.maximum(rng.gamma(shape=2.0, scale=750.0, size=n_cells).astype(np.int64), 50)
     damaged = rng.random(n_cells) < 0.08
     mito_share = np.where(damaged, rng.uniform(0.2, 0.6, n_cells), rng.uniform(0.01, 0.05, n_cells))
     n_mito = rng.binomial(sizes, mito_share)
@@ -84,13 +86,23 @@ def chunk_counts(n_cells: int, n_genes: int, cdfs: np.ndarray, rng: np.random.Ge
     return counts
 
 
-def generate(n_cells: int, n_genes: int = 20_000, *, seed: int = 0) -> sparse.csr_matrix:
-    """Cells x genes raw counts (CSR, float32 holding integers)."""
+def _chunk(args: tuple[int, int, int, int, np.ndarray]) -> sparse.csr_matrix:
+    seed, index, n_cells, n_genes, cdfs = args
+    return chunk_counts(n_cells, n_genes, cdfs, np.random.default_rng([seed, index]))
+
+
+def generate(n_cells: int, n_genes: int = 20_000, *, seed: int = 0, jobs: int = 1) -> sparse.csr_matrix:
+    """Cells x genes raw counts (CSR, float32 holding integers); the same for any ``jobs``."""
     cdfs = profiles(n_genes, np.random.default_rng(seed))
-    chunks = []
-    for index, start in enumerate(range(0, n_cells, CHUNK)):
-        rng = np.random.default_rng([seed, index])
-        chunks.append(chunk_counts(min(CHUNK, n_cells - start), n_genes, cdfs, rng))
+    tasks = [
+        (seed, index, min(CHUNK, n_cells - start), n_genes, cdfs)
+        for index, start in enumerate(range(0, n_cells, CHUNK))
+    ]
+    if jobs > 1:
+        with ProcessPoolExecutor(jobs) as pool:
+            chunks = list(pool.map(_chunk, tasks))
+    else:
+        chunks = [_chunk(task) for task in tasks]
     return sparse.vstack(chunks, format="csr")
 
 
@@ -119,10 +131,11 @@ def main() -> None:
     parser.add_argument("--cells", type=int, required=True)
     parser.add_argument("--genes", type=int, default=20_000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="processes (the output does not depend on it)")
     parser.add_argument("--out", type=Path, required=True, help="10x HDF5 file to write")
     parser.add_argument("--h5ad", action="store_true", help="also write OUT with suffix .h5ad")
     args = parser.parse_args()
-    counts = generate(args.cells, args.genes, seed=args.seed)
+    counts = generate(args.cells, args.genes, seed=args.seed, jobs=args.jobs)
     write_10x_h5(counts, args.out)
     if args.h5ad:
         from omicsprep.io import read_counts, write_h5ad

@@ -1,0 +1,219 @@
+"""End-to-end benchmark: the workflow (CPU and/or GPU backend) against a plain scanpy script.
+
+    python benchmarks/run.py --cells 20000 100000 --backends cpu gpu --peer
+    python benchmarks/run.py --quick        # ~2 minutes on 2 cores; used by the test suite
+
+For each size: generates data (benchmarks/generate.py, cached in the work folder), runs the
+workflow with each backend and the peer (benchmarks/peer_scanpy.py) with the same settings,
+reads per-rule wall time and peak memory from the rules' benchmark files, checks agreement
+(Leiden adjusted Rand index and HVG overlap against the peer), prints one table and appends
+it with machine, versions, date and command to RESULTS.md, and saves the raw rows under
+benchmarks/scaling/ from which the scaling plot (cells vs seconds, per backend) is drawn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import yaml
+from sklearn.metrics import adjusted_rand_score
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+from generate import generate, write_10x_h5  # noqa: E402
+
+# Settings shared by the workflow and the peer: fixed thresholds (the peer does no MAD).
+BENCH_CONFIG = {
+    "qc": {"filter": {"method": "thresholds", "min_genes": 200, "max_pct_mt": 20}, "min_cells_per_gene": 3},
+    "doublets": {"enabled": True, "expected_rate": 0.04, "remove": True},
+    "leiden": {"resolutions": [1.0]},
+    "louvain": {"resolutions": []},
+    "markers": {"algorithm": "leiden", "resolution": 1.0, "method": "wilcoxon", "n_genes": 25},
+}
+COMPUTE_RULES = ("qc", "cluster")
+
+
+def bench_config(workdir: Path) -> Path:
+    """The shipped config with BENCH_CONFIG merged in, filled with schema defaults."""
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    for section, values in BENCH_CONFIG.items():
+        config[section] = {**config.get(section, {}), **values}
+    config["qc"]["filter"] = {**config["qc"]["filter"], **BENCH_CONFIG["qc"]["filter"]}
+    path = workdir / "bench_config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def dataset(workdir: Path, n_cells: int, n_genes: int, jobs: int) -> Path:
+    path = workdir / "data" / f"{n_cells}x{n_genes}.h5"
+    if not path.exists():
+        write_10x_h5(generate(n_cells, n_genes, seed=0, jobs=jobs), path)
+    return path
+
+
+def run_workflow(workdir: Path, counts: Path, config: Path, backend: str, cores: int) -> dict:
+    rundir = workdir / f"{backend}_{counts.stem}"
+    rundir.mkdir(parents=True, exist_ok=True)
+    sheet = rundir / "samples.tsv"
+    sheet.write_text(f"sample\tinput\nbench\t{counts}\n")
+    command = [
+        sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(rundir),
+        "--configfile", str(config), "--config", f"samples={sheet}", f"backend={backend}",
+        "--cores", str(cores), "--resources", "gpu=1", "--forceall", "--quiet",
+    ]
+    start = time.perf_counter()
+    subprocess.run(command, check=True, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    times = pd.read_csv(rundir / "results" / "run_times.tsv", sep="\t")
+    totals = times[times["step"] == "total"].set_index("rule")
+    steps = times[times["step"] != "total"]
+    return {
+        "label": f"workflow-{backend}",
+        "wall_s": round(wall, 2),
+        "compute_rules_s": round(float(totals.loc[list(COMPUTE_RULES), "seconds"].sum()), 2),
+        "steps_s": round(float(steps.loc[~steps["step"].isin(["to_device", "to_host"]), "seconds"].sum()), 2),
+        "peak_rss_mb": round(float(totals["max_rss_mb"].max()), 1),
+        "obs": pd.read_parquet(rundir / "results" / "bench" / "obs.parquet"),
+        "hvg": _hvg(rundir / "results" / "bench" / "processed.h5ad"),
+    }
+
+
+def _hvg(h5ad: Path) -> set[str]:
+    from omicsprep.io import read_h5ad_elements
+
+    var = read_h5ad_elements(h5ad, ["var"])["var"]
+    return set(var.index[var["highly_variable"]])
+
+
+def run_peer(workdir: Path, counts: Path, config: Path) -> dict:
+    out = workdir / f"peer_{counts.stem}"
+    start = time.perf_counter()
+    subprocess.run([sys.executable, str(HERE / "peer_scanpy.py"), str(counts), str(config), str(out)], check=True)
+    wall = time.perf_counter() - start
+    timings = json.loads((out / "timings.json").read_text())
+    var = pd.read_parquet(out / "var.parquet")
+    return {
+        "label": "peer-scanpy",
+        "wall_s": round(wall, 2),
+        "compute_rules_s": round(wall, 2),
+        "steps_s": round(sum(v for k, v in timings["steps"].items() if k not in ("read", "write")), 2),
+        "peak_rss_mb": timings["max_rss_mb"],
+        "obs": pd.read_parquet(out / "obs.parquet"),
+        "hvg": set(var.index[var["highly_variable"]]),
+    }
+
+
+def agreement(result: dict, reference: dict | None) -> dict:
+    if reference is None or result is reference:
+        return {"ari_vs_peer": None, "hvg_overlap_vs_peer": None}
+    common = result["obs"].index.intersection(reference["obs"].index)
+    ari = adjusted_rand_score(result["obs"].loc[common, "leiden_1.0"], reference["obs"].loc[common, "leiden_1.0"])
+    overlap = len(result["hvg"] & reference["hvg"]) / max(len(reference["hvg"]), 1)
+    return {"ari_vs_peer": round(ari, 4), "hvg_overlap_vs_peer": round(overlap, 4)}
+
+
+def machine() -> str:
+    gpu = ""
+    try:
+        gpu = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, check=True
+        ).stdout.strip().splitlines()[0]
+    except (OSError, subprocess.CalledProcessError, IndexError):
+        pass
+    return f"{platform.node()}: {os.cpu_count()} CPU cores, {platform.processor() or platform.machine()}" + (
+        f", {gpu}" if gpu else ""
+    )
+
+
+def versions() -> str:
+    import importlib.metadata as md
+
+    names = ["scanpy", "anndata", "snakemake", "rapids-singlecell", "cuml-cu13", "cugraph-cu13"]
+    found = []
+    for name in names:
+        try:
+            found.append(f"{name} {md.version(name)}")
+        except md.PackageNotFoundError:
+            pass
+    return f"Python {platform.python_version()}, " + ", ".join(found)
+
+
+def plot(scaling_dir: Path, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    frames = [pd.read_csv(p, sep="\t") for p in sorted(scaling_dir.glob("*.tsv"))]
+    if not frames:
+        return
+    data = pd.concat(frames)
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for (label, host), rows in data.groupby(["label", "host"]):
+        rows = rows.sort_values("cells")
+        ax.plot(rows["cells"], rows["wall_s"], marker="o", label=f"{label} ({host})")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("cells")
+    ax.set_ylabel("seconds, end to end")
+    ax.legend(fontsize=7, frameon=False)
+    ax.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cells", type=int, nargs="+", default=[20_000])
+    parser.add_argument("--genes", type=int, default=20_000)
+    parser.add_argument("--backends", nargs="+", default=["cpu"], choices=["cpu", "gpu"])
+    parser.add_argument("--peer", action="store_true", help="also run the plain scanpy script")
+    parser.add_argument("--quick", action="store_true", help="2,000 cells x 5,000 genes, cpu and peer")
+    parser.add_argument("--cores", type=int, default=os.cpu_count())
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/omicsprep-bench"))
+    parser.add_argument("--results", type=Path, default=HERE / "RESULTS.md")
+    parser.add_argument("--scaling-dir", type=Path, default=HERE / "scaling")
+    parser.add_argument("--plot", type=Path, default=HERE / "scaling.png")
+    parser.add_argument("--host", default=None, help="label for this machine in the plot")
+    args = parser.parse_args()
+    if args.quick:
+        args.cells, args.genes, args.backends, args.peer = [2_000], 5_000, ["cpu"], True
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    config = bench_config(args.workdir)
+    host = args.host or platform.node()
+    rows = []
+    for n_cells in args.cells:
+        counts = dataset(args.workdir, n_cells, args.genes, jobs=args.cores)
+        results = [run_workflow(args.workdir, counts, config, backend, args.cores) for backend in args.backends]
+        peer = run_peer(args.workdir, counts, config) if args.peer else None
+        for result in [*results, *([peer] if peer else [])]:
+            shown = {k: v for k, v in result.items() if k not in ("obs", "hvg")}
+            rows.append({"cells": n_cells, "genes": args.genes, **shown, "cells_kept": len(result["obs"]),
+                         **agreement(result, peer), "host": host})
+    table = pd.DataFrame(rows)
+    print(table.to_string(index=False))
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    command = "python benchmarks/run.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    with args.results.open("a") as handle:
+        handle.write(
+            f"\n### {stamp}: `{command}`\n\nMachine: {machine()}. {versions()}.\n\n"
+            + table.drop(columns=["host"]).to_markdown(index=False) + "\n"
+        )
+    args.scaling_dir.mkdir(parents=True, exist_ok=True)
+    table.to_csv(args.scaling_dir / f"{host}-{stamp[:10]}-{'-'.join(args.backends)}.tsv", sep="\t", index=False)
+    plot(args.scaling_dir, args.plot)
+
+
+if __name__ == "__main__":
+    main()
