@@ -3,7 +3,7 @@
 # unpacked (see ../shared/gpu/README.md):
 #   bash .gpu/stage.sh && source .gpu/env.sh && bash benchmarks/gpu_check.sh
 # 1. the GPU tests; 2. the workflow on the demo data with backend cpu, then gpu twice (cold:
-# kernels compile; warm: CuPy's kernel cache is on disk); 3. CPU-vs-GPU agreement.
+# empty CuPy kernel cache, kernels compile; warm: the cache is on disk); 3. CPU-vs-GPU agreement.
 # Tables and logs go to $OUT (default: gpu_check_out/).
 set -uo pipefail
 repo=$(pwd)
@@ -23,6 +23,8 @@ python3 -m pytest -m gpu -v -s -p no:cacheprovider tests/test_gpu.py 2>&1 | tail
 for run in cpu gpu_cold gpu_warm; do
   echo "== workflow, backend ${run%_*} ($run)"
   dir=/tmp/omicsprep_$run; rm -rf "$dir"; mkdir -p "$dir"; ln -s "$repo/resources" "$dir/resources"
+  # The cold run starts from an empty CuPy kernel cache; the warm run finds it filled.
+  if [ "$run" = gpu_cold ]; then export CUPY_CACHE_DIR=/tmp/cupy_kernel_cache; rm -rf "$CUPY_CACHE_DIR"; fi
   time snakemake -s "$repo/Snakefile" --directory "$dir" --configfile "$repo/config/config.yaml" \
     --config backend="${run%_*}" samples="$repo/config/samples.tsv" --cores 16 --resources gpu=1 -q \
     || { echo "workflow failed ($run)"; tail -n 30 "$dir"/logs/*/*.log; }

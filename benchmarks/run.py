@@ -180,6 +180,7 @@ def main() -> None:
     parser.add_argument("--backends", nargs="+", default=["cpu"], choices=["cpu", "gpu"])
     parser.add_argument("--peer", action="store_true", help="also run the plain scanpy script")
     parser.add_argument("--quick", action="store_true", help="2,000 cells x 5,000 genes, cpu and peer")
+    parser.add_argument("--cpu-max-cells", type=int, default=None, help="skip the CPU backend and peer above this")
     parser.add_argument("--cores", type=int, default=os.cpu_count())
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/omicsprep-bench"))
     parser.add_argument("--results", type=Path, default=HERE / "RESULTS.md")
@@ -192,27 +193,35 @@ def main() -> None:
     args.workdir.mkdir(parents=True, exist_ok=True)
     config = bench_config(args.workdir)
     host = args.host or platform.node()
-    rows = []
-    for n_cells in args.cells:
-        counts = dataset(args.workdir, n_cells, args.genes, jobs=args.cores)
-        results = [run_workflow(args.workdir, counts, config, backend, args.cores) for backend in args.backends]
-        peer = run_peer(args.workdir, counts, config) if args.peer else None
-        for result in [*results, *([peer] if peer else [])]:
-            shown = {k: v for k, v in result.items() if k not in ("obs", "hvg")}
-            rows.append({"cells": n_cells, "genes": args.genes, **shown, "cells_kept": len(result["obs"]),
-                         **agreement(result, peer), "host": host})
-    table = pd.DataFrame(rows)
-    print(table.to_string(index=False))
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     command = "python benchmarks/run.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    with args.results.open("a") as handle:
-        handle.write(
-            f"\n### {stamp}: `{command}`\n\nMachine: {machine()}. {versions()}.\n\n"
-            + table.drop(columns=["host"]).to_markdown(index=False) + "\n"
-        )
     args.scaling_dir.mkdir(parents=True, exist_ok=True)
-    table.to_csv(args.scaling_dir / f"{host}-{stamp[:10]}-{'-'.join(args.backends)}.tsv", sep="\t", index=False)
-    plot(args.scaling_dir, args.plot)
+    for n_cells in args.cells:
+        # Each size is recorded as soon as it is done, so a run cut short keeps what it measured.
+        table = benchmark_size(args, n_cells, config, host)
+        print(table.to_string(index=False), flush=True)
+        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        with args.results.open("a") as handle:
+            handle.write(
+                f"\n#### {n_cells:,} cells, {stamp}: `{command}`\n\nMachine: {machine()}. {versions()}.\n\n"
+                + table.drop(columns=["host"]).to_markdown(index=False) + "\n"
+            )
+        table.to_csv(args.scaling_dir / f"{host}-{stamp[:10]}-{n_cells}.tsv", sep="\t", index=False)
+        plot(args.scaling_dir, args.plot)
+
+
+def benchmark_size(args: argparse.Namespace, n_cells: int, config: Path, host: str) -> pd.DataFrame:
+    """Run every backend (and the peer) on one generated dataset; one row each."""
+    counts = dataset(args.workdir, n_cells, args.genes, jobs=args.cores)
+    on_cpu = args.cpu_max_cells is None or n_cells <= args.cpu_max_cells
+    backends = [b for b in args.backends if b == "gpu" or on_cpu]
+    results = [run_workflow(args.workdir, counts, config, backend, args.cores) for backend in backends]
+    peer = run_peer(args.workdir, counts, config) if args.peer and on_cpu else None
+    rows = []
+    for result in [*results, *([peer] if peer else [])]:
+        shown = {k: v for k, v in result.items() if k not in ("obs", "hvg")}
+        rows.append({"cells": n_cells, "genes": args.genes, **shown, "cells_kept": len(result["obs"]),
+                     **agreement(result, peer), "host": host})
+    return pd.DataFrame(rows)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import anndata as ad
 import numpy as np
 import pytest
@@ -87,6 +89,16 @@ def test_negative_values_are_refused(tmp_path):
 def test_error_names_the_sample():
     error = InputError("matrix is empty", path="x.h5").for_sample("s1")
     assert str(error) == "sample 's1': file 'x.h5': matrix is empty"
+
+
+def test_atomic_write_gives_normal_permissions(tmp_path):
+    target = tmp_path / "out.tsv"
+    with io.atomic_path(target) as tmp:
+        tmp.write_text("done")
+    assert target.read_text() == "done"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert target.stat().st_mode & 0o777 == 0o666 & ~umask
 
 
 def test_atomic_write_leaves_nothing_on_failure(tmp_path):

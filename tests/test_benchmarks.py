@@ -1,0 +1,47 @@
+"""The benchmark harness cannot rot: the generator's data and a --quick run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import generate  # noqa: E402
+
+
+def test_generator_is_deterministic_and_realistic(monkeypatch):
+    monkeypatch.setattr(generate, "CHUNK", 1000)  # several chunks, split across processes
+    counts = generate.generate(3000, 20_000, seed=1)
+    again = generate.generate(3000, 20_000, seed=1, jobs=2)
+    assert (counts != again).nnz == 0
+    density = counts.nnz / np.prod(counts.shape)
+    assert 0.02 <= density <= 0.05
+    totals = np.asarray(counts.sum(axis=1)).ravel()
+    assert 500 < np.median(totals) < 3000
+    assert np.percentile(totals, 95) / np.percentile(totals, 5) > 4  # library sizes vary
+    mito_share = np.asarray(counts[:, : generate.N_MITO].sum(axis=1)).ravel() / totals
+    assert 0.01 < np.median(mito_share) < 0.06
+    assert 0.04 < (mito_share > 0.2).mean() < 0.12  # damaged cells
+    assert np.array_equal(counts.data, np.round(counts.data))
+
+
+@pytest.mark.workflow
+def test_quick_benchmark_runs_and_agrees_with_scanpy(tmp_path):
+    command = [
+        sys.executable, str(REPO / "benchmarks" / "run.py"), "--quick", "--workdir", str(tmp_path / "work"),
+        "--results", str(tmp_path / "RESULTS.md"), "--scaling-dir", str(tmp_path / "scaling"),
+        "--plot", str(tmp_path / "scaling.png"),
+    ]
+    subprocess.run(command, check=True, capture_output=True, text=True, timeout=900)
+    table = pd.read_csv(next((tmp_path / "scaling").glob("*.tsv")), sep="\t")
+    assert set(table["label"]) == {"workflow-cpu", "peer-scanpy"}
+    workflow = table.set_index("label").loc["workflow-cpu"]
+    assert workflow["ari_vs_peer"] == 1.0
+    assert workflow["hvg_overlap_vs_peer"] == 1.0
+    assert "`python benchmarks/run.py --quick" in (tmp_path / "RESULTS.md").read_text()
+    assert (tmp_path / "scaling.png").stat().st_size > 0
