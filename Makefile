@@ -13,6 +13,9 @@ $(VENV)/.installed: pyproject.toml requirements/cpu.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -r requirements/cpu.txt -e ".[test]"
+	# UMI-tools, the reference of the UMI tests, builds only without isolation.
+	$(BIN)/python -m pip install -q "setuptools<81" cython wheel
+	$(BIN)/python -m pip install -q --no-build-isolation umi_tools==1.1.6
 	touch $@
 
 run: setup

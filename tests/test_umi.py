@@ -1,0 +1,140 @@
+"""UMI deduplication: exact to UMI-tools on its own test BAM and on generated BAMs."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import REPO
+
+from omicsprep.errors import InputError
+from omicsprep.molecules import read_bam
+from omicsprep.umi import METHODS, collapse_reads, count_molecules, hamming, pack_umis
+
+UMI_DATA = REPO / "tests" / "data" / "umi_tools"
+UMI_TOOLS_BAM = UMI_DATA / "chr19_gene_tags.bam"
+
+
+def long_table(table, counts: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame(
+        {"gene": table.genes[counts["gene"]], "cell": table.cells[counts["cell"]], "count": counts["count"]}
+    )
+
+
+def assert_same_counts(got: pd.DataFrame, expected: pd.DataFrame) -> None:
+    merged = expected.merge(got, on=["gene", "cell"], how="outer", suffixes=("_expected", "_got"))
+    different = merged[merged["count_expected"] != merged["count_got"]]
+    assert different.empty, different.head(10).to_string()
+
+
+def test_pack_and_hamming():
+    packed, valid = pack_umis(np.array(["ACGT", "ACGA", "TCGA", "ACNT"]))
+    assert valid.tolist() == [True, True, True, False]
+    assert hamming(packed[0], packed[1]) == 1
+    assert hamming(packed[0], packed[2]) == 2
+    assert hamming(packed[1], packed[1]) == 0
+
+
+def test_mixed_umi_lengths_are_refused():
+    with pytest.raises(InputError, match="mixed lengths"):
+        pack_umis(np.array(["ACGT", "ACG"]))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_exact_to_umi_tools_reference(method):
+    table = read_bam(UMI_TOOLS_BAM, gene_tag="XF", umi_source="umis", skip_gene_regex="^[__|Unassigned]")
+    assert table.skipped["gene matches skip_gene_regex"] == 120
+    counts = count_molecules(collapse_reads(table.reads), method=method)
+    expected = pd.read_csv(UMI_DATA / "expected" / f"count_per_cell_{method}.tsv", sep="\t")
+    assert_same_counts(long_table(table, counts), expected)
+
+
+def write_bam(path: Path, *, n_cells: int, n_genes: int, seed: int) -> None:
+    """Reads with CB/UB/GX tags: skewed UMI abundances and one-base sequencing errors."""
+    import pysam
+
+    rng = np.random.default_rng(seed)
+    header = {"HD": {"VN": "1.6", "SO": "coordinate"}, "SQ": [{"SN": "chr1", "LN": 10_000_000}]}
+    records = []
+    bases = np.array(list("ACGT"))
+    for cell in range(n_cells):
+        barcode = "".join(rng.choice(bases, 12))
+        for gene in range(n_genes):
+            n_umis = int(rng.integers(1, 40))
+            for _ in range(n_umis):
+                umi = rng.choice(bases, 8)
+                for _ in range(int(rng.geometric(0.15))):  # skewed reads per molecule
+                    read_umi = umi.copy()
+                    if rng.random() < 0.1:  # sequencing error
+                        read_umi[rng.integers(8)] = rng.choice(bases)
+                    records.append((gene * 1000 + int(rng.integers(100)), barcode, "".join(read_umi), f"G{gene}"))
+    records.sort(key=lambda r: r[0])
+    with pysam.AlignmentFile(str(path), "wb", header=header) as bam:
+        for i, (position, barcode, umi, gene) in enumerate(records):
+            read = pysam.AlignedSegment(bam.header)
+            read.query_name = f"r{i}"
+            read.query_sequence = "A" * 50
+            read.flag = 0
+            read.reference_id = 0
+            read.reference_start = position
+            read.mapping_quality = 60
+            read.cigarstring = "50M"
+            read.set_tags([("CB", barcode), ("UB", umi), ("GX", gene)])
+            bam.write(read)
+    pysam.index(str(path))
+
+
+@pytest.mark.skipif(shutil.which("umi_tools") is None and not (Path(sys.executable).parent / "umi_tools").exists(),
+                    reason="umi_tools is not installed")
+@pytest.mark.parametrize("method", METHODS)
+def test_exact_to_live_umi_tools_on_generated_reads(tmp_path_factory, method):
+    work = tmp_path_factory.getbasetemp() / "umi_generated"
+    bam = work / "reads.bam"
+    if not bam.exists():
+        work.mkdir(exist_ok=True)
+        write_bam(bam, n_cells=3, n_genes=15, seed=7)
+    umi_tools = shutil.which("umi_tools") or str(Path(sys.executable).parent / "umi_tools")
+    out = tmp_path_factory.mktemp(method) / "counts.tsv"
+    subprocess.run(
+        [umi_tools, "count", "--per-gene", "--per-cell", "--gene-tag=GX", "--extract-umi-method=tag",
+         "--umi-tag=UB", "--cell-tag=CB", f"--method={method}", "-I", str(bam), "-S", str(out)],
+        check=True, capture_output=True, env={"PYTHONHASHSEED": "0", "PATH": str(Path(sys.executable).parent)},
+    )
+    table = read_bam(bam)
+    counts = count_molecules(collapse_reads(table.reads), method=method)
+    assert_same_counts(long_table(table, counts), pd.read_csv(out, sep="\t"))
+
+
+def test_cli_writes_counts_and_the_umi_tools_table(tmp_path):
+    out = tmp_path / "counts.h5ad"
+    tsv = tmp_path / "counts.tsv"
+    subprocess.run(
+        [sys.executable, "-m", "omicsprep.cli", "count-umis", str(UMI_TOOLS_BAM), "-o", str(out), "--tsv", str(tsv),
+         "--gene-tag", "XF", "--extract-umi-method", "umis", "--skip-tags-regex", "^[__|Unassigned]"],
+        check=True, capture_output=True,
+    )
+    table = pd.read_csv(tsv, sep="\t")
+    assert list(table.columns) == ["gene", "cell", "count"]
+    assert_same_counts(table, pd.read_csv(UMI_DATA / "expected" / "count_per_cell_directional.tsv", sep="\t"))
+    import anndata as ad
+
+    adata = ad.read_h5ad(out)
+    assert adata.X.sum() == table["count"].sum()
+    assert adata.shape == (2, table["gene"].nunique())
+
+
+def test_cli_bad_input_is_one_clear_error(tmp_path):
+    bad = tmp_path / "broken.bam"
+    bad.write_bytes(UMI_TOOLS_BAM.read_bytes()[:5000])  # truncated
+    result = subprocess.run(
+        [sys.executable, "-m", "omicsprep.cli", "count-umis", str(bad), "-o", str(tmp_path / "x.h5ad")],
+        capture_output=True, text=True,
+    )
+    assert result.returncode == 1
+    assert f"omicsprep error: file '{bad}'" in result.stderr
+    assert not (tmp_path / "x.h5ad").exists()
