@@ -1,8 +1,11 @@
-"""Reads with cell, UMI and gene annotations, from BAM/SAM files, as integer-coded tables."""
+"""Reads with cell, UMI and gene annotations, from BAM/SAM files, as integer-coded tables.
+
+BAM records are decoded by oxbow (Rust, Arrow-native) in batches and filtered with Arrow
+compute functions, so no Python code runs per read.
+"""
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,11 +13,21 @@ from typing import Literal
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from omicsprep.errors import InputError
 from omicsprep.umi import pack_umis
 
 UmiSource = Literal["tag", "read_id", "umis"]
+# Where the cell barcode and UMI sit in read names: umis-style `...:CELL_<cb>:UMI_<umi>:...`
+# and umi_tools extract's `<read>_<cb>_<umi>`.
+READ_NAME_PATTERNS = {
+    "umis": ("CELL_(?P<cell>[^:]+)", "UMI_(?P<umi>[^:]+)"),
+    "read_id": ("_(?P<cell>[^_]+)_[^_]+$", "_(?P<umi>[^_]+)$"),
+}
+UNUSABLE_FLAGS = 0x4 | 0x100 | 0x800  # unmapped, secondary, supplementary
+BGZF_EOF = bytes.fromhex("1f8b08040000000000ff0600424302001b0003000000000000000000")
 
 
 @dataclass
@@ -27,16 +40,34 @@ class ReadTable:
     skipped: Counter = field(default_factory=Counter)
 
 
-def _umi_and_cell(read, *, source: UmiSource, cell_tag: str, umi_tag: str) -> tuple[str | None, str | None]:  # noqa: ANN001
+def _check_bam_is_whole(path: Path) -> None:
+    if not path.is_file():
+        raise InputError("does not exist", path=path)
+    with path.open("rb") as handle:
+        if path.suffix.lower() == ".bam":
+            handle.seek(max(path.stat().st_size - len(BGZF_EOF), 0))
+            if handle.read() != BGZF_EOF:
+                raise InputError("BAM is truncated (no BGZF end-of-file block)", path=path)
+
+
+def _batches(path: Path, *, fields: list[str], tags: list[tuple[str, str]]):  # noqa: ANN202
+    import oxbow
+
+    if path.suffix.lower() == ".sam":
+        source = oxbow.from_sam(str(path), compression=None, fields=fields, tag_defs=tags)
+    else:
+        source = oxbow.from_bam(str(path), fields=fields, tag_defs=tags)
+    for batch in source.batches():
+        yield pa.record_batch(batch)
+
+
+def _cell_and_umi(batch: pa.RecordBatch, *, source: UmiSource, cell_tag: str, umi_tag: str) -> tuple[pa.Array, pa.Array]:
     if source == "tag":
-        cell = read.get_tag(cell_tag) if read.has_tag(cell_tag) else None
-        umi = read.get_tag(umi_tag) if read.has_tag(umi_tag) else None
-        return cell, umi
-    if source == "umis":  # umis-style names: ...:CELL_<barcode>:UMI_<umi>:...
-        fields = dict(part.split("_", 1) for part in read.query_name.split(":") if "_" in part)
-        return fields.get("CELL"), fields.get("UMI")
-    parts = read.query_name.split("_")  # umi_tools extract: <read>_<cell>_<umi>
-    return (parts[-2] if len(parts) >= 3 else None), (parts[-1] if len(parts) >= 2 else None)
+        tags = batch.column("tags")
+        return tags.field(cell_tag), tags.field(umi_tag)
+    cell_pattern, umi_pattern = READ_NAME_PATTERNS[source]
+    names = batch.column("qname")
+    return pc.extract_regex(names, cell_pattern).field("cell"), pc.extract_regex(names, umi_pattern).field("umi")
 
 
 def read_bam(
@@ -48,7 +79,6 @@ def read_bam(
     umi_source: UmiSource = "tag",
     min_mapq: int = 0,
     skip_gene_regex: str = "^(__|Unassigned)",
-    threads: int = 1,
 ) -> ReadTable:
     """Read the cell, UMI and gene of every usable read of a BAM/SAM file, in file order.
 
@@ -60,47 +90,52 @@ def read_bam(
     Raises
     ------
     InputError
-        Unreadable or truncated file, no usable read, UMIs of mixed lengths.
+        Missing, truncated or unreadable file; no usable read; UMIs of mixed lengths.
     """
-    import pysam
-
     path = Path(path)
-    skip_gene = re.compile(skip_gene_regex) if skip_gene_regex else None
+    _check_bam_is_whole(path)
+    fields = ["flag", "mapq"] + (["qname"] if umi_source != "tag" else [])
+    tags = [(gene_tag, "Z")] + ([(cell_tag, "Z"), (umi_tag, "Z")] if umi_source == "tag" else [])
     skipped: Counter = Counter()
-    cells, umis, genes = [], [], []
+    kept: dict[str, list[pa.Array]] = {"cell": [], "umi": [], "gene": []}
     try:
-        with pysam.AlignmentFile(str(path), check_sq=False, threads=threads) as bam:
-            for read in bam.fetch(until_eof=True):
-                if read.is_unmapped or read.is_secondary or read.is_supplementary:
-                    skipped["unmapped, secondary or supplementary"] += 1
-                    continue
-                if read.mapping_quality < min_mapq:
-                    skipped["below min_mapq"] += 1
-                    continue
-                gene = read.get_tag(gene_tag) if read.has_tag(gene_tag) else None
-                cell, umi = _umi_and_cell(read, source=umi_source, cell_tag=cell_tag, umi_tag=umi_tag)
-                if gene is None or cell is None or umi is None:
-                    skipped["missing cell, UMI or gene"] += 1
-                    continue
-                if skip_gene is not None and skip_gene.search(gene):
-                    skipped["gene matches skip_gene_regex"] += 1
-                    continue
-                if ";" in gene or "," in gene:
-                    skipped["several genes"] += 1
-                    continue
-                cells.append(cell)
-                umis.append(umi)
-                genes.append(gene)
-    except (OSError, ValueError) as exc:
-        raise InputError(f"cannot be read as BAM/SAM ({exc})", path=path) from exc
-    if not cells:
+        for batch in _batches(path, fields=fields, tags=tags):
+            gene = batch.column("tags").field(gene_tag)
+            cell, umi = _cell_and_umi(batch, source=umi_source, cell_tag=cell_tag, umi_tag=umi_tag)
+            checks = {
+                "unmapped, secondary or supplementary": pc.not_equal(pc.bit_wise_and(batch.column("flag"), UNUSABLE_FLAGS), 0),
+                "below min_mapq": pc.less(batch.column("mapq"), min_mapq),
+                "missing cell, UMI or gene": pc.or_(pc.or_(pc.is_null(gene), pc.is_null(cell)), pc.is_null(umi)),
+                "gene matches skip_gene_regex": pc.match_substring_regex(gene, skip_gene_regex or "$^"),
+                "several genes": pc.match_substring_regex(gene, "[;,]"),
+            }
+            usable = pa.array(np.ones(batch.num_rows, dtype=bool))
+            for reason, failed in checks.items():
+                failed = pc.and_(usable, pc.fill_null(failed, False))
+                skipped[reason] += pc.sum(failed).as_py() or 0
+                usable = pc.and_(usable, pc.invert(failed))
+            for name, values in (("cell", cell), ("umi", umi), ("gene", gene)):
+                kept[name].append(values.filter(usable))
+    except InputError:
+        raise
+    except BaseException as exc:  # oxbow reports corrupt input as a Rust panic
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        raise InputError(f"cannot be read as BAM/SAM ({type(exc).__name__}: {exc})", path=path) from exc
+    n_reads = sum(len(a) for a in kept["cell"])
+    if n_reads == 0:
         raise InputError(f"no usable read (skipped: {dict(skipped) or 'none'})", path=path)
+    columns = {name: pa.concat_arrays(arrays) for name, arrays in kept.items()}
     try:
-        packed, valid = pack_umis(np.asarray(umis))
+        packed, valid = pack_umis(columns["umi"])
     except InputError as exc:
         raise InputError(exc.problem, path=path) from exc
     skipped["UMI with N"] += int((~valid).sum())
-    cell_codes, cell_names = pd.factorize(np.asarray(cells)[valid])
-    gene_codes, gene_names = pd.factorize(np.asarray(genes)[valid])
-    reads = pd.DataFrame({"cell": cell_codes.astype(np.int32), "gene": gene_codes.astype(np.int32), "umi": packed[valid]})
-    return ReadTable(reads=reads, cells=pd.Index(cell_names), genes=pd.Index(gene_names), skipped=skipped)
+    codes = {}
+    names = {}
+    for name in ("cell", "gene"):
+        encoded = pc.dictionary_encode(columns[name].filter(pa.array(valid)))
+        codes[name] = encoded.indices.to_numpy().astype(np.int32)
+        names[name] = pd.Index(encoded.dictionary.to_pylist())
+    reads = pd.DataFrame({"cell": codes["cell"], "gene": codes["gene"], "umi": packed[valid]})
+    return ReadTable(reads=reads, cells=names["cell"], genes=names["gene"], skipped=skipped)

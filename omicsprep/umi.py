@@ -13,6 +13,8 @@ from typing import Literal
 import numba
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from omicsprep.errors import InputError
 
@@ -24,13 +26,14 @@ for _code, _base in enumerate(b"ACGT"):
     _BASE_CODES[_base] = _code
 
 
-def pack_umis(umis: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def pack_umis(umis: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """Pack equal-length UMI strings into 2-bit codes.
 
     Parameters
     ----------
     umis
-        UMI sequences (``str`` or ``bytes``), all of one length, at most 32 bases.
+        UMI sequences as an Arrow string array without nulls, all of one length, at most
+        32 bases.
 
     Returns
     -------
@@ -42,18 +45,20 @@ def pack_umis(umis: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     InputError
         UMIs of mixed lengths, or longer than 32 bases.
     """
-    raw = np.asarray(umis).astype("S")
-    lengths = np.char.str_len(raw)
-    if lengths.size and lengths.min() != lengths.max():
-        raise InputError(f"UMIs of mixed lengths ({lengths.min()} to {lengths.max()} bases)")
-    length = int(lengths.max()) if lengths.size else 0
-    if length > MAX_UMI_LENGTH:
-        raise InputError(f"UMIs of {length} bases; at most {MAX_UMI_LENGTH} are supported")
-    bases = np.frombuffer(raw.tobytes(), dtype=np.uint8).reshape(len(raw), raw.dtype.itemsize)[:, :length]
-    codes = _BASE_CODES[bases]
+    umis = umis.cast(pa.string())
+    lengths = pc.utf8_length(umis)
+    shortest, longest = (pc.min(lengths).as_py() or 0), (pc.max(lengths).as_py() or 0)
+    if shortest != longest:
+        raise InputError(f"UMIs of mixed lengths ({shortest} to {longest} bases)")
+    if longest > MAX_UMI_LENGTH:
+        raise InputError(f"UMIs of {longest} bases; at most {MAX_UMI_LENGTH} are supported")
+    # Equal lengths: the string data is one contiguous block of n x length bytes.
+    offsets = np.frombuffer(umis.buffers()[1], dtype=np.int32)[umis.offset : umis.offset + len(umis) + 1]
+    data = np.frombuffer(umis.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[-1]]
+    codes = _BASE_CODES[data.reshape(len(umis), longest)]
     valid = (codes != 255).all(axis=1)
-    packed = np.zeros(len(raw), dtype=np.uint64)
-    for position in range(length):
+    packed = np.zeros(len(umis), dtype=np.uint64)
+    for position in range(longest):
         packed = (packed << np.uint64(2)) | (codes[:, position] & 3).astype(np.uint64)
     return packed, valid
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 from conftest import REPO
 
@@ -33,7 +34,7 @@ def assert_same_counts(got: pd.DataFrame, expected: pd.DataFrame) -> None:
 
 
 def test_pack_and_hamming():
-    packed, valid = pack_umis(np.array(["ACGT", "ACGA", "TCGA", "ACNT"]))
+    packed, valid = pack_umis(pa.array(["ACGT", "ACGA", "TCGA", "ACNT"]))
     assert valid.tolist() == [True, True, True, False]
     assert hamming(packed[0], packed[1]) == 1
     assert hamming(packed[0], packed[2]) == 2
@@ -42,7 +43,7 @@ def test_pack_and_hamming():
 
 def test_mixed_umi_lengths_are_refused():
     with pytest.raises(InputError, match="mixed lengths"):
-        pack_umis(np.array(["ACGT", "ACG"]))
+        pack_umis(pa.array(["ACGT", "ACG"]))
 
 
 @pytest.mark.parametrize("method", METHODS)
