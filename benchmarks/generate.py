@@ -79,10 +79,10 @@ def chunk_counts(n_cells: int, n_genes: int, cdfs: np.ndarray, rng: np.random.Ge
         rows.append(cells)
         cols.append(np.minimum(np.searchsorted(cdfs[profile], rng.random(cells.size)), n_genes - 1))
     row, col = np.concatenate(rows), np.concatenate(cols)
+    # Building from (row, col) pairs sums the duplicates: one entry per (cell, gene).
     counts = sparse.csr_matrix(
         (np.ones(row.size, dtype=np.float32), (row.astype(np.int32), col.astype(np.int32))), shape=(n_cells, n_genes)
     )
-    counts.sum_duplicates()
     return counts
 
 
@@ -110,8 +110,9 @@ def write_10x_h5(counts: sparse.csr_matrix, path: Path) -> None:
     """Write counts in Cell Ranger's HDF5 layout (genes x cells, CSC by cell)."""
     names = gene_names(counts.shape[1])
     barcodes = [f"CELL{i:08d}-1" for i in range(counts.shape[0])]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with h5py.File(path, "w") as handle:
+    from omicsprep.io import atomic_path
+
+    with atomic_path(path) as tmp, h5py.File(tmp, "w") as handle:
         matrix = handle.create_group("matrix")
         matrix["barcodes"] = np.array(barcodes, dtype="S")
         matrix["data"] = counts.data.astype(np.int32)

@@ -16,14 +16,11 @@ from functools import cache
 from types import ModuleType
 from typing import Any, Literal
 
-import numpy as np
 from anndata import AnnData
-from scipy import sparse
 
 from omicsprep.errors import BackendUnavailableError
 
 Backend = Literal["cpu", "gpu"]
-BackendChoice = Literal["auto", "cpu", "gpu"]
 
 GPU_MODULES = ("cupy", "cudf", "cuml", "cugraph", "rapids_singlecell")
 # Recorded in every output, when imported in the producing process.
@@ -37,8 +34,7 @@ RECORDED_MODULES = (
 def gpu_unavailable_reason() -> str | None:
     """Say why the GPU backend cannot run here, or return ``None`` when it can."""
     try:
-        cupy = importlib.import_module("cupy")
-        n_devices = cupy.cuda.runtime.getDeviceCount()
+        n_devices = cupy().cuda.runtime.getDeviceCount()
     except Exception as exc:  # noqa: BLE001 - any failure means "no usable GPU"
         return f"CuPy/CUDA unusable ({type(exc).__name__}: {exc})"
     if n_devices == 0:
@@ -96,9 +92,16 @@ def cupy() -> ModuleType:
 
 
 def to_device(adata: AnnData, *, backend: Backend) -> None:
-    """Move ``X`` and every layer to the GPU (no-op on the CPU backend).
+    """Move ``X`` and every layer to the GPU, in place; a no-op on the CPU backend.
 
     Call once per rule, right after reading.
+
+    Parameters
+    ----------
+    adata
+        Data in host memory.
+    backend
+        ``"cpu"`` or ``"gpu"``.
     """
     if backend == "gpu":
         rapids_singlecell().get.anndata_to_GPU(adata, convert_all=True)
@@ -126,11 +129,6 @@ def to_host(adata: AnnData) -> None:
             mapping[key] = _to_host_value(mapping[key])
     for key in list(adata.uns.keys()):
         adata.uns[key] = _to_host_value(adata.uns[key])
-
-
-def as_numpy(value: Any) -> np.ndarray | sparse.spmatrix:
-    """Return ``value`` in host memory (a no-op for NumPy and SciPy)."""
-    return _to_host_value(value)
 
 
 @cache

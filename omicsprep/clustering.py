@@ -74,21 +74,28 @@ def umap(adata: AnnData, *, min_dist: float, seed: int, backend: Backend) -> Non
         adata.obsp["connectivities"] = graph
 
 
-def leiden(adata: AnnData, *, resolutions: list[float], seed: int, backend: Backend) -> list[str]:
+def leiden(adata: AnnData, *, resolutions: list[float], seed: int, backend: Backend) -> None:
     """Leiden clusters at each resolution, in ``obs["leiden_<resolution>"]``.
 
-    Runs until the partition is stable on both backends (igraph on the CPU, cuGraph on
-    the GPU).
+    igraph on the CPU runs until the partition is stable; cuGraph on the GPU for at most
+    100 iterations. Clusters are numbered by decreasing size on both.
 
-    Returns
-    -------
-    The ``obs`` columns written.
+    Parameters
+    ----------
+    adata
+        Cells with a neighbour graph in ``obsp["connectivities"]``.
+    resolutions
+        One clustering per resolution (higher: more, smaller clusters).
+    seed
+        Seed of the optimisation.
+    backend
+        ``"cpu"`` or ``"gpu"``.
     """
-    keys = []
     for resolution in resolutions:
         key = cluster_key("leiden", resolution)
         if backend == "gpu":
             rapids_singlecell().tl.leiden(adata, resolution=resolution, rng=seed, key_added=key)
+            adata.obs[key] = _ordered_categories(adata.obs[key].to_numpy())
         else:
             import scanpy as sc
 
@@ -101,8 +108,6 @@ def leiden(adata: AnnData, *, resolutions: list[float], seed: int, backend: Back
                 random_state=seed,
                 key_added=key,
             )
-        keys.append(key)
-    return keys
 
 
 def _louvain_igraph(connectivities: sparse.spmatrix, *, resolution: float, seed: int) -> np.ndarray:
@@ -127,26 +132,31 @@ def _ordered_categories(labels: np.ndarray) -> pd.Categorical:
     return pd.Categorical(names, categories=[str(i) for i in range(len(values))])
 
 
-def louvain(adata: AnnData, *, resolutions: list[float], seed: int, backend: Backend) -> list[str]:
+def louvain(adata: AnnData, *, resolutions: list[float], seed: int, backend: Backend) -> None:
     """Louvain clusters at each resolution, in ``obs["louvain_<resolution>"]``.
 
     cuGraph on the GPU; igraph's multilevel algorithm on the CPU (scanpy's igraph flavour
     ignores the resolution, its default flavour needs the unmaintained ``louvain`` package).
 
-    Returns
-    -------
-    The ``obs`` columns written.
+    Parameters
+    ----------
+    adata
+        Cells with a neighbour graph in ``obsp["connectivities"]``.
+    resolutions
+        One clustering per resolution (higher: more, smaller clusters).
+    seed
+        Seed of the optimisation (the CPU only: cuGraph's Louvain takes none).
+    backend
+        ``"cpu"`` or ``"gpu"``.
     """
-    keys = []
     for resolution in resolutions:
         key = cluster_key("louvain", resolution)
         if backend == "gpu":
             rapids_singlecell().tl.louvain(adata, resolution=resolution, key_added=key)
+            adata.obs[key] = _ordered_categories(adata.obs[key].to_numpy())
         else:
             labels = _louvain_igraph(adata.obsp["connectivities"], resolution=resolution, seed=seed)
             adata.obs[key] = _ordered_categories(labels)
-        keys.append(key)
-    return keys
 
 
 def rank_markers(adata: AnnData, *, groupby: str, method: MarkerMethod, backend: Backend) -> None:
@@ -180,9 +190,9 @@ def markers_table(adata: AnnData, *, n_genes: int) -> pd.DataFrame:
     """Top ``n_genes`` markers per cluster as a long table (from :func:`rank_markers`)."""
     import scanpy as sc
 
-    columns = ["group", "names", "scores", "logfoldchanges", "pvals", "pvals_adj", "pct_nz_group", "pct_nz_reference"]
+    columns = ["group", "gene", "scores", "logfoldchanges", "pvals", "pvals_adj", "pct_nz_group", "pct_nz_reference"]
     if "rank_genes_groups" not in adata.uns:
         return pd.DataFrame(columns=columns)
-    table = sc.get.rank_genes_groups_df(adata, group=None)
+    table = sc.get.rank_genes_groups_df(adata, group=None).rename(columns={"names": "gene"})
     table = table.groupby("group", observed=True, sort=False).head(n_genes)
-    return table[[c for c in columns if c in table.columns]].rename(columns={"names": "gene"})
+    return table[[c for c in columns if c in table.columns]]

@@ -49,7 +49,7 @@ def detect_format(path: str | Path) -> InputFormat:
     if not path.exists():
         raise InputError("does not exist", path=path)
     suffix = path.suffix.lower()
-    if suffix == ".zarr" or (path.is_dir() and (path / ".zgroup").exists()):
+    if suffix == ".zarr" or (path.is_dir() and any((path / name).exists() for name in (".zgroup", "zarr.json"))):
         return "zarr"
     if path.is_dir():
         if any((path / name).exists() for name in _MTX_NAMES):
@@ -67,6 +67,23 @@ def detect_format(path: str | Path) -> InputFormat:
         "or a 'format' column in the sample sheet",
         path=path,
     )
+
+
+def resolve_format(path: str | Path, *, fmt: str | None = None) -> InputFormat:
+    """Check that ``path`` exists and return its format: ``fmt`` when given, else detected.
+
+    Raises
+    ------
+    InputError
+        Missing path, or a format that is neither given nor recognisable.
+    """
+    if not Path(path).exists():
+        raise InputError("does not exist", path=path)
+    if not fmt:
+        return detect_format(path)
+    if fmt not in FORMATS:
+        raise InputError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}", path=path)
+    return fmt  # type: ignore[return-value]
 
 
 def _read_mtx_folder(path: Path) -> AnnData:
@@ -108,19 +125,14 @@ def read_counts(path: str | Path, *, fmt: str | None = None) -> AnnData:
     ------
     InputError
         Missing file, unknown or unreadable format, an empty matrix, or values that are
-        not counts (negative or non-finite).
+        not counts (negative, fractional or non-finite).
     """
     path = Path(path)
-    if not path.exists():
-        raise InputError("does not exist", path=path)
-    if fmt is None:
-        fmt = detect_format(path)
-    if fmt not in FORMATS:
-        raise InputError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}", path=path)
+    fmt = resolve_format(path, fmt=fmt)
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*names are not unique.*")
-            adata = _read_any(path, fmt)  # type: ignore[arg-type]
+            adata = _read_any(path, fmt)
     except InputError:
         raise
     except Exception as exc:
@@ -142,6 +154,8 @@ def _check_counts(adata: AnnData, *, path: Path) -> None:
         raise InputError("matrix holds NaN or infinite values; raw counts expected", path=path)
     if values.min() < 0:
         raise InputError("matrix holds negative values; raw counts expected", path=path)
+    if not np.array_equal(values, np.round(values)):
+        raise InputError("matrix holds non-integer values (normalized data?); raw counts expected", path=path)
 
 
 def _umask() -> int:
@@ -169,6 +183,18 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def read_h5ad(path: str | Path) -> AnnData:
+    """Read an ``.h5ad`` file written by a previous rule."""
+    return ad.read_h5ad(path)
+
+
+def read_table(path: str | Path) -> pd.DataFrame:
+    """Read a table written by :func:`write_table` (Parquet or tab-separated text)."""
+    if Path(path).suffix == ".parquet":
+        return pd.read_parquet(path)
+    return pd.read_csv(path, sep="\t")
 
 
 def write_h5ad(adata: AnnData, path: str | Path) -> None:

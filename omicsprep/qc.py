@@ -14,7 +14,6 @@ from omicsprep.errors import InputError
 
 log = logging.getLogger(__name__)
 
-GENE_GROUPS = ("mt", "ribo", "hb")
 # Metrics that MAD filtering looks at, on the log scale where counts are skewed.
 MAD_METRICS = ("log1p_total_counts", "log1p_n_genes_by_counts")
 
@@ -68,11 +67,14 @@ def mad_outliers(values: pd.Series | np.ndarray, *, n_mads: float) -> np.ndarray
 
     Returns
     -------
-    Boolean mask, ``True`` for outliers.
+    Boolean mask, ``True`` for outliers; all ``False`` when the MAD is zero (e.g. most
+    cells without mitochondrial counts), where a spread cannot be judged.
     """
     values = np.asarray(values, dtype=float)
-    median = np.median(values)
-    mad = np.median(np.abs(values - median))
+    median = np.nanmedian(values)
+    mad = np.nanmedian(np.abs(values - median))
+    if not mad > 0:
+        return np.zeros(values.shape, dtype=bool)
     return np.abs(values - median) > n_mads * mad
 
 

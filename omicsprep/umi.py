@@ -208,6 +208,8 @@ def count_molecules(molecules: pd.DataFrame, *, method: Method, threshold: int =
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}, not {method!r}")
+    if molecules.empty:
+        return pd.DataFrame({"cell": [], "gene": [], "count": []}, dtype=np.int64)
     keys = molecules[["cell", "gene"]].to_numpy()
     boundary = np.flatnonzero((keys[1:] != keys[:-1]).any(axis=1)) + 1
     starts = np.concatenate([[0], boundary, [len(molecules)]]).astype(np.int64)

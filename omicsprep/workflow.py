@@ -12,12 +12,25 @@ from omicsprep.errors import BackendUnavailableError, InputError
 log = logging.getLogger("omicsprep")
 
 
-def run_script(main: Callable[[], None], *, log_path: str | Path, sample: str | None = None) -> None:
+def run_script(
+    main: Callable[[], None], *, log_path: str | Path, sample: str | None = None, threads: int = 1
+) -> None:
     """Run a rule's script body with logging to ``log_path`` and one-line user errors.
 
-    Everything the libraries print goes to the log. Bad input and an unusable backend end
-    the rule with a single message naming the sample, the file and the problem, on the
-    console and in the log; anything else keeps its traceback, in the log.
+    Logging, warnings and standard error go to the log. Bad input and an unusable backend
+    end the rule with a single message naming the sample, the file and the problem, on
+    the console and in the log; anything else keeps its traceback, in the log.
+
+    Parameters
+    ----------
+    main
+        The script's body.
+    log_path
+        The rule's log file.
+    sample
+        The sample the rule works on, named in errors.
+    threads
+        The rule's threads: BLAS/OpenMP pools and Numba use no more.
     """
     console = sys.__stderr__
     log_file = open(log_path, "w", buffering=1)  # noqa: SIM115 - lives as long as the process
@@ -26,6 +39,7 @@ def run_script(main: Callable[[], None], *, log_path: str | Path, sample: str | 
         stream=log_file, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True
     )
     logging.captureWarnings(True)
+    limit_threads(threads)
     try:
         main()
     except (InputError, BackendUnavailableError) as exc:
@@ -37,3 +51,12 @@ def run_script(main: Callable[[], None], *, log_path: str | Path, sample: str | 
     except Exception:
         log.exception("failed")
         raise
+
+
+def limit_threads(threads: int) -> None:
+    """Keep BLAS/OpenMP pools and Numba within ``threads`` (a rule's share of the cores)."""
+    import numba
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=threads)
+    numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))

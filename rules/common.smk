@@ -9,7 +9,7 @@ from snakemake.utils import validate
 
 from omicsprep.clustering import cluster_key
 from omicsprep.errors import InputError
-from omicsprep.io import detect_format
+from omicsprep.io import resolve_format
 
 validate(config, schema="../config/schemas/config.schema.yaml", set_default=True)
 
@@ -29,7 +29,7 @@ def load_sample_sheet(path):
     missing = [name for name in REQUIRED_COLUMNS if name not in header]
     if missing:
         raise WorkflowError(f"sample sheet {str(sheet)!r}: missing columns {missing} (found {header})")
-    samples = pd.read_csv(sheet, sep="\t", dtype=str, keep_default_na=False, comment="#")
+    samples = pd.read_csv(sheet, sep="\t", dtype=str, keep_default_na=False)
     if samples.empty:
         raise WorkflowError(f"sample sheet {str(sheet)!r} lists no samples")
     repeated = sorted(samples.loc[samples["sample"].duplicated(), "sample"].unique())
@@ -41,9 +41,11 @@ def load_sample_sheet(path):
         raise WorkflowError(f"sample sheet {str(sheet)!r} does not match its schema", exc)
     if "format" not in samples:
         samples["format"] = ""
+    if "batch" not in samples:
+        samples["batch"] = ""
     for row in samples.itertuples():
         try:
-            samples.loc[row.Index, "format"] = row.format or detect_format(row.input)
+            samples.loc[row.Index, "format"] = resolve_format(row.input, fmt=row.format)
         except InputError as exc:
             raise WorkflowError(f"sample sheet {str(sheet)!r}: {exc.for_sample(row.sample)}")
     return samples.set_index("sample", drop=False)
@@ -89,6 +91,10 @@ def counts_input(wildcards):
 
 def counts_format(wildcards):
     return SAMPLE_SHEET.loc[wildcards.sample, "format"]
+
+
+def sample_batch(wildcards):
+    return SAMPLE_SHEET.loc[wildcards.sample, "batch"]
 
 
 def cluster_params():

@@ -7,6 +7,7 @@ rule qc:
     params:
         backend=backend_for("qc"),
         format=counts_format,
+        batch=sample_batch,
         qc=config["qc"],
         doublets=config["doublets"],
         seed=config["seed"],

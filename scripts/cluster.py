@@ -1,7 +1,5 @@
 """Rule cluster: normalize, HVG, PCA, neighbours, UMAP, Leiden/Louvain and markers."""
 
-import anndata as ad
-
 from omicsprep import io
 from omicsprep.backend import resolve_backend
 from omicsprep.pipeline import run_clustering
@@ -12,11 +10,11 @@ snakemake = snakemake  # noqa: F821, PLW0127 - injected by Snakemake
 
 def main() -> None:
     backend = resolve_backend(snakemake.params.backend)
-    adata = ad.read_h5ad(snakemake.input.h5ad)
+    adata = io.read_h5ad(snakemake.input.h5ad)
     markers = run_clustering(adata, params=snakemake.params.steps, seed=snakemake.params.seed, backend=backend)
     io.write_table(markers, snakemake.output.markers)
     io.write_table(adata.obs, snakemake.output.obs, index=True)
     io.write_h5ad(adata, snakemake.output.h5ad)
 
 
-run_script(main, log_path=snakemake.log[0], sample=snakemake.wildcards.sample)
+run_script(main, log_path=snakemake.log[0], sample=snakemake.wildcards.sample, threads=snakemake.threads)

@@ -1,7 +1,5 @@
 """Rule plot_qc: histograms and a scatter plot of every input cell's QC metrics."""
 
-import pandas as pd
-
 from omicsprep import io, plotting
 from omicsprep.workflow import run_script
 
@@ -9,7 +7,7 @@ snakemake = snakemake  # noqa: F821, PLW0127 - injected by Snakemake
 
 
 def main() -> None:
-    metrics = pd.read_parquet(snakemake.input.metrics)
+    metrics = io.read_table(snakemake.input.metrics)
     sample = snakemake.wildcards.sample
     io.write_figure(plotting.qc_histograms(metrics, title=sample), snakemake.output.histograms)
     io.write_figure(plotting.qc_scatter(metrics, title=sample), snakemake.output.scatter)

@@ -12,6 +12,8 @@ def main() -> None:
     backend = resolve_backend(snakemake.params.backend)
     adata = io.read_counts(snakemake.input.counts, fmt=snakemake.params.format)
     adata.obs["sample"] = snakemake.wildcards.sample
+    if snakemake.params.batch:
+        adata.obs["batch"] = snakemake.params.batch
     adata, metrics = run_qc(
         adata,
         qc_params=snakemake.params.qc,
@@ -23,4 +25,4 @@ def main() -> None:
     io.write_h5ad(adata, snakemake.output.h5ad)
 
 
-run_script(main, log_path=snakemake.log[0], sample=snakemake.wildcards.sample)
+run_script(main, log_path=snakemake.log[0], sample=snakemake.wildcards.sample, threads=snakemake.threads)

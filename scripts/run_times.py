@@ -1,7 +1,5 @@
 """Rule run_times: one table of every rule's benchmark and per-step timings."""
 
-import pandas as pd
-
 from omicsprep import io
 from omicsprep.timings import run_time_table
 from omicsprep.workflow import run_script
@@ -11,7 +9,7 @@ snakemake = snakemake  # noqa: F821, PLW0127 - injected by Snakemake
 
 def main() -> None:
     keys = list(zip(snakemake.params.samples, snakemake.params.rules))
-    benchmarks = {key: pd.read_csv(path, sep="\t") for key, path in zip(keys, snakemake.input.benchmarks)}
+    benchmarks = {key: io.read_table(path) for key, path in zip(keys, snakemake.input.benchmarks)}
     provenance = {
         key: io.read_h5ad_elements(path, [f"uns/omicsprep/{key[1]}"])[f"uns/omicsprep/{key[1]}"]
         for key, path in zip(keys, snakemake.input.h5ads)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import scanpy as sc
 from conftest import CLUSTER_PARAMS, NO_DOUBLETS, QC_PARAMS
@@ -63,6 +64,17 @@ def test_outputs_of_the_chain(mouse_clustered):
     record = adata.uns["omicsprep"]["cluster"]
     assert record["backend"] == "cpu"
     assert set(record["timings"]) >= {"normalize", "pca", "neighbors", "umap", "leiden", "markers"}
+
+
+def test_single_cluster_gives_an_empty_markers_table_with_the_usual_columns(mouse_clustered):
+    adata, markers = mouse_clustered
+    one = adata[:50].copy()
+    del one.uns["rank_genes_groups"]
+    one.obs["one"] = pd.Categorical(["0"] * one.n_obs)
+    clustering.rank_markers(one, groupby="one", method="wilcoxon", backend="cpu")
+    empty = clustering.markers_table(one, n_genes=5)
+    assert empty.empty
+    assert list(empty.columns) == list(markers.columns)
 
 
 def test_louvain_is_seeded(mouse_clustered):

@@ -86,6 +86,19 @@ def test_negative_values_are_refused(tmp_path):
         io.read_counts(path)
 
 
+def test_normalized_values_are_refused(tmp_path):
+    path = tmp_path / "normalized.h5ad"
+    ad.AnnData(sparse.csr_matrix(np.array([[1.5, 0.0], [3.0, 0.2]], dtype=np.float32))).write_h5ad(path)
+    with pytest.raises(InputError, match="non-integer values"):
+        io.read_counts(path)
+
+
+def test_explicit_format_is_checked(tmp_path):
+    with pytest.raises(InputError, match="unknown format 'loom'"):
+        io.resolve_format(PBMC_H5, fmt="loom")
+    assert io.resolve_format(PBMC_MTX, fmt="10x_mtx") == "10x_mtx"
+
+
 def test_error_names_the_sample():
     error = InputError("matrix is empty", path="x.h5").for_sample("s1")
     assert str(error) == "sample 's1': file 'x.h5': matrix is empty"

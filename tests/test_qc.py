@@ -38,6 +38,12 @@ def test_mad_outliers():
     assert qc.mad_outliers(values, n_mads=5).tolist() == [False] * 5 + [True]
 
 
+def test_mad_of_zero_flags_nothing():
+    # Most cells without mitochondrial counts: no spread to judge outliers by.
+    values = np.array([0.0, 0.0, 0.0, 0.0, 0.5, 2.0])
+    assert not qc.mad_outliers(values, n_mads=3).any()
+
+
 def test_pass_mask_records_first_failing_reason():
     obs = pd.DataFrame(
         {

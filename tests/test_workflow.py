@@ -86,6 +86,7 @@ def test_full_run_results(cpu_run):
     assert adata.uns["omicsprep"]["qc"]["backend"] == "cpu"
     assert {"leiden_0.5", "leiden_1.0", "louvain_1.0"} <= set(adata.obs.columns)
     assert adata.obs["leiden_1.0"].nunique() >= 3
+    assert set(adata.obs["batch"]) == {"b1"}
     assert 1000 < adata.n_obs < 1107
     # The same matrix read from two formats gives the same cells and clusters.
     obs_h5 = pd.read_parquet(results / "pbmc_h5" / "obs.parquet")
