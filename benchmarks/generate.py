@@ -21,6 +21,7 @@ from pathlib import Path
 
 import h5py
 import numpy as np
+import pandas as pd
 from scipy import sparse
 
 N_MITO = 13
@@ -148,3 +149,71 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def generate_reads(
+    n_reads: int,
+    *,
+    n_cells: int = 500,
+    n_genes: int = 2000,
+    umi_length: int = 10,
+    n_rate: float = 0.001,
+    multi_gene_rate: float = 0.01,
+    secondary_rate: float = 0.02,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Aligned reads of a droplet experiment: cell, UMI, gene and position per read.
+
+    Genes have log-normal expression, molecules a geometric number of reads (PCR
+    duplicates), 0.2% of UMI bases are sequencing errors and 0.1% are N; 5% of reads
+    carry an ``Unassigned_*`` gene, 1% two genes (``A;B``), 2% are secondary alignments.
+    """
+    rng = np.random.default_rng(seed)
+    bases = np.frombuffer(b"ACGT", dtype=np.uint8)
+    n_molecules = max(1, n_reads // 4)
+    expression = rng.lognormal(0, 1.5, n_genes)
+    gene = rng.choice(n_genes, size=n_molecules, p=expression / expression.sum())
+    cell = rng.integers(n_cells, size=n_molecules)
+    umi = bases[rng.integers(4, size=(n_molecules, umi_length))]
+    reads_per_molecule = rng.geometric(0.25, size=n_molecules)
+    molecule = np.repeat(np.arange(n_molecules), reads_per_molecule)[:n_reads]
+    read_umi = umi[molecule].copy()
+    errors = rng.random(read_umi.shape) < 0.002
+    read_umi[errors] = bases[rng.integers(4, size=int(errors.sum()))]
+    read_umi[rng.random(read_umi.shape) < n_rate] = ord("N")
+    genes = np.array([f"G{g:05d}" for g in range(n_genes)], dtype=object)[gene[molecule]]
+    fate = rng.random(len(molecule))
+    genes[fate < 0.05] = "Unassigned_NoFeatures"
+    genes[(fate >= 0.05) & (fate < 0.05 + multi_gene_rate)] = "G00000;G00001"
+    barcodes = np.array(["".join(map(chr, bases[rng.integers(4, size=16)])) + "-1" for _ in range(n_cells)])
+    return pd.DataFrame({
+        "position": gene[molecule] * 5000 + rng.integers(0, 4000, size=len(molecule)),
+        "cell": barcodes[cell[molecule]],
+        "umi": read_umi.view(f"S{umi_length}").ravel().astype(str),
+        "gene": genes,
+        "secondary": rng.random(len(molecule)) < secondary_rate,
+    }).sort_values("position", kind="stable").reset_index(drop=True)
+
+
+def write_bam(reads: pd.DataFrame, path: Path) -> None:
+    """Write reads (from :func:`generate_reads`) as a coordinate-sorted, indexed BAM with
+    Cell Ranger's tags (``CB``, ``UB``, ``GX``)."""
+    import pysam
+
+    from omicsprep.io import atomic_path
+
+    header = {"HD": {"VN": "1.6", "SO": "coordinate"}, "SQ": [{"SN": "chr1", "LN": int(reads["position"].max()) + 1000}]}
+    with atomic_path(path) as tmp:
+        with pysam.AlignmentFile(str(tmp), "wb", header=header) as bam:
+            read = pysam.AlignedSegment(bam.header)
+            read.query_sequence = "A" * 50
+            read.reference_id = 0
+            read.mapping_quality = 60
+            read.cigarstring = "50M"
+            for i, row in enumerate(reads.itertuples(index=False)):
+                read.query_name = f"r{i}"
+                read.flag = 0x100 if row.secondary else 0
+                read.reference_start = int(row.position)
+                read.set_tags([("CB", row.cell), ("UB", row.umi), ("GX", row.gene)])
+                bam.write(read)
+    pysam.index(str(path))

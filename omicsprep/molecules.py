@@ -80,7 +80,7 @@ def read_bam(
     min_mapq: int = 0,
     skip_gene_regex: str = "^(__|Unassigned)",
 ) -> ReadTable:
-    """Read the cell, UMI and gene of every usable read of a BAM/SAM file, in file order.
+    """Read the cell, UMI and gene of every usable read of a BAM/SAM file.
 
     Unmapped, secondary and supplementary reads, reads under ``min_mapq``, reads missing
     a cell, UMI or gene, genes matching ``skip_gene_regex``, reads assigned to several

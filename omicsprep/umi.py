@@ -1,9 +1,10 @@
 """UMI deduplication with UMI-tools' semantics, as Numba kernels.
 
-Reads become molecules: one row per (cell, gene, UMI) with its read count and the index of
-its first read. Within each (cell, gene) the UMIs are ordered by count, ties by first
-appearance (the order UMI-tools meets them in the file), and counted by one of UMI-tools'
-methods; UMIs are 2-bit packed so a Hamming distance is a popcount.
+Reads become molecules: one row per (cell, gene, UMI) with its read count. Within each
+(cell, gene) the UMIs are ordered by count, ties by sequence (as UMI-tools 1.1 orders them:
+it sorts each component's UMIs before ranking them by count), and counted by one of
+UMI-tools' methods; UMIs are 2-bit packed (A<C<G<T, so sequence order is numeric order) and
+a Hamming distance is a popcount.
 """
 
 from __future__ import annotations
@@ -139,7 +140,7 @@ def _min_account(umis, members, threshold):  # noqa: ANN001, ANN202
 
 @numba.njit(cache=True)
 def count_group(umis, counts, method, threshold):  # noqa: ANN001, ANN201
-    """Molecules in one (cell, gene): UMIs sorted by count (descending), ties by first read.
+    """Molecules in one (cell, gene): UMIs sorted by count (descending), ties by sequence.
 
     ``method`` indexes :data:`METHODS`.
     """
@@ -170,21 +171,16 @@ def count_groups(umis, counts, starts, method, threshold):  # noqa: ANN001, ANN2
 
 
 def collapse_reads(reads: pd.DataFrame) -> pd.DataFrame:
-    """Reads (``cell``, ``gene``, ``umi`` codes, in file order) to sorted molecules.
+    """Reads (``cell``, ``gene`` codes and packed ``umi``) to sorted molecules.
 
     Returns
     -------
-    One row per (cell, gene, umi) with ``count`` (reads) and ``first`` (first read's
-    index), sorted by cell, gene, count descending and first appearance.
+    One row per (cell, gene, umi) with ``count`` (reads), sorted by cell, gene, count
+    descending and UMI sequence.
     """
-    molecules = (
-        reads.assign(first=np.arange(len(reads)))
-        .groupby(["cell", "gene", "umi"], sort=False, observed=True)
-        .agg(count=("first", "size"), first=("first", "min"))
-        .reset_index()
-    )
+    molecules = reads.groupby(["cell", "gene", "umi"], sort=False, observed=True).size().rename("count").reset_index()
     order = np.lexsort(
-        (molecules["first"].to_numpy(), -molecules["count"].to_numpy(),
+        (molecules["umi"].to_numpy(), -molecules["count"].to_numpy(),
          molecules["gene"].to_numpy(), molecules["cell"].to_numpy())
     )
     return molecules.iloc[order].reset_index(drop=True)

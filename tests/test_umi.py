@@ -17,6 +17,9 @@ from omicsprep.errors import InputError
 from omicsprep.molecules import read_bam
 from omicsprep.umi import METHODS, collapse_reads, count_molecules, hamming, pack_umis
 
+sys.path.insert(0, str(REPO / "benchmarks"))
+import generate  # noqa: E402
+
 UMI_DATA = REPO / "tests" / "data" / "umi_tools"
 UMI_TOOLS_BAM = UMI_DATA / "chr19_gene_tags.bam"
 
@@ -55,41 +58,6 @@ def test_exact_to_umi_tools_reference(method):
     assert_same_counts(long_table(table, counts), expected)
 
 
-def write_bam(path: Path, *, n_cells: int, n_genes: int, seed: int) -> None:
-    """Reads with CB/UB/GX tags: skewed UMI abundances and one-base sequencing errors."""
-    import pysam
-
-    rng = np.random.default_rng(seed)
-    header = {"HD": {"VN": "1.6", "SO": "coordinate"}, "SQ": [{"SN": "chr1", "LN": 10_000_000}]}
-    records = []
-    bases = np.array(list("ACGT"))
-    for cell in range(n_cells):
-        barcode = "".join(rng.choice(bases, 12))
-        for gene in range(n_genes):
-            n_umis = int(rng.integers(1, 40))
-            for _ in range(n_umis):
-                umi = rng.choice(bases, 8)
-                for _ in range(int(rng.geometric(0.15))):  # skewed reads per molecule
-                    read_umi = umi.copy()
-                    if rng.random() < 0.1:  # sequencing error
-                        read_umi[rng.integers(8)] = rng.choice(bases)
-                    records.append((gene * 1000 + int(rng.integers(100)), barcode, "".join(read_umi), f"G{gene}"))
-    records.sort(key=lambda r: r[0])
-    with pysam.AlignmentFile(str(path), "wb", header=header) as bam:
-        for i, (position, barcode, umi, gene) in enumerate(records):
-            read = pysam.AlignedSegment(bam.header)
-            read.query_name = f"r{i}"
-            read.query_sequence = "A" * 50
-            read.flag = 0
-            read.reference_id = 0
-            read.reference_start = position
-            read.mapping_quality = 60
-            read.cigarstring = "50M"
-            read.set_tags([("CB", barcode), ("UB", umi), ("GX", gene)])
-            bam.write(read)
-    pysam.index(str(path))
-
-
 @pytest.mark.skipif(shutil.which("umi_tools") is None and not (Path(sys.executable).parent / "umi_tools").exists(),
                     reason="umi_tools is not installed")
 @pytest.mark.parametrize("method", METHODS)
@@ -98,17 +66,36 @@ def test_exact_to_live_umi_tools_on_generated_reads(tmp_path_factory, method):
     bam = work / "reads.bam"
     if not bam.exists():
         work.mkdir(exist_ok=True)
-        write_bam(bam, n_cells=3, n_genes=15, seed=7)
+        # Without what omicsprep skips on purpose and UMI-tools keeps: N, A;B, secondaries.
+        reads = generate.generate_reads(30_000, n_cells=20, n_genes=200, n_rate=0, multi_gene_rate=0,
+                                        secondary_rate=0, seed=7)
+        generate.write_bam(reads, bam)
     umi_tools = shutil.which("umi_tools") or str(Path(sys.executable).parent / "umi_tools")
     out = tmp_path_factory.mktemp(method) / "counts.tsv"
     subprocess.run(
         [umi_tools, "count", "--per-gene", "--per-cell", "--gene-tag=GX", "--extract-umi-method=tag",
          "--umi-tag=UB", "--cell-tag=CB", f"--method={method}", "-I", str(bam), "-S", str(out)],
-        check=True, capture_output=True, env={"PYTHONHASHSEED": "0", "PATH": str(Path(sys.executable).parent)},
+        check=True, capture_output=True,
     )
     table = read_bam(bam)
-    counts = count_molecules(collapse_reads(table.reads), method=method)
-    assert_same_counts(long_table(table, counts), pd.read_csv(out, sep="\t"))
+    counts = long_table(table, count_molecules(collapse_reads(table.reads), method=method))
+    counts["cell"] = counts["cell"].str.split("-").str[0]  # UMI-tools drops the '-1' of CB
+    expected = pd.read_csv(out, sep="\t")
+    assert len(expected) > 1000
+    assert_same_counts(counts, expected)
+
+
+def test_skipped_reads_are_counted(tmp_path):
+    reads = generate.generate_reads(20_000, n_cells=10, n_genes=100, n_rate=0.01, seed=2)
+    generate.write_bam(reads, tmp_path / "reads.bam")
+    table = read_bam(tmp_path / "reads.bam")
+    assert table.skipped["unmapped, secondary or supplementary"] == reads["secondary"].sum()
+    primary = reads[~reads["secondary"]]
+    assert table.skipped["gene matches skip_gene_regex"] == primary["gene"].str.startswith("Unassigned").sum()
+    assert table.skipped["several genes"] == primary["gene"].str.contains(";").sum()
+    usable = primary[~primary["gene"].str.contains("Unassigned|;")]
+    assert table.skipped["UMI with N"] == usable["umi"].str.contains("N").sum() > 0
+    assert len(table.reads) + table.skipped["UMI with N"] == len(usable)
 
 
 def test_cli_writes_counts_and_the_umi_tools_table(tmp_path):
