@@ -1,0 +1,76 @@
+"""UMI counting speed: ``umi_tools count`` against ``omicsprep count-umis`` on the same BAM.
+
+    python benchmarks/umi_bench.py --reads 1000000 3000000 [--workdir /tmp/omicsprep-umi]
+
+Generates a realistic BAM per size (benchmarks/generate.py: skewed genes and PCR
+duplicates, sequencing errors, N, unassigned and multi-gene reads, secondary alignments;
+cached in the work folder), runs both tools end to end (process start included) with the
+directional method, prints reads/s and the ratio, and appends the table with machine, date
+and command to RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from generate import generate_reads, write_bam  # noqa: E402
+
+
+def timed(command: list[str]) -> float:
+    start = time.perf_counter()
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{command[0]} failed:\n{result.stderr[-3000:]}")
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reads", type=int, nargs="+", default=[1_000_000])
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/omicsprep-umi"))
+    parser.add_argument("--results", type=Path, default=HERE / "RESULTS.md")
+    parser.add_argument("--skip-umi-tools-above", type=int, default=None, help="time umi_tools only up to this size")
+    args = parser.parse_args()
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    bin_dir = Path(sys.executable).parent
+    rows = []
+    for n_reads in args.reads:
+        bam = args.workdir / f"reads_{n_reads}.bam"
+        if not bam.exists():
+            write_bam(generate_reads(n_reads, n_cells=2000, n_genes=10_000, seed=0), bam)
+        ours = timed([str(bin_dir / "omicsprep"), "count-umis", str(bam), "-o", str(args.workdir / "ours.h5ad"),
+                      "--method", "directional"])
+        row = {"reads": n_reads, "omicsprep_s": round(ours, 2), "omicsprep_reads_per_s": round(n_reads / ours)}
+        if args.skip_umi_tools_above is None or n_reads <= args.skip_umi_tools_above:
+            theirs = timed([str(bin_dir / "umi_tools"), "count", "--per-gene", "--per-cell", "--gene-tag=GX",
+                            "--extract-umi-method=tag", "--umi-tag=UB", "--cell-tag=CB", "--method=directional",
+                            "-I", str(bam), "-S", str(args.workdir / "umi_tools.tsv")])
+            row |= {"umi_tools_s": round(theirs, 2), "umi_tools_reads_per_s": round(n_reads / theirs),
+                    "speedup": round(theirs / ours, 1)}
+        rows.append(row)
+        print(row, flush=True)
+    table = pd.DataFrame(rows)
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    command = "python benchmarks/umi_bench.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    with args.results.open("a") as handle:
+        handle.write(
+            f"\n### UMI counting, {stamp}: `{command}`\n\nMachine: {platform.node()}: {os.cpu_count()} CPU cores; "
+            f"Python {platform.python_version()}; directional method, one process each, start-up included.\n\n"
+            + table.to_markdown(index=False) + "\n"
+        )
+
+
+if __name__ == "__main__":
+    main()
