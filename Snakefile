@@ -13,6 +13,7 @@ report: "report/workflow.rst"
 
 
 include: "rules/common.smk"
+include: "rules/umi.smk"
 include: "rules/qc.smk"
 include: "rules/cluster.smk"
 include: "rules/plots.smk"

@@ -8,37 +8,24 @@ import sys
 from pathlib import Path
 
 from omicsprep.errors import InputError
+from omicsprep.umi import METHODS
 
 log = logging.getLogger("omicsprep")
 
 
 def count_umis(args: argparse.Namespace) -> None:
     """Deduplicate UMIs of a BAM/SAM file and write the cell x gene counts."""
-    import pandas as pd
-    from anndata import AnnData
-    from scipy import sparse
+    from omicsprep import counting, io
 
-    from omicsprep import io
-    from omicsprep.molecules import read_bam
-    from omicsprep.umi import collapse_reads, count_molecules
-
-    table = read_bam(
-        args.input, cell_tag=args.cell_tag, umi_tag=args.umi_tag, gene_tag=args.gene_tag,
+    adata = counting.count_umis(
+        args.input, method=args.method, edit_distance_threshold=args.edit_distance_threshold,
+        cell_tag=args.cell_tag, umi_tag=args.umi_tag, gene_tag=args.gene_tag,
         umi_source=args.extract_umi_method, min_mapq=args.min_mapq, skip_gene_regex=args.skip_tags_regex,
     )
-    counts = count_molecules(collapse_reads(table.reads), method=args.method, threshold=args.edit_distance_threshold)
-    matrix = sparse.csr_matrix(
-        (counts["count"].to_numpy(), (counts["cell"].to_numpy(), counts["gene"].to_numpy())),
-        shape=(len(table.cells), len(table.genes)),
-    )
-    adata = AnnData(matrix.astype("float32"), obs=pd.DataFrame(index=table.cells.astype(str)),
-                    var=pd.DataFrame(index=table.genes.astype(str)))
-    adata.uns["umi_dedup"] = {"method": args.method, "reads": len(table.reads), "skipped": dict(table.skipped)}
-    log.info("%d reads, %d molecules; skipped %s", len(table.reads), int(counts["count"].sum()), dict(table.skipped))
+    log.info("%d cells x %d genes, %d molecules; %s", adata.n_obs, adata.n_vars, int(adata.X.sum()),
+             adata.uns["umi_dedup"])
     if args.tsv:
-        long = pd.DataFrame({"gene": table.genes[counts["gene"]], "cell": table.cells[counts["cell"]],
-                             "count": counts["count"].to_numpy()}).sort_values(["gene", "cell"])
-        io.write_table(long, args.tsv)
+        io.write_table(counting.long_table(adata), args.tsv)
     io.write_h5ad(adata, args.output)
 
 
@@ -55,8 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     umis.add_argument("--extract-umi-method", choices=["tag", "read_id", "umis"], default="tag",
                       help="cell and UMI from tags, or from the read name (umi_tools extract / umis style)")
     umis.add_argument("--skip-tags-regex", default="^(__|Unassigned)", help="skip reads whose gene matches")
-    umis.add_argument("--method", choices=["unique", "percentile", "cluster", "adjacency", "directional"],
-                      default="directional")
+    umis.add_argument("--method", choices=METHODS, default="directional")
     umis.add_argument("--edit-distance-threshold", type=int, default=1)
     umis.add_argument("--min-mapq", type=int, default=0)
     # Only the Numba CPU kernels exist so far; the CUDA ones will add "gpu" here.

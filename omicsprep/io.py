@@ -1,6 +1,7 @@
 """Reading count matrices and writing outputs atomically.
 
-All file I/O of omicsprep lives here; the analysis modules take and return AnnData.
+File I/O lives here (reads from BAM/SAM are decoded in :mod:`omicsprep.molecules`); the
+analysis modules take and return AnnData.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from scipy import sparse
 
 from omicsprep.errors import InputError
 
-InputFormat = Literal["10x_h5", "10x_mtx", "h5ad", "zarr"]
-FORMATS: tuple[str, ...] = ("10x_h5", "10x_mtx", "h5ad", "zarr")
+InputFormat = Literal["10x_h5", "10x_mtx", "h5ad", "zarr", "bam", "sam"]
+FORMATS: tuple[str, ...] = ("10x_h5", "10x_mtx", "h5ad", "zarr", "bam", "sam")
+# Aligned reads: counted into a matrix by UMI deduplication (omicsprep.counting) first.
+READ_FORMATS: tuple[str, ...] = ("bam", "sam")
 _MTX_NAMES = ("matrix.mtx", "matrix.mtx.gz")
 _MTX_FEATURES = ("features.tsv.gz", "features.tsv", "genes.tsv", "genes.tsv.gz")
 
@@ -62,6 +65,8 @@ def detect_format(path: str | Path) -> InputFormat:
         return "10x_h5"
     if suffix == ".h5ad":
         return "h5ad"
+    if suffix in (".bam", ".sam"):
+        return suffix[1:]  # type: ignore[return-value]
     raise InputError(
         f"unknown format (extension {suffix or 'none'!r}); expected one of {', '.join(FORMATS)} "
         "or a 'format' column in the sample sheet",
@@ -129,6 +134,8 @@ def read_counts(path: str | Path, *, fmt: str | None = None) -> AnnData:
     """
     path = Path(path)
     fmt = resolve_format(path, fmt=fmt)
+    if fmt in READ_FORMATS:
+        raise InputError(f"holds reads ({fmt}), not a count matrix: count its UMIs first", path=path)
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*names are not unique.*")

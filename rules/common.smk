@@ -9,7 +9,7 @@ from snakemake.utils import validate
 
 from omicsprep.clustering import cluster_key
 from omicsprep.errors import InputError
-from omicsprep.io import resolve_format
+from omicsprep.io import READ_FORMATS, resolve_format
 
 validate(config, schema="../config/schemas/config.schema.yaml", set_default=True)
 
@@ -85,12 +85,23 @@ def conda_env_for(rule_name):
     return "../envs/cpu.yaml" if backend_for(rule_name) == "cpu" else "../envs/rapids.yaml"
 
 
+def is_reads(sample):
+    return SAMPLE_SHEET.loc[sample, "format"] in READ_FORMATS
+
+
+def reads_input(wildcards):
+    return SAMPLE_SHEET.loc[wildcards.sample, "input"]
+
+
 def counts_input(wildcards):
+    """The count matrix: the sheet's, or the one counted from the sample's reads."""
+    if is_reads(wildcards.sample):
+        return f"results/{wildcards.sample}/umi_counts.h5ad"
     return SAMPLE_SHEET.loc[wildcards.sample, "input"]
 
 
 def counts_format(wildcards):
-    return SAMPLE_SHEET.loc[wildcards.sample, "format"]
+    return "h5ad" if is_reads(wildcards.sample) else SAMPLE_SHEET.loc[wildcards.sample, "format"]
 
 
 def sample_batch(wildcards):

@@ -168,3 +168,21 @@ def test_explicit_gpu_without_one_fails_clearly(tmp_path):
     result = snakemake("--cores", "1", "--config", f"samples={sheet}", "backend=gpu", workdir=tmp_path)
     expect_failure(result, "omicsprep error: backend 'gpu' was requested but cannot be used")
     assert not (tmp_path / "results" / "pbmc" / "qc.h5ad").exists()
+
+
+def test_a_sample_given_as_reads_is_counted_then_qcd(tmp_path):
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import generate
+
+    bam = tmp_path / "reads.bam"
+    generate.write_bam(generate.generate_reads(150_000, n_cells=200, n_genes=300, seed=5), bam)
+    sheet = write_sheet(tmp_path / "s.tsv", [f"reads\t{bam}"])
+    result = snakemake("results/reads/qc.h5ad", "--cores", "2", "--config", f"samples={sheet}", workdir=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    counts = pd.read_csv(tmp_path / "results" / "reads" / "umi_counts.tsv", sep="\t")
+    assert list(counts.columns) == ["gene", "cell", "count"]
+    adata = ad.read_h5ad(tmp_path / "results" / "reads" / "qc.h5ad")
+    assert 100 <= adata.n_obs <= 200
+    skipped = adata.uns["umi_dedup"]["reads_skipped"]
+    assert skipped["several genes"] > 0 and skipped["UMI with N"] > 0
+    assert (tmp_path / "benchmarks" / "count_umis" / "reads.tsv").is_file()

@@ -1,0 +1,18 @@
+"""Rule count_umis: deduplicate the UMIs of a sample's aligned reads into a count matrix."""
+
+import logging
+
+from omicsprep import counting, io
+from omicsprep.workflow import run_script
+
+snakemake = snakemake  # noqa: F821, PLW0127 - injected by Snakemake
+
+
+def main() -> None:
+    adata = counting.count_umis(snakemake.input.reads, **snakemake.params.umi)
+    logging.getLogger("omicsprep").info("%s", adata.uns["umi_dedup"])
+    io.write_table(counting.long_table(adata), snakemake.output.table)
+    io.write_h5ad(adata, snakemake.output.h5ad)
+
+
+run_script(main, log_path=snakemake.log[0], sample=snakemake.wildcards.sample, threads=snakemake.threads)
