@@ -17,11 +17,14 @@ def count_umis(args: argparse.Namespace) -> None:
     """Deduplicate UMIs of a BAM/SAM file and write the cell x gene counts."""
     from omicsprep import counting, io
 
-    adata = counting.count_umis(
-        args.input, method=args.method, edit_distance_threshold=args.edit_distance_threshold,
-        cell_tag=args.cell_tag, umi_tag=args.umi_tag, gene_tag=args.gene_tag,
-        umi_source=args.extract_umi_method, min_mapq=args.min_mapq, skip_gene_regex=args.skip_tags_regex,
-    )
+    settings = {
+        "method": args.method, "edit_distance_threshold": args.edit_distance_threshold,
+        "skip_gene_regex": args.skip_tags_regex, "cell_tag": args.cell_tag, "umi_tag": args.umi_tag,
+        "gene_tag": args.gene_tag, "umi_source": args.extract_umi_method, "min_mapq": args.min_mapq,
+        "cell_column": args.cell_column, "umi_column": args.umi_column, "gene_column": args.gene_column,
+        "count_column": args.count_column, "chunk_rows": args.chunk_rows,
+    }
+    adata = counting.count_umis_of(args.input, fmt=io.resolve_format(args.input), settings=settings)
     log.info("%d cells x %d genes, %d molecules; %s", adata.n_obs, adata.n_vars, int(adata.X.sum()),
              adata.uns["umi_dedup"])
     if args.tsv:
@@ -32,7 +35,9 @@ def count_umis(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="omicsprep")
     commands = parser.add_subparsers(dest="command", required=True)
-    umis = commands.add_parser("count-umis", help="BAM/SAM with cell, UMI and gene tags -> cell x gene counts")
+    umis = commands.add_parser(
+        "count-umis", help="BAM/SAM or molecule table with cell, UMI and gene -> cell x gene counts"
+    )
     umis.add_argument("input", type=Path)
     umis.add_argument("-o", "--output", type=Path, required=True, help="counts as .h5ad")
     umis.add_argument("--tsv", type=Path, help="also the long table gene<TAB>cell<TAB>count (as umi_tools count)")
@@ -45,6 +50,11 @@ def main(argv: list[str] | None = None) -> None:
     umis.add_argument("--method", choices=METHODS, default="directional")
     umis.add_argument("--edit-distance-threshold", type=int, default=1)
     umis.add_argument("--min-mapq", type=int, default=0)
+    umis.add_argument("--cell-column", default="cell", help="molecule tables (.parquet/.csv/.tsv[.gz])")
+    umis.add_argument("--umi-column", default="umi")
+    umis.add_argument("--gene-column", default="gene")
+    umis.add_argument("--count-column", default=None, help="reads per row, for aggregated tables")
+    umis.add_argument("--chunk-rows", type=int, default=5_000_000, help="bounds memory for molecule tables")
     # Only the Numba CPU kernels exist so far; the CUDA ones will add "gpu" here.
     umis.add_argument("--backend", choices=["auto", "cpu"], default="auto")
     umis.set_defaults(run=count_umis)

@@ -22,10 +22,12 @@ from scipy import sparse
 
 from omicsprep.errors import InputError
 
-InputFormat = Literal["10x_h5", "10x_mtx", "h5ad", "zarr", "bam", "sam"]
-FORMATS: tuple[str, ...] = ("10x_h5", "10x_mtx", "h5ad", "zarr", "bam", "sam")
-# Aligned reads: counted into a matrix by UMI deduplication (omicsprep.counting) first.
-READ_FORMATS: tuple[str, ...] = ("bam", "sam")
+InputFormat = Literal["10x_h5", "10x_mtx", "h5ad", "zarr", "bam", "sam", "molecules"]
+FORMATS: tuple[str, ...] = ("10x_h5", "10x_mtx", "h5ad", "zarr", "bam", "sam", "molecules")
+# Reads (aligned, or a molecule table): counted into a matrix by UMI deduplication
+# (omicsprep.counting) first.
+READ_FORMATS: tuple[str, ...] = ("bam", "sam", "molecules")
+MOLECULE_TABLE_SUFFIXES = (".parquet", ".csv", ".tsv")
 _MTX_NAMES = ("matrix.mtx", "matrix.mtx.gz")
 _MTX_FEATURES = ("features.tsv.gz", "features.tsv", "genes.tsv", "genes.tsv.gz")
 
@@ -67,6 +69,8 @@ def detect_format(path: str | Path) -> InputFormat:
         return "h5ad"
     if suffix in (".bam", ".sam"):
         return suffix[1:]  # type: ignore[return-value]
+    if any(s.lower() in MOLECULE_TABLE_SUFFIXES for s in path.suffixes):
+        return "molecules"
     raise InputError(
         f"unknown format (extension {suffix or 'none'!r}); expected one of {', '.join(FORMATS)} "
         "or a 'format' column in the sample sheet",

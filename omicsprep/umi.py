@@ -173,12 +173,17 @@ def count_groups(umis, counts, starts, method, threshold):  # noqa: ANN001, ANN2
 def collapse_reads(reads: pd.DataFrame) -> pd.DataFrame:
     """Reads (``cell``, ``gene`` codes and packed ``umi``) to sorted molecules.
 
+    A ``reads`` column, where present, says how many reads each row stands for (molecule
+    tables that are already aggregated); otherwise each row is one read.
+
     Returns
     -------
     One row per (cell, gene, umi) with ``count`` (reads), sorted by cell, gene, count
     descending and UMI sequence.
     """
-    molecules = reads.groupby(["cell", "gene", "umi"], sort=False, observed=True).size().rename("count").reset_index()
+    groups = reads.groupby(["cell", "gene", "umi"], sort=False, observed=True)
+    counts = groups["reads"].sum() if "reads" in reads else groups.size()
+    molecules = counts.rename("count").reset_index()
     order = np.lexsort(
         (molecules["umi"].to_numpy(), -molecules["count"].to_numpy(),
          molecules["gene"].to_numpy(), molecules["cell"].to_numpy())

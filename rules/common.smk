@@ -93,6 +93,10 @@ def reads_input(wildcards):
     return SAMPLE_SHEET.loc[wildcards.sample, "input"]
 
 
+def reads_format(wildcards):
+    return SAMPLE_SHEET.loc[wildcards.sample, "format"]
+
+
 def counts_input(wildcards):
     """The count matrix: the sheet's, or the one counted from the sample's reads."""
     if is_reads(wildcards.sample):

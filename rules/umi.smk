@@ -1,4 +1,5 @@
-# Samples given as aligned reads: UMI deduplication into a count matrix for rule qc.
+# Samples given as reads (BAM/SAM or a molecule table): UMI deduplication into the count
+# matrix that rule qc reads.
 rule count_umis:
     input:
         reads=reads_input,
@@ -7,6 +8,7 @@ rule count_umis:
         table="results/{sample}/umi_counts.tsv",
     params:
         umi=config["umi"],
+        format=reads_format,
     log:
         "logs/count_umis/{sample}.log",
     benchmark:

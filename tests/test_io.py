@@ -66,9 +66,9 @@ def test_missing_file_is_named(tmp_path):
 
 
 def test_unknown_format_is_named(tmp_path):
-    path = tmp_path / "counts.csv"
+    path = tmp_path / "counts.xlsx"
     path.write_text("a,b\n1,2\n")
-    with pytest.raises(InputError, match=r"counts\.csv.*unknown format"):
+    with pytest.raises(InputError, match=r"counts\.xlsx.*unknown format"):
         io.read_counts(path)
 
 

@@ -126,3 +126,32 @@ def test_cli_bad_input_is_one_clear_error(tmp_path):
     assert result.returncode == 1
     assert f"omicsprep error: file '{bad}'" in result.stderr
     assert not (tmp_path / "x.h5ad").exists()
+
+
+@pytest.mark.parametrize(("suffix", "chunk_rows"), [(".parquet", 2_000), (".tsv.gz", 5_000_000)])
+def test_molecule_tables_count_like_the_bam(tmp_path, suffix, chunk_rows):
+    from omicsprep import counting
+
+    reads = generate.generate_reads(40_000, n_cells=60, n_genes=150, secondary_rate=0, seed=9)
+    generate.write_bam(reads, tmp_path / "reads.bam")
+    table_path = tmp_path / f"molecules{suffix}"
+    if suffix == ".parquet":
+        reads[["cell", "umi", "gene"]].to_parquet(table_path)
+    else:
+        reads[["cell", "umi", "gene"]].to_csv(table_path, sep="\t", index=False)
+    from_bam = counting.long_table(counting.count_umis(tmp_path / "reads.bam"))
+    from_table = counting.count_umis_from_table(table_path, chunk_rows=chunk_rows)
+    assert_same_counts(counting.long_table(from_table), from_bam)
+    if chunk_rows < len(reads):
+        assert from_table.uns["umi_dedup"]["partitions"] > 1  # cells split, counts unchanged
+
+
+def test_aggregated_molecule_table_with_read_counts(tmp_path):
+    from omicsprep import counting
+
+    reads = generate.generate_reads(20_000, n_cells=30, n_genes=100, secondary_rate=0, seed=11)
+    generate.write_bam(reads, tmp_path / "reads.bam")
+    aggregated = reads.groupby(["cell", "umi", "gene"]).size().rename("reads").reset_index()
+    aggregated.to_parquet(tmp_path / "aggregated.parquet")
+    got = counting.count_umis_from_table(tmp_path / "aggregated.parquet", count_column="reads", chunk_rows=1_000)
+    assert_same_counts(counting.long_table(got), counting.long_table(counting.count_umis(tmp_path / "reads.bam")))

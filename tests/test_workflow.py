@@ -128,7 +128,7 @@ def test_missing_input_file(tmp_path):
 
 
 def test_unknown_format(tmp_path):
-    counts = tmp_path / "counts.csv"
+    counts = tmp_path / "counts.xlsx"
     counts.write_text("cell,gene\n")
     sheet = write_sheet(tmp_path / "s.tsv", [f"csv\t{counts}"])
     expect_failure(snakemake("-n", "--config", f"samples={sheet}", workdir=tmp_path), "sample 'csv'", "unknown format")
