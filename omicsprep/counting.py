@@ -14,7 +14,7 @@ from anndata import AnnData
 from scipy import sparse
 
 from omicsprep.errors import InputError
-from omicsprep.molecules import UmiSource, read_bam
+from omicsprep.molecules import ReadTable, UmiSource, read_bam
 from omicsprep.umi import Method, collapse_reads, count_molecules
 
 
@@ -61,19 +61,29 @@ def count_umis(
         min_mapq=min_mapq, skip_gene_regex=skip_gene_regex,
     )
     counts = count_molecules(collapse_reads(table.reads), method=method, threshold=edit_distance_threshold)
+    summary = {"method": method, "edit_distance_threshold": edit_distance_threshold, "reads_used": len(table.reads)}
+    return _to_anndata([_named(counts, table)], summary=summary, skipped=table.skipped)
+
+
+def _named(counts: pd.DataFrame, table: ReadTable) -> pd.DataFrame:
+    """Counts with cell and gene names instead of codes."""
+    return pd.DataFrame(
+        {"cell": table.cells[counts["cell"]], "gene": table.genes[counts["gene"]], "count": counts["count"].to_numpy()}
+    )
+
+
+def _to_anndata(pieces: list[pd.DataFrame], *, summary: dict[str, Any], skipped: Counter) -> AnnData:
+    """Cells x genes counts from named (cell, gene, count) pieces, with the run's summary."""
+    long = pd.concat(pieces, ignore_index=True)
+    cell_codes, cells = pd.factorize(long["cell"])
+    gene_codes, genes = pd.factorize(long["gene"])
     matrix = sparse.csr_matrix(
-        (counts["count"].to_numpy(np.float32), (counts["cell"].to_numpy(), counts["gene"].to_numpy())),
-        shape=(len(table.cells), len(table.genes)),
+        (long["count"].to_numpy(np.float32), (cell_codes, gene_codes)), shape=(len(cells), len(genes))
     )
     adata = AnnData(
-        matrix, obs=pd.DataFrame(index=table.cells.astype(str)), var=pd.DataFrame(index=table.genes.astype(str))
+        matrix, obs=pd.DataFrame(index=pd.Index(cells, dtype=str)), var=pd.DataFrame(index=pd.Index(genes, dtype=str))
     )
-    adata.uns["umi_dedup"] = {
-        "method": method,
-        "edit_distance_threshold": edit_distance_threshold,
-        "reads_used": len(table.reads),
-        "reads_skipped": {reason: int(n) for reason, n in table.skipped.items()},
-    }
+    adata.uns["umi_dedup"] = {**summary, "reads_skipped": {reason: int(n) for reason, n in skipped.items()}}
     return adata
 
 
@@ -164,22 +174,9 @@ def count_umis_from_table(
                             skipped=skipped, path=path,
                             reads=part.column("reads").combine_chunks() if count_column else None)
             counts = count_molecules(collapse_reads(table.reads), method=method, threshold=edit_distance_threshold)
-            pieces.append(pd.DataFrame({"cell": table.cells[counts["cell"]], "gene": table.genes[counts["gene"]],
-                                        "count": counts["count"].to_numpy()}))
-    long = pd.concat(pieces, ignore_index=True)
-    cell_codes, cells = pd.factorize(long["cell"])
-    gene_codes, genes = pd.factorize(long["gene"])
-    matrix = sparse.csr_matrix((long["count"].to_numpy(np.float32), (cell_codes, gene_codes)),
-                               shape=(len(cells), len(genes)))
-    adata = AnnData(matrix, obs=pd.DataFrame(index=pd.Index(cells, dtype=str)),
-                    var=pd.DataFrame(index=pd.Index(genes, dtype=str)))
-    adata.uns["umi_dedup"] = {
-        "method": method,
-        "edit_distance_threshold": edit_distance_threshold,
-        "partitions": len(pieces),
-        "reads_skipped": {reason: int(n) for reason, n in skipped.items()},
-    }
-    return adata
+            pieces.append(_named(counts, table))
+    summary = {"method": method, "edit_distance_threshold": edit_distance_threshold, "partitions": len(pieces)}
+    return _to_anndata(pieces, summary=summary, skipped=skipped)
 
 
 COMMON_SETTINGS = ("method", "edit_distance_threshold", "skip_gene_regex")

@@ -155,3 +155,9 @@ def test_aggregated_molecule_table_with_read_counts(tmp_path):
     aggregated.to_parquet(tmp_path / "aggregated.parquet")
     got = counting.count_umis_from_table(tmp_path / "aggregated.parquet", count_column="reads", chunk_rows=1_000)
     assert_same_counts(counting.long_table(got), counting.long_table(counting.count_umis(tmp_path / "reads.bam")))
+
+
+def test_bam_without_the_tags_is_one_clear_error(tmp_path):
+    generate.write_bam(generate.generate_reads(2_000, n_cells=5, n_genes=10, seed=1), tmp_path / "reads.bam")
+    with pytest.raises(InputError, match=r"reads\.bam.*no usable read.*missing cell, UMI or gene"):
+        read_bam(tmp_path / "reads.bam", cell_tag="XC", umi_tag="XM")
