@@ -68,7 +68,7 @@ def main() -> None:
         handle.write(
             f"\n### UMI counting, {stamp}: `{command}`\n\nMachine: {platform.node()}: {os.cpu_count()} CPU cores; "
             f"Python {platform.python_version()}; directional method, one process each, start-up included.\n\n"
-            + table.to_markdown(index=False, floatfmt=".2f", intfmt=",") + "\n"
+            + table.astype(str).to_markdown(index=False) + "\n"
         )
 
 

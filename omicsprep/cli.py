@@ -17,14 +17,20 @@ def count_umis(args: argparse.Namespace) -> None:
     """Deduplicate UMIs of a BAM/SAM file and write the cell x gene counts."""
     from omicsprep import counting, io
 
-    settings = {
-        "method": args.method, "edit_distance_threshold": args.edit_distance_threshold,
-        "skip_gene_regex": args.skip_tags_regex, "cell_tag": args.cell_tag, "umi_tag": args.umi_tag,
-        "gene_tag": args.gene_tag, "umi_source": args.extract_umi_method, "min_mapq": args.min_mapq,
-        "cell_column": args.cell_column, "umi_column": args.umi_column, "gene_column": args.gene_column,
-        "count_column": args.count_column, "chunk_rows": args.chunk_rows,
-    }
-    adata = counting.count_umis_of(args.input, fmt=io.resolve_format(args.input), settings=settings)
+    from omicsprep.molecules import BamOptions, TableOptions
+
+    adata = counting.count_umis(
+        args.input,
+        fmt=io.resolve_format(args.input),
+        method=args.method,
+        edit_distance_threshold=args.edit_distance_threshold,
+        skip_gene_regex=args.skip_tags_regex,
+        bam=BamOptions(cell_tag=args.cell_tag, umi_tag=args.umi_tag, gene_tag=args.gene_tag,
+                       umi_source=args.extract_umi_method, min_mapq=args.min_mapq),
+        table=TableOptions(cell_column=args.cell_column, umi_column=args.umi_column, gene_column=args.gene_column,
+                           count_column=args.count_column),
+        chunk_rows=args.chunk_rows,
+    )
     log.info("%d cells x %d genes, %d molecules; %s", adata.n_obs, adata.n_vars, int(adata.X.sum()),
              adata.uns["umi_dedup"])
     if args.tsv:
@@ -54,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     umis.add_argument("--umi-column", default="umi")
     umis.add_argument("--gene-column", default="gene")
     umis.add_argument("--count-column", default=None, help="reads per row, for aggregated tables")
-    umis.add_argument("--chunk-rows", type=int, default=5_000_000, help="bounds memory for molecule tables")
+    umis.add_argument("--chunk-rows", type=int, default=5_000_000, help="reads in memory at a time (bounds memory)")
     # Only the Numba CPU kernels exist so far; the CUDA ones will add "gpu" here.
     umis.add_argument("--backend", choices=["auto", "cpu"], default="auto")
     umis.set_defaults(run=count_umis)

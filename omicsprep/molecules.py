@@ -1,7 +1,9 @@
-"""Reads with cell, UMI and gene annotations, from BAM/SAM files, as integer-coded tables.
+"""Reads with cell, UMI and gene, streamed from BAM/SAM files or molecule tables.
 
-BAM records are decoded by oxbow (Rust, Arrow-native) in batches and filtered with Arrow
-compute functions, so no Python code runs per read.
+BAM records are decoded by oxbow (Rust, Arrow-native) in batches; tables are read by
+pyarrow in chunks. Both are filtered with Arrow compute functions, so no Python code runs
+per read, and come out as Arrow tables of usable reads (``cell``, ``umi``, ``gene``, and
+``reads`` when a table row stands for several reads).
 """
 
 from __future__ import annotations
@@ -29,96 +31,156 @@ READ_NAME_PATTERNS = {
 }
 UNUSABLE_FLAGS = 0x4 | 0x100 | 0x800  # unmapped, secondary, supplementary
 BGZF_EOF = bytes.fromhex("1f8b08040000000000ff0600424302001b0003000000000000000000")
+BAM_BYTES_PER_READ = 25  # a low estimate, so partitions err on the small side
+
+
+@dataclass(frozen=True)
+class BamOptions:
+    """Where a BAM/SAM file keeps cell, UMI and gene, and which alignments count.
+
+    ``umi_source`` is ``tag`` or the read name (``read_id``: umi_tools extract; ``umis``).
+    Tag names: Cell Ranger/STARsolo ``CB``/``UB``/``GX``, Drop-seq ``XC``/``XM``/``GE``.
+    """
+
+    cell_tag: str = "CB"
+    umi_tag: str = "UB"
+    gene_tag: str = "GX"
+    umi_source: UmiSource = "tag"
+    min_mapq: int = 0
+
+
+@dataclass(frozen=True)
+class TableOptions:
+    """Column names of a molecule table; ``count_column`` holds reads per row, if any."""
+
+    cell_column: str = "cell"
+    umi_column: str = "umi"
+    gene_column: str = "gene"
+    count_column: str | None = None
 
 
 @dataclass
 class ReadTable:
-    """Reads as codes: ``reads`` has ``cell``, ``gene`` (int codes) and ``umi`` (packed)."""
+    """Reads as codes: ``reads`` has ``cell``, ``gene`` (int codes), ``umi`` (packed) and,
+    for aggregated tables, ``reads``."""
 
     reads: pd.DataFrame
     cells: pd.Index
     genes: pd.Index
-    skipped: Counter = field(default_factory=Counter)
 
 
-def _check_bam_is_whole(path: Path) -> None:
-    if not path.is_file():
-        raise InputError("does not exist", path=path)
-    with path.open("rb") as handle:
-        if path.suffix.lower() == ".bam":
-            handle.seek(max(path.stat().st_size - len(BGZF_EOF), 0))
-            if handle.read() != BGZF_EOF:
-                raise InputError("BAM is truncated (no BGZF end-of-file block)", path=path)
+def estimated_reads(path: Path, *, fmt: str, table: TableOptions) -> int:
+    """Reads (rows) in the input: exact for Parquet, one pass for text, a guess for BAM."""
+    import pyarrow.parquet as pq
+
+    if fmt != "molecules":
+        return max(1, path.stat().st_size // BAM_BYTES_PER_READ)
+    if ".parquet" in [s.lower() for s in path.suffixes]:
+        return pq.ParquetFile(path).metadata.num_rows
+    return sum(len(batch) for batch in _table_batches(path, columns=[table.cell_column], chunk_rows=1 << 20))
 
 
-def _batches(path: Path, *, fields: list[str], tags: list[tuple[str, str]]):  # noqa: ANN202
-    import oxbow
-
-    if path.suffix.lower() == ".sam":
-        source = oxbow.from_sam(str(path), compression=None, fields=fields, tag_defs=tags)
-    else:
-        source = oxbow.from_bam(str(path), fields=fields, tag_defs=tags)
-    for batch in source.batches():
-        yield pa.record_batch(batch)
-
-
-def _cell_and_umi(batch: pa.RecordBatch, *, source: UmiSource, cell_tag: str, umi_tag: str) -> tuple[pa.Array, pa.Array]:
-    if source == "tag":
-        tags = batch.column("tags")
-        return tags.field(cell_tag), tags.field(umi_tag)
-    cell_pattern, umi_pattern = READ_NAME_PATTERNS[source]
-    names = batch.column("qname")
-    return pc.extract_regex(names, cell_pattern).field("cell"), pc.extract_regex(names, umi_pattern).field("umi")
-
-
-def read_bam(
+def usable_reads(
     path: str | Path,
     *,
-    cell_tag: str = "CB",
-    umi_tag: str = "UB",
-    gene_tag: str = "GX",
-    umi_source: UmiSource = "tag",
-    min_mapq: int = 0,
-    skip_gene_regex: str = "^(__|Unassigned)",
-) -> ReadTable:
-    """Read the cell, UMI and gene of every usable read of a BAM/SAM file.
+    fmt: str,
+    bam: BamOptions,
+    table: TableOptions,
+    skip_gene_regex: str,
+    chunk_rows: int,
+    skipped: Counter,
+) -> Iterator[pa.Table]:
+    """Stream the usable reads of a BAM/SAM file or a molecule table, batch by batch.
 
-    Unmapped, secondary and supplementary reads, reads under ``min_mapq``, reads missing
-    a cell, UMI or gene, genes matching ``skip_gene_regex``, reads assigned to several
-    genes (``A;B`` or ``A,B``) and UMIs with N are skipped and counted in ``skipped``.
-    Sorted input is not required.
+    Unmapped, secondary and supplementary alignments, reads under ``min_mapq``, reads
+    missing a cell, UMI or gene, genes matching ``skip_gene_regex`` and reads assigned to
+    several genes (``A;B`` or ``A,B``) are skipped and counted in ``skipped``. Sorted input
+    is not required.
 
     Raises
     ------
     InputError
-        Missing, truncated or unreadable file; no usable read; UMIs of mixed lengths.
+        Missing, truncated or unreadable input.
     """
     path = Path(path)
-    _check_bam_is_whole(path)
-    fields = ["flag", "mapq"] + (["qname"] if umi_source != "tag" else [])
-    tags = [(gene_tag, "Z")] + ([(cell_tag, "Z"), (umi_tag, "Z")] if umi_source == "tag" else [])
-    skipped: Counter = Counter()
-    kept: dict[str, list[pa.Array]] = {"cell": [], "umi": [], "gene": []}
+    if not path.is_file():
+        raise InputError("does not exist", path=path)
     try:
-        for batch in _batches(path, fields=fields, tags=tags):
-            gene = batch.column("tags").field(gene_tag)
-            cell, umi = _cell_and_umi(batch, source=umi_source, cell_tag=cell_tag, umi_tag=umi_tag)
-            usable = _usable(
-                gene, cell, umi, skipped=skipped, skip_gene_regex=skip_gene_regex,
-                unusable_alignment=pc.not_equal(pc.bit_wise_and(batch.column("flag"), UNUSABLE_FLAGS), 0),
-                low_mapq=pc.less(batch.column("mapq"), min_mapq),
-            )
-            for name, values in (("cell", cell), ("umi", umi), ("gene", gene)):
-                kept[name].append(values.filter(usable))
+        if fmt == "molecules":
+            yield from _table_reads(path, table=table, skip_gene_regex=skip_gene_regex, chunk_rows=chunk_rows,
+                                    skipped=skipped)
+        else:
+            yield from _bam_reads(path, bam=bam, skip_gene_regex=skip_gene_regex, skipped=skipped)
     except InputError:
         raise
     except BaseException as exc:  # oxbow reports corrupt input as a Rust panic
-        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit)):
             raise
-        raise InputError(f"cannot be read as BAM/SAM ({type(exc).__name__}: {exc})", path=path) from exc
-    if not kept["cell"] or sum(len(a) for a in kept["cell"]) == 0:
-        raise InputError(f"no usable read (skipped: {dict(skipped) or 'none'})", path=path)
-    return _encode({name: pa.concat_arrays(arrays) for name, arrays in kept.items()}, skipped=skipped, path=path)
+        raise InputError(f"cannot be read as {fmt} ({type(exc).__name__}: {exc})", path=path) from exc
+
+
+def _bam_reads(path: Path, *, bam: BamOptions, skip_gene_regex: str, skipped: Counter) -> Iterator[pa.Table]:
+    import oxbow
+
+    if path.suffix.lower() == ".bam":
+        with path.open("rb") as handle:
+            handle.seek(max(path.stat().st_size - len(BGZF_EOF), 0))
+            if handle.read() != BGZF_EOF:
+                raise InputError("BAM is truncated (no BGZF end-of-file block)", path=path)
+    fields = ["flag", "mapq"] + (["qname"] if bam.umi_source != "tag" else [])
+    tags = [(bam.gene_tag, "Z")] + ([(bam.cell_tag, "Z"), (bam.umi_tag, "Z")] if bam.umi_source == "tag" else [])
+    if path.suffix.lower() == ".sam":
+        source = oxbow.from_sam(str(path), compression=None, fields=fields, tag_defs=tags)
+    else:
+        source = oxbow.from_bam(str(path), fields=fields, tag_defs=tags)
+    for arrow_batch in source.batches():
+        batch = pa.record_batch(arrow_batch)
+        gene = batch.column("tags").field(bam.gene_tag)
+        if bam.umi_source == "tag":
+            cell, umi = batch.column("tags").field(bam.cell_tag), batch.column("tags").field(bam.umi_tag)
+        else:
+            cell_pattern, umi_pattern = READ_NAME_PATTERNS[bam.umi_source]
+            names = batch.column("qname")
+            cell = pc.extract_regex(names, cell_pattern).field("cell")
+            umi = pc.extract_regex(names, umi_pattern).field("umi")
+        usable = _usable(
+            gene, cell, umi, skipped=skipped, skip_gene_regex=skip_gene_regex,
+            unusable_alignment=pc.not_equal(pc.bit_wise_and(batch.column("flag"), UNUSABLE_FLAGS), 0),
+            low_mapq=pc.less(batch.column("mapq"), bam.min_mapq),
+        )
+        yield pa.table({"cell": cell, "umi": umi, "gene": gene}).filter(usable)
+
+
+def _table_batches(path: Path, *, columns: list[str], chunk_rows: int) -> Iterator[pa.RecordBatch]:
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    suffixes = [s.lower() for s in path.suffixes]
+    try:
+        if ".parquet" in suffixes:
+            yield from pq.ParquetFile(path).iter_batches(batch_size=chunk_rows, columns=columns)
+            return
+        delimiter = "\t" if ".tsv" in suffixes or ".txt" in suffixes else ","
+        yield from pacsv.open_csv(
+            path,
+            read_options=pacsv.ReadOptions(block_size=max(1 << 20, chunk_rows * 64)),
+            parse_options=pacsv.ParseOptions(delimiter=delimiter),
+            convert_options=pacsv.ConvertOptions(include_columns=columns, strings_can_be_null=True),
+        )
+    except (pa.ArrowInvalid, KeyError) as exc:
+        raise InputError(f"cannot be read as a molecule table with columns {columns} ({exc})", path=path) from exc
+
+
+def _table_reads(
+    path: Path, *, table: TableOptions, skip_gene_regex: str, chunk_rows: int, skipped: Counter
+) -> Iterator[pa.Table]:
+    columns = [table.cell_column, table.umi_column, table.gene_column]
+    for batch in _table_batches(path, columns=columns + ([table.count_column] if table.count_column else []),
+                                chunk_rows=chunk_rows):
+        cell, umi, gene = (batch.column(c).cast(pa.string()) for c in columns)
+        usable = _usable(gene, cell, umi, skipped=skipped, skip_gene_regex=skip_gene_regex)
+        reads = {"reads": batch.column(table.count_column).cast(pa.int64())} if table.count_column else {}
+        yield pa.table({"cell": cell, "umi": umi, "gene": gene, **reads}).filter(usable)
 
 
 def _usable(
@@ -149,56 +211,26 @@ def _usable(
     return usable
 
 
-def _encode(columns: dict[str, pa.Array], *, skipped: Counter, path: Path, reads: pa.Array | None = None) -> ReadTable:
-    """String columns to codes: packed UMIs, cells and genes numbered; N-UMIs dropped."""
+def encode_reads(reads: pa.Table, *, skipped: Counter, path: Path) -> ReadTable:
+    """Usable reads to codes: UMIs packed, cells and genes numbered, UMIs with N dropped.
+
+    Raises
+    ------
+    InputError
+        UMIs of mixed lengths or longer than 32 bases.
+    """
     try:
-        packed, valid = pack_umis(columns["umi"])
+        packed, valid = pack_umis(reads.column("umi").combine_chunks())
     except InputError as exc:
         raise InputError(exc.problem, path=path) from exc
     skipped["UMI with N"] += int((~valid).sum())
-    mask = pa.array(valid)
+    kept = reads.filter(pa.array(valid))
     codes, names = {}, {}
     for name in ("cell", "gene"):
-        encoded = pc.dictionary_encode(columns[name].filter(mask))
+        encoded = pc.dictionary_encode(kept.column(name).combine_chunks())
         codes[name] = encoded.indices.to_numpy().astype(np.int32)
         names[name] = pd.Index(encoded.dictionary.to_pylist())
     frame = {"cell": codes["cell"], "gene": codes["gene"], "umi": packed[valid]}
-    if reads is not None:
-        frame["reads"] = reads.filter(mask).to_numpy().astype(np.int64)
-    return ReadTable(reads=pd.DataFrame(frame), cells=names["cell"], genes=names["gene"], skipped=skipped)
-
-
-def molecule_table_batches(path: str | Path, *, columns: list[str], chunk_rows: int) -> Iterator[pa.RecordBatch]:
-    """Stream a molecule table (Parquet, or CSV/TSV, gzipped or not) in batches of about
-    ``chunk_rows`` rows, all columns as strings except a read count."""
-    import pyarrow.csv as pacsv
-    import pyarrow.parquet as pq
-
-    path = Path(path)
-    if not path.is_file():
-        raise InputError("does not exist", path=path)
-    suffixes = [s.lower() for s in path.suffixes]
-    try:
-        if ".parquet" in suffixes:
-            yield from pq.ParquetFile(path).iter_batches(batch_size=chunk_rows, columns=columns)
-            return
-        delimiter = "\t" if ".tsv" in suffixes or ".txt" in suffixes else ","
-        reader = pacsv.open_csv(
-            path,
-            read_options=pacsv.ReadOptions(block_size=max(1 << 20, chunk_rows * 64)),
-            parse_options=pacsv.ParseOptions(delimiter=delimiter),
-            convert_options=pacsv.ConvertOptions(include_columns=columns, strings_can_be_null=True),
-        )
-        yield from reader
-    except (pa.ArrowInvalid, OSError, KeyError) as exc:
-        raise InputError(f"cannot be read as a molecule table with columns {columns} ({exc})", path=path) from exc
-
-
-def molecule_table_rows(path: str | Path, *, column: str) -> int:
-    """Rows of a molecule table: from Parquet metadata, or one streaming pass over text."""
-    import pyarrow.parquet as pq
-
-    path = Path(path)
-    if ".parquet" in [s.lower() for s in path.suffixes] and path.is_file():
-        return pq.ParquetFile(path).metadata.num_rows
-    return sum(batch.num_rows for batch in molecule_table_batches(path, columns=[column], chunk_rows=1 << 20))
+    if "reads" in kept.column_names:
+        frame["reads"] = kept.column("reads").to_numpy().astype(np.int64)
+    return ReadTable(reads=pd.DataFrame(frame), cells=names["cell"], genes=names["gene"])

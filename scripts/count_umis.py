@@ -9,7 +9,9 @@ snakemake = snakemake  # noqa: F821, PLW0127 - injected by Snakemake
 
 
 def main() -> None:
-    adata = counting.count_umis_of(snakemake.input.reads, fmt=snakemake.params.format, settings=snakemake.params.umi)
+    adata = counting.count_umis_with_settings(
+        snakemake.input.reads, fmt=snakemake.params.format, settings=snakemake.params.umi
+    )
     logging.getLogger("omicsprep").info("%s", adata.uns["umi_dedup"])
     io.write_table(counting.long_table(adata), snakemake.output.table)
     io.write_h5ad(adata, snakemake.output.h5ad)

@@ -13,9 +13,10 @@ import pyarrow as pa
 import pytest
 from conftest import REPO
 
+from omicsprep import counting
 from omicsprep.errors import InputError
-from omicsprep.molecules import read_bam
-from omicsprep.umi import METHODS, collapse_reads, count_molecules, hamming, pack_umis
+from omicsprep.molecules import BamOptions
+from omicsprep.umi import METHODS, hamming, pack_umis
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import generate  # noqa: E402
@@ -24,10 +25,7 @@ UMI_DATA = REPO / "tests" / "data" / "umi_tools"
 UMI_TOOLS_BAM = UMI_DATA / "chr19_gene_tags.bam"
 
 
-def long_table(table, counts: pd.DataFrame) -> pd.DataFrame:
-    return pd.DataFrame(
-        {"gene": table.genes[counts["gene"]], "cell": table.cells[counts["cell"]], "count": counts["count"]}
-    )
+REFERENCE_BAM = BamOptions(gene_tag="XF", umi_source="umis")
 
 
 def assert_same_counts(got: pd.DataFrame, expected: pd.DataFrame) -> None:
@@ -51,11 +49,11 @@ def test_mixed_umi_lengths_are_refused():
 
 @pytest.mark.parametrize("method", METHODS)
 def test_exact_to_umi_tools_reference(method):
-    table = read_bam(UMI_TOOLS_BAM, gene_tag="XF", umi_source="umis", skip_gene_regex="^[__|Unassigned]")
-    assert table.skipped["gene matches skip_gene_regex"] == 120
-    counts = count_molecules(collapse_reads(table.reads), method=method)
+    adata = counting.count_umis(UMI_TOOLS_BAM, fmt="bam", method=method, bam=REFERENCE_BAM,
+                                skip_gene_regex="^[__|Unassigned]")
+    assert adata.uns["umi_dedup"]["reads_skipped"]["gene matches skip_gene_regex"] == 120
     expected = pd.read_csv(UMI_DATA / "expected" / f"count_per_cell_{method}.tsv", sep="\t")
-    assert_same_counts(long_table(table, counts), expected)
+    assert_same_counts(counting.long_table(adata), expected)
 
 
 @pytest.mark.skipif(shutil.which("umi_tools") is None and not (Path(sys.executable).parent / "umi_tools").exists(),
@@ -77,8 +75,7 @@ def test_exact_to_live_umi_tools_on_generated_reads(tmp_path_factory, method):
          "--umi-tag=UB", "--cell-tag=CB", f"--method={method}", "-I", str(bam), "-S", str(out)],
         check=True, capture_output=True,
     )
-    table = read_bam(bam)
-    counts = long_table(table, count_molecules(collapse_reads(table.reads), method=method))
+    counts = counting.long_table(counting.count_umis(bam, fmt="bam", method=method))
     counts["cell"] = counts["cell"].str.split("-").str[0]  # UMI-tools drops the '-1' of CB
     expected = pd.read_csv(out, sep="\t")
     assert len(expected) > 1000
@@ -88,14 +85,15 @@ def test_exact_to_live_umi_tools_on_generated_reads(tmp_path_factory, method):
 def test_skipped_reads_are_counted(tmp_path):
     reads = generate.generate_reads(20_000, n_cells=10, n_genes=100, n_rate=0.01, seed=2)
     generate.write_bam(reads, tmp_path / "reads.bam")
-    table = read_bam(tmp_path / "reads.bam")
-    assert table.skipped["unmapped, secondary or supplementary"] == reads["secondary"].sum()
+    adata = counting.count_umis(tmp_path / "reads.bam", fmt="bam", chunk_rows=5_000)
+    skipped = adata.uns["umi_dedup"]["reads_skipped"]
+    assert skipped["unmapped, secondary or supplementary"] == reads["secondary"].sum()
     primary = reads[~reads["secondary"]]
-    assert table.skipped["gene matches skip_gene_regex"] == primary["gene"].str.startswith("Unassigned").sum()
-    assert table.skipped["several genes"] == primary["gene"].str.contains(";").sum()
+    assert skipped["gene matches skip_gene_regex"] == primary["gene"].str.startswith("Unassigned").sum()
+    assert skipped["several genes"] == primary["gene"].str.contains(";").sum()
     usable = primary[~primary["gene"].str.contains("Unassigned|;")]
-    assert table.skipped["UMI with N"] == usable["umi"].str.contains("N").sum() > 0
-    assert len(table.reads) + table.skipped["UMI with N"] == len(usable)
+    assert skipped["UMI with N"] == usable["umi"].str.contains("N").sum() > 0
+    assert adata.uns["umi_dedup"]["reads_used"] + skipped["UMI with N"] == len(usable)
 
 
 def test_cli_writes_counts_and_the_umi_tools_table(tmp_path):
@@ -130,8 +128,6 @@ def test_cli_bad_input_is_one_clear_error(tmp_path):
 
 @pytest.mark.parametrize(("suffix", "chunk_rows"), [(".parquet", 2_000), (".tsv.gz", 5_000_000)])
 def test_molecule_tables_count_like_the_bam(tmp_path, suffix, chunk_rows):
-    from omicsprep import counting
-
     reads = generate.generate_reads(40_000, n_cells=60, n_genes=150, secondary_rate=0, seed=9)
     generate.write_bam(reads, tmp_path / "reads.bam")
     table_path = tmp_path / f"molecules{suffix}"
@@ -139,25 +135,26 @@ def test_molecule_tables_count_like_the_bam(tmp_path, suffix, chunk_rows):
         reads[["cell", "umi", "gene"]].to_parquet(table_path)
     else:
         reads[["cell", "umi", "gene"]].to_csv(table_path, sep="\t", index=False)
-    from_bam = counting.long_table(counting.count_umis(tmp_path / "reads.bam"))
-    from_table = counting.count_umis_from_table(table_path, chunk_rows=chunk_rows)
+    from_bam = counting.long_table(counting.count_umis(tmp_path / "reads.bam", fmt="bam"))
+    from_table = counting.count_umis(table_path, fmt="molecules", chunk_rows=chunk_rows)
     assert_same_counts(counting.long_table(from_table), from_bam)
     if chunk_rows < len(reads):
         assert from_table.uns["umi_dedup"]["partitions"] > 1  # cells split, counts unchanged
 
 
 def test_aggregated_molecule_table_with_read_counts(tmp_path):
-    from omicsprep import counting
-
     reads = generate.generate_reads(20_000, n_cells=30, n_genes=100, secondary_rate=0, seed=11)
     generate.write_bam(reads, tmp_path / "reads.bam")
     aggregated = reads.groupby(["cell", "umi", "gene"]).size().rename("reads").reset_index()
     aggregated.to_parquet(tmp_path / "aggregated.parquet")
-    got = counting.count_umis_from_table(tmp_path / "aggregated.parquet", count_column="reads", chunk_rows=1_000)
-    assert_same_counts(counting.long_table(got), counting.long_table(counting.count_umis(tmp_path / "reads.bam")))
+    got = counting.count_umis(tmp_path / "aggregated.parquet", fmt="molecules",
+                              table=counting.TableOptions(count_column="reads"), chunk_rows=1_000)
+    expected = counting.count_umis(tmp_path / "reads.bam", fmt="bam")
+    assert_same_counts(counting.long_table(got), counting.long_table(expected))
+    assert got.uns["umi_dedup"]["reads_used"] == expected.uns["umi_dedup"]["reads_used"]
 
 
 def test_bam_without_the_tags_is_one_clear_error(tmp_path):
     generate.write_bam(generate.generate_reads(2_000, n_cells=5, n_genes=10, seed=1), tmp_path / "reads.bam")
     with pytest.raises(InputError, match=r"reads\.bam.*no usable read.*missing cell, UMI or gene"):
-        read_bam(tmp_path / "reads.bam", cell_tag="XC", umi_tag="XM")
+        counting.count_umis(tmp_path / "reads.bam", fmt="bam", bam=BamOptions(cell_tag="XC", umi_tag="XM"))
