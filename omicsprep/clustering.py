@@ -17,9 +17,10 @@ from omicsprep.jit_cache import cache_umap_kernels
 log = logging.getLogger(__name__)
 
 MarkerMethod = Literal["wilcoxon", "t-test", "logreg"]
+Algorithm = Literal["leiden", "louvain"]
 
 
-def cluster_key(algorithm: Literal["leiden", "louvain"], resolution: float) -> str:
+def cluster_key(algorithm: Algorithm, resolution: float) -> str:
     """Name of the ``obs`` column holding clusters at one resolution, e.g. ``leiden_1.0``."""
     return f"{algorithm}_{float(resolution)}"
 
@@ -74,16 +75,22 @@ def umap(adata: AnnData, *, min_dist: float, seed: int, backend: Backend) -> Non
         adata.obsp["connectivities"] = graph
 
 
-def leiden(adata: AnnData, *, resolutions: list[float], seed: int, backend: Backend) -> None:
-    """Leiden clusters at each resolution, in ``obs["leiden_<resolution>"]``.
+def cluster_graph(
+    adata: AnnData, *, algorithm: Algorithm, resolutions: list[float], seed: int, backend: Backend
+) -> None:
+    """Leiden or Louvain clusters at each resolution, in ``obs["<algorithm>_<resolution>"]``.
 
-    igraph on the CPU runs until the partition is stable; cuGraph on the GPU for at most
-    100 iterations. Clusters are numbered by decreasing size on both.
+    GPU: cuGraph (Leiden for at most 100 iterations; Louvain takes no seed). CPU: igraph,
+    Leiden until the partition is stable, Louvain by its multilevel algorithm (scanpy's
+    igraph flavour ignores the resolution, its default flavour needs the unmaintained
+    ``louvain`` package). Clusters are numbered by decreasing size on both backends.
 
     Parameters
     ----------
     adata
         Cells with a neighbour graph in ``obsp["connectivities"]``.
+    algorithm
+        ``"leiden"`` or ``"louvain"``.
     resolutions
         One clustering per resolution (higher: more, smaller clusters).
     seed
@@ -92,11 +99,12 @@ def leiden(adata: AnnData, *, resolutions: list[float], seed: int, backend: Back
         ``"cpu"`` or ``"gpu"``.
     """
     for resolution in resolutions:
-        key = cluster_key("leiden", resolution)
+        key = cluster_key(algorithm, resolution)
         if backend == "gpu":
-            rapids_singlecell().tl.leiden(adata, resolution=resolution, rng=seed, key_added=key)
+            seeded = {"rng": seed} if algorithm == "leiden" else {}
+            getattr(rapids_singlecell().tl, algorithm)(adata, resolution=resolution, key_added=key, **seeded)
             adata.obs[key] = _ordered_categories(adata.obs[key].to_numpy())
-        else:
+        elif algorithm == "leiden":
             import scanpy as sc
 
             sc.tl.leiden(
@@ -108,6 +116,9 @@ def leiden(adata: AnnData, *, resolutions: list[float], seed: int, backend: Back
                 random_state=seed,
                 key_added=key,
             )
+        else:
+            labels = _louvain_igraph(adata.obsp["connectivities"], resolution=resolution, seed=seed)
+            adata.obs[key] = _ordered_categories(labels)
 
 
 def _louvain_igraph(connectivities: sparse.spmatrix, *, resolution: float, seed: int) -> np.ndarray:
@@ -130,33 +141,6 @@ def _ordered_categories(labels: np.ndarray) -> pd.Categorical:
     rank = {value: str(i) for i, value in enumerate(values[np.argsort(-counts, kind="stable")])}
     names = [rank[value] for value in labels]
     return pd.Categorical(names, categories=[str(i) for i in range(len(values))])
-
-
-def louvain(adata: AnnData, *, resolutions: list[float], seed: int, backend: Backend) -> None:
-    """Louvain clusters at each resolution, in ``obs["louvain_<resolution>"]``.
-
-    cuGraph on the GPU; igraph's multilevel algorithm on the CPU (scanpy's igraph flavour
-    ignores the resolution, its default flavour needs the unmaintained ``louvain`` package).
-
-    Parameters
-    ----------
-    adata
-        Cells with a neighbour graph in ``obsp["connectivities"]``.
-    resolutions
-        One clustering per resolution (higher: more, smaller clusters).
-    seed
-        Seed of the optimisation (the CPU only: cuGraph's Louvain takes none).
-    backend
-        ``"cpu"`` or ``"gpu"``.
-    """
-    for resolution in resolutions:
-        key = cluster_key("louvain", resolution)
-        if backend == "gpu":
-            rapids_singlecell().tl.louvain(adata, resolution=resolution, key_added=key)
-            adata.obs[key] = _ordered_categories(adata.obs[key].to_numpy())
-        else:
-            labels = _louvain_igraph(adata.obsp["connectivities"], resolution=resolution, seed=seed)
-            adata.obs[key] = _ordered_categories(labels)
 
 
 def rank_markers(adata: AnnData, *, groupby: str, method: MarkerMethod, backend: Backend) -> None:

@@ -18,6 +18,7 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 from anndata import AnnData
+from matplotlib.figure import Figure
 from scipy import sparse
 
 from omicsprep.errors import InputError
@@ -223,13 +224,10 @@ def write_table(frame: pd.DataFrame, path: str | Path, *, index: bool = False) -
             frame.to_csv(tmp, sep="\t", index=index)
 
 
-def write_figure(figure: object, path: str | Path) -> None:
-    """Save a Matplotlib figure atomically and close it."""
-    import matplotlib.pyplot as plt
-
+def write_figure(figure: Figure, path: str | Path) -> None:
+    """Save a Matplotlib figure atomically, in the format of the path's extension."""
     with atomic_path(path) as tmp:
-        figure.savefig(tmp, dpi=110, bbox_inches="tight", format=Path(path).suffix.lstrip("."))  # type: ignore[attr-defined]
-    plt.close(figure)  # type: ignore[arg-type]
+        figure.savefig(tmp, dpi=110, bbox_inches="tight", format=Path(path).suffix.lstrip("."))
 
 
 def read_h5ad_elements(path: str | Path, keys: list[str]) -> dict[str, object]:

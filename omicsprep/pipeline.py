@@ -121,10 +121,11 @@ def run_clustering(
         clustering.neighbors(adata, **params["neighbors"], backend=backend)
     with timer.step("umap"):
         clustering.umap(adata, min_dist=params["umap"]["min_dist"], seed=seed, backend=backend)
-    with timer.step("leiden"):
-        clustering.leiden(adata, resolutions=params["leiden"]["resolutions"], seed=seed, backend=backend)
-    with timer.step("louvain"):
-        clustering.louvain(adata, resolutions=params["louvain"]["resolutions"], seed=seed, backend=backend)
+    for algorithm in ("leiden", "louvain"):
+        with timer.step(algorithm):
+            clustering.cluster_graph(
+                adata, algorithm=algorithm, resolutions=params[algorithm]["resolutions"], seed=seed, backend=backend
+            )
     markers = params["markers"]
     with timer.step("markers"):
         groupby = clustering.cluster_key(markers["algorithm"], markers["resolution"])

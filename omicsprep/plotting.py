@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import math
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+import numpy as np
+import pandas as pd
+from matplotlib import colormaps
+from matplotlib.figure import Figure
 
 QC_PANELS = {
     "total_counts": ("UMIs per cell", True),
@@ -34,7 +31,10 @@ def qc_histograms(metrics: pd.DataFrame, *, title: str) -> Figure:
     """
     panels = [name for name in QC_PANELS if name in metrics and metrics[name].notna().any()]
     n_cols = 3
-    fig, axes = plt.subplots(math.ceil(len(panels) / n_cols), n_cols, figsize=(12, 3.2 * math.ceil(len(panels) / n_cols)))
+    n_rows = math.ceil(len(panels) / n_cols)
+    # Figures made without pyplot: no GUI backend, no global state, nothing to close.
+    fig = Figure(figsize=(12, 3.2 * n_rows))
+    axes = fig.subplots(n_rows, n_cols)
     axes = np.atleast_1d(axes).ravel()
     for ax, name in zip(axes, panels):
         label, log_scale = QC_PANELS[name]
@@ -56,7 +56,8 @@ def qc_histograms(metrics: pd.DataFrame, *, title: str) -> Figure:
 
 def qc_scatter(metrics: pd.DataFrame, *, title: str) -> Figure:
     """UMIs against genes per cell, coloured by mitochondrial share, failed cells marked."""
-    fig, ax = plt.subplots(figsize=(6, 5))
+    fig = Figure(figsize=(6, 5))
+    ax = fig.subplots()
     colour = metrics["pct_counts_mt"] if "pct_counts_mt" in metrics else None
     points = ax.scatter(
         metrics["total_counts"], metrics["n_genes_by_counts"], c=colour, s=4, cmap="viridis", rasterized=True
@@ -86,9 +87,10 @@ def embedding_panels(coords: np.ndarray, obs: pd.DataFrame, *, keys: list[str], 
     """
     n_cols = min(3, len(keys))
     n_rows = math.ceil(len(keys) / n_cols)
-    fig, axes = plt.subplots(n_rows, n_cols, figsize=(5.2 * n_cols, 4.6 * n_rows), squeeze=False)
+    fig = Figure(figsize=(5.2 * n_cols, 4.6 * n_rows))
+    axes = fig.subplots(n_rows, n_cols, squeeze=False)
     size = max(0.5, min(8.0, 30000 / max(len(obs), 1)))
-    cmap = plt.get_cmap("tab20")
+    cmap = colormaps["tab20"]
     for ax, key in zip(axes.ravel(), keys):
         values = obs[key]
         if isinstance(values.dtype, pd.CategoricalDtype):

@@ -80,6 +80,6 @@ def test_single_cluster_gives_an_empty_markers_table_with_the_usual_columns(mous
 def test_louvain_is_seeded(mouse_clustered):
     adata, _ = mouse_clustered
     again = adata.copy()
-    clustering.louvain(again, resolutions=[1.0], seed=0, backend="cpu")
+    clustering.cluster_graph(again, algorithm="louvain", resolutions=[1.0], seed=0, backend="cpu")
     assert (again.obs["louvain_1.0"] == adata.obs["louvain_1.0"]).all()
     assert list(again.obs["louvain_1.0"].value_counts().index[:1]) == ["0"]  # largest first
