@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
 # The GPU check, run on the GPU machine from the repository root once the RAPIDS bundle is
 # unpacked (see ../shared/gpu/README.md):
-#   bash .gpu/stage.sh && source .gpu/env.sh && bash benchmarks/gpu_check.sh
-# 1. the GPU tests; 2. the workflow on the demo data with backend cpu, then gpu twice (cold:
-# empty CuPy kernel cache, kernels compile; warm: the cache is on disk); 3. CPU-vs-GPU agreement.
+#   bash .gpu/stage.sh && source .gpu/env.sh && bash benchmarks/gpu_check.sh [SECTION ...]
+# Sections (default: all; one call of the device may run 10 minutes, so split them there):
+#   tests     the GPU tests
+#   workflow  the workflow on the demo data with backend cpu, then gpu twice (cold: empty
+#             CuPy kernel cache, kernels compile; warm: the cache is on disk), and
+#             CPU-vs-GPU agreement
+#   umi       UMI deduplication: a fresh process's first CUDA kernel call with an empty and
+#             with a filled Numba cache, then benchmarks/umi_dedup_bench.py
 # Tables and logs go to $OUT (default: gpu_check_out/).
 set -uo pipefail
 repo=$(pwd)
 out=${OUT:-$repo/gpu_check_out}
 mkdir -p "$out"
-log=$out/gpu_check.log
+sections=${*:-tests workflow umi}
+log=$out/gpu_check_${sections// /_}.log
 exec > >(tee "$log") 2>&1
 export PYTHONUNBUFFERED=1
 
@@ -17,9 +23,14 @@ echo "== machine"; date -u; nvidia-smi --query-gpu=name,driver_version,memory.to
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "install failed"; exit 1; }
 python3 -c "import omicsprep.backend as b; print('gpu usable:', b.gpu_unavailable_reason() is None, b.gpu_unavailable_reason() or '')"
 
-echo "== GPU tests"
-python3 -m pytest -m gpu -v -s -p no:cacheprovider tests/test_gpu.py 2>&1 | tail -n 25
+wants() { [[ " $sections " == *" $1 "* ]]; }
 
+if wants tests; then
+echo "== GPU tests"
+python3 -m pytest -m gpu -v -s -p no:cacheprovider tests/test_gpu.py 2>&1 | tail -n 40
+fi
+
+if wants workflow; then
 for run in cpu gpu_cold gpu_warm; do
   echo "== workflow, backend ${run%_*} ($run)"
   dir=/tmp/omicsprep_$run; rm -rf "$dir"; mkdir -p "$dir"; ln -s "$repo/resources" "$dir/resources"
@@ -36,3 +47,29 @@ echo "== same outputs?"
 diff /tmp/outputs_cpu.txt /tmp/outputs_gpu_cold.txt && echo "same set of output files"
 echo "== CPU vs GPU"
 python3 benchmarks/compare_backends.py /tmp/omicsprep_cpu/results /tmp/omicsprep_gpu_cold/results | tee "$out/compare_cpu_gpu.tsv"
+fi
+
+if wants umi; then
+echo "== UMI kernel: first call in a fresh process, Numba cache empty then filled"
+export NUMBA_CACHE_DIR=/tmp/numba_cache_umi; rm -rf "$NUMBA_CACHE_DIR"
+for cache in empty filled; do
+  python3 - "$cache" <<'PY'
+import sys, time
+start = time.perf_counter()
+sys.path.insert(0, "benchmarks")
+from generate import generate_read_codes
+from omicsprep.umi import dedup_reads
+reads = generate_read_codes(10_000, n_cells=20, n_genes=200, seed=1)
+imported = time.perf_counter()
+dedup_reads(reads, method="directional", backend="gpu")
+first = time.perf_counter()
+dedup_reads(reads, method="directional", backend="gpu")
+print(f"cache {sys.argv[1]}: imports {imported - start:.1f} s, first call {first - imported:.2f} s, "
+      f"second {time.perf_counter() - first:.3f} s")
+PY
+done
+unset NUMBA_CACHE_DIR
+echo "== UMI deduplication benchmark"
+python3 benchmarks/umi_dedup_bench.py --reads 10000000 100000000 --backends cpu gpu --cpu-max-reads 10000000 \
+  --results "$out/umi_dedup.md" 2>&1 | tail -n 30
+fi

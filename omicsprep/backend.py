@@ -91,6 +91,11 @@ def cupy() -> ModuleType:
     return importlib.import_module("cupy")
 
 
+def cudf() -> ModuleType:
+    """Return the imported ``cudf`` module."""
+    return importlib.import_module("cudf")
+
+
 def to_device(adata: AnnData, *, backend: Backend) -> None:
     """Move ``X`` and every layer to the GPU, in place; a no-op on the CPU backend.
 

@@ -7,7 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
-from omicsprep.errors import InputError
+from omicsprep.errors import BackendUnavailableError, InputError
 from omicsprep.umi import METHODS
 
 log = logging.getLogger("omicsprep")
@@ -16,7 +16,7 @@ log = logging.getLogger("omicsprep")
 def count_umis(args: argparse.Namespace) -> None:
     """Deduplicate UMIs of a BAM/SAM file and write the cell x gene counts."""
     from omicsprep import counting, io
-
+    from omicsprep.backend import resolve_backend
     from omicsprep.molecules import BamOptions, TableOptions
 
     adata = counting.count_umis(
@@ -30,6 +30,7 @@ def count_umis(args: argparse.Namespace) -> None:
         table=TableOptions(cell_column=args.cell_column, umi_column=args.umi_column, gene_column=args.gene_column,
                            count_column=args.count_column),
         chunk_rows=args.chunk_rows,
+        backend=resolve_backend(args.backend),
     )
     log.info("%d cells x %d genes, %d molecules; %s", adata.n_obs, adata.n_vars, int(adata.X.sum()),
              adata.uns["umi_dedup"])
@@ -61,14 +62,14 @@ def main(argv: list[str] | None = None) -> None:
     umis.add_argument("--gene-column", default="gene")
     umis.add_argument("--count-column", default=None, help="reads per row, for aggregated tables")
     umis.add_argument("--chunk-rows", type=int, default=5_000_000, help="reads in memory at a time (bounds memory)")
-    # Only the Numba CPU kernels exist so far; the CUDA ones will add "gpu" here.
-    umis.add_argument("--backend", choices=["auto", "cpu"], default="auto")
+    umis.add_argument("--backend", choices=["auto", "cpu", "gpu"], default="auto",
+                      help="where UMIs are deduplicated; gpu without a usable GPU is an error")
     umis.set_defaults(run=count_umis)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s")
     try:
         args.run(args)
-    except InputError as exc:
+    except (InputError, BackendUnavailableError) as exc:
         print(f"omicsprep error: {exc}", file=sys.stderr)
         sys.exit(1)
 

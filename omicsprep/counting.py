@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import tempfile
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +20,10 @@ import pyarrow as pa
 from anndata import AnnData
 from scipy import sparse
 
+from omicsprep.backend import Backend
 from omicsprep.errors import InputError
 from omicsprep.molecules import BamOptions, TableOptions, encode_reads, estimated_reads, usable_reads
-from omicsprep.umi import Method, collapse_reads, count_molecules
+from omicsprep.umi import Method, dedup_reads
 
 
 def count_umis(
@@ -35,6 +37,7 @@ def count_umis(
     table: TableOptions | None = None,
     chunk_rows: int = 5_000_000,
     spill_dir: str | Path | None = None,
+    backend: Backend = "cpu",
 ) -> AnnData:
     """Deduplicated UMI counts, cells x genes, of a BAM/SAM file or a molecule table.
 
@@ -60,6 +63,9 @@ def count_umis(
     spill_dir
         Where partitions are spilled (a temporary folder inside it); the system's
         temporary folder when ``None``.
+    backend
+        Where molecules are deduplicated: ``cpu`` (Numba, parallel) or ``gpu`` (cuDF and
+        CUDA, one transfer per partition); reading and encoding run on the CPU either way.
 
     Returns
     -------
@@ -71,37 +77,52 @@ def count_umis(
     InputError
         Missing, truncated or unreadable input; no usable read; UMIs of mixed lengths.
     """
-    import pyarrow.parquet as pq
-
     path = Path(path)
     bam, table = bam or BamOptions(), table or TableOptions()
     skipped: Counter = Counter()
     n_partitions = max(1, int(np.ceil(estimated_reads(path, fmt=fmt, table=table) / chunk_rows)))
+    batches = usable_reads(path, fmt=fmt, bam=bam, table=table, skip_gene_regex=skip_gene_regex,
+                           chunk_rows=chunk_rows, skipped=skipped)
+    pieces, n_reads = [], 0
     with tempfile.TemporaryDirectory(dir=spill_dir, prefix="omicsprep-umi-") as tmp:
-        writers: dict[int, pq.ParquetWriter] = {}
-        batches = usable_reads(path, fmt=fmt, bam=bam, table=table, skip_gene_regex=skip_gene_regex,
-                               chunk_rows=chunk_rows, skipped=skipped)
-        for reads in batches:
-            partition = _partition_of(reads.column("cell").combine_chunks(), n_partitions)
-            for part in np.unique(partition):
-                rows = reads.filter(pa.array(partition == part))
-                if part not in writers:
-                    writers[part] = pq.ParquetWriter(Path(tmp) / f"part-{part}.parquet", rows.schema)
-                writers[part].write_table(rows)
-        for writer in writers.values():
-            writer.close()
-        pieces, n_reads = [], 0
-        for part_path in sorted(Path(tmp).glob("part-*.parquet")):
-            encoded = encode_reads(pq.read_table(part_path), skipped=skipped, path=path)
+        for reads in _cell_partitions(batches, n_partitions=n_partitions, spill_dir=Path(tmp)):
+            encoded = encode_reads(reads, skipped=skipped, path=path)
             n_reads += int(encoded.reads["reads"].sum()) if "reads" in encoded.reads else len(encoded.reads)
-            counts = count_molecules(collapse_reads(encoded.reads), method=method, threshold=edit_distance_threshold)
+            counts = dedup_reads(encoded.reads, method=method, threshold=edit_distance_threshold, backend=backend)
             pieces.append(pd.DataFrame({"cell": encoded.cells[counts["cell"]], "gene": encoded.genes[counts["gene"]],
                                         "count": counts["count"].to_numpy()}))
     if n_reads == 0:
         raise InputError(f"no usable read (skipped: {dict(skipped) or 'none'})", path=path)
-    summary = {"method": method, "edit_distance_threshold": edit_distance_threshold, "reads_used": n_reads,
-               "partitions": len(pieces)}
+    summary = {"backend": backend, "method": method, "edit_distance_threshold": edit_distance_threshold,
+               "reads_used": n_reads, "partitions": len(pieces)}
     return _to_anndata(pd.concat(pieces, ignore_index=True), summary=summary, skipped=skipped)
+
+
+def _cell_partitions(batches: Iterator[pa.Table], *, n_partitions: int, spill_dir: Path) -> Iterator[pa.Table]:
+    """Regroup batches of reads so that each cell's reads come in one table.
+
+    One partition is held in memory; more are spilled to Parquet files by cell and read
+    back one at a time.
+    """
+    import pyarrow.parquet as pq
+
+    if n_partitions == 1:
+        tables = list(batches)
+        if tables:
+            yield pa.concat_tables(tables)
+        return
+    writers: dict[int, pq.ParquetWriter] = {}
+    for reads in batches:
+        partition = _partition_of(reads.column("cell").combine_chunks(), n_partitions)
+        for part in np.unique(partition):
+            rows = reads.filter(pa.array(partition == part))
+            if part not in writers:
+                writers[part] = pq.ParquetWriter(spill_dir / f"part-{part}.parquet", rows.schema)
+            writers[part].write_table(rows)
+    for writer in writers.values():
+        writer.close()
+    for part in sorted(writers):
+        yield pq.read_table(spill_dir / f"part-{part}.parquet")
 
 
 def _partition_of(cells: pa.Array, n_partitions: int) -> np.ndarray:
@@ -124,12 +145,12 @@ def _to_anndata(long: pd.DataFrame, *, summary: dict[str, Any], skipped: Counter
     return adata
 
 
-def count_umis_with_settings(path: str | Path, *, fmt: str, settings: dict[str, Any]) -> AnnData:
+def count_umis_with_settings(path: str | Path, *, fmt: str, settings: dict[str, Any], backend: Backend) -> AnnData:
     """:func:`count_umis` with the workflow's ``umi`` config section (``bam`` and
     ``table`` sub-sections as dicts)."""
     options = dict(settings)
     bam, table = BamOptions(**options.pop("bam", {})), TableOptions(**options.pop("table", {}))
-    return count_umis(path, fmt=fmt, bam=bam, table=table, **options)
+    return count_umis(path, fmt=fmt, bam=bam, table=table, backend=backend, **options)
 
 
 def long_table(adata: AnnData) -> pd.DataFrame:

@@ -31,7 +31,7 @@ READ_NAME_PATTERNS = {
 }
 UNUSABLE_FLAGS = 0x4 | 0x100 | 0x800  # unmapped, secondary, supplementary
 BGZF_EOF = bytes.fromhex("1f8b08040000000000ff0600424302001b0003000000000000000000")
-BAM_BYTES_PER_READ = 25  # a low estimate, so partitions err on the small side
+BAM_BYTES_PER_READ = 10  # below any real BAM's, so partitions err on the small side
 
 
 @dataclass(frozen=True)

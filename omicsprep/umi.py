@@ -9,7 +9,8 @@ a Hamming distance is a popcount.
 
 from __future__ import annotations
 
-from typing import Literal
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Literal
 
 import numba
 import numpy as np
@@ -17,7 +18,12 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from omicsprep import umi_kernels
+from omicsprep.backend import Backend, cudf, cupy
 from omicsprep.errors import InputError
+
+if TYPE_CHECKING:
+    from pandas import DataFrame  # or cudf.DataFrame
 
 Method = Literal["unique", "percentile", "cluster", "adjacency", "directional"]
 METHODS: tuple[str, ...] = ("unique", "percentile", "cluster", "adjacency", "directional")
@@ -64,159 +70,101 @@ def pack_umis(umis: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return packed, valid
 
 
-@numba.njit(cache=True, inline="always")
-def hamming(a: np.uint64, b: np.uint64) -> int:
-    """Hamming distance of two 2-bit packed UMIs."""
-    diff = a ^ b
-    return _popcount((diff | (diff >> np.uint64(1))) & np.uint64(0x5555555555555555))
-
-
-@numba.njit(cache=True, inline="always")
-def _popcount(x: np.uint64) -> int:
-    count = 0
-    while x:
-        x &= x - np.uint64(1)
-        count += 1
-    return count
-
-
-@numba.njit(cache=True)
-def _linked(umis, counts, i, j, threshold, directional):  # noqa: ANN001, ANN202
-    """Edge i -> j: within the distance, and for directional count(i) >= 2 count(j) - 1."""
-    if hamming(umis[i], umis[j]) > threshold:
-        return False
-    return not directional or counts[i] >= 2 * counts[j] - 1
-
-
-@numba.njit(cache=True)
-def _components(umis, counts, threshold, directional):  # noqa: ANN001, ANN202
-    """Component of every UMI, found by searches started in count order (UMI-tools')."""
-    n = umis.size
-    component = np.full(n, -1, dtype=np.int64)
-    stack = np.empty(n, dtype=np.int64)
-    n_components = 0
-    for start in range(n):
-        if component[start] >= 0:
-            continue
-        # A UMI met again from a later start joins no second component: UMI-tools' later
-        # searches may pass through found UMIs, but only unfound ones start components.
-        seen = np.zeros(n, dtype=np.bool_)
-        seen[start] = True
-        component[start] = n_components
-        top = 0
-        stack[top] = start
-        top += 1
-        while top:
-            top -= 1
-            node = stack[top]
-            for other in range(n):
-                if not seen[other] and _linked(umis, counts, node, other, threshold, directional):
-                    seen[other] = True
-                    if component[other] < 0:
-                        component[other] = n_components
-                    stack[top] = other
-                    top += 1
-        n_components += 1
-    return component, n_components
-
-
-@numba.njit(cache=True)
-def _min_account(umis, members, threshold):  # noqa: ANN001, ANN202
-    """Fewest top UMIs of a component whose neighbourhoods cover it (UMI-tools' adjacency)."""
-    size = members.size
-    if size == 1:
-        return 1
-    covered = np.zeros(size, dtype=np.bool_)
-    n_covered = 0
-    for i in range(size):
-        for j in range(size):
-            if not covered[j] and (i == j or hamming(umis[members[i]], umis[members[j]]) <= threshold):
-                covered[j] = True
-                n_covered += 1
-        if n_covered == size:
-            return i + 1
-    return size
-
-
-@numba.njit(cache=True)
-def count_group(umis, counts, method, threshold):  # noqa: ANN001, ANN201
-    """Molecules in one (cell, gene): UMIs sorted by count (descending), ties by sequence.
-
-    ``method`` indexes :data:`METHODS`.
-    """
-    n = umis.size
-    if method == 0 or n == 1:  # unique
-        return n
-    if method == 1:  # percentile: UMIs above 1% of the median count
-        limit = np.median(counts.astype(np.float64)) / 100.0
-        return int((counts > limit).sum())
-    component, n_components = _components(umis, counts, threshold, method == 4)
-    if method != 3:  # cluster, directional: one molecule per component
-        return n_components
-    total = 0
-    for c in range(n_components):
-        total += _min_account(umis, np.flatnonzero(component == c), threshold)
-    return total
+_count_group = umi_kernels.build(numba.njit(cache=True))
 
 
 @numba.njit(cache=True, parallel=True)
 def count_groups(umis, counts, starts, method, threshold):  # noqa: ANN001, ANN201
-    """Molecules in every group; group g spans ``starts[g]:starts[g + 1]``."""
+    """Molecules in every group (one cell and gene), on the CPU's cores.
+
+    Group g spans ``starts[g]:starts[g + 1]`` of the sorted molecules; ``method`` indexes
+    :data:`METHODS`.
+    """
     n_groups = starts.size - 1
     molecules = np.empty(n_groups, dtype=np.int64)
+    component = np.empty(umis.size, dtype=np.int32)
+    stack = np.empty(umis.size, dtype=np.int32)
+    mark = np.empty(umis.size, dtype=np.int32)
+    covered = np.empty(umis.size, dtype=np.uint8)
     for g in numba.prange(n_groups):
-        lo, hi = starts[g], starts[g + 1]
-        molecules[g] = count_group(umis[lo:hi], counts[lo:hi], method, threshold)
+        molecules[g] = _count_group(umis, counts, starts[g], starts[g + 1], method, threshold,
+                                    component, stack, mark, covered)
     return molecules
 
 
-def collapse_reads(reads: pd.DataFrame) -> pd.DataFrame:
+def collapse_reads(reads: DataFrame) -> DataFrame:
     """Reads (``cell``, ``gene`` codes and packed ``umi``) to sorted molecules.
 
     A ``reads`` column, where present, says how many reads each row stands for (molecule
     tables that are already aggregated); otherwise each row is one read.
+
+    Parameters
+    ----------
+    reads
+        A pandas DataFrame, or a cuDF one on the GPU (the calls are common to both).
 
     Returns
     -------
     One row per (cell, gene, umi) with ``count`` (reads), sorted by cell, gene, count
     descending and UMI sequence.
     """
-    groups = reads.groupby(["cell", "gene", "umi"], sort=False, observed=True)
+    groups = reads.groupby(["cell", "gene", "umi"], sort=False)
     counts = groups["reads"].sum() if "reads" in reads else groups.size()
     molecules = counts.rename("count").reset_index()
-    order = np.lexsort(
-        (molecules["umi"].to_numpy(), -molecules["count"].to_numpy(),
-         molecules["gene"].to_numpy(), molecules["cell"].to_numpy())
-    )
-    return molecules.iloc[order].reset_index(drop=True)
+    return molecules.sort_values(["cell", "gene", "count", "umi"], ascending=[True, True, False, True],
+                                 ignore_index=True)
 
 
-def count_molecules(molecules: pd.DataFrame, *, method: Method, threshold: int = 1) -> pd.DataFrame:
-    """Deduplicated molecules per (cell, gene) from :func:`collapse_reads`'s table.
+def dedup_reads(reads: pd.DataFrame, *, method: Method, threshold: int = 1, backend: Backend = "cpu") -> pd.DataFrame:
+    """Deduplicated molecules per (cell, gene) of a table of reads.
 
     Parameters
     ----------
-    molecules
-        Sorted molecules with ``cell``, ``gene``, ``umi`` (packed) and ``count``.
+    reads
+        ``cell`` and ``gene`` codes, packed ``umi`` and optionally ``reads`` (reads a row
+        stands for), in host memory.
     method
         One of :data:`METHODS`, with UMI-tools' semantics.
     threshold
         Largest Hamming distance between UMIs of one molecule (network methods).
+    backend
+        ``"cpu"`` (pandas and Numba's parallel kernel) or ``"gpu"`` (cuDF and the CUDA
+        kernel, compiled from the same source); the counts are the same.
 
     Returns
     -------
-    Columns ``cell``, ``gene``, ``count``.
+    Columns ``cell``, ``gene``, ``count`` (molecules), in host memory.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}, not {method!r}")
-    if molecules.empty:
+    if reads.empty:
         return pd.DataFrame({"cell": [], "gene": [], "count": []}, dtype=np.int64)
-    keys = molecules[["cell", "gene"]].to_numpy()
-    boundary = np.flatnonzero((keys[1:] != keys[:-1]).any(axis=1)) + 1
-    starts = np.concatenate([[0], boundary, [len(molecules)]]).astype(np.int64)
-    counts = count_groups(
-        molecules["umi"].to_numpy(np.uint64), molecules["count"].to_numpy(np.int64), starts,
-        METHODS.index(method), threshold,
-    )
-    groups = molecules.iloc[starts[:-1]]
-    return pd.DataFrame({"cell": groups["cell"].to_numpy(), "gene": groups["gene"].to_numpy(), "count": counts})
+    if backend == "gpu":
+        xp = cupy()
+        frame = cudf().DataFrame({name: xp.asarray(reads[name].to_numpy()) for name in reads.columns})
+    else:
+        xp, frame = np, reads
+    cell, gene, umis, counts, starts = molecule_groups(collapse_reads(frame), xp=xp)
+    if backend == "gpu":
+        from omicsprep.umi_cuda import count_groups_gpu
+
+        molecule_counts = count_groups_gpu(umis, counts, starts, METHODS.index(method), threshold, xp=xp).get()
+        starts, cell, gene = starts.get(), cell.get(), gene.get()
+    else:
+        molecule_counts = count_groups(umis, counts, starts, METHODS.index(method), threshold)
+    return pd.DataFrame({"cell": cell[starts[:-1]], "gene": gene[starts[:-1]], "count": molecule_counts})
+
+
+def molecule_groups(molecules: DataFrame, *, xp: ModuleType) -> tuple[Any, Any, Any, Any, Any]:
+    """The arrays the kernels take, from :func:`collapse_reads`'s sorted molecules.
+
+    Returns
+    -------
+    ``cell``, ``gene``, ``umi`` (uint64) and ``count`` (int64) per molecule, and the start
+    of every (cell, gene) group followed by the number of molecules, as ``xp`` arrays.
+    """
+    cell, gene = molecules["cell"].values, molecules["gene"].values
+    boundary = ((cell[1:] != cell[:-1]) | (gene[1:] != gene[:-1])).nonzero()[0] + 1
+    starts = xp.concatenate([xp.zeros(1, dtype=xp.int64), boundary.astype(xp.int64),
+                             xp.full(1, len(molecules), dtype=xp.int64)])
+    return cell, gene, molecules["umi"].values.astype(xp.uint64), molecules["count"].values.astype(xp.int64), starts

@@ -3,6 +3,7 @@
 import logging
 
 from omicsprep import counting, io
+from omicsprep.backend import resolve_backend
 from omicsprep.workflow import run_script
 
 snakemake = snakemake  # noqa: F821, PLW0127 - injected by Snakemake
@@ -10,7 +11,8 @@ snakemake = snakemake  # noqa: F821, PLW0127 - injected by Snakemake
 
 def main() -> None:
     adata = counting.count_umis_with_settings(
-        snakemake.input.reads, fmt=snakemake.params.format, settings=snakemake.params.umi
+        snakemake.input.reads, fmt=snakemake.params.format, settings=snakemake.params.umi,
+        backend=resolve_backend(snakemake.params.backend),
     )
     logging.getLogger("omicsprep").info("%s", adata.uns["umi_dedup"])
     io.write_table(counting.long_table(adata), snakemake.output.table)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from conftest import REPO
 from omicsprep import counting
 from omicsprep.errors import InputError
 from omicsprep.molecules import BamOptions
-from omicsprep.umi import METHODS, hamming, pack_umis
+from omicsprep.umi import METHODS, pack_umis
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import generate  # noqa: E402
@@ -34,12 +35,49 @@ def assert_same_counts(got: pd.DataFrame, expected: pd.DataFrame) -> None:
     assert different.empty, different.head(10).to_string()
 
 
-def test_pack_and_hamming():
+def test_pack_umis():
     packed, valid = pack_umis(pa.array(["ACGT", "ACGA", "TCGA", "ACNT"]))
     assert valid.tolist() == [True, True, True, False]
-    assert hamming(packed[0], packed[1]) == 1
-    assert hamming(packed[0], packed[2]) == 2
-    assert hamming(packed[1], packed[1]) == 0
+    assert packed[:3].tolist() == [0b00011011, 0b00011000, 0b11011000]  # A=00 C=01 G=10 T=11
+
+
+# Runs under Numba's CUDA simulator (set before numba.cuda is imported, hence a subprocess).
+CUDA_KERNEL_CHECK = """
+import sys
+from collections import Counter
+import numpy as np
+from omicsprep.counting import BamOptions
+from omicsprep.molecules import encode_reads, usable_reads
+from omicsprep.umi import collapse_reads, count_groups, molecule_groups
+from omicsprep.umi_cuda import count_groups_gpu
+sys.path.insert(0, "benchmarks")
+from generate import generate_read_codes
+
+path = sys.argv[1]
+options = dict(fmt="bam", bam=BamOptions(gene_tag="XF", umi_source="umis"), table=None,
+               skip_gene_regex="^[__|Unassigned]", chunk_rows=10**6, skipped=Counter())
+reference = next(usable_reads(path, **options))
+inputs = {"umi_tools reference": encode_reads(reference, skipped=Counter(), path=path).reads,
+          "generated, large groups": generate_read_codes(2_500, n_cells=4, n_genes=30, umi_length=8, seed=3)}
+for name, reads in inputs.items():
+    _, _, umis, counts, starts = molecule_groups(collapse_reads(reads), xp=np)
+    for threshold in (1, 2):
+        for method in range(5):
+            cpu = count_groups(umis, counts, starts, method, threshold)
+            gpu = count_groups_gpu(umis, counts, starts, method, threshold, xp=np)
+            assert np.array_equal(cpu, gpu), (name, method, threshold, np.flatnonzero(cpu != gpu)[:10])
+    print(name, len(starts) - 1, "groups, largest", int(np.diff(starts).max()))
+"""
+
+
+def test_cuda_kernel_counts_like_the_cpu_kernel():
+    """The CUDA kernel (under Numba's simulator) gives the CPU kernel's counts, all methods."""
+    result = subprocess.run(
+        [sys.executable, "-c", CUDA_KERNEL_CHECK, str(UMI_TOOLS_BAM)], cwd=REPO, capture_output=True, text=True,
+        env={**os.environ, "NUMBA_ENABLE_CUDASIM": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "largest" in result.stdout
 
 
 def test_mixed_umi_lengths_are_refused():
@@ -123,6 +161,20 @@ def test_cli_bad_input_is_one_clear_error(tmp_path):
     )
     assert result.returncode == 1
     assert f"omicsprep error: file '{bad}'" in result.stderr
+    assert not (tmp_path / "x.h5ad").exists()
+
+
+def test_cli_gpu_without_a_gpu_is_one_clear_error(tmp_path):
+    from omicsprep.backend import gpu_unavailable_reason
+
+    if gpu_unavailable_reason() is None:
+        pytest.skip("a GPU is usable here")
+    result = subprocess.run(
+        [sys.executable, "-m", "omicsprep.cli", "count-umis", str(UMI_TOOLS_BAM), "-o", str(tmp_path / "x.h5ad"),
+         "--backend", "gpu"], capture_output=True, text=True,
+    )
+    assert result.returncode == 1
+    assert result.stderr.startswith("omicsprep error: backend 'gpu' was requested but cannot be used")
     assert not (tmp_path / "x.h5ad").exists()
 
 
