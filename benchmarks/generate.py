@@ -219,14 +219,15 @@ def generate_reads(
     }).sort_values("position", kind="stable").reset_index(drop=True)
 
 
-def write_bam(reads: pd.DataFrame, path: Path) -> None:
+def write_bam(reads: pd.DataFrame, path: Path, *, unsorted: bool = False) -> None:
     """Write reads (from :func:`generate_reads`) as a coordinate-sorted, indexed BAM with
-    Cell Ranger's tags (``CB``, ``UB``, ``GX``)."""
+    Cell Ranger's tags (``CB``, ``UB``, ``GX``); or, ``unsorted``, in the given order and
+    without an index."""
     import pysam
 
     from omicsprep.io import atomic_path
 
-    header = {"HD": {"VN": "1.6", "SO": "coordinate"}, "SQ": [{"SN": "chr1", "LN": int(reads["position"].max()) + 1000}]}
+    header = {"HD": {"VN": "1.6", "SO": "unsorted" if unsorted else "coordinate"}, "SQ": [{"SN": "chr1", "LN": int(reads["position"].max()) + 1000}]}
     with atomic_path(path) as tmp:
         with pysam.AlignmentFile(str(tmp), "wb", header=header) as bam:
             read = pysam.AlignedSegment(bam.header)
@@ -240,4 +241,5 @@ def write_bam(reads: pd.DataFrame, path: Path) -> None:
                 read.reference_start = int(row.position)
                 read.set_tags([("CB", row.cell), ("UB", row.umi), ("GX", row.gene)])
                 bam.write(read)
-    pysam.index(str(path))
+    if not unsorted:
+        pysam.index(str(path))

@@ -6,7 +6,10 @@ Generates a realistic BAM per size (benchmarks/generate.py: skewed genes and PCR
 duplicates, sequencing errors, N, unassigned and multi-gene reads, secondary alignments;
 cached in the work folder), runs both tools end to end (process start included) with the
 directional method, prints reads/s and the ratio, and appends the table with machine, date
-and command to RESULTS.md.
+and command to RESULTS.md. ``inflate_only`` is the rate at which one core merely
+decompresses the BAM's BGZF blocks (zlib): the ceiling for any reader on that core;
+``oxbow_decode`` and ``pysam_decode`` time the two readers considered, decoding only what
+deduplication needs.
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ import os
 import platform
 import shlex
 import subprocess
+import struct
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import pandas as pd
@@ -33,6 +38,38 @@ def timed(command: list[str]) -> float:
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         raise RuntimeError(f"{command[0]} failed:\n{result.stderr[-3000:]}")
+    return time.perf_counter() - start
+
+
+def inflate_seconds(bam: Path) -> float:
+    """Seconds to decompress every BGZF block of ``bam`` with zlib on one core: a floor
+    under any BAM reader's time, whatever it does next."""
+    data = bam.read_bytes()
+    start, position = time.perf_counter(), 0
+    while position < len(data):
+        block_size = struct.unpack_from("<H", data, position + 16)[0] + 1
+        zlib.decompress(data[position + 18 : position + block_size - 8], -15)  # raw deflate between header and CRC
+        position += block_size
+    return time.perf_counter() - start
+
+
+def decode_seconds(bam: Path, reader: str) -> float:
+    """Seconds to decode flag, MAPQ and the CB/UB/GX tags of every read: oxbow (Rust,
+    Arrow batches, what omicsprep uses) or pysam (htslib with 2 threads, a Python loop)."""
+    start = time.perf_counter()
+    if reader == "oxbow":
+        import oxbow
+        import pyarrow as pa
+
+        for batch in oxbow.from_bam(str(bam), fields=["flag", "mapq"],
+                                    tag_defs=[("GX", "Z"), ("CB", "Z"), ("UB", "Z")]).batches():
+            pa.record_batch(batch)
+    else:
+        import pysam
+
+        with pysam.AlignmentFile(str(bam), threads=2) as reads:
+            for read in reads:
+                read.flag, read.mapping_quality, read.get_tag("CB"), read.get_tag("UB"), read.get_tag("GX")
     return time.perf_counter() - start
 
 
@@ -52,7 +89,10 @@ def main() -> None:
             write_bam(generate_reads(n_reads, n_cells=2000, n_genes=10_000, seed=0), bam)
         ours = timed([str(bin_dir / "omicsprep"), "count-umis", str(bam), "-o", str(args.workdir / "ours.h5ad"),
                       "--method", "directional"])
-        row = {"reads": n_reads, "omicsprep_s": round(ours, 2), "omicsprep_reads_per_s": round(n_reads / ours)}
+        row = {"reads": n_reads, "omicsprep_s": round(ours, 2), "omicsprep_reads_per_s": round(n_reads / ours),
+               "inflate_only_reads_per_s_per_core": round(n_reads / inflate_seconds(bam)),
+               **{f"{reader}_decode_reads_per_s": round(n_reads / decode_seconds(bam, reader))
+                  for reader in ("oxbow", "pysam")}}
         if args.skip_umi_tools_above is None or n_reads <= args.skip_umi_tools_above:
             theirs = timed([str(bin_dir / "umi_tools"), "count", "--per-gene", "--per-cell", "--gene-tag=GX",
                             "--extract-umi-method=tag", "--umi-tag=UB", "--cell-tag=CB", "--method=directional",

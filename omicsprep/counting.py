@@ -92,7 +92,8 @@ def count_umis(
             pieces.append(pd.DataFrame({"cell": encoded.cells[counts["cell"]], "gene": encoded.genes[counts["gene"]],
                                         "count": counts["count"].to_numpy()}))
     if n_reads == 0:
-        raise InputError(f"no usable read (skipped: {dict(skipped) or 'none'})", path=path)
+        reasons = {reason: n for reason, n in skipped.items() if n}
+        raise InputError(f"no usable read (skipped: {reasons or 'none'})", path=path)
     summary = {"backend": backend, "method": method, "edit_distance_threshold": edit_distance_threshold,
                "reads_used": n_reads, "partitions": len(pieces)}
     return _to_anndata(pd.concat(pieces, ignore_index=True), summary=summary, skipped=skipped)

@@ -210,3 +210,26 @@ def test_bam_without_the_tags_is_one_clear_error(tmp_path):
     generate.write_bam(generate.generate_reads(2_000, n_cells=5, n_genes=10, seed=1), tmp_path / "reads.bam")
     with pytest.raises(InputError, match=r"reads\.bam.*no usable read.*missing cell, UMI or gene"):
         counting.count_umis(tmp_path / "reads.bam", fmt="bam", bam=BamOptions(cell_tag="XC", umi_tag="XM"))
+
+
+def test_unsorted_bam_counts_like_the_sorted_one(tmp_path):
+    reads = generate.generate_reads(20_000, n_cells=20, n_genes=100, seed=4)
+    generate.write_bam(reads, tmp_path / "sorted.bam")
+    generate.write_bam(reads.sample(frac=1.0, random_state=0), tmp_path / "unsorted.bam", unsorted=True)
+    sorted_counts, unsorted_counts = (counting.long_table(counting.count_umis(tmp_path / name, fmt="bam"))
+                                      for name in ("sorted.bam", "unsorted.bam"))
+    assert len(sorted_counts) > 500
+    assert_same_counts(unsorted_counts, sorted_counts)
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ("cell\tumi\tgene\n", "no usable read"),
+    ("cell\tumi\tgene\nAAAC\tACGT\tG1\nAAAC\tACG\tG1\n", "UMIs of mixed lengths"),
+    ("cell\tumi\tgene\nAAAC\tACGT\tG1;G2\n", r"no usable read \(skipped: \{'several genes': 1\}\)"),
+    ("barcode\tumi\tgene\nAAAC\tACGT\tG1\n", "cannot be read as a molecule table"),
+])
+def test_bad_molecule_table_is_one_clear_error(tmp_path, text, problem):
+    path = tmp_path / "molecules.tsv"
+    path.write_text(text)
+    with pytest.raises(InputError, match=rf"^file '{path}': {problem}"):
+        counting.count_umis(path, fmt="molecules")

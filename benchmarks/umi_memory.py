@@ -1,0 +1,73 @@
+"""Peak memory of ``omicsprep count-umis`` against input size and ``--chunk-rows``.
+
+    python benchmarks/umi_memory.py --reads 3000000 12000000 --chunk-rows 500000 5000000
+
+Generates a molecule table (Parquet, one row per read; generate.py's reads) per size,
+cached in the work folder, counts it in a fresh process per (size, chunk) and records the
+process's peak resident memory; the table is appended to RESULTS.md. Memory bounded by the
+chunk size shows as peak memory that stays flat while the input grows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from generate import generate_reads  # noqa: E402
+from run import machine  # noqa: E402
+
+
+def peak_rss_mb(command: list[str]) -> tuple[float, float]:
+    """Seconds and peak resident memory (MB) of a command run in a fresh child process."""
+    # ru_maxrss of RUSAGE_CHILDREN is the largest child so far: fork a helper per command.
+    probe = (
+        "import resource, subprocess, sys, time; s = time.perf_counter(); "
+        "subprocess.run(sys.argv[1:], check=True, capture_output=True); "
+        "print(time.perf_counter() - s, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
+    )
+    out = subprocess.run([sys.executable, "-c", probe, *command], check=True, capture_output=True, text=True)
+    seconds, kilobytes = out.stdout.split()
+    return float(seconds), int(kilobytes) / 1024
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reads", type=int, nargs="+", default=[3_000_000, 12_000_000])
+    parser.add_argument("--chunk-rows", type=int, nargs="+", default=[500_000, 5_000_000])
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/omicsprep-umi"))
+    parser.add_argument("--results", type=Path, default=HERE / "RESULTS.md")
+    args = parser.parse_args()
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for n_reads in args.reads:
+        table = args.workdir / f"molecules_{n_reads}.parquet"
+        if not table.exists():
+            reads = generate_reads(n_reads, n_cells=5_000, n_genes=10_000, secondary_rate=0, seed=0)
+            reads[["cell", "umi", "gene"]].to_parquet(table)
+        for chunk_rows in args.chunk_rows:
+            seconds, peak = peak_rss_mb([str(Path(sys.executable).parent / "omicsprep"), "count-umis", str(table),
+                                         "-o", str(args.workdir / "memory.h5ad"), "--chunk-rows", str(chunk_rows)])
+            row = {"reads": n_reads, "table_mb": round(table.stat().st_size / 2**20), "chunk_rows": chunk_rows,
+                   "seconds": round(seconds, 1), "peak_rss_mb": round(peak)}
+            rows.append(row)
+            print(row, flush=True)
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    command = "python benchmarks/umi_memory.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    with args.results.open("a") as handle:
+        handle.write(
+            f"\n### UMI counting memory, {stamp}: `{command}`\n\nMachine: {machine()}. Molecule tables "
+            "(Parquet, a row per read, 5,000 cells); peak RSS of the whole process, Python and libraries included.\n\n"
+            + pd.DataFrame(rows).astype(str).to_markdown(index=False) + "\n"
+        )
+
+
+if __name__ == "__main__":
+    main()
