@@ -16,6 +16,7 @@ include: "rules/common.smk"
 include: "rules/umi.smk"
 include: "rules/qc.smk"
 include: "rules/cluster.smk"
+include: "rules/coexpression.smk"
 include: "rules/plots.smk"
 include: "rules/report.smk"
 

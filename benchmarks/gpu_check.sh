@@ -9,12 +9,13 @@
 #             CPU-vs-GPU agreement
 #   umi       UMI deduplication: a fresh process's first CUDA kernel call with an empty and
 #             with a filled Numba cache, then benchmarks/umi_dedup_bench.py
+#   coexpr    benchmarks/coexpr_bench.py at 5,000 genes x 100,000 cells and 20,000 x 50,000
 # Tables and logs go to $OUT (default: gpu_check_out/).
 set -uo pipefail
 repo=$(pwd)
 out=${OUT:-$repo/gpu_check_out}
 mkdir -p "$out"
-sections=${*:-tests workflow umi}
+sections=${*:-tests workflow umi coexpr}
 log=$out/gpu_check_${sections// /_}.log
 exec > >(tee "$log") 2>&1
 export PYTHONUNBUFFERED=1
@@ -72,4 +73,10 @@ unset NUMBA_CACHE_DIR
 echo "== UMI deduplication benchmark"
 python3 benchmarks/umi_dedup_bench.py --reads 10000000 100000000 --backends cpu gpu --cpu-max-reads 10000000 \
   --results "$out/umi_dedup.md" 2>&1 | tail -n 30
+fi
+
+if wants coexpr; then
+echo "== co-expression benchmark"
+python3 benchmarks/coexpr_bench.py --sizes 5000x100000 20000x50000 --backends cpu gpu \
+  --results "$out/coexpr.md" 2>&1 | tail -n 20
 fi

@@ -96,6 +96,16 @@ def cudf() -> ModuleType:
     return importlib.import_module("cudf")
 
 
+def cugraph() -> ModuleType:
+    """Return the imported ``cugraph`` module."""
+    return importlib.import_module("cugraph")
+
+
+def cuml() -> ModuleType:
+    """Return the imported ``cuml`` module."""
+    return importlib.import_module("cuml")
+
+
 def to_device(adata: AnnData, *, backend: Backend) -> None:
     """Move ``X`` and every layer to the GPU, in place; a no-op on the CPU backend.
 

@@ -39,6 +39,39 @@ def count_umis(args: argparse.Namespace) -> None:
     io.write_h5ad(adata, args.output)
 
 
+def coexpr(args: argparse.Namespace) -> None:
+    """Build a sample's gene co-expression network and write its tables and figures."""
+    import numpy as np
+
+    from omicsprep import coexpression, io, plotting, preprocessing
+    from omicsprep.backend import resolve_backend
+    from omicsprep.pipeline import run_coexpression
+
+    backend = resolve_backend(args.backend)
+    adata = io.read_h5ad(args.input)
+    if preprocessing.holds_counts(adata):
+        log.info("X holds counts: normalizing to 10,000 per cell and log1p")
+        preprocessing.normalize(adata, target_sum=1e4, backend="cpu")
+    if args.metacells == "knn" and "connectivities" not in adata.obsp:
+        raise InputError("--metacells knn needs a neighbour graph (obsp['connectivities'])", path=args.input)
+    params = {**coexpression.DEFAULTS, "n_genes": args.n_genes, "top_k": args.top_k, "resolution": args.resolution,
+              "correlation": args.correlation, "metacells": {**coexpression.DEFAULTS["metacells"],
+                                                             "method": args.metacells}}
+    try:
+        result = run_coexpression(adata, params=params, seed=args.seed, backend=backend)
+    except InputError as exc:
+        raise InputError(exc.problem, path=args.input) from exc
+    if "X_umap" not in adata.obsm and "X_pca" not in adata.obsm:  # something to draw the scores on
+        adata.var["highly_variable"] = adata.var.get("highly_variable", True)
+        preprocessing.pca(adata, n_comps=2, seed=args.seed, backend="cpu")
+    coords = adata.obsm["X_umap"] if "X_umap" in adata.obsm else np.asarray(adata.obsm["X_pca"])[:, :2]
+    figures = plotting.coexpression_figures(coords, result["eigengenes"], title=args.input.stem)
+    names = {"edges": "edges.parquet", "modules": "modules.tsv", "eigengenes": "eigengenes.parquet",
+             "correlation": "module_correlation.png", "umap": "module_scores_umap.png"}
+    args.output.mkdir(parents=True, exist_ok=True)
+    io.write_coexpression(result, figures, paths={key: args.output / name for key, name in names.items()})
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="omicsprep")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -65,6 +98,18 @@ def main(argv: list[str] | None = None) -> None:
     umis.add_argument("--backend", choices=["auto", "cpu", "gpu"], default="auto",
                       help="where UMIs are deduplicated; gpu without a usable GPU is an error")
     umis.set_defaults(run=count_umis)
+    network = commands.add_parser("coexpr", help="gene co-expression network, modules and eigengenes of an .h5ad")
+    network.add_argument("input", type=Path, help="cells x genes; log-normalized X (counts are normalized first)")
+    network.add_argument("-o", "--output", type=Path, required=True, help="folder for the tables and figures")
+    network.add_argument("--backend", choices=["auto", "cpu", "gpu"], default="auto")
+    network.add_argument("--n-genes", type=int, default=2000, help="most variable genes in the network")
+    network.add_argument("--top-k", type=int, default=50, help="partners kept per gene")
+    network.add_argument("--resolution", type=float, default=1.0, help="Leiden resolution of the modules")
+    network.add_argument("--correlation", choices=["pearson", "spearman"], default="pearson")
+    network.add_argument("--metacells", choices=["none", "knn", "kmeans"], default="none",
+                         help="pool cells first (knn needs obsp['connectivities'], kmeans obsm['X_pca'])")
+    network.add_argument("--seed", type=int, default=0)
+    network.set_defaults(run=coexpr)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s")
     try:

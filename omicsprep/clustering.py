@@ -11,7 +11,7 @@ import pandas as pd
 from anndata import AnnData
 from scipy import sparse
 
-from omicsprep.backend import Backend, rapids_singlecell
+from omicsprep.backend import Backend, cudf, cugraph, rapids_singlecell
 from omicsprep.jit_cache import cache_umap_kernels
 
 log = logging.getLogger(__name__)
@@ -117,22 +117,72 @@ def cluster_graph(
                 key_added=key,
             )
         else:
-            labels = _louvain_igraph(adata.obsp["connectivities"], resolution=resolution, seed=seed)
+            labels = partition_graph(adata.obsp["connectivities"], algorithm="louvain", resolution=resolution,
+                                     seed=seed, backend="cpu")
             adata.obs[key] = _ordered_categories(labels)
 
 
-def _louvain_igraph(connectivities: sparse.spmatrix, *, resolution: float, seed: int) -> np.ndarray:
+def partition_graph(
+    adjacency: sparse.spmatrix, *, algorithm: Algorithm, resolution: float, seed: int, backend: Backend
+) -> np.ndarray:
+    """Communities of a weighted undirected graph, by modularity at ``resolution``.
+
+    CPU: igraph (Leiden until stable; Louvain by its multilevel algorithm). GPU: cuGraph
+    on a cuDF edge list (Leiden for at most 100 iterations; Louvain takes no seed).
+
+    Parameters
+    ----------
+    adjacency
+        Symmetric weights (host memory); only the upper triangle is read.
+    algorithm
+        ``"leiden"`` or ``"louvain"``.
+    resolution
+        Higher: more, smaller communities.
+    seed
+        Seed of the optimisation.
+    backend
+        ``"cpu"`` or ``"gpu"``.
+
+    Returns
+    -------
+    A community number per vertex; ``-1`` for vertices without edges on the GPU (cuGraph
+    drops them), each its own community on the CPU.
+    """
+    upper = sparse.triu(adjacency, k=1).tocoo()
+    if backend == "gpu":
+        return _partition_cugraph(upper, n_vertices=adjacency.shape[0], algorithm=algorithm,
+                                  resolution=resolution, seed=seed)
     import igraph
 
-    upper = sparse.triu(connectivities, k=1).tocoo()
-    graph = igraph.Graph(n=connectivities.shape[0], edges=np.column_stack([upper.row, upper.col]).tolist())
+    graph = igraph.Graph(n=adjacency.shape[0], edges=np.column_stack([upper.row, upper.col]).tolist())
+    weights = upper.data.tolist()
     # igraph draws from Python's `random`: seed a private generator, then restore.
     igraph.set_random_number_generator(random.Random(seed))
     try:
-        membership = graph.community_multilevel(weights=upper.data.tolist(), resolution=resolution).membership
+        if algorithm == "leiden":
+            partition = graph.community_leiden(objective_function="modularity", weights=weights,
+                                               resolution=resolution, n_iterations=-1)
+        else:
+            partition = graph.community_multilevel(weights=weights, resolution=resolution)
     finally:
         igraph.set_random_number_generator(random)
-    return np.asarray(membership)
+    return np.asarray(partition.membership)
+
+
+def _partition_cugraph(
+    upper: sparse.coo_matrix, *, n_vertices: int, algorithm: Algorithm, resolution: float, seed: int
+) -> np.ndarray:
+    edges = cudf().DataFrame({"src": upper.row.astype(np.int32), "dst": upper.col.astype(np.int32),
+                              "weight": upper.data.astype(np.float32)})
+    graph = cugraph().Graph(directed=False)
+    graph.from_cudf_edgelist(edges, source="src", destination="dst", edge_attr="weight", renumber=True)
+    if algorithm == "leiden":
+        parts, _ = cugraph().leiden(graph, resolution=resolution, random_state=seed, max_iter=100)
+    else:
+        parts, _ = cugraph().louvain(graph, resolution=resolution)
+    labels = np.full(n_vertices, -1, dtype=np.int64)
+    labels[parts["vertex"].to_numpy()] = parts["partition"].to_numpy()
+    return labels
 
 
 def _ordered_categories(labels: np.ndarray) -> pd.Categorical:

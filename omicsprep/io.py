@@ -230,6 +230,20 @@ def write_figure(figure: Figure, path: str | Path) -> None:
         figure.savefig(tmp, dpi=110, bbox_inches="tight", format=Path(path).suffix.lstrip("."))
 
 
+def write_coexpression(
+    result: dict[str, pd.DataFrame], figures: dict[str, Figure], paths: dict[str, str | Path]
+) -> None:
+    """Write :func:`omicsprep.pipeline.run_coexpression`'s tables and their figures.
+
+    ``paths`` maps ``edges``, ``modules``, ``eigengenes`` and each figure's name to a file.
+    """
+    write_table(result["edges"], paths["edges"])
+    write_table(result["modules"], paths["modules"])
+    write_table(result["eigengenes"], paths["eigengenes"], index=True)
+    for name, figure in figures.items():
+        write_figure(figure, paths[name])
+
+
 def read_h5ad_elements(path: str | Path, keys: list[str]) -> dict[str, object]:
     """Read single elements (e.g. ``"obs"``, ``"obsm/X_umap"``) of an ``.h5ad`` file.
 

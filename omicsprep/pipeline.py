@@ -11,10 +11,11 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import pandas as pd
 from anndata import AnnData
 
-from omicsprep import clustering, preprocessing, qc
+from omicsprep import clustering, coexpression, preprocessing, qc
 from omicsprep.backend import Backend, to_device, to_host
 from omicsprep.provenance import StepTimer, record_provenance
 
@@ -136,3 +137,66 @@ def run_clustering(
         adata, rule="cluster", backend=backend, params={**params, "seed": seed}, timings=timer.seconds
     )
     return clustering.markers_table(adata, n_genes=markers["n_genes"])
+
+
+def run_coexpression(
+    adata: AnnData, *, params: Mapping[str, Any], seed: int, backend: Backend
+) -> dict[str, pd.DataFrame]:
+    """Gene co-expression network, modules, hub genes and per-cell module eigengenes.
+
+    Parameters
+    ----------
+    adata
+        Cells with log-normalized ``X`` (the ``cluster`` rule's output); gains
+        ``obsm["module_eigengenes"]`` and ``uns["coexpression"]``.
+    params
+        The ``coexpression`` configuration section.
+    seed
+        Seed of k-means metacells and of the community search.
+    backend
+        ``"cpu"`` or ``"gpu"``.
+
+    Returns
+    -------
+    ``edges`` (``gene_a``, ``gene_b``, ``weight``), ``modules`` (``gene``, ``module``,
+    ``hub_score``) and ``eigengenes`` (cells x modules).
+
+    Raises
+    ------
+    InputError
+        Too few cells, NaN values, or too few usable genes for ``top_k``.
+    """
+    timer = StepTimer(backend=backend)
+    with timer.step("select_genes"):
+        selected = coexpression.select_genes(adata, n_genes=params["n_genes"])
+        genes = coexpression.check_expression(adata, genes=selected, top_k=params["top_k"],
+                                              min_cells=params["min_cells"],
+                                              min_expressing_cells=params["min_expressing_cells"])
+    with timer.step("metacells"):
+        pooled = coexpression.pool_metacells(adata, **params["metacells"], seed=seed, backend=backend)
+        expression = pooled[:, genes].X
+        expression = expression.toarray() if hasattr(expression, "toarray") else np.asarray(expression)
+    with timer.step("correlation"):
+        graph = coexpression.correlation_graph(
+            expression, method=params["correlation"], top_k=params["top_k"],
+            min_correlation=params["min_correlation"], power=params["power"], backend=backend,
+        )
+    with timer.step("modules"):
+        modules = coexpression.find_modules(
+            graph, genes=genes, algorithm=params["algorithm"], resolution=params["resolution"],
+            min_module_size=params["min_module_size"], seed=seed, backend=backend,
+        )
+    with timer.step("eigengenes"):
+        coexpression.module_eigengenes(adata, modules=modules, backend=backend)
+    upper = graph.tocoo()
+    upper_edges = upper.row < upper.col
+    edges = pd.DataFrame({"gene_a": genes[upper.row[upper_edges]], "gene_b": genes[upper.col[upper_edges]],
+                          "weight": upper.data[upper_edges]})
+    adata.uns["coexpression"] = {
+        "genes": len(genes), "genes_skipped": len(selected) - len(genes), "samples": pooled.n_obs,
+        "edges": len(edges), "modules": adata.obsm["module_eigengenes"].shape[1],
+    }
+    log.info("coexpression: %s", adata.uns["coexpression"])
+    record_provenance(adata, rule="coexpression", backend=backend, params={**params, "seed": seed},
+                      timings=timer.seconds)
+    return {"edges": edges, "modules": modules, "eigengenes": adata.obsm["module_eigengenes"]}

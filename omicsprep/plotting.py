@@ -111,3 +111,37 @@ def embedding_panels(coords: np.ndarray, obs: pd.DataFrame, *, keys: list[str], 
     fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+def module_correlation(eigengenes: pd.DataFrame, *, title: str) -> Figure:
+    """Heatmap of the correlation between modules' eigengenes across cells."""
+    n_modules = eigengenes.shape[1]
+    fig = Figure(figsize=(1.2 + 0.45 * max(n_modules, 4), 0.8 + 0.45 * max(n_modules, 4)))
+    ax = fig.subplots()
+    if n_modules == 0:
+        ax.text(0.5, 0.5, "no module", ha="center", va="center")
+        ax.axis("off")
+    else:
+        image = ax.imshow(np.corrcoef(eigengenes.to_numpy().T).reshape(n_modules, n_modules),
+                          vmin=-1, vmax=1, cmap="RdBu_r")
+        ax.set_xticks(range(n_modules), eigengenes.columns, rotation=90)
+        ax.set_yticks(range(n_modules), eigengenes.columns)
+        fig.colorbar(image, ax=ax, shrink=0.8, label="correlation of eigengenes")
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def module_scores(coords: np.ndarray, eigengenes: pd.DataFrame, *, title: str, max_modules: int = 12) -> Figure:
+    """The embedding coloured by the eigengene of each of the first ``max_modules`` modules."""
+    keys = list(eigengenes.columns[:max_modules])
+    if not keys:
+        return module_correlation(eigengenes, title=title)
+    return embedding_panels(coords, eigengenes, keys=keys, title=title)
+
+
+def coexpression_figures(coords: np.ndarray, eigengenes: pd.DataFrame, *, title: str) -> dict[str, Figure]:
+    """The co-expression rule's figures: ``correlation`` (modules x modules) and ``umap``
+    (module scores on the embedding ``coords``)."""
+    return {"correlation": module_correlation(eigengenes, title=title),
+            "umap": module_scores(coords, eigengenes, title=title)}

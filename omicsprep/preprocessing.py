@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 from typing import Literal
 
+import numpy as np
 from anndata import AnnData
+from scipy import sparse
 
 from omicsprep.backend import Backend, rapids_singlecell
 
@@ -20,6 +22,13 @@ def _api(backend: Backend):  # noqa: ANN202 - scanpy or rapids_singlecell
     import scanpy as sc
 
     return sc
+
+
+def holds_counts(adata: AnnData) -> bool:
+    """Whether ``X`` looks like raw counts (non-negative integers), judged on a sample."""
+    values = adata.X.data if sparse.issparse(adata.X) else np.asarray(adata.X).ravel()
+    sample = values[:100_000]
+    return bool(sample.size) and bool((sample >= 0).all() and (np.mod(sample, 1) == 0).all())
 
 
 def normalize(adata: AnnData, *, target_sum: float | None, backend: Backend) -> None:

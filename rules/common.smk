@@ -160,4 +160,15 @@ def final_outputs():
         "results/{sample}/plots/umap_clusters.png",
         "results/{sample}/plots/umap_qc.png",
     ]
+    if config["coexpression"]["enabled"]:
+        per_sample += [f"results/{{sample}}/coexpression/{name}" for name in COEXPRESSION_OUTPUTS]
     return [*expand(per_sample, sample=SAMPLES), "results/run_times.tsv"]
+
+
+COEXPRESSION_OUTPUTS = (
+    "edges.parquet",
+    "modules.tsv",
+    "eigengenes.parquet",
+    "module_correlation.png",
+    "module_scores_umap.png",
+)

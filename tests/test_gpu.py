@@ -150,3 +150,26 @@ def test_count_umis_cli_on_the_gpu(molecule_table, tmp_path):
     subprocess.run([sys.executable, "-m", "omicsprep.cli", "count-umis", str(molecule_table), "-o", str(out),
                     "--backend", "gpu"], check=True)
     assert ad.read_h5ad(out).uns["umi_dedup"]["backend"] == "gpu"
+
+
+@pytest.mark.parametrize("metacells", ["none", "kmeans"])
+def test_coexpression_agrees_on_cpu_and_gpu(metacells):
+    import scanpy as sc
+    from test_coexpression import PARAMS, planted_ari, planted_data
+
+    from omicsprep.pipeline import run_coexpression
+
+    adata, truth = planted_data()
+    sc.pp.pca(adata, n_comps=20, random_state=0)
+    params = {**PARAMS, "metacells": {"method": metacells, "n_metacells": 300}}
+    results = {backend: run_coexpression(adata.copy(), params=params, seed=0, backend=backend)
+               for backend in ("cpu", "gpu")}
+    for result in results.values():
+        assert planted_ari(result["modules"], adata, truth) >= 0.9
+    if metacells == "none":  # the same samples: the same graph, the same modules
+        edges = {b: r["edges"].set_index(["gene_a", "gene_b"])["weight"] for b, r in results.items()}
+        shared = edges["cpu"].index.intersection(edges["gpu"].index)
+        assert len(shared) >= 0.99 * len(edges["cpu"])
+        np.testing.assert_allclose(edges["gpu"][shared], edges["cpu"][shared], atol=1e-4)
+        labels = {b: r["modules"].set_index("gene")["module"].astype(str) for b, r in results.items()}
+        assert adjusted_rand_score(labels["cpu"], labels["gpu"].reindex(labels["cpu"].index)) >= 0.95

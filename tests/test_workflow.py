@@ -24,6 +24,11 @@ OUTPUTS = [
     "plots/qc_scatter.png",
     "plots/umap_clusters.png",
     "plots/umap_qc.png",
+    "coexpression/edges.parquet",
+    "coexpression/modules.tsv",
+    "coexpression/eigengenes.parquet",
+    "coexpression/module_correlation.png",
+    "coexpression/module_scores_umap.png",
 ]
 
 
@@ -98,6 +103,12 @@ def test_full_run_results(cpu_run):
     assert markers["group"].nunique() == adata.obs["leiden_1.0"].nunique()
     metrics = pd.read_parquet(results / "pbmc_h5" / "qc" / "cell_metrics.parquet")
     assert len(metrics) == 1107
+    # Co-expression modules of the real PBMCs, with a score per cell.
+    modules = pd.read_csv(results / "pbmc_h5" / "coexpression" / "modules.tsv", sep="\t")
+    eigengenes = pd.read_parquet(results / "pbmc_h5" / "coexpression" / "eigengenes.parquet")
+    assert list(eigengenes.index) == list(adata.obs_names)
+    assert eigengenes.shape[1] >= 2
+    assert set(eigengenes.columns) == set(modules["module"]) - {"unassigned"}
     assert metrics["passed"].sum() == adata.n_obs
     times = pd.read_csv(results / "run_times.tsv", sep="\t")
     assert set(times["rule"]) == {"qc", "cluster"}

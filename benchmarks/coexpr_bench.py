@@ -1,0 +1,121 @@
+"""Gene co-expression speed and memory, CPU against GPU.
+
+    python benchmarks/coexpr_bench.py --sizes 5000x100000 20000x50000 --backends cpu gpu
+
+Per size (genes x cells) it generates counts with planted modules (generate.py), then, in a
+fresh process per backend, log-normalizes them and times the chain correlation + graph +
+modules (the target's chain) and, apart, the eigengenes; it records the process's peak
+host memory and, on the GPU, the CuPy pool's size (what the correlation blocks took). The
+planted modules' recovery (adjusted Rand index) is checked. The table, with machine and
+date, is appended to ``--results``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import resource
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from generate import generate_coexpression  # noqa: E402
+from run import machine  # noqa: E402
+
+
+def measure(n_genes: int, n_cells: int, backend: str, top_k: int) -> dict:
+    """One backend on one size, in this process."""
+    import anndata as ad
+    from scipy import sparse
+    from sklearn.metrics import adjusted_rand_score
+
+    from omicsprep import coexpression
+    from omicsprep.backend import resolve_backend, synchronize
+    from omicsprep.preprocessing import normalize
+
+    resolve_backend(backend)
+    counts, planted = generate_coexpression(n_cells, n_genes, n_modules=20, module_size=50, seed=0)
+    adata = ad.AnnData(counts)
+    adata.var_names = [f"g{i}" for i in range(n_genes)]
+    normalize(adata, target_sum=1e4, backend="cpu")
+    genes = coexpression.check_expression(adata, genes=adata.var_names, top_k=top_k, min_cells=50,
+                                          min_expressing_cells=20)
+    expression = sparse.csr_matrix(adata[:, genes].X).toarray()
+    warm = coexpression.correlation_graph(expression[:500, :200], method="pearson", top_k=5, min_correlation=0.1,
+                                          power=1, backend=backend)  # compile kernels, load libraries
+    coexpression.find_modules(warm, genes=genes[:200], algorithm="leiden", resolution=1.0, min_module_size=5,
+                              seed=0, backend=backend)
+    start = time.perf_counter()
+    graph = coexpression.correlation_graph(expression, method="pearson", top_k=top_k, min_correlation=0.1,
+                                           power=1, backend=backend)
+    synchronize(backend=backend)
+    correlated = time.perf_counter()
+    modules = coexpression.find_modules(graph, genes=genes, algorithm="leiden", resolution=1.0,
+                                        min_module_size=10, seed=0, backend=backend)
+    clustered = time.perf_counter()
+    coexpression.module_eigengenes(adata, modules=modules, backend=backend)
+    synchronize(backend=backend)
+    done = time.perf_counter()
+    found = modules.set_index("gene")["module"].astype(str).reindex(adata.var_names, fill_value="left out")
+    row = {
+        "genes": n_genes, "cells": n_cells, "backend": backend, "genes_used": len(genes),
+        "correlation_graph_s": round(correlated - start, 2), "modules_s": round(clustered - correlated, 2),
+        "chain_s": round(clustered - start, 2), "eigengenes_s": round(done - clustered, 2),
+        "modules": int((modules["module"] != coexpression.UNASSIGNED).groupby(modules["module"], observed=True)
+                       .any().sum()),
+        "planted_ari": round(adjusted_rand_score(planted[planted >= 0], found.to_numpy()[planted >= 0]), 3),
+        "peak_host_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+    }
+    if backend == "gpu":
+        from omicsprep.backend import cupy
+
+        row["cupy_pool_gb"] = round(cupy().get_default_memory_pool().total_bytes() / 2**30, 2)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", nargs="+", default=["5000x100000", "20000x50000"], help="GENESxCELLS")
+    parser.add_argument("--backends", nargs="+", choices=["cpu", "gpu"], default=["cpu"])
+    parser.add_argument("--top-k", type=int, default=50)
+    parser.add_argument("--results", type=Path, default=HERE / "RESULTS.md")
+    parser.add_argument("--one", nargs=3, metavar=("GENES", "CELLS", "BACKEND"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(measure(int(args.one[0]), int(args.one[1]), args.one[2], args.top_k)))
+        return
+    rows = []
+    for size in args.sizes:
+        n_genes, n_cells = (int(x) for x in size.split("x"))
+        for backend in args.backends:
+            result = subprocess.run([sys.executable, __file__, "--one", str(n_genes), str(n_cells), backend,
+                                     "--top-k", str(args.top_k)], capture_output=True, text=True)
+            if result.returncode != 0:
+                print(result.stderr[-3000:], flush=True)
+                continue
+            rows.append(json.loads(result.stdout.strip().splitlines()[-1]))
+            print(rows[-1], flush=True)
+        if {"cpu", "gpu"} <= {r["backend"] for r in rows if (r["genes"], r["cells"]) == (n_genes, n_cells)}:
+            chains = {r["backend"]: r["chain_s"] for r in rows if (r["genes"], r["cells"]) == (n_genes, n_cells)}
+            rows[-1]["gpu_speedup_chain"] = round(chains["cpu"] / max(chains["gpu"], 1e-3), 1)
+    table = pd.DataFrame(rows)
+    print(table.to_string(index=False))
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    command = "python benchmarks/coexpr_bench.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    with args.results.open("a") as handle:
+        handle.write(
+            f"\n### Co-expression, {stamp}: `{command}`\n\nMachine: {machine()}. Planted data: 20 modules of "
+            f"50 genes, top_k={args.top_k}, Pearson, no metacells, Leiden 1.0; seconds after a warm-up call; "
+            "chain = correlation + graph + modules.\n\n" + table.astype(str).to_markdown(index=False) + "\n"
+        )
+
+
+if __name__ == "__main__":
+    main()

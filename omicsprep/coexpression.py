@@ -1,0 +1,273 @@
+"""Gene co-expression networks: correlations, modules, eigengenes and hub genes.
+
+The genes x genes correlation is computed ``block_size`` genes against all at a time
+(dense matrix products: CuPy on the GPU, NumPy on the CPU, the same code), and each block
+is cut down to every gene's ``top_k`` partners before the next one, so no more than one
+block of the matrix ever exists. Modules are communities of the resulting graph (cuGraph
+or igraph, :func:`omicsprep.clustering.partition_graph`).
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+from anndata import AnnData
+from scipy import sparse
+
+from omicsprep.backend import Backend, cuml, cupy
+from omicsprep.clustering import Algorithm, partition_graph
+from omicsprep.errors import InputError
+from omicsprep.preprocessing import normalize
+
+Correlation = Literal["pearson", "spearman"]
+Pooling = Literal["none", "knn", "kmeans"]
+UNASSIGNED = "unassigned"
+BLOCK_BYTES = 1 << 28  # one block of the correlation matrix: 256 MB of float32
+# The config schema's defaults (config/schemas/config.schema.yaml; a test keeps them equal),
+# for callers outside the workflow.
+DEFAULTS = {
+    "n_genes": 2000, "correlation": "pearson", "metacells": {"method": "knn", "n_metacells": 500}, "top_k": 50,
+    "min_correlation": 0.1, "power": 1, "algorithm": "leiden", "resolution": 1.0, "min_module_size": 10,
+    "min_cells": 50, "min_expressing_cells": 20,
+}
+
+
+def _xp(backend: Backend) -> ModuleType:
+    return cupy() if backend == "gpu" else np
+
+
+def _to_host(array, backend: Backend) -> np.ndarray:  # noqa: ANN001
+    return array.get() if backend == "gpu" else array
+
+
+def select_genes(adata: AnnData, *, n_genes: int) -> pd.Index:
+    """The ``n_genes`` most variable genes of log-normalized ``X``.
+
+    Genes ranked by ``var["highly_variable_rank"]`` (the workflow's seurat_v3 HVGs) come
+    first, in that order; the rest follow by decreasing variance.
+    """
+    values = adata.X
+    mean = np.asarray(values.mean(axis=0)).ravel()
+    squares = values.multiply(values) if sparse.issparse(values) else np.square(values)
+    variance = np.asarray(squares.mean(axis=0)).ravel() - mean**2
+    rank = adata.var["highly_variable_rank"].to_numpy(float) if "highly_variable_rank" in adata.var else None
+    rank = np.full(adata.n_vars, np.inf) if rank is None else np.nan_to_num(rank, nan=np.inf)
+    order = np.lexsort((-variance, rank))
+    return adata.var_names[order[:n_genes]]
+
+
+def check_expression(
+    adata: AnnData, *, genes: pd.Index, top_k: int, min_cells: int, min_expressing_cells: int
+) -> pd.Index:
+    """Refuse data the network cannot be built from; return the genes to use.
+
+    Genes expressed in fewer than ``min_expressing_cells`` cells are left out (two such
+    genes that meet in one cell correlate by chance), and so are constant genes.
+
+    Raises
+    ------
+    InputError
+        Fewer cells than ``min_cells``, NaN values, or fewer usable genes than
+        ``top_k + 1``.
+    """
+    if adata.n_obs < min_cells:
+        raise InputError(f"{adata.n_obs} cells, fewer than coexpression.min_cells ({min_cells})")
+    values = sparse.csc_matrix(adata[:, genes].X)
+    if np.isnan(values.data).any():
+        raise InputError("expression holds NaN values")
+    expressing = np.diff(values.indptr)
+    constant = (values.max(axis=0).toarray().ravel() == values.min(axis=0).toarray().ravel())
+    usable = genes[(expressing >= min_expressing_cells) & ~constant]
+    if len(usable) <= top_k:
+        raise InputError(f"{len(usable)} usable genes (varying, expressed in at least {min_expressing_cells} "
+                         f"cells), too few for top_k={top_k} partners each")
+    return usable
+
+
+def pool_metacells(adata: AnnData, *, method: Pooling, n_metacells: int, seed: int, backend: Backend) -> AnnData:
+    """Pool cells' counts to tame single-cell sparsity; log-normalized.
+
+    Parameters
+    ----------
+    adata
+        Cells with raw counts in ``layers["counts"]`` (else in ``X``); ``knn`` needs
+        ``obsp["connectivities"]``, ``kmeans`` ``obsm["X_pca"]``.
+    method
+        ``knn``: each cell's counts summed with its neighbours'; ``kmeans``: counts summed
+        within ``n_metacells`` k-means groups of the PCA (cuML on the GPU); ``none``:
+        ``adata`` itself.
+    n_metacells
+        Groups for ``kmeans``.
+    seed
+        Seed of k-means.
+    backend
+        ``"cpu"`` or ``"gpu"``.
+
+    Returns
+    -------
+    Metacells x genes, library-size normalized and log1p-transformed.
+    """
+    if method == "none":
+        return adata
+    counts = sparse.csr_matrix(adata.layers["counts"] if "counts" in adata.layers else adata.X)
+    if method == "knn":
+        pooling = (adata.obsp["connectivities"] > 0).astype(np.float32) + sparse.identity(adata.n_obs, format="csr")
+    else:
+        groups = _kmeans(adata.obsm["X_pca"], n_clusters=min(n_metacells, adata.n_obs), seed=seed, backend=backend)
+        pooling = sparse.csr_matrix((np.ones(adata.n_obs, np.float32), (groups, np.arange(adata.n_obs))))
+    metacells = AnnData(sparse.csr_matrix(pooling @ counts, dtype=np.float32), var=pd.DataFrame(index=adata.var_names))
+    normalize(metacells, target_sum=1e4, backend="cpu")
+    return metacells
+
+
+def _kmeans(points: np.ndarray, *, n_clusters: int, seed: int, backend: Backend) -> np.ndarray:
+    if backend == "gpu":
+        model = cuml().KMeans(n_clusters=n_clusters, random_state=seed, n_init=1)
+        return np.asarray(model.fit_predict(points.astype(np.float32)))
+    from sklearn.cluster import KMeans
+
+    return KMeans(n_clusters=n_clusters, random_state=seed, n_init=1).fit_predict(points)
+
+
+def correlation_graph(
+    expression: np.ndarray,
+    *,
+    method: Correlation,
+    top_k: int,
+    min_correlation: float,
+    power: float,
+    backend: Backend,
+) -> sparse.csr_matrix:
+    """Sparse gene-gene graph: each gene joined to its ``top_k`` most correlated partners.
+
+    Parameters
+    ----------
+    expression
+        Samples (cells or metacells) x genes, log-normalized, dense, host memory; every
+        gene varies.
+    method
+        ``pearson``, or ``spearman`` (Pearson on ranks; ties share their mean rank).
+    top_k
+        Partners kept per gene (positive correlations only: a signed network).
+    min_correlation
+        Weaker partners are dropped.
+    power
+        Edge weight = correlation ** power (WGCNA's soft threshold; 1 keeps correlations).
+    backend
+        ``"cpu"`` or ``"gpu"``; the matrix moves to the device once.
+
+    Returns
+    -------
+    Symmetric weights, genes x genes, host memory (an edge kept by either gene is kept).
+    """
+    xp = _xp(backend)
+    values = xp.asarray(expression, dtype=xp.float32)
+    if method == "spearman":
+        values = _ranks(values, xp=xp)
+    # A gene constant over the (pooled) samples correlates with nothing.
+    standardized = xp.nan_to_num((values - values.mean(axis=0)) / values.std(axis=0))
+    n_samples, n_genes = standardized.shape
+    block_size = max(1, BLOCK_BYTES // (4 * n_genes))
+    rows, cols, weights = [], [], []
+    for start in range(0, n_genes, block_size):
+        stop = min(start + block_size, n_genes)
+        block = standardized[:, start:stop].T @ standardized / n_samples
+        block[xp.arange(stop - start), xp.arange(start, stop)] = -xp.inf  # no self-edges
+        partners = xp.argpartition(-block, top_k - 1, axis=1)[:, :top_k]
+        correlation = xp.minimum(xp.take_along_axis(block, partners, axis=1), 1.0)
+        keep = correlation >= max(min_correlation, np.finfo(np.float32).tiny)
+        rows.append(_to_host(xp.nonzero(keep)[0] + start, backend))
+        cols.append(_to_host(partners[keep], backend))
+        weights.append(_to_host(correlation[keep] ** power, backend))
+    graph = sparse.csr_matrix(
+        (np.concatenate(weights), (np.concatenate(rows), np.concatenate(cols))), shape=(n_genes, n_genes)
+    )
+    return graph.maximum(graph.T).tocsr()
+
+
+def _ranks(values, *, xp: ModuleType):  # noqa: ANN001, ANN202
+    """Column ranks, ties sharing their mean rank."""
+    ranks = xp.empty_like(values)
+    for j in range(values.shape[1]):
+        column = values[:, j]
+        ordered = xp.sort(column)
+        below, upto = xp.searchsorted(ordered, column, side="left"), xp.searchsorted(ordered, column, side="right")
+        ranks[:, j] = (below + upto + 1) / 2
+    return ranks
+
+
+def find_modules(
+    graph: sparse.csr_matrix,
+    *,
+    genes: pd.Index,
+    algorithm: Algorithm,
+    resolution: float,
+    min_module_size: int,
+    seed: int,
+    backend: Backend,
+) -> pd.DataFrame:
+    """Modules (communities) of a co-expression graph and each gene's hub score.
+
+    Modules are named ``M1``, ``M2``, ... by decreasing size; genes of modules under
+    ``min_module_size`` are ``unassigned``. The hub score is a gene's weighted degree
+    within its module over the module's largest.
+
+    Returns
+    -------
+    Columns ``gene``, ``module``, ``hub_score``; sorted by module, then hub score.
+    """
+    labels = partition_graph(graph, algorithm=algorithm, resolution=resolution, seed=seed, backend=backend)
+    names, sizes = np.unique(labels[labels >= 0], return_counts=True)
+    large = names[sizes >= min_module_size][np.argsort(-sizes[sizes >= min_module_size], kind="stable")]
+    module_of = {label: f"M{i + 1}" for i, label in enumerate(large)}
+    modules = np.array([module_of.get(label, UNASSIGNED) for label in labels], dtype=object)
+    table = pd.DataFrame({"gene": genes, "module": modules, "degree": _within_module_degree(graph, modules)})
+    best = table.groupby("module")["degree"].transform("max").replace(0, 1)
+    table["hub_score"] = np.where(table["module"] == UNASSIGNED, 0.0, table["degree"] / best)
+    order = [f"M{i + 1}" for i in range(len(large))] + [UNASSIGNED]
+    table["module"] = pd.Categorical(table["module"], categories=order)
+    table = table.sort_values(["module", "hub_score"], ascending=[True, False], kind="stable")
+    return table[["gene", "module", "hub_score"]].reset_index(drop=True)
+
+
+def _within_module_degree(graph: sparse.csr_matrix, modules: np.ndarray) -> np.ndarray:
+    coo = graph.tocoo()
+    inside = modules[coo.row] == modules[coo.col]
+    return np.bincount(coo.row[inside], weights=coo.data[inside], minlength=graph.shape[0])
+
+
+def module_eigengenes(adata: AnnData, *, modules: pd.DataFrame, backend: Backend) -> None:
+    """Per-cell module scores in ``obsm["module_eigengenes"]`` (cells x modules).
+
+    A module's eigengene is the first principal component of its genes' standardized
+    log-expression, oriented to rise with the module's mean and scaled to unit variance.
+
+    Parameters
+    ----------
+    adata
+        Cells, log-normalized ``X``.
+    modules
+        :func:`find_modules`'s table; ``unassigned`` genes are left out.
+    backend
+        ``"cpu"`` or ``"gpu"``.
+    """
+    xp = _xp(backend)
+    assigned = modules[modules["module"] != UNASSIGNED]
+    names = [m for m in assigned["module"].cat.categories if m != UNASSIGNED]
+    values = adata[:, assigned["gene"].to_numpy()].X
+    values = xp.asarray(values.toarray() if sparse.issparse(values) else values, dtype=xp.float32)
+    standardized = (values - values.mean(axis=0)) / values.std(axis=0)
+    position = {gene: i for i, gene in enumerate(assigned["gene"])}
+    scores = xp.zeros((adata.n_obs, len(names)), dtype=xp.float32)
+    for k, name in enumerate(names):
+        columns = [position[g] for g in assigned.loc[assigned["module"] == name, "gene"]]
+        member = standardized[:, columns]
+        _, vectors = xp.linalg.eigh(member.T @ member / member.shape[0])
+        score = member @ vectors[:, -1]
+        if float((score * member.mean(axis=1)).sum()) < 0:
+            score = -score
+        scores[:, k] = score / score.std()
+    adata.obsm["module_eigengenes"] = pd.DataFrame(_to_host(scores, backend), index=adata.obs_names, columns=names)
