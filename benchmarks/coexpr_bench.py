@@ -5,7 +5,7 @@
 Per size (genes x cells) it generates counts with planted modules (generate.py), then, in a
 fresh process per backend, log-normalizes them and times the chain correlation + graph +
 modules (the target's chain) and, apart, the eigengenes; it records the process's peak
-host memory and, on the GPU, the CuPy pool's size (what the correlation blocks took). The
+host memory and, on the GPU, RMM's peak allocation. The
 planted modules' recovery (adjusted Rand index) is checked. The table, with machine and
 date, is appended to ``--results``.
 """
@@ -41,13 +41,14 @@ def measure(n_genes: int, n_cells: int, backend: str, top_k: int) -> dict:
     from omicsprep.preprocessing import normalize
 
     resolve_backend(backend)
+    statistics = _device_statistics() if backend == "gpu" else None
     counts, planted = generate_coexpression(n_cells, n_genes, n_modules=20, module_size=50, seed=0)
     adata = ad.AnnData(counts)
     adata.var_names = [f"g{i}" for i in range(n_genes)]
     normalize(adata, target_sum=1e4, backend="cpu")
     genes = coexpression.check_expression(adata, genes=adata.var_names, top_k=top_k, min_cells=50,
                                           min_expressing_cells=20)
-    expression = sparse.csr_matrix(adata[:, genes].X).toarray()
+    expression = sparse.csr_matrix(adata[:, genes].X)
     warm = coexpression.correlation_graph(expression[:500, :200], method="pearson", top_k=5, min_correlation=0.1,
                                           power=1, backend=backend)  # compile kernels, load libraries
     coexpression.find_modules(warm, genes=genes[:200], algorithm="leiden", resolution=1.0, min_module_size=5,
@@ -73,11 +74,21 @@ def measure(n_genes: int, n_cells: int, backend: str, top_k: int) -> dict:
         "planted_ari": round(adjusted_rand_score(planted[planted >= 0], found.to_numpy()[planted >= 0]), 3),
         "peak_host_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
     }
-    if backend == "gpu":
-        from omicsprep.backend import cupy
-
-        row["cupy_pool_gb"] = round(cupy().get_default_memory_pool().total_bytes() / 2**30, 2)
+    if statistics is not None:
+        row["peak_gpu_gb"] = round(statistics.get_statistics().peak_bytes / 2**30, 2)
     return row
+
+
+def _device_statistics():  # noqa: ANN202
+    """RMM's allocation statistics (CuPy allocates through RMM once RAPIDS is imported),
+    or ``None`` where this RMM lacks them."""
+    try:
+        import rmm.statistics
+
+        rmm.statistics.enable_statistics()
+    except (ImportError, AttributeError):
+        return None
+    return rmm.statistics
 
 
 def main() -> None:

@@ -91,6 +91,11 @@ def cupy() -> ModuleType:
     return importlib.import_module("cupy")
 
 
+def cupyx_sparse() -> ModuleType:
+    """Return the imported ``cupyx.scipy.sparse`` module."""
+    return importlib.import_module("cupyx.scipy.sparse")
+
+
 def cudf() -> ModuleType:
     """Return the imported ``cudf`` module."""
     return importlib.import_module("cudf")

@@ -17,7 +17,7 @@ import pandas as pd
 from anndata import AnnData
 from scipy import sparse
 
-from omicsprep.backend import Backend, cuml, cupy
+from omicsprep.backend import Backend, cuml, cupy, cupyx_sparse
 from omicsprep.clustering import Algorithm, partition_graph
 from omicsprep.errors import InputError
 from omicsprep.preprocessing import normalize
@@ -146,12 +146,13 @@ def correlation_graph(
     Parameters
     ----------
     expression
-        Samples (cells or metacells) x genes, log-normalized, dense, host memory; every
-        gene varies.
+        Samples (cells or metacells) x genes, log-normalized, dense or sparse, host
+        memory; every gene varies. Densified on the device (float32).
     method
         ``pearson``, or ``spearman`` (Pearson on ranks; ties share their mean rank).
     top_k
-        Partners kept per gene (positive correlations only: a signed network).
+        Partners kept per gene (positive correlations only: a signed network); of equal
+        correlations, the lower gene index wins.
     min_correlation
         Weaker partners are dropped.
     power
@@ -164,6 +165,8 @@ def correlation_graph(
     Symmetric weights, genes x genes, host memory (an edge kept by either gene is kept).
     """
     xp = _xp(backend)
+    if sparse.issparse(expression):  # densified on the device: less to transfer
+        expression = (cupyx_sparse().csr_matrix(expression) if backend == "gpu" else expression).toarray()
     values = xp.asarray(expression, dtype=xp.float32)
     if method == "spearman":
         values = _ranks(values, xp=xp)
@@ -176,11 +179,15 @@ def correlation_graph(
         stop = min(start + block_size, n_genes)
         block = standardized[:, start:stop].T @ standardized / n_samples
         block[xp.arange(stop - start), xp.arange(start, stop)] = -xp.inf  # no self-edges
-        partners = xp.argpartition(-block, top_k - 1, axis=1)[:, :top_k]
-        correlation = xp.minimum(xp.take_along_axis(block, partners, axis=1), 1.0)
-        keep = correlation >= max(min_correlation, np.finfo(np.float32).tiny)
-        rows.append(_to_host(xp.nonzero(keep)[0] + start, backend))
-        cols.append(_to_host(partners[keep], backend))
+        # Candidates above the threshold, then each gene's top_k of them: cheaper than
+        # ranking whole rows, and ties go to the lower gene index on both backends.
+        row, col = xp.nonzero(block >= max(min_correlation, np.finfo(np.float32).tiny))
+        correlation = xp.minimum(block[row, col], 1.0)
+        order = xp.lexsort(xp.stack([-correlation.astype(xp.float64), row.astype(xp.float64)]))
+        row, col, correlation = row[order], col[order], correlation[order]
+        keep = xp.arange(row.size) - xp.searchsorted(row, row, side="left") < top_k
+        rows.append(_to_host(row[keep] + start, backend))
+        cols.append(_to_host(col[keep], backend))
         weights.append(_to_host(correlation[keep] ** power, backend))
     graph = sparse.csr_matrix(
         (np.concatenate(weights), (np.concatenate(rows), np.concatenate(cols))), shape=(n_genes, n_genes)

@@ -11,7 +11,6 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import pandas as pd
 from anndata import AnnData
 
@@ -175,7 +174,6 @@ def run_coexpression(
     with timer.step("metacells"):
         pooled = coexpression.pool_metacells(adata, **params["metacells"], seed=seed, backend=backend)
         expression = pooled[:, genes].X
-        expression = expression.toarray() if hasattr(expression, "toarray") else np.asarray(expression)
     with timer.step("correlation"):
         graph = coexpression.correlation_graph(
             expression, method=params["correlation"], top_k=params["top_k"],
