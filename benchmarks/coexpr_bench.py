@@ -5,7 +5,9 @@
 Per size (genes x cells) it generates counts with planted modules (generate.py), then, in a
 fresh process per backend, log-normalizes them and times the chain correlation + graph +
 modules (the target's chain) and, apart, the eigengenes; it records the process's peak
-host memory and, on the GPU, RMM's peak allocation. The
+host memory, on the CPU the correlation step's peak allocation (tracemalloc, which NumPy
+reports to), on the GPU RMM's peak allocation, and the size of the dense cells x genes
+matrix for scale. The
 planted modules' recovery (adjusted Rand index) is checked. The table, with machine and
 date, is appended to ``--results``.
 """
@@ -13,13 +15,12 @@ date, is appended to ``--results``.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import resource
-import shlex
 import subprocess
 import sys
 import time
+import tracemalloc
 from pathlib import Path
 
 import pandas as pd
@@ -27,7 +28,7 @@ import pandas as pd
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from generate import generate_coexpression  # noqa: E402
-from run import machine  # noqa: E402
+from run import append_results  # noqa: E402
 
 
 def measure(n_genes: int, n_cells: int, backend: str, top_k: int) -> dict:
@@ -53,11 +54,15 @@ def measure(n_genes: int, n_cells: int, backend: str, top_k: int) -> dict:
                                           power=1, backend=backend)  # compile kernels, load libraries
     coexpression.find_modules(warm, genes=genes[:200], algorithm="leiden", resolution=1.0, min_module_size=5,
                               seed=0, backend=backend)
+    if backend == "cpu":  # NumPy reports its allocations to tracemalloc
+        tracemalloc.start()
     start = time.perf_counter()
     graph = coexpression.correlation_graph(expression, method="pearson", top_k=top_k, min_correlation=0.1,
                                            power=1, backend=backend)
     synchronize(backend=backend)
     correlated = time.perf_counter()
+    correlation_peak = tracemalloc.get_traced_memory()[1] if backend == "cpu" else None
+    tracemalloc.stop()
     modules = coexpression.find_modules(graph, genes=genes, algorithm="leiden", resolution=1.0,
                                         min_module_size=10, seed=0, backend=backend)
     clustered = time.perf_counter()
@@ -74,6 +79,9 @@ def measure(n_genes: int, n_cells: int, backend: str, top_k: int) -> dict:
         "planted_ari": round(adjusted_rand_score(planted[planted >= 0], found.to_numpy()[planted >= 0]), 3),
         "peak_host_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
     }
+    if correlation_peak is not None:
+        row["correlation_peak_gb"] = round(correlation_peak / 2**30, 2)
+    row["dense_matrix_gb"] = round(n_cells * len(genes) * 4 / 2**30, 2)
     if statistics is not None:
         row["peak_gpu_gb"] = round(statistics.get_statistics().peak_bytes / 2**30, 2)
     return row
@@ -118,14 +126,9 @@ def main() -> None:
             rows[-1]["gpu_speedup_chain"] = round(chains["cpu"] / max(chains["gpu"], 1e-3), 1)
     table = pd.DataFrame(rows)
     print(table.to_string(index=False))
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    command = "python benchmarks/coexpr_bench.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    with args.results.open("a") as handle:
-        handle.write(
-            f"\n### Co-expression, {stamp}: `{command}`\n\nMachine: {machine()}. Planted data: 20 modules of "
-            f"50 genes, top_k={args.top_k}, Pearson, no metacells, Leiden 1.0; seconds after a warm-up call; "
-            "chain = correlation + graph + modules.\n\n" + table.astype(str).to_markdown(index=False) + "\n"
-        )
+    append_results(args.results, title="Co-expression", table=table,
+                   note=f"Planted data: 20 modules of 50 genes, top_k={args.top_k}, Pearson, no metacells, Leiden 1.0; "
+                        "seconds after a warm-up call; chain = correlation + graph + modules.")
 
 
 if __name__ == "__main__":

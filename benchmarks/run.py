@@ -137,6 +137,17 @@ def machine() -> str:
     )
 
 
+def append_results(path: Path, *, title: str, note: str, table: pd.DataFrame, level: str = "###") -> str:
+    """Append ``table`` to RESULTS.md under a heading naming the date and the command that
+    made it, with this machine and ``note``; return the date stamp."""
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    command = f"python benchmarks/{Path(sys.argv[0]).name} " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    with path.open("a") as handle:
+        handle.write(f"\n{level} {title}, {stamp}: `{command}`\n\nMachine: {machine()}. {note}\n\n"
+                     + table.astype(str).to_markdown(index=False) + "\n")
+    return stamp
+
+
 def versions() -> str:
     import importlib.metadata as md
 
@@ -194,18 +205,13 @@ def main() -> None:
     args.workdir.mkdir(parents=True, exist_ok=True)
     config = bench_config(args.workdir)
     host = args.host or platform.node()
-    command = "python benchmarks/run.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     args.scaling_dir.mkdir(parents=True, exist_ok=True)
     for n_cells in args.cells:
         # Each size is recorded as soon as it is done, so a run cut short keeps what it measured.
         table = benchmark_size(args, n_cells, config, host)
         print(table.to_string(index=False), flush=True)
-        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        with args.results.open("a") as handle:
-            handle.write(
-                f"\n#### {n_cells:,} cells, {stamp}: `{command}`\n\nMachine: {machine()}. {versions()}.\n\n"
-                + table.drop(columns=["host"]).to_markdown(index=False) + "\n"
-            )
+        stamp = append_results(args.results, title=f"{n_cells:,} cells", note=f"{versions()}.",
+                               table=table.drop(columns=["host"]), level="####")
         table.to_csv(args.scaling_dir / f"{host}-{stamp[:10]}-{n_cells}.tsv", sep="\t", index=False)
         plot(args.scaling_dir, args.plot)
 

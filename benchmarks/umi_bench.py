@@ -15,10 +15,7 @@ deduplication needs.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import os
 import platform
-import shlex
 import subprocess
 import struct
 import sys
@@ -31,6 +28,7 @@ import pandas as pd
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from generate import generate_reads, write_bam  # noqa: E402
+from run import append_results  # noqa: E402
 
 
 def timed(command: list[str]) -> float:
@@ -102,14 +100,8 @@ def main() -> None:
         rows.append(row)
         print(row, flush=True)
     table = pd.DataFrame(rows)
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    command = "python benchmarks/umi_bench.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    with args.results.open("a") as handle:
-        handle.write(
-            f"\n### UMI counting, {stamp}: `{command}`\n\nMachine: {platform.node()}: {os.cpu_count()} CPU cores; "
-            f"Python {platform.python_version()}; directional method, one process each, start-up included.\n\n"
-            + table.astype(str).to_markdown(index=False) + "\n"
-        )
+    append_results(args.results, title="UMI counting", table=pd.DataFrame(rows),
+                   note=f"Python {platform.python_version()}; directional method, one process each, start-up included.")
 
 
 if __name__ == "__main__":

@@ -16,8 +16,6 @@ appended to ``--results``.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -28,7 +26,7 @@ import pandas as pd
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from generate import generate_read_codes  # noqa: E402
-from run import machine  # noqa: E402
+from run import append_results  # noqa: E402
 
 from omicsprep.umi import METHODS, collapse_reads, count_groups, molecule_groups  # noqa: E402
 
@@ -115,14 +113,9 @@ def main() -> None:
     for column in ("collapse_s", "count_s"):
         table[column] = table[column].round(3)
     print(table.to_string(index=False))
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    command = "python benchmarks/umi_dedup_bench.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    with args.results.open("a") as handle:
-        handle.write(
-            f"\n### UMI deduplication, reads in memory, {stamp}: `{command}`\n\nMachine: {machine()}. Reads from "
-            "`generate_read_codes` (10,000 cells, 20,000 genes, 12-base UMIs); reads/s over collapse + count.\n\n"
-            + table.astype(str).to_markdown(index=False) + "\n"
-        )
+    append_results(args.results, title="UMI deduplication, reads in memory", table=table,
+                   note="Reads from `generate_read_codes` (10,000 cells, 20,000 genes, 12-base UMIs); reads/s over "
+                        "collapse + count.")
 
 
 if __name__ == "__main__":

@@ -11,8 +11,6 @@ chunk size shows as peak memory that stays flat while the input grows.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +20,7 @@ import pandas as pd
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from generate import generate_reads  # noqa: E402
-from run import machine  # noqa: E402
+from run import append_results  # noqa: E402
 
 
 def peak_rss_mb(command: list[str]) -> tuple[float, float]:
@@ -59,14 +57,9 @@ def main() -> None:
                    "seconds": round(seconds, 1), "peak_rss_mb": round(peak)}
             rows.append(row)
             print(row, flush=True)
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    command = "python benchmarks/umi_memory.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    with args.results.open("a") as handle:
-        handle.write(
-            f"\n### UMI counting memory, {stamp}: `{command}`\n\nMachine: {machine()}. Molecule tables "
-            "(Parquet, a row per read, 5,000 cells); peak RSS of the whole process, Python and libraries included.\n\n"
-            + pd.DataFrame(rows).astype(str).to_markdown(index=False) + "\n"
-        )
+    append_results(args.results, title="UMI counting memory", table=pd.DataFrame(rows),
+                   note="Molecule tables (Parquet, a row per read, 5,000 cells); peak RSS of the whole process, "
+                        "Python and libraries included.")
 
 
 if __name__ == "__main__":

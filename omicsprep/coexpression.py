@@ -147,7 +147,8 @@ def correlation_graph(
     ----------
     expression
         Samples (cells or metacells) x genes, log-normalized, dense or sparse, host
-        memory; every gene varies. Densified on the device (float32).
+        memory. Densified on the device (float32): with the block of correlations, the
+        only large allocation (Spearman ranks need a second copy).
     method
         ``pearson``, or ``spearman`` (Pearson on ranks; ties share their mean rank).
     top_k
@@ -166,18 +167,20 @@ def correlation_graph(
     """
     xp = _xp(backend)
     if sparse.issparse(expression):  # densified on the device: less to transfer
-        expression = (cupyx_sparse().csr_matrix(expression) if backend == "gpu" else expression).toarray()
-    values = xp.asarray(expression, dtype=xp.float32)
-    if method == "spearman":
-        values = _ranks(values, xp=xp)
-    # A gene constant over the (pooled) samples correlates with nothing.
-    standardized = xp.nan_to_num((values - values.mean(axis=0)) / values.std(axis=0))
+        expression = sparse.csr_matrix(expression, dtype=np.float32)
+        standardized = (cupyx_sparse().csr_matrix(expression) if backend == "gpu" else expression).toarray()
+    else:
+        standardized = xp.array(expression, dtype=xp.float32)  # a copy: standardized in place
+    if method == "spearman":  # holds a second copy while ranking
+        standardized = _ranks(standardized, xp=xp)
+    _standardize_in_place(standardized, xp=xp)
     n_samples, n_genes = standardized.shape
     block_size = max(1, BLOCK_BYTES // (4 * n_genes))
     rows, cols, weights = [], [], []
     for start in range(0, n_genes, block_size):
         stop = min(start + block_size, n_genes)
-        block = standardized[:, start:stop].T @ standardized / n_samples
+        block = standardized[:, start:stop].T @ standardized
+        block /= n_samples
         block[xp.arange(stop - start), xp.arange(start, stop)] = -xp.inf  # no self-edges
         # Candidates above the threshold, then each gene's top_k of them: cheaper than
         # ranking whole rows, and ties go to the lower gene index on both backends.
@@ -193,6 +196,19 @@ def correlation_graph(
         (np.concatenate(weights), (np.concatenate(rows), np.concatenate(cols))), shape=(n_genes, n_genes)
     )
     return graph.maximum(graph.T).tocsr()
+
+
+def _standardize_in_place(values, *, xp: ModuleType) -> None:  # noqa: ANN001
+    """Centre each column and scale it to unit variance, a block of columns at a time, so
+    no temporary is larger than a block; a constant column becomes zeros (it correlates
+    with nothing)."""
+    step = max(1, BLOCK_BYTES // (4 * values.shape[0]))
+    for start in range(0, values.shape[1], step):
+        block = values[:, start : start + step]
+        block -= block.mean(axis=0)
+        scale = xp.sqrt((block * block).mean(axis=0))
+        scale[scale == 0] = 1
+        block /= scale
 
 
 def _ranks(values, *, xp: ModuleType):  # noqa: ANN001, ANN202
