@@ -40,6 +40,7 @@ BENCH_CONFIG = {
     "leiden": {"resolutions": [1.0]},
     "louvain": {"resolutions": []},
     "markers": {"algorithm": "leiden", "resolution": 1.0, "method": "wilcoxon", "n_genes": 25},
+    "coexpression": {"enabled": False},  # the scanpy peer has no counterpart (coexpr_bench.py times it)
 }
 COMPUTE_RULES = ("qc", "cluster")
 
