@@ -31,7 +31,7 @@ BLOCK_BYTES = 1 << 28  # one block of the correlation matrix: 256 MB of float32
 DEFAULTS = {
     "n_genes": 2000, "correlation": "pearson", "metacells": {"method": "knn", "n_metacells": 500}, "top_k": 50,
     "min_correlation": 0.1, "power": 1, "algorithm": "leiden", "resolution": 1.0, "min_module_size": 10,
-    "min_cells": 50, "min_expressing_cells": 20,
+    "min_cells": 50, "min_expressing_cells": 20, "per_cluster": {"enabled": False, "min_cells": 200},
 }
 
 

@@ -7,6 +7,7 @@ analysis modules take and return AnnData.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
 import warnings
@@ -242,6 +243,20 @@ def write_coexpression(
     write_table(result["eigengenes"], paths["eigengenes"], index=True)
     for name, figure in figures.items():
         write_figure(figure, paths[name])
+
+
+def write_json(record: dict, path: str | Path) -> None:
+    """Write a JSON record atomically (values JSON cannot hold are written as text)."""
+    with atomic_path(path) as tmp:
+        Path(tmp).write_text(json.dumps(record, indent=1, sort_keys=True, default=str) + "\n")
+
+
+def read_provenance(path: str | Path, *, rule: str) -> dict:
+    """A rule's provenance record (backend, versions, parameters, step timings): from an
+    AnnData's ``uns["omicsprep"][rule]``, or a JSON file written by :func:`write_json`."""
+    if Path(path).suffix == ".json":
+        return json.loads(Path(path).read_text())
+    return read_h5ad_elements(path, [f"uns/omicsprep/{rule}"])[f"uns/omicsprep/{rule}"]
 
 
 def read_h5ad_elements(path: str | Path, keys: list[str]) -> dict[str, object]:

@@ -16,6 +16,7 @@ from anndata import AnnData
 
 from omicsprep import clustering, coexpression, preprocessing, qc
 from omicsprep.backend import Backend, to_device, to_host
+from omicsprep.errors import InputError
 from omicsprep.provenance import StepTimer, record_provenance
 
 log = logging.getLogger(__name__)
@@ -198,3 +199,45 @@ def run_coexpression(
     record_provenance(adata, rule="coexpression", backend=backend, params={**params, "seed": seed},
                       timings=timer.seconds)
     return {"edges": edges, "modules": modules, "eigengenes": adata.obsm["module_eigengenes"]}
+
+
+def run_coexpression_per_cluster(
+    adata: AnnData, *, params: Mapping[str, Any], clusters: str, seed: int, backend: Backend
+) -> pd.DataFrame:
+    """Modules of each cluster's own co-expression network.
+
+    Clusters with fewer cells than ``params["per_cluster"]["min_cells"]``, or whose network
+    cannot be built (e.g. too few usable genes), are skipped and listed in
+    ``uns["coexpression"]["clusters_skipped"]``.
+
+    Parameters
+    ----------
+    adata
+        As for :func:`run_coexpression`, with clusters in ``obs[clusters]``.
+    params
+        The ``coexpression`` configuration section.
+    clusters
+        Column of ``obs`` with the clusters.
+    seed, backend
+        As for :func:`run_coexpression`.
+
+    Returns
+    -------
+    Columns ``cluster``, ``gene``, ``module``, ``hub_score``.
+    """
+    tables, skipped = [], {}
+    for cluster in adata.obs[clusters].astype("category").cat.categories:
+        cells = adata[(adata.obs[clusters] == cluster).to_numpy()].copy()
+        if cells.n_obs < params["per_cluster"]["min_cells"]:
+            skipped[str(cluster)] = f"{cells.n_obs} cells"
+            continue
+        try:
+            modules = run_coexpression(cells, params=params, seed=seed, backend=backend)["modules"]
+        except InputError as exc:
+            skipped[str(cluster)] = exc.problem
+            continue
+        tables.append(modules.astype({"module": str}).assign(cluster=str(cluster)))
+    adata.uns.setdefault("coexpression", {})["clusters_skipped"] = skipped
+    log.info("coexpression per cluster: %d networks, skipped %s", len(tables), skipped or "none")
+    columns = ["cluster", "gene", "module", "hub_score"]
+    return pd.concat(tables, ignore_index=True)[columns] if tables else pd.DataFrame(columns=columns)

@@ -11,7 +11,9 @@ rule coexpression:
             caption="../report/coexpression_modules.rst",
             labels={"sample": "{sample}", "figure": "modules"},
         ),
+        per_cluster="results/{sample}/coexpression/modules_per_cluster.tsv",
         eigengenes="results/{sample}/coexpression/eigengenes.parquet",
+        provenance="results/{sample}/coexpression/provenance.json",
         correlation=report(
             "results/{sample}/coexpression/module_correlation.png",
             category="Co-expression",
@@ -27,6 +29,7 @@ rule coexpression:
     params:
         backend=backend_for("coexpression"),
         coexpression=config["coexpression"],
+        clusters=markers_cluster_key(),
         seed=config["seed"],
     resources:
         gpu=gpus_for("coexpression"),

@@ -116,6 +116,11 @@ def cluster_params():
     return {section: config[section] for section in CLUSTER_SECTIONS}
 
 
+def markers_cluster_key():
+    """The obs column of the clustering that markers (and per-cluster networks) use."""
+    return cluster_key(config["markers"]["algorithm"], config["markers"]["resolution"])
+
+
 def cluster_keys():
     """The obs columns holding clusters, one per algorithm and resolution."""
     return [
@@ -125,12 +130,18 @@ def cluster_keys():
     ]
 
 
-# Rules whose run times the report tabulates, with the AnnData each writes.
-TIMED_RULES = {"qc": "results/{sample}/qc.h5ad", "cluster": "results/{sample}/processed.h5ad"}
+# Rules whose run times the report tabulates, with the file holding each one's provenance
+# (backend, step timings): an AnnData, or a JSON record.
+TIMED_RULES = {
+    "qc": "results/{sample}/qc.h5ad",
+    "cluster": "results/{sample}/processed.h5ad",
+    "coexpression": "results/{sample}/coexpression/provenance.json",
+}
 
 
 def timed_pairs():
-    return [(sample, rule) for sample in SAMPLES for rule in TIMED_RULES]
+    rules = [rule for rule in TIMED_RULES if rule != "coexpression" or config["coexpression"]["enabled"]]
+    return [(sample, rule) for sample in SAMPLES for rule in rules]
 
 
 def timed_samples():
@@ -145,7 +156,7 @@ def timed_benchmarks():
     return [f"benchmarks/{rule}/{sample}.tsv" for sample, rule in timed_pairs()]
 
 
-def timed_h5ads():
+def timed_provenance():
     return [TIMED_RULES[rule].format(sample=sample) for sample, rule in timed_pairs()]
 
 
@@ -168,7 +179,9 @@ def final_outputs():
 COEXPRESSION_OUTPUTS = (
     "edges.parquet",
     "modules.tsv",
+    "modules_per_cluster.tsv",
     "eigengenes.parquet",
+    "provenance.json",
     "module_correlation.png",
     "module_scores_umap.png",
 )

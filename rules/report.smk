@@ -1,7 +1,7 @@
 rule run_times:
     input:
         benchmarks=timed_benchmarks(),
-        h5ads=timed_h5ads(),
+        provenance=timed_provenance(),
     output:
         table=report(
             "results/run_times.tsv",

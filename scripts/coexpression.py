@@ -1,8 +1,11 @@
-"""Rule coexpression: gene co-expression network, modules, hub genes and eigengenes."""
+"""Rule coexpression: gene co-expression network, modules, hub genes and eigengenes (and,
+when configured, modules of each cluster's own network)."""
+
+import pandas as pd
 
 from omicsprep import io, plotting
 from omicsprep.backend import resolve_backend
-from omicsprep.pipeline import run_coexpression
+from omicsprep.pipeline import run_coexpression, run_coexpression_per_cluster
 from omicsprep.workflow import run_script
 
 snakemake = snakemake  # noqa: F821, PLW0127 - injected by Snakemake
@@ -10,12 +13,21 @@ snakemake = snakemake  # noqa: F821, PLW0127 - injected by Snakemake
 
 def main() -> None:
     backend = resolve_backend(snakemake.params.backend)
+    params, seed = snakemake.params.coexpression, snakemake.params.seed
     adata = io.read_h5ad(snakemake.input.h5ad)
-    result = run_coexpression(adata, params=snakemake.params.coexpression, seed=snakemake.params.seed,
-                              backend=backend)
+    result = run_coexpression(adata, params=params, seed=seed, backend=backend)
+    if params["per_cluster"]["enabled"]:
+        per_cluster = run_coexpression_per_cluster(adata, params=params, clusters=snakemake.params.clusters,
+                                                   seed=seed, backend=backend)
+    else:
+        per_cluster = pd.DataFrame(columns=["cluster", "gene", "module", "hub_score"])
     figures = plotting.coexpression_figures(adata.obsm["X_umap"], result["eigengenes"],
                                             title=snakemake.wildcards.sample)
-    io.write_coexpression(result, figures, paths=dict(snakemake.output.items()))
+    paths = dict(snakemake.output.items())
+    io.write_table(per_cluster, paths.pop("per_cluster"))
+    io.write_json({**adata.uns["omicsprep"]["coexpression"], "summary": adata.uns["coexpression"]},
+                  paths.pop("provenance"))
+    io.write_coexpression(result, figures, paths=paths)
 
 
 run_script(main, log_path=snakemake.log[0], sample=snakemake.wildcards.sample, threads=snakemake.threads)

@@ -10,10 +10,7 @@ snakemake = snakemake  # noqa: F821, PLW0127 - injected by Snakemake
 def main() -> None:
     keys = list(zip(snakemake.params.samples, snakemake.params.rules))
     benchmarks = {key: io.read_table(path) for key, path in zip(keys, snakemake.input.benchmarks)}
-    provenance = {
-        key: io.read_h5ad_elements(path, [f"uns/omicsprep/{key[1]}"])[f"uns/omicsprep/{key[1]}"]
-        for key, path in zip(keys, snakemake.input.h5ads)
-    }
+    provenance = {key: io.read_provenance(path, rule=key[1]) for key, path in zip(keys, snakemake.input.provenance)}
     io.write_table(run_time_table(benchmarks, provenance), snakemake.output.table)
 
 

@@ -17,7 +17,7 @@ from sklearn.metrics import adjusted_rand_score
 
 from omicsprep import coexpression
 from omicsprep.errors import InputError
-from omicsprep.pipeline import run_coexpression
+from omicsprep.pipeline import run_coexpression, run_coexpression_per_cluster
 from omicsprep.preprocessing import normalize
 
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -151,9 +151,24 @@ def test_constant_and_rare_genes_are_left_out_and_counted(planted):
     assert summary["genes_skipped"] > 0
 
 
+def test_a_network_per_cluster():
+    adata, truth = planted_data(n_cells=3000, n_genes=400, seed=5)
+    adata.obs["leiden_1.0"] = pd.Categorical(np.where(np.arange(adata.n_obs) < 2000, "0", np.where(
+        np.arange(adata.n_obs) < 2950, "1", "2")))  # the last has 50 cells: too few
+    params = {**PARAMS, "per_cluster": {"enabled": True, "min_cells": 200}}
+    table = run_coexpression_per_cluster(adata, params=params, clusters="leiden_1.0", seed=0, backend="cpu")
+    assert list(table.columns) == ["cluster", "gene", "module", "hub_score"]
+    assert set(table["cluster"]) == {"0", "1"}
+    assert adata.uns["coexpression"]["clusters_skipped"] == {"2": "50 cells"}
+    for _, modules in table.groupby("cluster"):
+        assert planted_ari(modules, adata, truth) >= 0.9
+
+
 def test_package_defaults_match_the_config_schema():
     schema = yaml.safe_load((REPO / "config" / "schemas" / "config.schema.yaml").read_text())
     properties = schema["properties"]["coexpression"]["properties"]
-    defaults = {key: spec["default"] for key, spec in properties.items() if key not in ("enabled", "metacells")}
-    defaults["metacells"] = {key: spec["default"] for key, spec in properties["metacells"]["properties"].items()}
+    nested = ("metacells", "per_cluster")
+    defaults = {key: spec["default"] for key, spec in properties.items() if key not in ("enabled", *nested)}
+    for key in nested:
+        defaults[key] = {name: spec["default"] for name, spec in properties[key]["properties"].items()}
     assert defaults == coexpression.DEFAULTS

@@ -26,6 +26,8 @@ OUTPUTS = [
     "plots/umap_qc.png",
     "coexpression/edges.parquet",
     "coexpression/modules.tsv",
+    "coexpression/modules_per_cluster.tsv",
+    "coexpression/provenance.json",
     "coexpression/eigengenes.parquet",
     "coexpression/module_correlation.png",
     "coexpression/module_scores_umap.png",
@@ -111,9 +113,9 @@ def test_full_run_results(cpu_run):
     assert set(eigengenes.columns) == set(modules["module"]) - {"unassigned"}
     assert metrics["passed"].sum() == adata.n_obs
     times = pd.read_csv(results / "run_times.tsv", sep="\t")
-    assert set(times["rule"]) == {"qc", "cluster"}
+    assert set(times["rule"]) == {"qc", "cluster", "coexpression"}
     assert (times.loc[times["step"] == "total", "seconds"] > 0).all()
-    assert np.isin(["neighbors", "leiden", "doublets"], times["step"]).all()
+    assert np.isin(["neighbors", "leiden", "doublets", "correlation", "modules"], times["step"]).all()
 
 
 def test_report_holds_plots_and_timings(cpu_run):
