@@ -91,6 +91,20 @@ def cupy() -> ModuleType:
     return importlib.import_module("cupy")
 
 
+def array_module(backend: Backend) -> ModuleType:
+    """NumPy on the CPU, CuPy on the GPU: array code written once runs on either."""
+    if backend == "gpu":
+        return cupy()
+    import numpy
+
+    return numpy
+
+
+def asnumpy(array: Any) -> Any:
+    """``array`` in host memory (a CuPy array is copied back; anything else is returned)."""
+    return array.get() if hasattr(array, "get") and hasattr(array, "device") else array
+
+
 def cupyx_sparse() -> ModuleType:
     """Return the imported ``cupyx.scipy.sparse`` module."""
     return importlib.import_module("cupyx.scipy.sparse")

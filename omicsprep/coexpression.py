@@ -17,7 +17,7 @@ import pandas as pd
 from anndata import AnnData
 from scipy import sparse
 
-from omicsprep.backend import Backend, cuml, cupy, cupyx_sparse
+from omicsprep.backend import Backend, array_module, asnumpy, cuml, cupyx_sparse
 from omicsprep.clustering import Algorithm, partition_graph
 from omicsprep.errors import InputError
 from omicsprep.preprocessing import normalize
@@ -35,12 +35,6 @@ DEFAULTS = {
 }
 
 
-def _xp(backend: Backend) -> ModuleType:
-    return cupy() if backend == "gpu" else np
-
-
-def _to_host(array, backend: Backend) -> np.ndarray:  # noqa: ANN001
-    return array.get() if backend == "gpu" else array
 
 
 def select_genes(adata: AnnData, *, n_genes: int) -> pd.Index:
@@ -165,7 +159,7 @@ def correlation_graph(
     -------
     Symmetric weights, genes x genes, host memory (an edge kept by either gene is kept).
     """
-    xp = _xp(backend)
+    xp = array_module(backend)
     if sparse.issparse(expression):  # densified on the device: less to transfer
         expression = sparse.csr_matrix(expression, dtype=np.float32)
         standardized = (cupyx_sparse().csr_matrix(expression) if backend == "gpu" else expression).toarray()
@@ -189,9 +183,9 @@ def correlation_graph(
         order = xp.lexsort(xp.stack([-correlation.astype(xp.float64), row.astype(xp.float64)]))
         row, col, correlation = row[order], col[order], correlation[order]
         keep = xp.arange(row.size) - xp.searchsorted(row, row, side="left") < top_k
-        rows.append(_to_host(row[keep] + start, backend))
-        cols.append(_to_host(col[keep], backend))
-        weights.append(_to_host(correlation[keep] ** power, backend))
+        rows.append(asnumpy(row[keep] + start))
+        cols.append(asnumpy(col[keep]))
+        weights.append(asnumpy(correlation[keep] ** power))
     graph = sparse.csr_matrix(
         (np.concatenate(weights), (np.concatenate(rows), np.concatenate(cols))), shape=(n_genes, n_genes)
     )
@@ -277,7 +271,7 @@ def module_eigengenes(adata: AnnData, *, modules: pd.DataFrame, backend: Backend
     backend
         ``"cpu"`` or ``"gpu"``.
     """
-    xp = _xp(backend)
+    xp = array_module(backend)
     assigned = modules[modules["module"] != UNASSIGNED]
     names = [m for m in assigned["module"].cat.categories if m != UNASSIGNED]
     values = adata[:, assigned["gene"].to_numpy()].X
@@ -293,4 +287,4 @@ def module_eigengenes(adata: AnnData, *, modules: pd.DataFrame, backend: Backend
         if float((score * member.mean(axis=1)).sum()) < 0:
             score = -score
         scores[:, k] = score / score.std()
-    adata.obsm["module_eigengenes"] = pd.DataFrame(_to_host(scores, backend), index=adata.obs_names, columns=names)
+    adata.obsm["module_eigengenes"] = pd.DataFrame(asnumpy(scores), index=adata.obs_names, columns=names)

@@ -103,14 +103,14 @@ def _read_mtx_folder(path: Path) -> AnnData:
     if not any((path / name).exists() for name in _MTX_FEATURES):
         raise InputError("10x MatrixMarket folder has no features.tsv.gz or genes.tsv", path=path)
     # v3 folders are gzipped, v2 folders are not; scanpy tells them apart by file name.
-    return sc.read_10x_mtx(path, var_names="gene_symbols", make_unique=True)
+    return sc.read_10x_mtx(path, var_names="gene_symbols", make_unique=True, gex_only=False)
 
 
 def _read_any(path: Path, fmt: InputFormat) -> AnnData:
     import scanpy as sc
 
     if fmt == "10x_h5":
-        return sc.read_10x_h5(path)
+        return sc.read_10x_h5(path, gex_only=False)
     if fmt == "10x_mtx":
         return _read_mtx_folder(path)
     if fmt == "h5ad":
@@ -118,7 +118,7 @@ def _read_any(path: Path, fmt: InputFormat) -> AnnData:
     return ad.read_zarr(path)
 
 
-def read_counts(path: str | Path, *, fmt: str | None = None) -> AnnData:
+def read_counts(path: str | Path, *, fmt: str | None = None, feature_type: str = "Gene Expression") -> AnnData:
     """Read a raw count matrix as cells x genes with a CSR ``X``.
 
     Parameters
@@ -127,6 +127,9 @@ def read_counts(path: str | Path, *, fmt: str | None = None) -> AnnData:
         The matrix, in any of :data:`FORMATS`.
     fmt
         Its format; detected from ``path`` when ``None``.
+    feature_type
+        The rows of a 10x matrix to keep (``var["feature_types"]``), e.g. ``"Antibody
+        Capture"`` for CITE-seq tags; matrices without feature types are kept whole.
 
     Returns
     -------
@@ -150,6 +153,12 @@ def read_counts(path: str | Path, *, fmt: str | None = None) -> AnnData:
         raise
     except Exception as exc:
         raise InputError(f"cannot be read as {fmt} ({type(exc).__name__}: {exc})", path=path) from exc
+    if "feature_types" in adata.var:
+        kept = (adata.var["feature_types"] == feature_type).to_numpy()
+        if not kept.any():
+            found = ", ".join(sorted(set(adata.var["feature_types"])))
+            raise InputError(f"no {feature_type!r} features (found: {found})", path=path)
+        adata = adata[:, kept].copy()
     if adata.n_obs == 0 or adata.n_vars == 0:
         raise InputError(f"matrix is empty ({adata.n_obs} cells x {adata.n_vars} genes)", path=path)
     adata.obs_names_make_unique()

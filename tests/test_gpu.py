@@ -173,3 +173,22 @@ def test_coexpression_agrees_on_cpu_and_gpu(metacells):
         np.testing.assert_allclose(edges["gpu"][shared], edges["cpu"][shared], atol=1e-4)
         labels = {b: r["modules"].set_index("gene")["module"].astype(str) for b, r in results.items()}
         assert adjusted_rand_score(labels["cpu"], labels["gpu"].reindex(labels["cpu"].index)) >= 0.95
+
+
+def test_protein_normalization_agrees_on_cpu_and_gpu():
+    from conftest import REPO
+
+    from omicsprep import protein
+
+    folder = REPO / "tests" / "data" / "citeseq"
+    cells = io.read_counts(folder / "cells", feature_type="Antibody Capture")
+    empty = io.read_counts(folder / "empty_droplets", feature_type="Antibody Capture")
+    isotypes = protein.isotype_controls(cells)
+    for normalize in (protein.clr, protein.dsb):
+        extra = {"empty": empty, "isotypes": isotypes} if normalize is protein.dsb else {}
+        results = {}
+        for backend in ("cpu", "gpu"):
+            adata = cells.copy()
+            normalize(adata, backend=backend, **extra)
+            results[backend] = adata.X
+        np.testing.assert_allclose(results["gpu"], results["cpu"], atol=1e-4)
