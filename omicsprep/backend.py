@@ -101,8 +101,9 @@ def array_module(backend: Backend) -> ModuleType:
 
 
 def asnumpy(array: Any) -> Any:
-    """``array`` in host memory (a CuPy array is copied back; anything else is returned)."""
-    return array.get() if hasattr(array, "get") and hasattr(array, "device") else array
+    """``array`` in host memory: a CuPy array or sparse matrix is copied back (to NumPy or
+    SciPy); anything else is returned as it is."""
+    return array.get() if type(array).__module__.startswith(("cupy", "cupyx")) else array
 
 
 def cupyx_sparse() -> ModuleType:

@@ -212,6 +212,67 @@ def read_h5ad(path: str | Path) -> AnnData:
     return ad.read_h5ad(path)
 
 
+FRAGMENT_COLUMNS = ["chrom", "start", "end", "barcode", "count"]
+
+
+def fragment_chunks(path: str | Path, *, chunk_rows: int = 5_000_000) -> Iterator[pd.DataFrame]:
+    """Stream a 10x ``fragments.tsv[.gz]`` (chrom, start, end, barcode, reads; ``#``
+    header lines skipped) in chunks of about ``chunk_rows`` fragments.
+
+    Raises
+    ------
+    InputError
+        Missing or unparsable file (e.g. non-integer coordinates).
+    """
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputError("does not exist", path=path)
+    types = {"chrom": pa.string(), "start": pa.int64(), "end": pa.int64(), "barcode": pa.string()}
+    try:
+        reader = pacsv.open_csv(
+            path,
+            read_options=pacsv.ReadOptions(column_names=FRAGMENT_COLUMNS, block_size=max(1 << 20, chunk_rows * 48)),
+            parse_options=pacsv.ParseOptions(delimiter="\t", invalid_row_handler=_skip_comment_rows),
+            convert_options=pacsv.ConvertOptions(column_types=types, include_columns=list(types)),
+        )
+        for batch in reader:
+            yield batch.to_pandas()
+    except (pa.ArrowInvalid, ValueError) as exc:
+        raise InputError(f"cannot be read as 10x fragments (chrom, start, end, barcode, count): {exc}",
+                         path=path) from exc
+
+
+def _skip_comment_rows(row) -> str:  # noqa: ANN001
+    """Skip ``#`` header lines; refuse any other malformed row."""
+    return "skip" if row.text.startswith("#") else "error"
+
+
+def read_peaks(path: str | Path) -> pd.DataFrame:
+    """Peaks from a BED file (first three columns: chrom, start, end; ``#``, ``track`` and
+    ``browser`` lines skipped).
+
+    Raises
+    ------
+    InputError
+        Missing or unparsable file, or a peak whose end is not after its start.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InputError("does not exist", path=path)
+    try:
+        peaks = pd.read_csv(path, sep="\t", header=None, usecols=[0, 1, 2], names=["chrom", "start", "end"],
+                            comment="#", dtype={"chrom": str, "start": np.int64, "end": np.int64})
+    except ValueError as exc:
+        raise InputError(f"cannot be read as BED ({exc})", path=path) from exc
+    peaks = peaks[~peaks["chrom"].str.startswith(("track", "browser"))]
+    if (peaks["end"] <= peaks["start"]).any() or (peaks["start"] < 0).any():
+        raise InputError("holds peaks whose end is not after their start", path=path)
+    return peaks.reset_index(drop=True)
+
+
 def read_table(path: str | Path) -> pd.DataFrame:
     """Read a table written by :func:`write_table` (Parquet or tab-separated text)."""
     if Path(path).suffix == ".parquet":

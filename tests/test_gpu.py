@@ -192,3 +192,25 @@ def test_protein_normalization_agrees_on_cpu_and_gpu():
             normalize(adata, backend=backend, **extra)
             results[backend] = adata.X
         np.testing.assert_allclose(results["gpu"], results["cpu"], atol=1e-4)
+
+
+def test_chromatin_tfidf_and_lsi_agree_on_cpu_and_gpu():
+    import pandas as pd
+    from conftest import REPO
+
+    from omicsprep import chromatin
+
+    folder = REPO / "tests" / "data" / "multiome"
+    counts = chromatin.count_fragments(io.fragment_chunks(folder / "fragments.tsv.gz"),
+                                       barcodes=pd.Index(pd.read_csv(folder / "barcodes.tsv", header=None)[0]),
+                                       peaks=io.read_peaks(folder / "peaks.bed"))
+    results = {}
+    for backend in ("cpu", "gpu"):
+        adata = counts.copy()
+        chromatin.tfidf(adata, backend=backend)
+        chromatin.lsi(adata, n_comps=10, max_depth_correlation=1.0, backend=backend)
+        results[backend] = adata
+    np.testing.assert_allclose(results["gpu"].X.toarray(), results["cpu"].X.toarray(), rtol=1e-6, atol=1e-8)
+    for k in range(5):
+        corr = np.corrcoef(results["gpu"].obsm["X_lsi"][:, k], results["cpu"].obsm["X_lsi"][:, k])[0, 1]
+        assert abs(corr) > 0.999

@@ -1,0 +1,109 @@
+"""scATAC on the 10x Multiome subset: fragments counted into peaks and tiles (checked against
+a plain count), QC, and TF-IDF and LSI against muon."""
+
+from __future__ import annotations
+
+import gzip
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import REPO
+from scipy import sparse
+
+from omicsprep import chromatin, io
+from omicsprep.errors import InputError
+
+MULTIOME = REPO / "tests" / "data" / "multiome"
+FRAGMENTS = MULTIOME / "fragments.tsv.gz"
+
+
+@pytest.fixture(scope="module")
+def barcodes():
+    return pd.Index(pd.read_csv(MULTIOME / "barcodes.tsv", header=None)[0])
+
+
+@pytest.fixture(scope="module")
+def fragments(barcodes):
+    with gzip.open(FRAGMENTS, "rt") as handle:
+        rows = [line.split("\t")[:4] for line in handle if not line.startswith("#")]
+    table = pd.DataFrame(rows, columns=["chrom", "start", "end", "barcode"]).astype({"start": int, "end": int})
+    return table[table["barcode"].isin(barcodes)]
+
+
+@pytest.fixture(scope="module")
+def peak_counts(barcodes):
+    return chromatin.count_fragments(io.fragment_chunks(FRAGMENTS, chunk_rows=20_000), barcodes=barcodes,
+                                     peaks=io.read_peaks(MULTIOME / "peaks.bed"))
+
+
+def plain_count(fragments: pd.DataFrame, barcodes: pd.Index, intervals: list[tuple[str, int, int]]) -> np.ndarray:
+    """Fragments of each cell overlapping each interval, one interval at a time."""
+    counts = np.zeros((len(barcodes), len(intervals)))
+    for j, (chrom, start, end) in enumerate(intervals):
+        hits = fragments[(fragments["chrom"] == chrom) & (fragments["start"] < end) & (fragments["end"] > start)]
+        cells, n = np.unique(barcodes.get_indexer(hits["barcode"]), return_counts=True)
+        counts[cells, j] = n
+    return counts
+
+
+def test_peak_counts_equal_a_plain_count(peak_counts, fragments, barcodes):
+    peaks = io.read_peaks(MULTIOME / "peaks.bed")
+    expected = plain_count(fragments, barcodes, list(peaks.itertuples(index=False, name=None)))
+    assert peak_counts.shape == (1000, 174)
+    assert peak_counts.X.sum() > 4000
+    np.testing.assert_array_equal(peak_counts.X.toarray(), expected)
+
+
+def test_tile_counts_equal_a_plain_count(fragments, barcodes):
+    tiles = chromatin.count_fragments(io.fragment_chunks(FRAGMENTS, chunk_rows=30_000), barcodes=barcodes,
+                                      tile_width=5000)
+    names = tiles.var_names.str.extract(r"(.+):(\d+)-(\d+)").astype({1: int, 2: int})
+    assert (names[2] - names[1] == 5000).all() and (names[1] % 5000 == 0).all()
+    expected = plain_count(fragments, barcodes, list(names.itertuples(index=False, name=None)))
+    np.testing.assert_array_equal(tiles.X.toarray(), expected)
+    # Every fragment lies in one tile or spans two: tile counts sum to at least the fragments.
+    assert fragments.shape[0] <= tiles.X.sum() <= 2 * fragments.shape[0]
+
+
+def test_qc_metrics(peak_counts, fragments, barcodes):
+    per_cell = fragments["barcode"].value_counts().reindex(barcodes, fill_value=0)
+    np.testing.assert_array_equal(peak_counts.obs["n_fragments"], per_cell.to_numpy())
+    length = fragments["end"] - fragments["start"]
+    free = fragments[length < 147]["barcode"].value_counts().reindex(barcodes, fill_value=0)
+    mono = fragments[(length >= 147) & (length <= 294)]["barcode"].value_counts().reindex(barcodes, fill_value=0)
+    np.testing.assert_allclose(peak_counts.obs["nucleosome_signal"], mono / np.maximum(free, 1))
+    assert peak_counts.obs["frac_in_features"].between(0, 1).all()
+    assert peak_counts.uns["fragments"]["outside_cells"] > 0  # non-cell barcodes are counted apart
+
+
+def test_tfidf_and_lsi_agree_with_muon(peak_counts):
+    from muon import atac
+
+    ours, theirs = peak_counts.copy(), peak_counts.copy()
+    chromatin.tfidf(ours, backend="cpu")
+    atac.pp.tfidf(theirs)
+    np.testing.assert_allclose(ours.X.toarray(), sparse.csr_matrix(theirs.X).toarray(), rtol=1e-6, atol=1e-8)
+    chromatin.lsi(ours, n_comps=10, max_depth_correlation=1.0, backend="cpu")
+    atac.tl.lsi(theirs, n_comps=10)
+    for k in range(5):  # the leading components, up to sign
+        assert abs(np.corrcoef(ours.obsm["X_lsi"][:, k], theirs.obsm["X_lsi"][:, k])[0, 1]) > 0.999
+
+
+def test_lsi_drops_components_that_track_depth(peak_counts):
+    adata = peak_counts.copy()
+    chromatin.tfidf(adata, backend="cpu")
+    chromatin.lsi(adata, n_comps=10, backend="cpu")
+    kept, correlation = adata.uns["lsi"]["kept"], adata.uns["lsi"]["depth_correlation"]
+    assert adata.obsm["X_lsi"].shape == (1000, int(kept.sum()))
+    assert (np.abs(correlation[~kept]) > 0.9).all() and (np.abs(correlation[kept]) <= 0.9).all()
+
+
+def test_bad_fragments_are_one_clear_error(tmp_path, barcodes):
+    bad = tmp_path / "fragments.tsv"
+    bad.write_text("chr1\t200\t100\tAAACAGCCAGCATGTC-1\t1\n")
+    with pytest.raises(InputError, match=r"1 fragments with bad coordinates, e.g. chr1:200-100"):
+        chromatin.count_fragments(io.fragment_chunks(bad), barcodes=barcodes)
+    bad.write_text("chr1\tten\t100\tAAACAGCCAGCATGTC-1\t1\n")
+    with pytest.raises(InputError, match=rf"file '{bad}': cannot be read as 10x fragments"):
+        chromatin.count_fragments(io.fragment_chunks(bad), barcodes=barcodes)
