@@ -60,17 +60,26 @@ def count_fragments(
 
     Returns
     -------
-    Counts (CSR) with features named ``chrom:start-end``; ``obs`` holds ``n_fragments``,
+    Counts (CSR) with features named ``chrom:start-end``, sorted by chromosome name and
+    start; ``obs`` holds ``n_fragments``,
     ``nucleosome_signal`` (mono-nucleosomal over nucleosome-free fragments) and
     ``frac_in_features`` (with peaks: the fraction of fragments in peaks, FRiP).
 
     Raises
     ------
     InputError
-        Fragments whose end is not after their start, or with a negative start.
+        Fragments whose end is not after their start, or with a negative start;
+        overlapping peaks.
     """
     tally = _Tally(n_cells=len(barcodes))
-    peaks = None if peaks is None else peaks.sort_values(["chrom", "start"], ignore_index=True)
+    if peaks is not None:
+        peaks = peaks.sort_values(["chrom", "start"], ignore_index=True)
+        same_chrom = (peaks["chrom"].to_numpy()[1:] == peaks["chrom"].to_numpy()[:-1])
+        overlapping = same_chrom & (peaks["start"].to_numpy()[1:] < peaks["end"].to_numpy()[:-1])
+        if overlapping.any():
+            first = peaks.iloc[int(np.flatnonzero(overlapping)[0])]
+            raise InputError(f"{int(overlapping.sum())} peaks overlap the previous one (e.g. after "
+                             f"{first['chrom']}:{first['start']}-{first['end']}); merge them first")
     for chunk in chunks:
         bad = (chunk["start"] < 0) | (chunk["end"] <= chunk["start"])
         if bad.any():

@@ -104,6 +104,9 @@ def test_bad_fragments_are_one_clear_error(tmp_path, barcodes):
     bad.write_text("chr1\t200\t100\tAAACAGCCAGCATGTC-1\t1\n")
     with pytest.raises(InputError, match=r"1 fragments with bad coordinates, e.g. chr1:200-100"):
         chromatin.count_fragments(io.fragment_chunks(bad), barcodes=barcodes)
+    overlapping = pd.DataFrame({"chrom": ["chr1", "chr1"], "start": [100, 150], "end": [200, 300]})
+    with pytest.raises(InputError, match="1 peaks overlap the previous one .e.g. after chr1:100-200."):
+        chromatin.count_fragments(io.fragment_chunks(bad), barcodes=barcodes, peaks=overlapping)
     bad.write_text("chr1\tten\t100\tAAACAGCCAGCATGTC-1\t1\n")
     with pytest.raises(InputError, match=rf"file '{bad}': cannot be read as 10x fragments"):
         chromatin.count_fragments(io.fragment_chunks(bad), barcodes=barcodes)
