@@ -26,4 +26,5 @@ test: setup
 	$(BIN)/python -m pytest
 
 clean:
-	rm -rf results logs benchmarks/qc benchmarks/cluster .snakemake
+	# Snakemake's benchmark folders, one per rule with a benchmark: (benchmarks/scaling stays).
+	rm -rf results logs .snakemake benchmarks/count_umis benchmarks/qc benchmarks/cluster benchmarks/coexpression

@@ -103,7 +103,12 @@ def array_module(backend: Backend) -> ModuleType:
 def asnumpy(array: Any) -> Any:
     """``array`` in host memory: a CuPy array or sparse matrix is copied back (to NumPy or
     SciPy); anything else is returned as it is."""
-    return array.get() if type(array).__module__.startswith(("cupy", "cupyx")) else array
+    if "cupy" not in sys.modules:
+        return array
+    cp = sys.modules["cupy"]
+    if isinstance(array, cp.ndarray):
+        return cp.asnumpy(array)
+    return array.get() if importlib.import_module("cupyx.scipy.sparse").issparse(array) else array
 
 
 def cupyx_sparse() -> ModuleType:
@@ -143,17 +148,9 @@ def to_device(adata: AnnData, *, backend: Backend) -> None:
 
 
 def _to_host_value(value: Any) -> Any:
-    if "cupy" not in sys.modules:
-        return value
-    cp = sys.modules["cupy"]
-    if isinstance(value, cp.ndarray):
-        return cp.asnumpy(value)
-    cpx_sparse = importlib.import_module("cupyx.scipy.sparse")
-    if cpx_sparse.issparse(value):
-        return value.get()
     if isinstance(value, dict):
         return {k: _to_host_value(v) for k, v in value.items()}
-    return value
+    return asnumpy(value)
 
 
 def to_host(adata: AnnData) -> None:

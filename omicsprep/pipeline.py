@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 from anndata import AnnData
+from scipy import sparse
 
 from omicsprep import clustering, coexpression, preprocessing, qc
 from omicsprep.backend import Backend, to_device, to_host
@@ -167,6 +168,39 @@ def run_coexpression(
         Too few cells, NaN values, or too few usable genes for ``top_k``.
     """
     timer = StepTimer(backend=backend)
+    network = _gene_network(adata, params=params, seed=seed, backend=backend, timer=timer)
+    with timer.step("eigengenes"):
+        coexpression.module_eigengenes(adata, modules=network.modules, backend=backend)
+    graph, genes = network.graph, network.genes
+    upper = graph.tocoo()
+    upper_edges = upper.row < upper.col
+    edges = pd.DataFrame({"gene_a": genes[upper.row[upper_edges]], "gene_b": genes[upper.col[upper_edges]],
+                          "weight": upper.data[upper_edges]})
+    adata.uns["coexpression"] = {
+        "genes": len(genes), "genes_skipped": network.genes_skipped, "samples": network.samples,
+        "edges": len(edges), "modules": adata.obsm["module_eigengenes"].shape[1],
+    }
+    log.info("coexpression: %s", adata.uns["coexpression"])
+    record_provenance(adata, rule="coexpression", backend=backend, params={**params, "seed": seed},
+                      timings=timer.seconds)
+    return {"edges": edges, "modules": network.modules, "eigengenes": adata.obsm["module_eigengenes"]}
+
+
+class GeneNetwork(NamedTuple):
+    """A co-expression network: its genes, how many selected genes were left out, the
+    samples (cells or metacells) correlated, the graph and its modules."""
+
+    genes: pd.Index
+    genes_skipped: int
+    samples: int
+    graph: sparse.csr_matrix
+    modules: pd.DataFrame
+
+
+def _gene_network(
+    adata: AnnData, *, params: Mapping[str, Any], seed: int, backend: Backend, timer: StepTimer
+) -> GeneNetwork:
+    """Genes, metacells, correlation graph and modules (the eigengenes are the caller's)."""
     with timer.step("select_genes"):
         selected = coexpression.select_genes(adata, n_genes=params["n_genes"])
         genes = coexpression.check_expression(adata, genes=selected, top_k=params["top_k"],
@@ -174,10 +208,9 @@ def run_coexpression(
                                               min_expressing_cells=params["min_expressing_cells"])
     with timer.step("metacells"):
         pooled = coexpression.pool_metacells(adata, **params["metacells"], seed=seed, backend=backend)
-        expression = pooled[:, genes].X
     with timer.step("correlation"):
         graph = coexpression.correlation_graph(
-            expression, method=params["correlation"], top_k=params["top_k"],
+            pooled[:, genes].X, method=params["correlation"], top_k=params["top_k"],
             min_correlation=params["min_correlation"], power=params["power"], backend=backend,
         )
     with timer.step("modules"):
@@ -185,20 +218,7 @@ def run_coexpression(
             graph, genes=genes, algorithm=params["algorithm"], resolution=params["resolution"],
             min_module_size=params["min_module_size"], seed=seed, backend=backend,
         )
-    with timer.step("eigengenes"):
-        coexpression.module_eigengenes(adata, modules=modules, backend=backend)
-    upper = graph.tocoo()
-    upper_edges = upper.row < upper.col
-    edges = pd.DataFrame({"gene_a": genes[upper.row[upper_edges]], "gene_b": genes[upper.col[upper_edges]],
-                          "weight": upper.data[upper_edges]})
-    adata.uns["coexpression"] = {
-        "genes": len(genes), "genes_skipped": len(selected) - len(genes), "samples": pooled.n_obs,
-        "edges": len(edges), "modules": adata.obsm["module_eigengenes"].shape[1],
-    }
-    log.info("coexpression: %s", adata.uns["coexpression"])
-    record_provenance(adata, rule="coexpression", backend=backend, params={**params, "seed": seed},
-                      timings=timer.seconds)
-    return {"edges": edges, "modules": modules, "eigengenes": adata.obsm["module_eigengenes"]}
+    return GeneNetwork(genes, len(selected) - len(genes), pooled.n_obs, graph, modules)
 
 
 def run_coexpression_per_cluster(
@@ -232,7 +252,8 @@ def run_coexpression_per_cluster(
             skipped[str(cluster)] = f"{cells.n_obs} cells"
             continue
         try:
-            modules = run_coexpression(cells, params=params, seed=seed, backend=backend)["modules"]
+            modules = _gene_network(cells, params=params, seed=seed, backend=backend,
+                                    timer=StepTimer(backend=backend)).modules
         except InputError as exc:
             skipped[str(cluster)] = exc.problem
             continue
