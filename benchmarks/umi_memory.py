@@ -1,11 +1,14 @@
 """Peak memory of ``omicsprep count-umis`` against input size and ``--chunk-rows``.
 
-    python benchmarks/umi_memory.py --reads 3000000 12000000 --chunk-rows 500000 5000000
+    python benchmarks/umi_memory.py --reads 3000000 12000000 --chunk-rows 500000 5000000 \
+        [--memory-limit-mb 1000]
 
-Generates a molecule table (Parquet, one row per read; generate.py's reads) per size,
-cached in the work folder, counts it in a fresh process per (size, chunk) and records the
-process's peak resident memory; the table is appended to RESULTS.md. Memory bounded by the
-chunk size shows as peak memory that stays flat while the input grows.
+Generates a molecule table (Parquet, one row per read; generate.py's reads, written 6M
+reads at a time) per size, cached in the work folder, counts it in a fresh process per
+(size, chunk) and records the process's peak resident memory; the table is appended to
+RESULTS.md. Memory bounded by the chunk size shows as peak memory that stays flat while
+the input grows. With ``--memory-limit-mb`` the count runs in a cgroup (v1) with that hard
+limit on memory and swap, so an input larger than the limit shows that it really fits.
 """
 
 from __future__ import annotations
@@ -36,30 +39,63 @@ def peak_rss_mb(command: list[str]) -> tuple[float, float]:
     return float(seconds), int(kilobytes) / 1024
 
 
+def write_table(path: Path, n_reads: int, piece: int = 6_000_000) -> None:
+    """Generated reads as Parquet, ``piece`` reads (their own cells) at a time."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    with pq.ParquetWriter(path, pa.schema([("cell", pa.string()), ("umi", pa.string()), ("gene", pa.string())])) as out:
+        for seed, start in enumerate(range(0, n_reads, piece)):
+            reads = generate_reads(min(piece, n_reads - start), n_cells=5_000, n_genes=10_000, secondary_rate=0,
+                                   seed=seed)
+            out.write_table(pa.Table.from_pandas(reads[["cell", "umi", "gene"]], preserve_index=False))
+
+
+def in_memory_mb(path: Path) -> int:
+    """What holding the whole table in memory as Arrow would take (counted batch by batch)."""
+    import pyarrow.parquet as pq
+
+    return round(sum(batch.nbytes for batch in pq.ParquetFile(path).iter_batches(batch_size=1 << 20)) / 2**20)
+
+
+def limited(command: list[str], limit_mb: int | None) -> list[str]:
+    """``command`` run inside a fresh cgroup with a hard memory (and swap) limit."""
+    if limit_mb is None:
+        return command
+    group = Path(f"/sys/fs/cgroup/memory/omicsprep-umi-{limit_mb}")
+    group.mkdir(exist_ok=True)
+    for name in ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes"):
+        (group / name).write_text(str(limit_mb << 20))
+    return ["sh", "-c", f'echo $$ > {group}/cgroup.procs && exec "$@"', "sh", *command]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reads", type=int, nargs="+", default=[3_000_000, 12_000_000])
     parser.add_argument("--chunk-rows", type=int, nargs="+", default=[500_000, 5_000_000])
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/omicsprep-umi"))
     parser.add_argument("--results", type=Path, default=HERE / "RESULTS.md")
+    parser.add_argument("--memory-limit-mb", type=int, default=None, help="hard memory limit (cgroup v1)")
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     rows = []
     for n_reads in args.reads:
         table = args.workdir / f"molecules_{n_reads}.parquet"
         if not table.exists():
-            reads = generate_reads(n_reads, n_cells=5_000, n_genes=10_000, secondary_rate=0, seed=0)
-            reads[["cell", "umi", "gene"]].to_parquet(table)
+            write_table(table, n_reads)
         for chunk_rows in args.chunk_rows:
-            seconds, peak = peak_rss_mb([str(Path(sys.executable).parent / "omicsprep"), "count-umis", str(table),
-                                         "-o", str(args.workdir / "memory.h5ad"), "--chunk-rows", str(chunk_rows)])
-            row = {"reads": n_reads, "table_mb": round(table.stat().st_size / 2**20), "chunk_rows": chunk_rows,
-                   "seconds": round(seconds, 1), "peak_rss_mb": round(peak)}
+            command = [str(Path(sys.executable).parent / "omicsprep"), "count-umis", str(table),
+                       "-o", str(args.workdir / "memory.h5ad"), "--chunk-rows", str(chunk_rows)]
+            seconds, peak = peak_rss_mb(limited(command, args.memory_limit_mb))
+            row = {"reads": n_reads, "table_mb": round(table.stat().st_size / 2**20),
+                   "in_memory_mb": in_memory_mb(table), "chunk_rows": chunk_rows,
+                   "memory_limit_mb": args.memory_limit_mb or "none", "seconds": round(seconds, 1),
+                   "peak_rss_mb": round(peak)}
             rows.append(row)
             print(row, flush=True)
     append_results(args.results, title="UMI counting memory", table=pd.DataFrame(rows),
-                   note="Molecule tables (Parquet, a row per read, 5,000 cells); peak RSS of the whole process, "
-                        "Python and libraries included.")
+                   note="Molecule tables (Parquet, a row per read, 5,000 new cells per 6M reads); `in_memory_mb`: the "
+                        "whole table as Arrow; peak RSS of the whole process, Python and libraries included.")
 
 
 if __name__ == "__main__":
