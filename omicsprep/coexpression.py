@@ -1,6 +1,7 @@
 """Gene co-expression networks: correlations, modules, eigengenes and hub genes.
 
-The genes x genes correlation is computed ``block_size`` genes against all at a time
+Genes are standardized once on the device; the genes x genes correlation is then computed
+``block_size`` genes against all at a time
 (dense matrix products: CuPy on the GPU, NumPy on the CPU, the same code), and each block
 is cut down to every gene's ``top_k`` partners before the next one, so no more than one
 block of the matrix ever exists. Modules are communities of the resulting graph (cuGraph
@@ -126,25 +127,46 @@ def _kmeans(points: np.ndarray, *, n_clusters: int, seed: int, backend: Backend)
     return KMeans(n_clusters=n_clusters, random_state=seed, n_init=1).fit_predict(points)
 
 
-def correlation_graph(
-    expression: np.ndarray,
-    *,
-    method: Correlation,
-    top_k: int,
-    min_correlation: float,
-    power: float,
-    backend: Backend,
-) -> sparse.csr_matrix:
-    """Sparse gene-gene graph: each gene joined to its ``top_k`` most correlated partners.
+def standardize(expression: np.ndarray | sparse.spmatrix, *, method: Correlation, backend: Backend):  # noqa: ANN201
+    """Samples x genes on the device, each gene centred and scaled to unit variance, so
+    that correlations are matrix products (:func:`correlation_graph`).
 
     Parameters
     ----------
     expression
         Samples (cells or metacells) x genes, log-normalized, dense or sparse, host
-        memory. Densified on the device (float32): with the block of correlations, the
-        only large allocation (Spearman ranks need a second copy).
+        memory. Densified on the device (float32): with one block of correlations, the
+        only large allocation (Spearman ranks need a second copy while ranking).
     method
         ``pearson``, or ``spearman`` (Pearson on ranks; ties share their mean rank).
+    backend
+        ``"cpu"`` or ``"gpu"``; the matrix moves to the device once.
+
+    Returns
+    -------
+    A dense float32 CuPy (GPU) or NumPy (CPU) array; constant genes become zeros.
+    """
+    xp = array_module(backend)
+    if sparse.issparse(expression):  # densified on the device: less to transfer
+        expression = sparse.csr_matrix(expression, dtype=np.float32)
+        standardized = (cupyx_sparse().csr_matrix(expression) if backend == "gpu" else expression).toarray()
+    else:
+        standardized = xp.array(expression, dtype=xp.float32)  # a copy: standardized in place
+    if method == "spearman":
+        standardized = _ranks(standardized, xp=xp)
+    _standardize_in_place(standardized, xp=xp)
+    return standardized
+
+
+def correlation_graph(
+    standardized, *, top_k: int, min_correlation: float, power: float, backend: Backend  # noqa: ANN001
+) -> sparse.csr_matrix:
+    """Sparse gene-gene graph: each gene joined to its ``top_k`` most correlated partners.
+
+    Parameters
+    ----------
+    standardized
+        :func:`standardize`'s samples x genes matrix, on the backend's device.
     top_k
         Partners kept per gene (positive correlations only: a signed network); of equal
         correlations, the lower gene index wins.
@@ -153,21 +175,13 @@ def correlation_graph(
     power
         Edge weight = correlation ** power (WGCNA's soft threshold; 1 keeps correlations).
     backend
-        ``"cpu"`` or ``"gpu"``; the matrix moves to the device once.
+        ``"cpu"`` or ``"gpu"``, as for :func:`standardize`.
 
     Returns
     -------
     Symmetric weights, genes x genes, host memory (an edge kept by either gene is kept).
     """
     xp = array_module(backend)
-    if sparse.issparse(expression):  # densified on the device: less to transfer
-        expression = sparse.csr_matrix(expression, dtype=np.float32)
-        standardized = (cupyx_sparse().csr_matrix(expression) if backend == "gpu" else expression).toarray()
-    else:
-        standardized = xp.array(expression, dtype=xp.float32)  # a copy: standardized in place
-    if method == "spearman":  # holds a second copy while ranking
-        standardized = _ranks(standardized, xp=xp)
-    _standardize_in_place(standardized, xp=xp)
     n_samples, n_genes = standardized.shape
     block_size = max(1, BLOCK_BYTES // (4 * n_genes))
     rows, cols, weights = [], [], []

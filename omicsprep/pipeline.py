@@ -208,11 +208,13 @@ def _gene_network(
                                               min_expressing_cells=params["min_expressing_cells"])
     with timer.step("metacells"):
         pooled = coexpression.pool_metacells(adata, **params["metacells"], seed=seed, backend=backend)
+    with timer.step("standardize"):
+        standardized = coexpression.standardize(pooled[:, genes].X, method=params["correlation"], backend=backend)
     with timer.step("correlation"):
-        graph = coexpression.correlation_graph(
-            pooled[:, genes].X, method=params["correlation"], top_k=params["top_k"],
-            min_correlation=params["min_correlation"], power=params["power"], backend=backend,
-        )
+        graph = coexpression.correlation_graph(standardized, top_k=params["top_k"],
+                                               min_correlation=params["min_correlation"], power=params["power"],
+                                               backend=backend)
+        del standardized  # the device copy, before the community search
     with timer.step("modules"):
         modules = coexpression.find_modules(
             graph, genes=genes, algorithm=params["algorithm"], resolution=params["resolution"],

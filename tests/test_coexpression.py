@@ -94,8 +94,8 @@ def test_blockwise_graph_equals_the_full_matrix(monkeypatch, method):
     expression = rng.gamma(1.0, size=(300, 120)).astype(np.float32)
     expression[:, :40] += rng.gamma(2.0, size=(300, 1)).astype(np.float32)  # a correlated group
     monkeypatch.setattr(coexpression, "BLOCK_BYTES", 4 * 120 * 7)  # blocks of 7 genes
-    graph = coexpression.correlation_graph(expression, method=method, top_k=5, min_correlation=0.05, power=2.0,
-                                           backend="cpu")
+    standardized = coexpression.standardize(expression, method=method, backend="cpu")
+    graph = coexpression.correlation_graph(standardized, top_k=5, min_correlation=0.05, power=2.0, backend="cpu")
     full = (stats.spearmanr(expression).statistic if method == "spearman" else np.corrcoef(expression.T))
     np.fill_diagonal(full, -np.inf)
     expected = np.zeros_like(full)
