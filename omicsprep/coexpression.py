@@ -207,16 +207,24 @@ def correlation_graph(
 
 
 def _standardize_in_place(values, *, xp: ModuleType) -> None:  # noqa: ANN001
-    """Centre each column and scale it to unit variance, a block of columns at a time, so
-    no temporary is larger than a block; a constant column becomes zeros (it correlates
-    with nothing)."""
-    step = max(1, BLOCK_BYTES // (4 * values.shape[0]))
-    for start in range(0, values.shape[1], step):
-        block = values[:, start : start + step]
-        block -= block.mean(axis=0)
-        scale = xp.sqrt((block * block).mean(axis=0))
-        scale[scale == 0] = 1
-        block /= scale
+    """Centre each column and scale it to unit variance; a constant column becomes zeros
+    (it correlates with nothing).
+
+    Column sums are products with a vector of ones: BLAS reads the row-major matrix in
+    order, where a column-wise reduction would stride through it (slow on the GPU). Only
+    the squares of one block of rows are a temporary.
+    """
+    n_rows, n_cols = values.shape
+    ones = xp.ones(n_rows, dtype=values.dtype)
+    values -= (ones @ values) / n_rows
+    squares = xp.zeros(n_cols, dtype=values.dtype)
+    step = max(1, BLOCK_BYTES // (4 * n_cols))
+    for start in range(0, n_rows, step):
+        block = values[start : start + step]
+        squares += ones[: block.shape[0]] @ (block * block)
+    scale = xp.sqrt(squares / n_rows)
+    scale[scale == 0] = 1
+    values /= scale
 
 
 def _ranks(values, *, xp: ModuleType):  # noqa: ANN001, ANN202
