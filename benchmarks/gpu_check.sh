@@ -3,13 +3,14 @@
 # unpacked (see ../shared/gpu/README.md):
 #   bash .gpu/stage.sh && source .gpu/env.sh && bash benchmarks/gpu_check.sh [SECTION ...]
 # Sections (default: all; one call of the device may run 10 minutes, so split them there):
-#   tests     the GPU tests
+#   tests     the GPU tests (only those matching $GPU_TESTS_K, a pytest -k expression, if set)
 #   workflow  the workflow on the demo data with backend cpu, then gpu twice (cold: empty
 #             CuPy kernel cache, kernels compile; warm: the cache is on disk), and
 #             CPU-vs-GPU agreement
 #   umi       UMI deduplication: a fresh process's first CUDA kernel call with an empty and
 #             with a filled Numba cache, then benchmarks/umi_dedup_bench.py
 #   coexpr    benchmarks/coexpr_bench.py at 5,000 genes x 100,000 cells and 20,000 x 50,000
+#   fragments benchmarks/fragments_bench.py: 10M fragments on both backends, 100M on the GPU
 # Tables and logs go to $OUT (default: gpu_check_out/).
 set -uo pipefail
 repo=$(pwd)
@@ -28,7 +29,7 @@ wants() { [[ " $sections " == *" $1 "* ]]; }
 
 if wants tests; then
 echo "== GPU tests"
-python3 -m pytest -m gpu -v -s -p no:cacheprovider tests/test_gpu.py 2>&1 | tail -n 40
+python3 -m pytest -m gpu -v -s -p no:cacheprovider ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} tests/test_gpu.py 2>&1 | tail -n 40
 fi
 
 if wants workflow; then
@@ -79,4 +80,10 @@ if wants coexpr; then
 echo "== co-expression benchmark"
 python3 benchmarks/coexpr_bench.py --sizes 5000x100000 20000x50000 --backends cpu gpu \
   --results "$out/coexpr.md" 2>&1 | tail -n 20
+fi
+
+if wants fragments; then
+echo "== fragments benchmark"
+python3 benchmarks/fragments_bench.py --fragments 10000000 --backends cpu gpu --results "$out/fragments.md" 2>&1 | tail -n 8
+python3 benchmarks/fragments_bench.py --fragments 100000000 --backends gpu --results "$out/fragments.md" 2>&1 | tail -n 8
 fi

@@ -8,62 +8,80 @@ chunk size and the output matrix, not the file.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from types import ModuleType
 
 import numpy as np
 import pandas as pd
 from anndata import AnnData
 from scipy import sparse
 
-from omicsprep.backend import Backend, array_module, asnumpy, cupyx_sparse
+from omicsprep.backend import Backend, array_module, asnumpy, cudf, cupyx_sparse
 from omicsprep.errors import InputError
 
 NUCLEOSOME_FREE = 147  # fragments shorter than one nucleosome's DNA (bp)
 MONO_NUCLEOSOME = 294  # up to this length: one nucleosome
 
 
-@dataclass
-class _Tally:
-    """What the chunks add up to: (cell, feature) counts and per-cell fragment counts."""
+FEATURE_BITS = 40  # tile keys: cell << 40 | chromosome << 32 | tile
+PER_CELL = ("n_fragments", "nucleosome_free", "mono_nucleosome", "in_features")
 
-    n_cells: int
-    pairs: list[pd.DataFrame] = field(default_factory=list)
-    chromosomes: dict[str, int] = field(default_factory=dict)
-    per_cell: dict[str, np.ndarray] = field(default_factory=dict)
-    outside_cells: int = 0
 
-    def add(self, name: str, cells: np.ndarray) -> None:
-        counts = np.bincount(cells, minlength=self.n_cells)
-        self.per_cell[name] = self.per_cell.get(name, 0) + counts
+class _PairCounts:
+    """(cell, feature) keys and their counts, summed over chunks in host memory; merged
+    whenever the unmerged part outgrows the merged one, so memory follows the output."""
+
+    def __init__(self) -> None:
+        self.keys, self.counts = np.zeros(0, np.int64), np.zeros(0, np.int64)
+        self.pending: list[tuple[np.ndarray, np.ndarray]] = []
+        self.pending_size = 0
+
+    def add(self, keys: np.ndarray, counts: np.ndarray) -> None:
+        self.pending.append((keys, counts))
+        self.pending_size += keys.size
+        if self.pending_size > max(self.keys.size, 1 << 20):
+            self.merge()
+
+    def merge(self) -> None:
+        keys = np.concatenate([self.keys, *(k for k, _ in self.pending)])
+        counts = np.concatenate([self.counts, *(c for _, c in self.pending)])
+        self.keys, where = np.unique(keys, return_inverse=True)
+        self.counts = np.bincount(where, weights=counts, minlength=self.keys.size).astype(np.int64)
+        self.pending, self.pending_size = [], 0
 
 
 def count_fragments(
-    chunks: Iterable[pd.DataFrame],
+    chunks: Iterable,
     *,
     barcodes: pd.Index,
     peaks: pd.DataFrame | None = None,
     tile_width: int = 5000,
+    backend: Backend = "cpu",
 ) -> AnnData:
     """Cells x features counts of fragments: one per feature a fragment overlaps.
 
     Parameters
     ----------
     chunks
-        Fragments (``chrom``, ``start``, ``end``, ``barcode``; 0-based, end exclusive).
+        Fragments (``chrom``, ``start``, ``end``, ``barcode``; 0-based, end exclusive):
+        pandas DataFrames on the CPU, cuDF DataFrames on the GPU
+        (:func:`omicsprep.io.fragment_chunks`).
     barcodes
-        The cells; fragments of other barcodes are only counted (``uns``).
+        The cells (unique); fragments of other barcodes are only counted (``uns``).
     peaks
         ``chrom``, ``start``, ``end`` of non-overlapping peaks; genome tiles of
         ``tile_width`` bp when ``None``.
     tile_width
         Tile size in bp.
+    backend
+        ``"cpu"`` (NumPy) or ``"gpu"`` (CuPy): where each chunk's overlaps and counts are
+        computed; the per-chunk (cell, feature) counts are summed in host memory.
 
     Returns
     -------
     Counts (CSR) with features named ``chrom:start-end``, sorted by chromosome name and
-    start; ``obs`` holds ``n_fragments``,
-    ``nucleosome_signal`` (mono-nucleosomal over nucleosome-free fragments) and
-    ``frac_in_features`` (with peaks: the fraction of fragments in peaks, FRiP).
+    start; ``obs`` holds ``n_fragments``, ``nucleosome_signal`` (mono-nucleosomal over
+    nucleosome-free fragments) and ``frac_in_features`` (with peaks: the fraction of
+    fragments in peaks, FRiP).
 
     Raises
     ------
@@ -71,100 +89,127 @@ def count_fragments(
         Fragments whose end is not after their start, or with a negative start;
         overlapping peaks.
     """
-    tally = _Tally(n_cells=len(barcodes))
+    xp = array_module(backend)
+    index_type = cudf().Index if backend == "gpu" else pd.Index
+    cells = index_type(np.asarray(barcodes, dtype=str))
+    per_cell = xp.zeros((len(PER_CELL), len(barcodes)), dtype=xp.int64)
+    pairs, outside_cells = _PairCounts(), 0
+    chromosomes: list[str] = []
     if peaks is not None:
-        peaks = peaks.sort_values(["chrom", "start"], ignore_index=True)
-        same_chrom = (peaks["chrom"].to_numpy()[1:] == peaks["chrom"].to_numpy()[:-1])
-        overlapping = same_chrom & (peaks["start"].to_numpy()[1:] < peaks["end"].to_numpy()[:-1])
-        if overlapping.any():
-            first = peaks.iloc[int(np.flatnonzero(overlapping)[0])]
-            raise InputError(f"{int(overlapping.sum())} peaks overlap the previous one (e.g. after "
-                             f"{first['chrom']}:{first['start']}-{first['end']}); merge them first")
+        peaks = _checked_peaks(peaks)
+        chromosomes = list(dict.fromkeys(peaks["chrom"]))
+        code = pd.Index(chromosomes).get_indexer(peaks["chrom"]).astype(np.int64) << 32
+        peak_starts = xp.asarray(code | peaks["start"].to_numpy(np.int64))
+        peak_ends = xp.asarray(code | peaks["end"].to_numpy(np.int64))
     for chunk in chunks:
-        bad = (chunk["start"] < 0) | (chunk["end"] <= chunk["start"])
-        if bad.any():
-            row = chunk[bad].iloc[0]
-            raise InputError(f"{int(bad.sum())} fragments with bad coordinates, e.g. "
-                             f"{row['chrom']}:{row['start']}-{row['end']}")
-        cell = barcodes.get_indexer(chunk["barcode"])
-        tally.outside_cells += int((cell < 0).sum())
-        chunk, cell = chunk[cell >= 0].reset_index(drop=True), cell[cell >= 0]
-        length = (chunk["end"] - chunk["start"]).to_numpy()
-        tally.add("n_fragments", cell)
-        tally.add("nucleosome_free", cell[length < NUCLEOSOME_FREE])
-        tally.add("mono_nucleosome", cell[(length >= NUCLEOSOME_FREE) & (length <= MONO_NUCLEOSOME)])
+        start, end = xp.asarray(chunk["start"].values, dtype=xp.int64), xp.asarray(chunk["end"].values, dtype=xp.int64)
+        _check_coordinates(chunk, start=start, end=end, xp=xp)
+        cell = xp.asarray(cells.get_indexer(chunk["barcode"]), dtype=xp.int64)
+        if peaks is None:  # tiles: every chromosome seen so far gets a number
+            seen = chunk["chrom"].unique()
+            seen = seen.to_pandas() if hasattr(seen, "to_pandas") else seen
+            known = set(chromosomes)
+            chromosomes += [c for c in seen if c not in known]
+        chrom = xp.asarray(index_type(chromosomes).get_indexer(chunk["chrom"]), dtype=xp.int64)
+        inside = cell >= 0
+        outside_cells += int((~inside).sum())
+        cell, chrom, start, end = cell[inside], chrom[inside], start[inside], end[inside]
+        length = end - start
+        for row, selected in enumerate([cell, cell[length < NUCLEOSOME_FREE],
+                                        cell[(length >= NUCLEOSOME_FREE) & (length <= MONO_NUCLEOSOME)]]):
+            per_cell[row] += xp.bincount(selected, minlength=len(barcodes))
         if peaks is not None:
-            fragment, feature = _overlapped_peaks(chunk, peaks)
+            fragment, feature = _overlapped_peaks(chrom, start, end, peak_starts, peak_ends, xp=xp)
+            key = cell[fragment] * len(peaks) + feature
         else:
-            fragment, feature = _overlapped_tiles(chunk, tile_width, tally.chromosomes)
-        tally.add("in_features", cell[np.unique(fragment)])
-        pairs = pd.DataFrame({"cell": cell[fragment], "feature": feature})
-        tally.pairs.append(pairs.groupby(["cell", "feature"]).size().rename("count").reset_index())
-    return _to_anndata(tally, barcodes=barcodes, peaks=peaks, tile_width=tile_width)
+            fragment, tile = _overlapped_tiles(start, end, tile_width, xp=xp)
+            key = (cell[fragment] << FEATURE_BITS) | (chrom[fragment] << 32) | tile
+        in_feature = xp.zeros(cell.size, dtype=bool)
+        in_feature[fragment] = True
+        per_cell[3] += xp.bincount(cell[in_feature], minlength=len(barcodes))
+        keys, counts = xp.unique(key, return_counts=True)
+        pairs.add(asnumpy(keys), asnumpy(counts))
+    pairs.merge()
+    return _to_anndata(pairs, dict(zip(PER_CELL, asnumpy(per_cell))), barcodes=barcodes, peaks=peaks,
+                       chromosomes=chromosomes, tile_width=tile_width, outside_cells=outside_cells)
 
 
-def _overlapped_peaks(chunk: pd.DataFrame, peaks: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """(fragment, peak) pairs that overlap; peaks sorted by chromosome and start."""
+def _checked_peaks(peaks: pd.DataFrame) -> pd.DataFrame:
+    """Peaks sorted by chromosome and start; overlapping peaks refused."""
+    peaks = peaks.sort_values(["chrom", "start"], ignore_index=True)
+    same_chrom = peaks["chrom"].to_numpy()[1:] == peaks["chrom"].to_numpy()[:-1]
+    overlapping = same_chrom & (peaks["start"].to_numpy()[1:] < peaks["end"].to_numpy()[:-1])
+    if overlapping.any():
+        first = peaks.iloc[int(np.flatnonzero(overlapping)[0])]
+        raise InputError(f"{int(overlapping.sum())} peaks overlap the previous one (e.g. after "
+                         f"{first['chrom']}:{first['start']}-{first['end']}); merge them first")
+    return peaks
+
+
+def _check_coordinates(chunk, *, start, end, xp: ModuleType) -> None:  # noqa: ANN001
+    bad = (start < 0) | (end <= start)
+    n_bad = int(bad.sum())
+    if n_bad:
+        i = int(xp.argmax(bad))
+        raise InputError(f"{n_bad} fragments with bad coordinates, e.g. "
+                         f"{chunk['chrom'].iloc[i]}:{int(start[i])}-{int(end[i])}")
+
+
+def _expanded(first, n, *, xp: ModuleType):  # noqa: ANN001, ANN202
+    """(i, first[i] + j) for j < n[i]: a fragment's consecutive features (n is small)."""
     fragments, features = [], []
-    for chrom, rows in chunk.groupby("chrom", sort=False).indices.items():
-        on_chrom = np.flatnonzero((peaks["chrom"] == chrom).to_numpy())
-        if on_chrom.size == 0:
-            continue
-        starts, ends = peaks["start"].to_numpy()[on_chrom], peaks["end"].to_numpy()[on_chrom]
-        first = np.searchsorted(ends, chunk["start"].to_numpy()[rows], side="right")
-        last = np.searchsorted(starts, chunk["end"].to_numpy()[rows], side="left")
-        n = np.maximum(last - first, 0)
-        fragments.append(np.repeat(rows, n))
-        features.append(on_chrom[np.repeat(first, n) + _ranks_within(n)])
+    for j in range(int(n.max()) if n.size else 0):
+        (selected,) = xp.nonzero(n > j)
+        fragments.append(selected)
+        features.append(first[selected] + j)
     if not fragments:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    return np.concatenate(fragments), np.concatenate(features)
+        return xp.zeros(0, dtype=xp.int64), xp.zeros(0, dtype=xp.int64)
+    return xp.concatenate(fragments), xp.concatenate(features)
 
 
-def _overlapped_tiles(
-    chunk: pd.DataFrame, tile_width: int, chromosomes: dict[str, int]
-) -> tuple[np.ndarray, np.ndarray]:
-    """(fragment, tile key) pairs; a key is the chromosome's number << 32 | tile."""
-    for chrom in chunk["chrom"].unique():
-        chromosomes.setdefault(chrom, len(chromosomes))
-    first = chunk["start"].to_numpy() // tile_width
-    n = (chunk["end"].to_numpy() - 1) // tile_width - first + 1
-    fragment = np.repeat(np.arange(len(chunk)), n)
-    tile = np.repeat(first, n) + _ranks_within(n)
-    code = chunk["chrom"].map(chromosomes).to_numpy(np.int64)[fragment]
-    return fragment, (code << 32) | tile
+def _overlapped_peaks(chrom, start, end, peak_starts, peak_ends, *, xp: ModuleType):  # noqa: ANN001, ANN202
+    """(fragment, peak) pairs that overlap. Positions are keyed chromosome << 32 | bp, so
+    one sorted search over all peaks stays within a fragment's chromosome."""
+    first = xp.searchsorted(peak_ends, (chrom << 32) | start, side="right")
+    last = xp.searchsorted(peak_starts, (chrom << 32) | end, side="left")
+    n = xp.where(chrom >= 0, xp.maximum(last - first, 0), 0)  # no peaks on unknown chromosomes
+    return _expanded(first, n, xp=xp)
 
 
-def _ranks_within(n: np.ndarray) -> np.ndarray:
-    """0, 1, ..., n[i] - 1 for each i, concatenated."""
-    ends = np.cumsum(n)
-    return np.arange(ends[-1] if n.size else 0) - np.repeat(ends - n, n)
+def _overlapped_tiles(start, end, tile_width: int, *, xp: ModuleType):  # noqa: ANN001, ANN202
+    """(fragment, tile) pairs."""
+    first = start // tile_width
+    return _expanded(first, (end - 1) // tile_width - first + 1, xp=xp)
 
 
-def _to_anndata(tally: _Tally, *, barcodes: pd.Index, peaks: pd.DataFrame | None, tile_width: int) -> AnnData:
-    pairs = pd.concat(tally.pairs, ignore_index=True) if tally.pairs else pd.DataFrame(
-        {"cell": [], "feature": [], "count": []}, dtype=np.int64)
-    pairs = pairs.groupby(["cell", "feature"], sort=False)["count"].sum().reset_index()
+def _to_anndata(
+    pairs: _PairCounts,
+    per_cell: dict[str, np.ndarray],
+    *,
+    barcodes: pd.Index,
+    peaks: pd.DataFrame | None,
+    chromosomes: list[str],
+    tile_width: int,
+    outside_cells: int,
+) -> AnnData:
     if peaks is not None:
-        names = peaks["chrom"] + ":" + peaks["start"].astype(str) + "-" + peaks["end"].astype(str)
-        column = pairs["feature"].to_numpy()
+        names = (peaks["chrom"] + ":" + peaks["start"].astype(str) + "-" + peaks["end"].astype(str)).to_numpy()
+        row, column = np.divmod(pairs.keys, len(peaks))
     else:
-        keys = np.sort(pairs["feature"].unique())
-        chrom_names = np.array(list(tally.chromosomes), dtype=object)[keys >> 32]
-        tile = (keys & 0xFFFFFFFF) * tile_width
-        names = pd.Series(chrom_names + ":" + tile.astype(str) + "-" + (tile + tile_width).astype(str))
-        column = np.searchsorted(keys, pairs["feature"].to_numpy())
-    counts = sparse.csr_matrix((pairs["count"].to_numpy(np.float32), (pairs["cell"].to_numpy(), column)),
-                               shape=(len(barcodes), len(names)))
-    per_cell = {name: tally.per_cell.get(name, np.zeros(len(barcodes))) for name in
-                ("n_fragments", "nucleosome_free", "mono_nucleosome", "in_features")}
+        row, feature = pairs.keys >> FEATURE_BITS, pairs.keys & ((1 << FEATURE_BITS) - 1)
+        features, column = np.unique(feature, return_inverse=True)
+        chrom, tile = np.array(chromosomes, dtype=object)[features >> 32], (features & 0xFFFFFFFF) * tile_width
+        order = np.lexsort((tile, chrom.astype(str)))  # by chromosome name, then start
+        column = np.argsort(order)[column]
+        names = (chrom + ":" + tile.astype(str) + "-" + (tile + tile_width).astype(str))[order]
+    counts = sparse.csr_matrix((pairs.counts.astype(np.float32), (row, column)), shape=(len(barcodes), len(names)))
     obs = pd.DataFrame({
         "n_fragments": per_cell["n_fragments"],
         "nucleosome_signal": per_cell["mono_nucleosome"] / np.maximum(per_cell["nucleosome_free"], 1),
         "frac_in_features": per_cell["in_features"] / np.maximum(per_cell["n_fragments"], 1),
     }, index=pd.Index(barcodes, dtype=str))
-    adata = AnnData(counts, obs=obs, var=pd.DataFrame(index=pd.Index(names.to_numpy(), dtype=str)))
-    adata.uns["fragments"] = {"outside_cells": tally.outside_cells,
+    adata = AnnData(counts, obs=obs, var=pd.DataFrame(index=pd.Index(names.astype(str), dtype=str)))
+    adata.uns["fragments"] = {"outside_cells": outside_cells,
                               "features": "peaks" if peaks is not None else f"tiles of {tile_width} bp"}
     return adata
 

@@ -147,9 +147,8 @@ def standardize(expression: np.ndarray | sparse.spmatrix, *, method: Correlation
     A dense float32 CuPy (GPU) or NumPy (CPU) array; constant genes become zeros.
     """
     xp = array_module(backend)
-    if sparse.issparse(expression):  # densified on the device: less to transfer
-        expression = sparse.csr_matrix(expression, dtype=np.float32)
-        standardized = (cupyx_sparse().csr_matrix(expression) if backend == "gpu" else expression).toarray()
+    if sparse.issparse(expression):
+        standardized = _densified(sparse.csr_matrix(expression, dtype=np.float32), backend=backend)
     else:
         standardized = xp.array(expression, dtype=xp.float32)  # a copy: standardized in place
     if method == "spearman":
@@ -204,6 +203,19 @@ def correlation_graph(
         (np.concatenate(weights), (np.concatenate(rows), np.concatenate(cols))), shape=(n_genes, n_genes)
     )
     return graph.maximum(graph.T).tocsr()
+
+
+def _densified(matrix: sparse.csr_matrix, *, backend: Backend):  # noqa: ANN202
+    """The dense matrix on the device, moved and densified a block of rows at a time: only
+    sparse blocks cross to the GPU, and no second dense copy is made (a whole-matrix
+    ``toarray`` on the GPU makes one)."""
+    xp = array_module(backend)
+    dense = xp.empty(matrix.shape, dtype=xp.float32)
+    step = max(1, BLOCK_BYTES // (4 * matrix.shape[1]))
+    for start in range(0, matrix.shape[0], step):
+        block = matrix[start : start + step]
+        dense[start : start + step] = (cupyx_sparse().csr_matrix(block) if backend == "gpu" else block).toarray()
+    return dense
 
 
 def _standardize_in_place(values, *, xp: ModuleType) -> None:  # noqa: ANN001

@@ -22,6 +22,7 @@ from anndata import AnnData
 from matplotlib.figure import Figure
 from scipy import sparse
 
+from omicsprep.backend import Backend, cudf
 from omicsprep.errors import InputError
 
 InputFormat = Literal["10x_h5", "10x_mtx", "h5ad", "zarr", "bam", "sam", "molecules"]
@@ -215,34 +216,75 @@ def read_h5ad(path: str | Path) -> AnnData:
 FRAGMENT_COLUMNS = ["chrom", "start", "end", "barcode", "count"]
 
 
-def fragment_chunks(path: str | Path, *, chunk_rows: int = 5_000_000) -> Iterator[pd.DataFrame]:
+def fragment_chunks(path: str | Path, *, chunk_rows: int = 5_000_000, backend: Backend = "cpu") -> Iterator:
     """Stream a 10x ``fragments.tsv[.gz]`` (chrom, start, end, barcode, reads; ``#``
     header lines skipped) in chunks of about ``chunk_rows`` fragments.
+
+    On the CPU the chunks are pandas DataFrames parsed by pyarrow; on the GPU, cuDF
+    DataFrames parsed on the device from blocks of the (decompressed) text.
 
     Raises
     ------
     InputError
         Missing or unparsable file (e.g. non-integer coordinates).
     """
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
-
     path = Path(path)
     if not path.is_file():
         raise InputError("does not exist", path=path)
-    types = {"chrom": pa.string(), "start": pa.int64(), "end": pa.int64(), "barcode": pa.string()}
+    chunks = _fragment_chunks_cudf(path, chunk_rows) if backend == "gpu" else _fragment_chunks_arrow(path, chunk_rows)
     try:
-        reader = pacsv.open_csv(
-            path,
-            read_options=pacsv.ReadOptions(column_names=FRAGMENT_COLUMNS, block_size=max(1 << 20, chunk_rows * 48)),
-            parse_options=pacsv.ParseOptions(delimiter="\t", invalid_row_handler=_skip_comment_rows),
-            convert_options=pacsv.ConvertOptions(column_types=types, include_columns=list(types)),
-        )
-        for batch in reader:
-            yield batch.to_pandas()
-    except (pa.ArrowInvalid, ValueError) as exc:
+        yield from chunks
+    except (ValueError, RuntimeError) as exc:  # pyarrow's and cuDF's parse errors
         raise InputError(f"cannot be read as 10x fragments (chrom, start, end, barcode, count): {exc}",
                          path=path) from exc
+
+
+FRAGMENT_TYPES = {"chrom": "str", "start": "int64", "end": "int64", "barcode": "str"}
+BYTES_PER_FRAGMENT = 48  # a 10x fragments line, about
+
+
+def _fragment_chunks_arrow(path: Path, chunk_rows: int) -> Iterator[pd.DataFrame]:
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    reader = pacsv.open_csv(
+        path,
+        read_options=pacsv.ReadOptions(column_names=FRAGMENT_COLUMNS,
+                                       block_size=max(1 << 20, chunk_rows * BYTES_PER_FRAGMENT)),
+        parse_options=pacsv.ParseOptions(delimiter="\t", invalid_row_handler=_skip_comment_rows),
+        convert_options=pacsv.ConvertOptions(column_types={k: pa.type_for_alias(v) for k, v in FRAGMENT_TYPES.items()},
+                                             include_columns=list(FRAGMENT_TYPES)),
+    )
+    for batch in reader:
+        yield batch.to_pandas()
+
+
+def _fragment_chunks_cudf(path: Path, chunk_rows: int) -> Iterator:
+    """Blocks of whole lines read on the host (decompressed there if gzipped) and parsed by
+    cuDF on the GPU."""
+    import gzip
+    import io as stdio
+
+    block_bytes = max(1 << 20, chunk_rows * BYTES_PER_FRAGMENT)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as handle:
+        rest = b""
+        while block := handle.read(block_bytes):
+            text = rest + block
+            cut = text.rfind(b"\n") + 1
+            text, rest = (text[:cut], text[cut:]) if cut else (b"", text)
+            if text:
+                yield _parsed_fragments(cudf(), stdio.BytesIO(text))
+        if rest.strip():
+            yield _parsed_fragments(cudf(), stdio.BytesIO(rest))
+
+
+def _parsed_fragments(cudf, text):  # noqa: ANN001, ANN202
+    frame = cudf.read_csv(text, sep="\t", header=None, names=FRAGMENT_COLUMNS, usecols=list(FRAGMENT_TYPES),
+                          dtype=FRAGMENT_TYPES, comment="#")
+    if frame["start"].isnull().any() or frame["end"].isnull().any():
+        raise ValueError("non-integer or missing coordinates")
+    return frame
 
 
 def _skip_comment_rows(row) -> str:  # noqa: ANN001

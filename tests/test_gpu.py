@@ -10,6 +10,7 @@ from sklearn.metrics import adjusted_rand_score
 
 from omicsprep import io
 from omicsprep.backend import resolve_backend
+from omicsprep.errors import InputError
 from omicsprep.pipeline import run_clustering, run_qc
 
 pytestmark = pytest.mark.gpu
@@ -214,3 +215,41 @@ def test_chromatin_tfidf_and_lsi_agree_on_cpu_and_gpu():
     for k in range(5):
         corr = np.corrcoef(results["gpu"].obsm["X_lsi"][:, k], results["cpu"].obsm["X_lsi"][:, k])[0, 1]
         assert abs(corr) > 0.999
+
+
+@pytest.mark.parametrize("features", ["peaks", "tiles"])
+def test_fragment_counts_are_identical_on_cpu_and_gpu(features):
+    import pandas as pd
+    from conftest import REPO
+
+    from omicsprep import chromatin
+
+    folder = REPO / "tests" / "data" / "multiome"
+    barcodes = pd.Index(pd.read_csv(folder / "barcodes.tsv", header=None)[0])
+    peaks = io.read_peaks(folder / "peaks.bed") if features == "peaks" else None
+    results = {
+        backend: chromatin.count_fragments(io.fragment_chunks(folder / "fragments.tsv.gz", chunk_rows=20_000,
+                                                              backend=backend),
+                                           barcodes=barcodes, peaks=peaks, tile_width=5000, backend=backend)
+        for backend in ("cpu", "gpu")
+    }
+    assert list(results["gpu"].var_names) == list(results["cpu"].var_names)
+    assert (results["gpu"].X != results["cpu"].X).nnz == 0
+    pd.testing.assert_frame_equal(results["gpu"].obs, results["cpu"].obs)
+    assert results["gpu"].uns["fragments"] == results["cpu"].uns["fragments"]
+
+
+def test_fragments_with_bad_coordinates_are_refused_on_the_gpu(tmp_path):
+    import pandas as pd
+
+    from omicsprep import chromatin
+
+    path = tmp_path / "fragments.tsv"
+    path.write_text("#header\nchr1\t100\t200\tAAAC-1\t1\nchr1\t300\tabc\tAAAC-1\t1\n")
+    with pytest.raises(InputError, match="fragments"):
+        chromatin.count_fragments(io.fragment_chunks(path, backend="gpu"), barcodes=pd.Index(["AAAC-1"]),
+                                  backend="gpu")
+    path.write_text("chr1\t300\t200\tAAAC-1\t1\n")
+    with pytest.raises(InputError, match="bad coordinates"):
+        chromatin.count_fragments(io.fragment_chunks(path, backend="gpu"), barcodes=pd.Index(["AAAC-1"]),
+                                  backend="gpu")

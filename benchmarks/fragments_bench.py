@@ -1,0 +1,118 @@
+"""Fragments to a cells x tiles matrix, CPU against GPU: fragments/s and peak memory.
+
+    python benchmarks/fragments_bench.py --fragments 10000000 100000000 --backends cpu gpu
+
+Per size it writes a 10x ``fragments.tsv`` (generate.py: 10,000 cells, 20% background
+barcodes, sorted; cached in ``--work``), then, in a fresh process per backend, counts it
+into 5 kb tiles with ``omicsprep.chromatin.count_fragments`` over
+``io.fragment_chunks``. Reported: seconds and fragments/s for the file to the matrix; on
+the GPU also the counting alone, from chunks already parsed into GPU memory (the
+target's "counts"); the process's peak host memory, next to the size of one chunk of
+text and of the output matrix (12 bytes a non-zero); on the GPU RMM's peak allocation.
+The table, with machine and date, is appended to ``--results``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from generate import fragment_barcodes, write_fragments  # noqa: E402
+from run import append_results  # noqa: E402
+
+N_CELLS = 10_000
+
+
+def measure(path: Path, backend: str, chunk_rows: int) -> dict:
+    """Count ``path`` into tiles on one backend, in this process."""
+    from omicsprep import chromatin, io
+    from omicsprep.backend import resolve_backend, synchronize
+
+    resolve_backend(backend)
+    statistics = _device_statistics() if backend == "gpu" else None
+    barcodes = pd.Index(fragment_barcodes(N_CELLS, seed=0))  # the generator's cells
+    warm = io.fragment_chunks(path, chunk_rows=10_000, backend=backend)  # load libraries, compile kernels
+    chromatin.count_fragments([next(iter(warm))], barcodes=barcodes, backend=backend)
+    start = time.perf_counter()
+    adata = chromatin.count_fragments(io.fragment_chunks(path, chunk_rows=chunk_rows, backend=backend),
+                                      barcodes=barcodes, backend=backend)
+    seconds = time.perf_counter() - start
+    n_fragments = int(adata.obs["n_fragments"].sum()) + adata.uns["fragments"]["outside_cells"]
+    row = {"fragments": n_fragments, "backend": backend, "chunk_rows": chunk_rows, "seconds": round(seconds, 2),
+           "fragments_per_s_M": round(n_fragments / seconds / 1e6, 1)}
+    if backend == "gpu":  # the counting alone: chunks parsed into GPU memory first
+        chunks = list(io.fragment_chunks(path, chunk_rows=chunk_rows, backend=backend))
+        synchronize(backend=backend)
+        start = time.perf_counter()
+        chromatin.count_fragments(chunks, barcodes=barcodes, backend=backend)
+        counting = time.perf_counter() - start
+        row["counting_only_s"] = round(counting, 2)
+        row["counting_per_s_M"] = round(n_fragments / counting / 1e6, 1)
+        del chunks
+    row["tiles"] = adata.n_vars
+    row["peak_host_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    row["chunk_text_mb"] = round(chunk_rows * io.BYTES_PER_FRAGMENT / 2**20)
+    row["output_matrix_mb"] = round(adata.X.nnz * 12 / 2**20)
+    if statistics is not None:
+        row["peak_gpu_gb"] = round(statistics.get_statistics().peak_bytes / 2**30, 2)
+    return row
+
+
+def _device_statistics():  # noqa: ANN202
+    try:
+        import rmm.statistics
+
+        rmm.statistics.enable_statistics()
+    except (ImportError, AttributeError):
+        return None
+    return rmm.statistics
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fragments", nargs="+", type=int, default=[10_000_000])
+    parser.add_argument("--backends", nargs="+", choices=["cpu", "gpu"], default=["cpu"])
+    parser.add_argument("--chunk-rows", type=int, default=5_000_000)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/omicsprep_fragments"))
+    parser.add_argument("--results", type=Path, default=HERE / "RESULTS.md")
+    parser.add_argument("--one", nargs=2, metavar=("PATH", "BACKEND"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(measure(Path(args.one[0]), args.one[1], args.chunk_rows)))
+        return
+    args.work.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for n in args.fragments:
+        path = args.work / f"fragments_{n}.tsv"
+        if not path.exists():
+            start = time.perf_counter()
+            write_fragments(path.with_suffix(".part"), n, n_cells=N_CELLS)
+            path.with_suffix(".part").rename(path)
+            print(f"wrote {path} ({path.stat().st_size / 2**30:.1f} GB) in {time.perf_counter() - start:.0f} s",
+                  flush=True)
+        for backend in args.backends:
+            result = subprocess.run([sys.executable, __file__, "--one", str(path), backend,
+                                     "--chunk-rows", str(args.chunk_rows)], capture_output=True, text=True)
+            if result.returncode != 0:
+                print(result.stderr[-3000:], flush=True)
+                continue
+            rows.append(json.loads(result.stdout.strip().splitlines()[-1]))
+            print(rows[-1], flush=True)
+    table = pd.DataFrame(rows)
+    print(table.to_string(index=False))
+    append_results(args.results, title="Fragments to tiles", table=table,
+                   note=f"Generated 10x fragments (plain TSV, {N_CELLS:,} cells + background barcodes), 5 kb tiles; "
+                        "seconds after a warm-up call.")
+
+
+if __name__ == "__main__":
+    main()
