@@ -27,25 +27,28 @@ PER_CELL = ("n_fragments", "nucleosome_free", "mono_nucleosome", "in_features")
 
 
 class _PairCounts:
-    """(cell, feature) keys and their counts, summed over chunks in host memory; merged
-    whenever the unmerged part outgrows the merged one, so memory follows the output."""
+    """(cell, feature) keys and their counts, summed over chunks on the backend's device;
+    merged whenever the unmerged part outgrows the merged one, so memory follows the
+    output, not the input."""
 
-    def __init__(self) -> None:
-        self.keys, self.counts = np.zeros(0, np.int64), np.zeros(0, np.int64)
-        self.pending: list[tuple[np.ndarray, np.ndarray]] = []
+    def __init__(self, xp: ModuleType) -> None:
+        self.xp = xp
+        self.keys, self.counts = xp.zeros(0, xp.int64), xp.zeros(0, xp.int64)
+        self.pending: list = []
         self.pending_size = 0
 
-    def add(self, keys: np.ndarray, counts: np.ndarray) -> None:
+    def add(self, keys, counts) -> None:  # noqa: ANN001
         self.pending.append((keys, counts))
         self.pending_size += keys.size
         if self.pending_size > max(self.keys.size, 1 << 20):
             self.merge()
 
     def merge(self) -> None:
-        keys = np.concatenate([self.keys, *(k for k, _ in self.pending)])
-        counts = np.concatenate([self.counts, *(c for _, c in self.pending)])
-        self.keys, where = np.unique(keys, return_inverse=True)
-        self.counts = np.bincount(where, weights=counts, minlength=self.keys.size).astype(np.int64)
+        xp = self.xp
+        keys = xp.concatenate([self.keys, *(k for k, _ in self.pending)])
+        counts = xp.concatenate([self.counts, *(c for _, c in self.pending)])
+        self.keys, where = xp.unique(keys, return_inverse=True)
+        self.counts = xp.bincount(where.ravel(), weights=counts, minlength=self.keys.size).astype(xp.int64)
         self.pending, self.pending_size = [], 0
 
 
@@ -93,7 +96,7 @@ def count_fragments(
     index_type = cudf().Index if backend == "gpu" else pd.Index
     cells = index_type(np.asarray(barcodes, dtype=str))
     per_cell = xp.zeros((len(PER_CELL), len(barcodes)), dtype=xp.int64)
-    pairs, outside_cells = _PairCounts(), 0
+    pairs, outside_cells = _PairCounts(xp), 0
     chromosomes: list[str] = []
     if peaks is not None:
         peaks = _checked_peaks(peaks)
@@ -127,11 +130,10 @@ def count_fragments(
         in_feature = xp.zeros(cell.size, dtype=bool)
         in_feature[fragment] = True
         per_cell[3] += xp.bincount(cell[in_feature], minlength=len(barcodes))
-        keys, counts = xp.unique(key, return_counts=True)
-        pairs.add(asnumpy(keys), asnumpy(counts))
+        pairs.add(*xp.unique(key, return_counts=True))
     pairs.merge()
     return _to_anndata(pairs, dict(zip(PER_CELL, asnumpy(per_cell))), barcodes=barcodes, peaks=peaks,
-                       chromosomes=chromosomes, tile_width=tile_width, outside_cells=outside_cells)
+                       chromosomes=chromosomes, tile_width=tile_width, outside_cells=outside_cells, backend=backend)
 
 
 def _checked_peaks(peaks: pd.DataFrame) -> pd.DataFrame:
@@ -191,24 +193,33 @@ def _to_anndata(
     chromosomes: list[str],
     tile_width: int,
     outside_cells: int,
+    backend: Backend,
 ) -> AnnData:
+    """The counts as CSR, assembled on the device from the sorted keys, and the features'
+    names and the QC metrics on the host."""
+    xp = array_module(backend)
+    sp = cupyx_sparse() if backend == "gpu" else sparse
     if peaks is not None:
         names = (peaks["chrom"] + ":" + peaks["start"].astype(str) + "-" + peaks["end"].astype(str)).to_numpy()
-        row, column = np.divmod(pairs.keys, len(peaks))
+        row, column = pairs.keys // len(peaks), pairs.keys % len(peaks)
     else:
         row, feature = pairs.keys >> FEATURE_BITS, pairs.keys & ((1 << FEATURE_BITS) - 1)
-        features, column = np.unique(feature, return_inverse=True)
+        features, column = xp.unique(feature, return_inverse=True)
+        features = asnumpy(features)
         chrom, tile = np.array(chromosomes, dtype=object)[features >> 32], (features & 0xFFFFFFFF) * tile_width
         order = np.lexsort((tile, chrom.astype(str)))  # by chromosome name, then start
-        column = np.argsort(order)[column]
+        column = xp.asarray(np.argsort(order))[column.ravel()]
         names = (chrom + ":" + tile.astype(str) + "-" + (tile + tile_width).astype(str))[order]
-    counts = sparse.csr_matrix((pairs.counts.astype(np.float32), (row, column)), shape=(len(barcodes), len(names)))
+    indptr = xp.searchsorted(row, xp.arange(len(barcodes) + 1), side="left")  # keys are sorted by cell
+    counts = sp.csr_matrix((pairs.counts.astype(xp.float32), column.astype(xp.int32), indptr.astype(xp.int32)),
+                           shape=(len(barcodes), len(names)))
+    counts.sort_indices()
     obs = pd.DataFrame({
         "n_fragments": per_cell["n_fragments"],
         "nucleosome_signal": per_cell["mono_nucleosome"] / np.maximum(per_cell["nucleosome_free"], 1),
         "frac_in_features": per_cell["in_features"] / np.maximum(per_cell["n_fragments"], 1),
     }, index=pd.Index(barcodes, dtype=str))
-    adata = AnnData(counts, obs=obs, var=pd.DataFrame(index=pd.Index(names.astype(str), dtype=str)))
+    adata = AnnData(asnumpy(counts), obs=obs, var=pd.DataFrame(index=pd.Index(names.astype(str), dtype=str)))
     adata.uns["fragments"] = {"outside_cells": outside_cells,
                               "features": "peaks" if peaks is not None else f"tiles of {tile_width} bp"}
     return adata

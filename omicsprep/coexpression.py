@@ -206,15 +206,18 @@ def correlation_graph(
 
 
 def _densified(matrix: sparse.csr_matrix, *, backend: Backend):  # noqa: ANN202
-    """The dense matrix on the device, moved and densified a block of rows at a time: only
-    sparse blocks cross to the GPU, and no second dense copy is made (a whole-matrix
-    ``toarray`` on the GPU makes one)."""
+    """The dense matrix on the device. On the GPU only the sparse arrays cross and are
+    scattered into place (CuPy's ``toarray`` sorts a copy and makes a second, column-major,
+    dense copy); on the CPU SciPy writes straight into the output."""
     xp = array_module(backend)
-    dense = xp.empty(matrix.shape, dtype=xp.float32)
-    step = max(1, BLOCK_BYTES // (4 * matrix.shape[1]))
-    for start in range(0, matrix.shape[0], step):
-        block = matrix[start : start + step]
-        dense[start : start + step] = (cupyx_sparse().csr_matrix(block) if backend == "gpu" else block).toarray()
+    matrix.sum_duplicates()  # a no-op for canonical matrices (AnnData's)
+    dense = xp.zeros(matrix.shape, dtype=xp.float32)
+    if backend == "cpu":
+        matrix.toarray(out=dense)
+        return dense
+    indptr = xp.asarray(matrix.indptr)
+    rows = xp.searchsorted(indptr, xp.arange(matrix.nnz, dtype=indptr.dtype), side="right") - 1
+    dense[rows, xp.asarray(matrix.indices)] = xp.asarray(matrix.data)
     return dense
 
 

@@ -260,28 +260,32 @@ def _fragment_chunks_arrow(path: Path, chunk_rows: int) -> Iterator[pd.DataFrame
 
 
 def _fragment_chunks_cudf(path: Path, chunk_rows: int) -> Iterator:
-    """Blocks of whole lines read on the host (decompressed there if gzipped) and parsed by
-    cuDF on the GPU."""
+    """Chunks parsed by cuDF on the GPU: byte ranges of a plain file (cuDF reads the rows
+    that start in each), or blocks of whole lines decompressed on the host from a
+    gzipped one."""
     import gzip
     import io as stdio
 
     block_bytes = max(1 << 20, chunk_rows * BYTES_PER_FRAGMENT)
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as handle:
+    if path.suffix != ".gz":
+        for offset in range(0, path.stat().st_size, block_bytes):
+            yield _parsed_fragments(path, byte_range=(offset, block_bytes))
+        return
+    with gzip.open(path, "rb") as handle:
         rest = b""
         while block := handle.read(block_bytes):
             text = rest + block
             cut = text.rfind(b"\n") + 1
-            text, rest = (text[:cut], text[cut:]) if cut else (b"", text)
+            text, rest = text[:cut], text[cut:]
             if text:
-                yield _parsed_fragments(cudf(), stdio.BytesIO(text))
+                yield _parsed_fragments(stdio.BytesIO(text))
         if rest.strip():
-            yield _parsed_fragments(cudf(), stdio.BytesIO(rest))
+            yield _parsed_fragments(stdio.BytesIO(rest))
 
 
-def _parsed_fragments(cudf, text):  # noqa: ANN001, ANN202
-    frame = cudf.read_csv(text, sep="\t", header=None, names=FRAGMENT_COLUMNS, usecols=list(FRAGMENT_TYPES),
-                          dtype=FRAGMENT_TYPES, comment="#")
+def _parsed_fragments(source, **options):  # noqa: ANN001, ANN202
+    frame = cudf().read_csv(source, sep="\t", header=None, names=FRAGMENT_COLUMNS, usecols=list(FRAGMENT_TYPES),
+                            dtype=FRAGMENT_TYPES, comment="#", compression=None, **options)
     if frame["start"].isnull().any() or frame["end"].isnull().any():
         raise ValueError("non-integer or missing coordinates")
     return frame

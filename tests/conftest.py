@@ -11,6 +11,8 @@ from omicsprep.backend import gpu_unavailable_reason
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "resources" / "demo"
+MULTIOME = DEMO / "multiome_pbmc"
+CITESEQ = DEMO / "citeseq_dsb"
 PBMC_H5 = DEMO / "pbmc_chr21" / "filtered_feature_bc_matrix.h5"
 PBMC_MTX = DEMO / "pbmc_chr21" / "filtered_feature_bc_matrix"
 MOUSE_ZARR = DEMO / "mouse_10k.zarr"

@@ -8,13 +8,12 @@ import gzip
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import REPO
+from conftest import CITESEQ, MULTIOME
 from scipy import sparse
 
 from omicsprep import chromatin, io
 from omicsprep.errors import InputError
 
-MULTIOME = REPO / "tests" / "data" / "multiome"
 FRAGMENTS = MULTIOME / "fragments.tsv.gz"
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import CLUSTER_PARAMS, NO_DOUBLETS, QC_PARAMS
+from conftest import CITESEQ, CLUSTER_PARAMS, MULTIOME, NO_DOUBLETS, QC_PARAMS
 from scipy import sparse
 from sklearn.metrics import adjusted_rand_score
 
@@ -177,11 +177,9 @@ def test_coexpression_agrees_on_cpu_and_gpu(metacells):
 
 
 def test_protein_normalization_agrees_on_cpu_and_gpu():
-    from conftest import REPO
-
     from omicsprep import protein
 
-    folder = REPO / "tests" / "data" / "citeseq"
+    folder = CITESEQ
     cells = io.read_counts(folder / "cells", feature_type="Antibody Capture")
     empty = io.read_counts(folder / "empty_droplets", feature_type="Antibody Capture")
     isotypes = protein.isotype_controls(cells)
@@ -197,11 +195,9 @@ def test_protein_normalization_agrees_on_cpu_and_gpu():
 
 def test_chromatin_tfidf_and_lsi_agree_on_cpu_and_gpu():
     import pandas as pd
-    from conftest import REPO
-
     from omicsprep import chromatin
 
-    folder = REPO / "tests" / "data" / "multiome"
+    folder = MULTIOME
     counts = chromatin.count_fragments(io.fragment_chunks(folder / "fragments.tsv.gz"),
                                        barcodes=pd.Index(pd.read_csv(folder / "barcodes.tsv", header=None)[0]),
                                        peaks=io.read_peaks(folder / "peaks.bed"))
@@ -220,11 +216,9 @@ def test_chromatin_tfidf_and_lsi_agree_on_cpu_and_gpu():
 @pytest.mark.parametrize("features", ["peaks", "tiles"])
 def test_fragment_counts_are_identical_on_cpu_and_gpu(features):
     import pandas as pd
-    from conftest import REPO
-
     from omicsprep import chromatin
 
-    folder = REPO / "tests" / "data" / "multiome"
+    folder = MULTIOME
     barcodes = pd.Index(pd.read_csv(folder / "barcodes.tsv", header=None)[0])
     peaks = io.read_peaks(folder / "peaks.bed") if features == "peaks" else None
     results = {

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
-from conftest import REPO
+from conftest import CITESEQ, MULTIOME
 
 from omicsprep import chromatin, io
 from omicsprep.errors import InputError
 from omicsprep.multiome import join_modalities
 
-MULTIOME = REPO / "tests" / "data" / "multiome"
-CITESEQ = REPO / "tests" / "data" / "citeseq"
 
 
 @pytest.fixture(scope="module")
@@ -33,3 +32,79 @@ def test_barcodes_that_do_not_overlap_are_refused(atac):
     prot = io.read_counts(CITESEQ / "cells", feature_type="Antibody Capture")
     with pytest.raises(InputError, match=r"modalities share 0 cell barcodes \(atac 0.0% of 1000, prot 0.0% of 2872\)"):
         join_modalities({"atac": atac, "prot": prot}, min_overlap=0.5)
+
+
+@pytest.fixture(scope="module")
+def rna_and_atac(atac):
+    """The Multiome cells' RNA (PCA) and ATAC (LSI of the peaks) embeddings, joined. Cells
+    with fewer than 5 of the 45 genes are left out, and so are cells without fragments
+    in peaks or whose peak counts are proportional to another cell's: identical
+    embeddings make ties that neighbour searches break arbitrarily (and muon, which
+    finds neighbours through non-zero stored distances, loses them)."""
+    import scanpy as sc
+
+    rna = io.read_counts(MULTIOME / "rna.h5ad")
+    sc.pp.filter_cells(rna, min_genes=5)
+    sc.pp.normalize_total(rna, target_sum=1e4)
+    sc.pp.log1p(rna)
+    sc.pp.scale(rna)
+    sc.tl.pca(rna, n_comps=20)
+    counts = atac.X.toarray()
+    totals = counts.sum(axis=1, keepdims=True)
+    profile = pd.DataFrame(np.round(counts / np.maximum(totals, 1), 6))
+    atac = atac[(totals.ravel() > 0) & ~profile.duplicated(keep=False).to_numpy()].copy()
+    chromatin.tfidf(atac, backend="cpu")
+    chromatin.lsi(atac, n_comps=20, backend="cpu")
+    joined, _ = join_modalities({"rna": rna, "atac": atac}, min_overlap=0.5)
+    return joined
+
+
+def _exact_nearest_neighbors(X, n_neighbors, metric, metric_kwds, random_state, angular=False, low_memory=True):  # noqa: ANN001, ANN202, ARG001
+    """umap's ``nearest_neighbors`` as muon calls it, searched exhaustively instead of by
+    NN-descent: muon's Jaccard-Euclidean width criterion, or Euclidean distance."""
+    from scipy import sparse
+    from scipy.spatial.distance import cdist
+    from sklearn.neighbors import NearestNeighbors
+
+    if not callable(metric):
+        distances, indices = NearestNeighbors(n_neighbors=n_neighbors).fit(X).kneighbors(X)
+        return indices, distances, None
+    kw = metric_kwds
+    n = kw["N"]
+    sets = sparse.csr_matrix((np.ones_like(kw["neighbors_data"]), kw["neighbors_indices"], kw["neighbors_indptr"]),
+                             shape=(n, n))
+    shared = (sets @ sets.T).toarray()
+    size = np.asarray(sets.sum(axis=1)).ravel()
+    jaccard = shared / (size[:, None] + size[None, :] - shared)
+    euclid = cdist(kw["X"], kw["X"])
+    score = np.where(jaccard > 0, n * jaccard + (kw["bbox_norm"] - euclid) / kw["bbox_norm"], n + 1.0)
+    np.fill_diagonal(score, np.inf)
+    return np.argsort(score, axis=1, kind="stable")[:, :n_neighbors], None, None
+
+
+def test_wnn_equals_muon_with_exhaustive_searches(rna_and_atac, monkeypatch):
+    """muon searches its neighbours approximately (NN-descent; its kernel widths correlate
+    0.26 with an exhaustive search of its own criterion on these cells); with every
+    search made exhaustive, its WNN and ours agree."""
+    import muon
+    import muon._core.preproc
+    import scanpy as sc
+
+    from omicsprep.multiome import weighted_nearest_neighbors
+
+    ours = rna_and_atac.copy()
+    weighted_nearest_neighbors(ours, representations={"rna": "X_pca", "atac": "X_lsi"}, n_neighbors=20,
+                               backend="cpu")
+    reference = rna_and_atac.copy()
+    for name, key in [("rna", "X_pca"), ("atac", "X_lsi")]:
+        modality = reference.mod[name]
+        modality.obsm[key] = modality.obsm[key] / np.linalg.norm(modality.obsm[key], axis=1, keepdims=True)
+        sc.pp.neighbors(modality, use_rep=key, n_neighbors=20, transformer="sklearn")
+    monkeypatch.setattr(muon._core.preproc, "nearest_neighbors", _exact_nearest_neighbors)
+    muon.pp.neighbors(reference, n_neighbors=18)  # muon keeps n_neighbors + 1 others; ours 20 with the cell
+    for name in ("rna", "atac"):
+        np.testing.assert_allclose(ours.obs[f"{name}:mod_weight"], reference.obs[f"{name}:mod_weight"], atol=1e-4)
+    ours_edges, muon_edges = ours.obsp["distances"] > 0, reference.obsp["distances"] > 0
+    assert ours_edges.sum() == muon_edges.sum() == 19 * ours.n_obs
+    assert ours_edges.multiply(muon_edges).sum() >= 0.99 * ours_edges.sum()
+    assert (ours.obsp["connectivities"] - ours.obsp["connectivities"].T).count_nonzero() == 0

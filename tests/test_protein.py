@@ -6,12 +6,11 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import REPO
+from conftest import CITESEQ, MULTIOME
 
 from omicsprep import io, protein
 from omicsprep.errors import InputError
 
-CITESEQ = REPO / "tests" / "data" / "citeseq"
 
 
 @pytest.fixture(scope="module")
