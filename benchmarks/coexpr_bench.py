@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import subprocess
 import sys
 import time
 import tracemalloc
@@ -28,7 +27,7 @@ import pandas as pd
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from generate import generate_coexpression  # noqa: E402
-from run import append_results  # noqa: E402
+from run import append_results, device_statistics, measure_in_child  # noqa: E402
 
 
 def measure(n_genes: int, n_cells: int, backend: str, top_k: int) -> dict:
@@ -42,7 +41,7 @@ def measure(n_genes: int, n_cells: int, backend: str, top_k: int) -> dict:
     from omicsprep.preprocessing import normalize
 
     resolve_backend(backend)
-    statistics = _device_statistics() if backend == "gpu" else None
+    statistics = device_statistics() if backend == "gpu" else None
     counts, planted = generate_coexpression(n_cells, n_genes, n_modules=20, module_size=50, seed=0)
     adata = ad.AnnData(counts)
     adata.var_names = [f"g{i}" for i in range(n_genes)]
@@ -76,7 +75,8 @@ def measure(n_genes: int, n_cells: int, backend: str, top_k: int) -> dict:
     found = modules.set_index("gene")["module"].astype(str).reindex(adata.var_names, fill_value="left out")
     row = {
         "genes": n_genes, "cells": n_cells, "backend": backend, "genes_used": len(genes),
-        "standardize_s": round(on_device - start, 2), "correlation_graph_s": round(correlated - on_device, 2), "modules_s": round(clustered - correlated, 2),
+        "standardize_s": round(on_device - start, 2), "correlation_graph_s": round(correlated - on_device, 2),
+        "modules_s": round(clustered - correlated, 2),
         "chain_s": round(clustered - start, 2), "eigengenes_s": round(done - clustered, 2),
         "modules": int((modules["module"] != coexpression.UNASSIGNED).groupby(modules["module"], observed=True)
                        .any().sum()),
@@ -89,18 +89,6 @@ def measure(n_genes: int, n_cells: int, backend: str, top_k: int) -> dict:
     if statistics is not None:
         row["peak_gpu_gb"] = round(statistics.get_statistics().peak_bytes / 2**30, 2)
     return row
-
-
-def _device_statistics():  # noqa: ANN202
-    """RMM's allocation statistics (CuPy allocates through RMM once RAPIDS is imported),
-    or ``None`` where this RMM lacks them."""
-    try:
-        import rmm.statistics
-
-        rmm.statistics.enable_statistics()
-    except (ImportError, AttributeError):
-        return None
-    return rmm.statistics
 
 
 def main() -> None:
@@ -118,13 +106,8 @@ def main() -> None:
     for size in args.sizes:
         n_genes, n_cells = (int(x) for x in size.split("x"))
         for backend in args.backends:
-            result = subprocess.run([sys.executable, __file__, "--one", str(n_genes), str(n_cells), backend,
-                                     "--top-k", str(args.top_k)], capture_output=True, text=True)
-            if result.returncode != 0:
-                print(result.stderr[-3000:], flush=True)
-                continue
-            rows.append(json.loads(result.stdout.strip().splitlines()[-1]))
-            print(rows[-1], flush=True)
+            row = measure_in_child(__file__, "--one", str(n_genes), str(n_cells), backend, "--top-k", str(args.top_k))
+            rows += [row] if row else []
         if {"cpu", "gpu"} <= {r["backend"] for r in rows if (r["genes"], r["cells"]) == (n_genes, n_cells)}:
             chains = {r["backend"]: r["chain_s"] for r in rows if (r["genes"], r["cells"]) == (n_genes, n_cells)}
             rows[-1]["gpu_speedup_chain"] = round(chains["cpu"] / max(chains["gpu"], 1e-3), 1)

@@ -3,7 +3,9 @@
     python benchmarks/compare_backends.py RESULTS_A RESULTS_B
 
 Prints, per sample: cells in each, cells in common, HVG overlap, and the adjusted Rand
-index of every cluster column (Leiden/Louvain at each resolution) on the common cells.
+index of every cluster column (Leiden/Louvain at each resolution) on the common cells;
+then, for the protein, chromatin and multiome outputs, the ARI of their clusters (the
+joint WNN clusters for multiome.h5mu) and the correlation of the modality weights.
 """
 
 from __future__ import annotations
@@ -42,6 +44,35 @@ def compare_sample(run_a: Path, run_b: Path, sample: str) -> list[dict]:
     ]
 
 
+MODALITY_FILES = ("protein.h5ad", "atac.h5ad", "multiome.h5mu")
+
+
+def _modality_obs(path: Path) -> pd.DataFrame:
+    if path.suffix == ".h5mu":
+        import mudata
+
+        return mudata.read_h5mu(path, backed=True).obs
+    return read_h5ad_elements(path, ["obs"])["obs"]
+
+
+def compare_modalities(run_a: Path, run_b: Path, sample: str) -> list[dict]:
+    rows = []
+    for name in MODALITY_FILES:
+        if not (run_a / sample / name).exists() or not (run_b / sample / name).exists():
+            continue
+        obs = [_modality_obs(run / sample / name) for run in (run_a, run_b)]
+        common = obs[0].index.intersection(obs[1].index)
+        for key in [c for c in obs[0] if c.startswith(("leiden_", "wnn_leiden_")) and c in obs[1]]:
+            rows.append({"sample": sample, "output": name, "column": key, "cells_common": len(common),
+                         "value": round(adjusted_rand_score(obs[0].loc[common, key], obs[1].loc[common, key]), 4),
+                         "measure": "ARI"})
+        for key in [c for c in obs[0] if c.endswith(":mod_weight") and c in obs[1]]:
+            rows.append({"sample": sample, "output": name, "column": key, "cells_common": len(common),
+                         "value": round(obs[0].loc[common, key].corr(obs[1].loc[common, key]), 4),
+                         "measure": "Pearson r"})
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results_a", type=Path)
@@ -50,6 +81,10 @@ def main() -> None:
     samples = sorted(p.parent.name for p in args.results_a.glob("*/obs.parquet"))
     rows = [row for sample in samples for row in compare_sample(args.results_a, args.results_b, sample)]
     print(pd.DataFrame(rows).to_csv(sep="\t", index=False), end="")
+    samples = sorted(p.name for p in args.results_a.iterdir() if p.is_dir())
+    modalities = [row for sample in samples for row in compare_modalities(args.results_a, args.results_b, sample)]
+    if modalities:
+        print(pd.DataFrame(modalities).to_csv(sep="\t", index=False), end="")
 
 
 if __name__ == "__main__":

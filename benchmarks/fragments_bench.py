@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,7 +27,7 @@ import pandas as pd
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from generate import fragment_barcodes, write_fragments  # noqa: E402
-from run import append_results  # noqa: E402
+from run import append_results, device_statistics, measure_in_child  # noqa: E402
 
 N_CELLS = 10_000
 
@@ -38,7 +38,7 @@ def measure(path: Path, backend: str, chunk_rows: int) -> dict:
     from omicsprep.backend import resolve_backend, synchronize
 
     resolve_backend(backend)
-    statistics = _device_statistics() if backend == "gpu" else None
+    statistics = device_statistics() if backend == "gpu" else None
     barcodes = pd.Index(fragment_barcodes(N_CELLS, seed=0))  # the generator's cells
     warm = io.fragment_chunks(path, chunk_rows=10_000, backend=backend)  # load libraries, compile kernels
     chromatin.count_fragments([next(iter(warm))], barcodes=barcodes, backend=backend)
@@ -67,16 +67,6 @@ def measure(path: Path, backend: str, chunk_rows: int) -> dict:
     return row
 
 
-def _device_statistics():  # noqa: ANN202
-    try:
-        import rmm.statistics
-
-        rmm.statistics.enable_statistics()
-    except (ImportError, AttributeError):
-        return None
-    return rmm.statistics
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fragments", nargs="+", type=int, default=[10_000_000])
@@ -95,18 +85,13 @@ def main() -> None:
         path = args.work / f"fragments_{n}.tsv"
         if not path.exists():
             start = time.perf_counter()
-            write_fragments(path.with_suffix(".part"), n, n_cells=N_CELLS)
+            write_fragments(path.with_suffix(".part"), n, n_cells=N_CELLS, jobs=os.cpu_count() or 1)
             path.with_suffix(".part").rename(path)
             print(f"wrote {path} ({path.stat().st_size / 2**30:.1f} GB) in {time.perf_counter() - start:.0f} s",
                   flush=True)
         for backend in args.backends:
-            result = subprocess.run([sys.executable, __file__, "--one", str(path), backend,
-                                     "--chunk-rows", str(args.chunk_rows)], capture_output=True, text=True)
-            if result.returncode != 0:
-                print(result.stderr[-3000:], flush=True)
-                continue
-            rows.append(json.loads(result.stdout.strip().splitlines()[-1]))
-            print(rows[-1], flush=True)
+            row = measure_in_child(__file__, "--one", str(path), backend, "--chunk-rows", str(args.chunk_rows))
+            rows += [row] if row else []
     table = pd.DataFrame(rows)
     print(table.to_string(index=False))
     append_results(args.results, title="Fragments to tiles", table=table,

@@ -6,11 +6,13 @@
 #   tests     the GPU tests (only those matching $GPU_TESTS_K, a pytest -k expression, if set)
 #   workflow  the workflow on the demo data with backend cpu, then gpu twice (cold: empty
 #             CuPy kernel cache, kernels compile; warm: the cache is on disk), and
-#             CPU-vs-GPU agreement
+#             CPU-vs-GPU agreement ($WORKFLOW_RUNS picks among cpu gpu_cold gpu_warm)
 #   umi       UMI deduplication: a fresh process's first CUDA kernel call with an empty and
 #             with a filled Numba cache, then benchmarks/umi_dedup_bench.py
 #   coexpr    benchmarks/coexpr_bench.py at 5,000 genes x 100,000 cells and 20,000 x 50,000
-#   fragments benchmarks/fragments_bench.py: 10M fragments on both backends, 100M on the GPU
+#             (or $COEXPR_SIZES)
+#   fragments benchmarks/fragments_bench.py: 10M fragments on both backends (unless
+#             $FRAGMENTS_SKIP_10M is set), 100M on the GPU
 # Tables and logs go to $OUT (default: gpu_check_out/).
 set -uo pipefail
 repo=$(pwd)
@@ -33,7 +35,7 @@ python3 -m pytest -m gpu -v -s -p no:cacheprovider ${GPU_TESTS_K:+-k "$GPU_TESTS
 fi
 
 if wants workflow; then
-for run in cpu gpu_cold gpu_warm; do
+for run in ${WORKFLOW_RUNS:-cpu gpu_cold gpu_warm}; do
   echo "== workflow, backend ${run%_*} ($run)"
   dir=/tmp/omicsprep_$run; rm -rf "$dir"; mkdir -p "$dir"; ln -s "$repo/resources" "$dir/resources"
   # The cold run starts from an empty CuPy kernel cache; the warm run finds it filled.
@@ -78,12 +80,13 @@ fi
 
 if wants coexpr; then
 echo "== co-expression benchmark"
-python3 benchmarks/coexpr_bench.py --sizes 5000x100000 20000x50000 --backends cpu gpu \
+python3 benchmarks/coexpr_bench.py --sizes ${COEXPR_SIZES:-5000x100000 20000x50000} --backends cpu gpu \
   --results "$out/coexpr.md" 2>&1 | tail -n 20
 fi
 
 if wants fragments; then
 echo "== fragments benchmark"
-python3 benchmarks/fragments_bench.py --fragments 10000000 --backends cpu gpu --results "$out/fragments.md" 2>&1 | tail -n 8
+[ -z "${FRAGMENTS_SKIP_10M:-}" ] && python3 benchmarks/fragments_bench.py --fragments 10000000 --backends cpu gpu \
+  --results "$out/fragments.md" 2>&1 | tail -n 8
 python3 benchmarks/fragments_bench.py --fragments 100000000 --backends gpu --results "$out/fragments.md" 2>&1 | tail -n 8
 fi

@@ -149,6 +149,30 @@ def append_results(path: Path, *, title: str, note: str, table: pd.DataFrame, le
     return stamp
 
 
+def measure_in_child(script: str, *args: str) -> dict | None:
+    """Run ``script`` with ``args`` in a fresh Python process; its last line of output is
+    a JSON row, printed and returned (``None``, with its error printed, on failure)."""
+    result = subprocess.run([sys.executable, script, *args], capture_output=True, text=True)
+    if result.returncode != 0:
+        print(result.stderr[-3000:], flush=True)
+        return None
+    row = json.loads(result.stdout.strip().splitlines()[-1])
+    print(row, flush=True)
+    return row
+
+
+def device_statistics():  # noqa: ANN201
+    """RMM's allocation statistics, switched on (CuPy allocates through RMM once RAPIDS is
+    imported), or ``None`` where this RMM lacks them."""
+    try:
+        import rmm.statistics
+
+        rmm.statistics.enable_statistics()
+    except (ImportError, AttributeError):
+        return None
+    return rmm.statistics
+
+
 def versions() -> str:
     import importlib.metadata as md
 

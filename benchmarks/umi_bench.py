@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import argparse
 import platform
-import subprocess
 import struct
+import subprocess
 import sys
 import time
 import zlib
@@ -99,7 +99,6 @@ def main() -> None:
                     "speedup": round(theirs / ours, 1)}
         rows.append(row)
         print(row, flush=True)
-    table = pd.DataFrame(rows)
     append_results(args.results, title="UMI counting", table=pd.DataFrame(rows),
                    note=f"Python {platform.python_version()}; directional method, one process each, start-up included.")
 

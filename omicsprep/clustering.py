@@ -25,8 +25,10 @@ def cluster_key(algorithm: Algorithm, resolution: float) -> str:
     return f"{algorithm}_{float(resolution)}"
 
 
-def neighbors(adata: AnnData, *, n_neighbors: int, n_pcs: int, metric: str, backend: Backend) -> None:
-    """Exact k-nearest-neighbour graph on ``obsm["X_pca"]`` with UMAP connectivities.
+def neighbors(
+    adata: AnnData, *, n_neighbors: int, n_pcs: int, metric: str, backend: Backend, use_rep: str = "X_pca"
+) -> None:
+    """Exact k-nearest-neighbour graph on an embedding with UMAP connectivities.
 
     Exact search on both backends (brute force on the GPU, scikit-learn on the CPU) gives
     the same graph on both and avoids pynndescent's long compilation in every new process.
@@ -34,27 +36,30 @@ def neighbors(adata: AnnData, *, n_neighbors: int, n_pcs: int, metric: str, back
     Parameters
     ----------
     adata
-        Cells with ``obsm["X_pca"]``.
+        Cells with the embedding in ``obsm[use_rep]``.
     n_neighbors
         Neighbours per cell, the cell itself included (scanpy's convention).
     n_pcs
-        Leading principal components used; capped by those present.
+        Leading dimensions of the embedding used; capped by those present.
     metric
         Distance, e.g. ``"euclidean"`` or ``"cosine"``.
     backend
         ``"cpu"`` or ``"gpu"``.
+    use_rep
+        The embedding: ``X_pca``, or e.g. ``X_lsi`` for chromatin.
     """
-    n_pcs = min(n_pcs, adata.obsm["X_pca"].shape[1])
+    n_pcs = min(n_pcs, adata.obsm[use_rep].shape[1])
     n_neighbors = min(n_neighbors, adata.n_obs - 1)
     if backend == "gpu":
         rapids_singlecell().pp.neighbors(
-            adata, n_neighbors=n_neighbors, n_pcs=n_pcs, metric=metric, algorithm="brute"
+            adata, n_neighbors=n_neighbors, n_pcs=n_pcs, use_rep=use_rep, metric=metric, algorithm="brute"
         )
     else:
         import scanpy as sc
 
         cache_umap_kernels()
-        sc.pp.neighbors(adata, n_neighbors=n_neighbors, n_pcs=n_pcs, metric=metric, transformer="sklearn")
+        sc.pp.neighbors(adata, n_neighbors=n_neighbors, n_pcs=n_pcs, use_rep=use_rep, metric=metric,
+                        transformer="sklearn")
 
 
 def umap(adata: AnnData, *, min_dist: float, seed: int, backend: Backend) -> None:

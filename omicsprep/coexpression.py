@@ -18,7 +18,7 @@ import pandas as pd
 from anndata import AnnData
 from scipy import sparse
 
-from omicsprep.backend import Backend, array_module, asnumpy, cuml, cupyx_sparse
+from omicsprep.backend import Backend, array_module, asnumpy, cuml
 from omicsprep.clustering import Algorithm, partition_graph
 from omicsprep.errors import InputError
 from omicsprep.preprocessing import normalize

@@ -13,7 +13,7 @@ import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import anndata as ad
 import numpy as np
@@ -24,6 +24,9 @@ from scipy import sparse
 
 from omicsprep.backend import Backend, cudf
 from omicsprep.errors import InputError
+
+if TYPE_CHECKING:
+    from mudata import MuData
 
 InputFormat = Literal["10x_h5", "10x_mtx", "h5ad", "zarr", "bam", "sam", "molecules"]
 FORMATS: tuple[str, ...] = ("10x_h5", "10x_mtx", "h5ad", "zarr", "bam", "sam", "molecules")
@@ -330,6 +333,12 @@ def write_h5ad(adata: AnnData, path: str | Path) -> None:
     """Write ``adata`` to ``path`` atomically (compressed, lzf)."""
     with atomic_path(path) as tmp:
         adata.write_h5ad(tmp, compression="lzf")
+
+
+def write_h5mu(mdata: MuData, path: str | Path) -> None:
+    """Write a MuData to ``path`` atomically."""
+    with atomic_path(path) as tmp:
+        mdata.write_h5mu(tmp)
 
 
 def write_table(frame: pd.DataFrame, path: str | Path, *, index: bool = False) -> None:

@@ -61,6 +61,7 @@ def weighted_nearest_neighbors(
     mdata: MuData,
     *,
     representations: Mapping[str, str],
+    n_dims: Mapping[str, int] | None = None,
     n_neighbors: int = 20,
     n_bandwidth_neighbors: int = 20,
     n_candidates: int = 200,
@@ -91,6 +92,8 @@ def weighted_nearest_neighbors(
     representations
         Modality to the ``obsm`` key of its embedding (e.g. ``{"rna": "X_pca",
         "atac": "X_lsi"}``); at least two.
+    n_dims
+        Leading dimensions used per modality (all when absent).
     n_neighbors
         Joint neighbours per cell, the cell included (scanpy's convention); also the
         per-modality neighbourhood size of steps 2 and 3.
@@ -112,7 +115,9 @@ def weighted_nearest_neighbors(
     """
     xp = array_module(backend)
     names = list(representations)
-    embeddings = {name: _unit_rows(xp.asarray(mdata.mod[name].obsm[key], dtype=xp.float32), xp=xp)
+    n_dims = n_dims or {}
+    embeddings = {name: _unit_rows(xp.asarray(mdata.mod[name].obsm[key][:, : n_dims.get(name)], dtype=xp.float32),
+                                   xp=xp)
                   for name, key in representations.items()}
     n_cells = mdata.n_obs
     k = min(n_neighbors - 1, n_cells - 1)
@@ -236,7 +241,8 @@ def _store_graph(mdata: MuData, indices: np.ndarray, distances: np.ndarray, *, n
     connectivities, _, _ = fuzzy_simplicial_set(sparse.coo_matrix((n_cells, 1)), n_neighbors, None, None,
                                                 knn_indices=with_self, knn_dists=with_zero)
     mdata.obsp["distances"] = sparse.csr_matrix(
-        (distances.ravel(), indices.ravel(), np.arange(0, indices.size + 1, indices.shape[1])), shape=(n_cells, n_cells))
+        (distances.ravel(), indices.ravel(), np.arange(0, indices.size + 1, indices.shape[1])),
+        shape=(n_cells, n_cells))
     mdata.obsp["connectivities"] = connectivities.tocsr()
     mdata.uns["neighbors"] = {"connectivities_key": "connectivities", "distances_key": "distances",
                               "params": {"n_neighbors": n_neighbors, "method": "umap", "metric": "euclidean"}}

@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+import numpy as np
 import pandas as pd
 from anndata import AnnData
 from scipy import sparse
 
-from omicsprep import clustering, coexpression, preprocessing, qc
+from omicsprep import chromatin, clustering, coexpression, multiome, preprocessing, protein, qc
 from omicsprep.backend import Backend, to_device, to_host
 from omicsprep.errors import InputError
 from omicsprep.provenance import StepTimer, record_provenance
+
+if TYPE_CHECKING:
+    from mudata import MuData
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +190,25 @@ def run_coexpression(
     return {"edges": edges, "modules": network.modules, "eigengenes": adata.obsm["module_eigengenes"]}
 
 
+def skipped_coexpression(adata: AnnData, *, reason: str, params: Mapping[str, Any], seed: int,
+                         backend: Backend) -> dict[str, pd.DataFrame]:
+    """Empty co-expression results for a sample whose network cannot be built; the reason
+    goes to ``uns["coexpression"]["skipped"]`` and the rule's provenance.
+
+    Returns
+    -------
+    :func:`run_coexpression`'s tables, without rows (eigengenes: one row per cell, no
+    columns).
+    """
+    log.warning("coexpression skipped: %s", reason)
+    adata.obsm["module_eigengenes"] = pd.DataFrame(index=adata.obs_names)
+    adata.uns["coexpression"] = {"skipped": reason}
+    record_provenance(adata, rule="coexpression", backend=backend, params={**params, "seed": seed}, timings={})
+    return {"edges": pd.DataFrame(columns=["gene_a", "gene_b", "weight"]),
+            "modules": pd.DataFrame(columns=["gene", "module", "hub_score"]),
+            "eigengenes": adata.obsm["module_eigengenes"]}
+
+
 class GeneNetwork(NamedTuple):
     """A co-expression network: its genes, how many selected genes were left out, the
     samples (cells or metacells) correlated, the graph and its modules."""
@@ -264,3 +287,180 @@ def run_coexpression_per_cluster(
     log.info("coexpression per cluster: %d networks, skipped %s", len(tables), skipped or "none")
     columns = ["cluster", "gene", "module", "hub_score"]
     return pd.concat(tables, ignore_index=True)[columns] if tables else pd.DataFrame(columns=columns)
+
+
+def _embed_and_cluster(
+    adata: AnnData, *, use_rep: str, params: Mapping[str, Any], seed: int, backend: Backend, timer: StepTimer
+) -> None:
+    """Neighbours on an embedding, UMAP and Leiden at each configured resolution."""
+    with timer.step("neighbors"):
+        clustering.neighbors(adata, **params["neighbors"], use_rep=use_rep, backend=backend)
+    with timer.step("umap"):
+        clustering.umap(adata, min_dist=params["umap"]["min_dist"], seed=seed, backend=backend)
+    with timer.step("leiden"):
+        clustering.cluster_graph(adata, algorithm="leiden", resolutions=params["leiden"]["resolutions"], seed=seed,
+                                 backend=backend)
+
+
+def run_protein(
+    adata: AnnData,
+    *,
+    empty: AnnData | None,
+    params: Mapping[str, Any],
+    clustering_params: Mapping[str, Any],
+    seed: int,
+    backend: Backend,
+) -> None:
+    """Antibody tags (CITE-seq): QC metrics, CLR or dsb, PCA, neighbours, UMAP and Leiden.
+
+    Parameters
+    ----------
+    adata
+        Cells x antibodies, raw counts; normalized in place (counts kept in a layer).
+    empty
+        Empty droplets x antibodies, raw counts (dsb's background), or ``None``.
+    params
+        The ``protein`` configuration section: ``normalization`` (``auto``: dsb when
+        empty droplets are given, else CLR), ``isotype_pattern``, ``dsb`` and
+        ``n_comps``.
+    clustering_params
+        Sections ``neighbors``, ``umap`` and ``leiden``.
+    seed
+        Seed for PCA, UMAP and Leiden.
+    backend
+        ``"cpu"`` or ``"gpu"``.
+
+    Raises
+    ------
+    InputError
+        dsb asked for without empty droplets, or its denoising without isotype controls.
+    """
+    timer = StepTimer(backend=backend)
+    isotypes = protein.isotype_controls(adata, pattern=params["isotype_pattern"])
+    method = params["normalization"]
+    if method == "auto":
+        method = "dsb" if empty is not None else "clr"
+    with timer.step("normalize"):
+        protein.protein_qc(adata, isotypes=isotypes)
+        if method == "clr":
+            protein.clr(adata, backend=backend)
+        elif empty is None:
+            raise InputError("protein.normalization is dsb, which needs empty droplets (sample sheet column adt_empty)")
+        elif params["dsb"]["denoise"] and not isotypes:
+            raise InputError(f"dsb's denoising asks for isotype controls, and none of the {adata.n_vars} antibodies "
+                             f"matches protein.isotype_pattern {params['isotype_pattern']!r}")
+        else:
+            protein.dsb(adata, empty=empty, isotypes=isotypes, **params["dsb"], backend=backend)
+    adata.var["isotype_control"] = adata.var_names.isin(isotypes)
+    adata.var["highly_variable"] = ~adata.var["isotype_control"]  # the PCA leaves isotypes out
+    with timer.step("to_device"):
+        to_device(adata, backend=backend)
+    with timer.step("pca"):
+        preprocessing.pca(adata, n_comps=params["n_comps"], seed=seed, backend=backend)
+    _embed_and_cluster(adata, use_rep="X_pca", params=clustering_params, seed=seed, backend=backend, timer=timer)
+    with timer.step("to_host"):
+        to_host(adata)
+    record_provenance(adata, rule="protein", backend=backend,
+                      params={**params, "normalization": method, "seed": seed}, timings=timer.seconds)
+
+
+def run_chromatin(
+    adata: AnnData, *, params: Mapping[str, Any], clustering_params: Mapping[str, Any], seed: int, backend: Backend
+) -> None:
+    """Chromatin accessibility: feature filter, TF-IDF, LSI, neighbours, UMAP and Leiden.
+
+    Parameters
+    ----------
+    adata
+        Cells x peaks or tiles with fragment counts and QC in ``obs``
+        (:func:`omicsprep.chromatin.count_fragments`); transformed in place (counts kept
+        in a layer).
+    params
+        The ``chromatin`` configuration section: ``min_cells_per_feature`` and ``lsi``
+        (``n_comps``, ``max_depth_correlation``).
+    clustering_params
+        Sections ``neighbors``, ``umap`` and ``leiden``.
+    seed
+        Seed for UMAP and Leiden.
+    backend
+        ``"cpu"`` or ``"gpu"``.
+
+    Raises
+    ------
+    InputError
+        Fewer than two features seen in ``min_cells_per_feature`` cells.
+    """
+    timer = StepTimer(backend=backend)
+    with timer.step("lsi"):
+        in_cells = np.asarray((adata.X > 0).sum(axis=0)).ravel()
+        kept = in_cells >= params["min_cells_per_feature"]
+        if kept.sum() < 2:
+            raise InputError(f"{int(kept.sum())} of {adata.n_vars} chromatin features are seen in "
+                             f"{params['min_cells_per_feature']} cells or more: too few for LSI")
+        adata._inplace_subset_var(kept)
+        chromatin.tfidf(adata, backend=backend)
+        chromatin.lsi(adata, **params["lsi"], backend=backend)
+    _embed_and_cluster(adata, use_rep="X_lsi", params=clustering_params, seed=seed, backend=backend, timer=timer)
+    record_provenance(adata, rule="chromatin", backend=backend, params={**params, "seed": seed},
+                      timings=timer.seconds)
+
+
+EMBEDDINGS = {"rna": "X_pca", "prot": "X_pca", "atac": "X_lsi"}
+
+
+def run_multiome(
+    modalities: Mapping[str, AnnData],
+    *,
+    params: Mapping[str, Any],
+    clustering_params: Mapping[str, Any],
+    seed: int,
+    backend: Backend,
+) -> MuData:
+    """Modalities joined by barcode, their weighted nearest neighbours, a joint UMAP and
+    joint Leiden clusters.
+
+    Parameters
+    ----------
+    modalities
+        Two or more of ``rna`` (with ``obsm["X_pca"]``), ``prot`` (``X_pca``) and
+        ``atac`` (``X_lsi``), each already processed by its own rule.
+    params
+        The ``multiome`` configuration section: ``min_overlap`` and ``wnn``
+        (``n_neighbors``, ``n_bandwidth_neighbors``, ``n_candidates``).
+    clustering_params
+        Sections ``neighbors`` (``n_pcs``: the RNA PCs used), ``umap`` and ``leiden``.
+    seed
+        Seed for UMAP and Leiden.
+    backend
+        ``"cpu"`` or ``"gpu"``.
+
+    Returns
+    -------
+    The MuData: per-modality results in its modalities; the joint graph, ``X_umap``,
+    ``obs["wnn_leiden_<resolution>"]`` and ``obs["<modality>:mod_weight"]`` at the top.
+
+    Raises
+    ------
+    InputError
+        The modalities share too few cells (``min_overlap``).
+    """
+    timer = StepTimer(backend=backend)
+    mdata, _ = multiome.join_modalities(dict(modalities), min_overlap=params["min_overlap"])
+    with timer.step("wnn"):
+        multiome.weighted_nearest_neighbors(
+            mdata, representations={name: EMBEDDINGS[name] for name in mdata.mod},
+            n_dims={"rna": clustering_params["neighbors"]["n_pcs"]}, **params["wnn"], backend=backend)
+    joint = AnnData(obs=pd.DataFrame(index=mdata.obs_names), obsm={"X_wnn_input": mdata.obsm["X_wnn_input"]},
+                    obsp={key: mdata.obsp[key] for key in ("connectivities", "distances")},
+                    uns={"neighbors": mdata.uns["neighbors"]})
+    with timer.step("umap"):
+        clustering.umap(joint, min_dist=clustering_params["umap"]["min_dist"], seed=seed, backend=backend)
+    with timer.step("leiden"):
+        clustering.cluster_graph(joint, algorithm="leiden", resolutions=clustering_params["leiden"]["resolutions"],
+                                 seed=seed, backend=backend)
+    to_host(joint)
+    mdata.obsm["X_umap"] = joint.obsm["X_umap"]
+    for key in joint.obs:
+        mdata.obs[f"wnn_{key}"] = joint.obs[key].to_numpy()
+    record_provenance(mdata, rule="multiome", backend=backend, params={**params, "seed": seed}, timings=timer.seconds)
+    return mdata

@@ -147,7 +147,9 @@ def score_doublets(adata: AnnData, *, expected_rate: float, seed: int, backend: 
     backend
         ``"cpu"`` (scanpy) or ``"gpu"`` (rapids-singlecell).
     """
-    n_comps = max(2, min(30, adata.n_obs - 1, adata.n_vars - 1))
+    # Scrublet keeps only its most variable genes (about the top 15%), so a small gene
+    # panel leaves fewer genes than 30 components.
+    n_comps = max(2, min(30, adata.n_obs - 1, adata.n_vars // 10))
     if backend == "gpu":
         rapids_singlecell().pp.scrublet(
             adata, expected_doublet_rate=expected_rate, n_prin_comps=n_comps, rng=seed, verbose=False

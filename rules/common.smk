@@ -14,6 +14,7 @@ from omicsprep.io import READ_FORMATS, resolve_format
 validate(config, schema="../config/schemas/config.schema.yaml", set_default=True)
 
 REQUIRED_COLUMNS = ("sample", "input")
+OPTIONAL_COLUMNS = ("format", "batch", "adt", "adt_empty", "fragments", "peaks")
 
 
 def load_sample_sheet(path):
@@ -39,20 +40,52 @@ def load_sample_sheet(path):
         validate(samples, schema="../config/schemas/samples.schema.yaml")
     except WorkflowError as exc:
         raise WorkflowError(f"sample sheet {str(sheet)!r} does not match its schema", exc)
-    if "format" not in samples:
-        samples["format"] = ""
-    if "batch" not in samples:
-        samples["batch"] = ""
+    for column in OPTIONAL_COLUMNS:
+        if column not in samples:
+            samples[column] = ""
     for row in samples.itertuples():
+        problem = modality_problem(row)
+        if problem:
+            raise WorkflowError(f"sample sheet {str(sheet)!r}: sample {row.sample!r}: {problem}")
         try:
-            samples.loc[row.Index, "format"] = resolve_format(row.input, fmt=row.format)
+            if row.input:
+                samples.loc[row.Index, "format"] = resolve_format(row.input, fmt=row.format)
         except InputError as exc:
             raise WorkflowError(f"sample sheet {str(sheet)!r}: {exc.for_sample(row.sample)}")
     return samples.set_index("sample", drop=False)
 
 
+def modality_problem(row):
+    """What is wrong with a sample's modality columns, or None."""
+    if not row.input and not row.adt:
+        return "neither input (RNA) nor adt (antibody tags) is given"
+    needs = {"fragments": "input", "adt_empty": "adt", "peaks": "fragments"}
+    for column, needed in needs.items():
+        if getattr(row, column) and not getattr(row, needed):
+            why = "the cells are called on the RNA" if column == "fragments" else ""
+            return f"column {column} needs column {needed}" + (f" ({why})" if why else "")
+    for column in ("adt", "adt_empty", "fragments", "peaks"):
+        path = getattr(row, column)
+        if path and not Path(path).exists():
+            return f"{column} file {path!r} does not exist"
+    return None
+
+
 SAMPLE_SHEET = load_sample_sheet(config["samples"])
 SAMPLES = list(SAMPLE_SHEET.index)
+
+
+def sample_modalities(sample):
+    """The sample's modalities among rna, prot and atac."""
+    row = SAMPLE_SHEET.loc[sample]
+    present = {"rna": row["input"], "prot": row["adt"], "atac": row["fragments"]}
+    return [name for name, path in present.items() if path]
+
+
+RNA_SAMPLES = [s for s in SAMPLES if "rna" in sample_modalities(s)]
+PROTEIN_SAMPLES = [s for s in SAMPLES if "prot" in sample_modalities(s)]
+CHROMATIN_SAMPLES = [s for s in SAMPLES if "atac" in sample_modalities(s)]
+MULTIOME_SAMPLES = [s for s in SAMPLES if len(sample_modalities(s)) > 1]
 CLUSTER_SECTIONS = ("normalize", "hvg", "pca", "neighbors", "umap", "leiden", "louvain", "markers")
 QC_METRIC_COLUMNS = ["total_counts", "n_genes_by_counts", "pct_counts_mt", "doublet_score"]
 
@@ -112,6 +145,33 @@ def sample_batch(wildcards):
     return SAMPLE_SHEET.loc[wildcards.sample, "batch"]
 
 
+def protein_inputs(wildcards):
+    """The sample's antibody counts, and its empty droplets when given."""
+    row = SAMPLE_SHEET.loc[wildcards.sample]
+    return {"adt": row["adt"], **({"empty": row["adt_empty"]} if row["adt_empty"] else {})}
+
+
+def chromatin_inputs(wildcards):
+    """Fragments, peaks when given, and the QC'd RNA cells (the cells counted)."""
+    row = SAMPLE_SHEET.loc[wildcards.sample]
+    return {"fragments": row["fragments"], "cells": f"results/{wildcards.sample}/qc.h5ad",
+            **({"peaks": row["peaks"]} if row["peaks"] else {})}
+
+
+MODALITY_OUTPUTS = {"rna": "processed.h5ad", "prot": "protein.h5ad", "atac": "atac.h5ad"}
+
+
+def multiome_inputs(wildcards):
+    """Each modality's processed AnnData, keyed by modality."""
+    return {name: f"results/{wildcards.sample}/{MODALITY_OUTPUTS[name]}"
+            for name in sample_modalities(wildcards.sample)}
+
+
+def modality_clustering_params():
+    """The sections the protein, chromatin and multiome rules embed and cluster with."""
+    return {section: config[section] for section in ("neighbors", "umap", "leiden")}
+
+
 def cluster_params():
     return {section: config[section] for section in CLUSTER_SECTIONS}
 
@@ -136,12 +196,27 @@ TIMED_RULES = {
     "qc": "results/{sample}/qc.h5ad",
     "cluster": "results/{sample}/processed.h5ad",
     "coexpression": "results/{sample}/coexpression/provenance.json",
+    "protein": "results/{sample}/protein.h5ad",
+    "chromatin": "results/{sample}/atac.h5ad",
+    "multiome": "results/{sample}/multiome.h5mu",
 }
 
 
+def rules_of(sample):
+    """The timed rules that run for a sample."""
+    runs = {
+        "qc": sample in RNA_SAMPLES,
+        "cluster": sample in RNA_SAMPLES,
+        "coexpression": sample in RNA_SAMPLES and config["coexpression"]["enabled"],
+        "protein": sample in PROTEIN_SAMPLES,
+        "chromatin": sample in CHROMATIN_SAMPLES,
+        "multiome": sample in MULTIOME_SAMPLES,
+    }
+    return [rule for rule in TIMED_RULES if runs[rule]]
+
+
 def timed_pairs():
-    rules = [rule for rule in TIMED_RULES if rule != "coexpression" or config["coexpression"]["enabled"]]
-    return [(sample, rule) for sample in SAMPLES for rule in rules]
+    return [(sample, rule) for sample in SAMPLES for rule in rules_of(sample)]
 
 
 def timed_samples():
@@ -173,7 +248,13 @@ def final_outputs():
     ]
     if config["coexpression"]["enabled"]:
         per_sample += [f"results/{{sample}}/coexpression/{name}" for name in COEXPRESSION_OUTPUTS]
-    return [*expand(per_sample, sample=SAMPLES), "results/run_times.tsv"]
+    return [
+        *expand(per_sample, sample=RNA_SAMPLES),
+        *expand("results/{sample}/protein.h5ad", sample=PROTEIN_SAMPLES),
+        *expand("results/{sample}/atac.h5ad", sample=CHROMATIN_SAMPLES),
+        *expand(["results/{sample}/multiome.h5mu", "results/{sample}/plots/umap_joint.png"], sample=MULTIOME_SAMPLES),
+        "results/run_times.tsv",
+    ]
 
 
 COEXPRESSION_OUTPUTS = (

@@ -1,11 +1,13 @@
 """Rule coexpression: gene co-expression network, modules, hub genes and eigengenes (and,
-when configured, modules of each cluster's own network)."""
+when configured, modules of each cluster's own network). A sample whose network cannot be
+built (too few cells or usable genes) gets empty tables and the reason in provenance.json."""
 
 import pandas as pd
 
 from omicsprep import io, plotting
 from omicsprep.backend import resolve_backend
-from omicsprep.pipeline import run_coexpression, run_coexpression_per_cluster
+from omicsprep.errors import InputError
+from omicsprep.pipeline import run_coexpression, run_coexpression_per_cluster, skipped_coexpression
 from omicsprep.workflow import run_script
 
 snakemake = snakemake  # noqa: F821, PLW0127 - injected by Snakemake
@@ -15,8 +17,11 @@ def main() -> None:
     backend = resolve_backend(snakemake.params.backend)
     params, seed = snakemake.params.coexpression, snakemake.params.seed
     adata = io.read_h5ad(snakemake.input.h5ad)
-    result = run_coexpression(adata, params=params, seed=seed, backend=backend)
-    if params["per_cluster"]["enabled"]:
+    try:
+        result = run_coexpression(adata, params=params, seed=seed, backend=backend)
+    except InputError as exc:  # a documented skip: empty tables, the reason in provenance.json
+        result = skipped_coexpression(adata, reason=exc.problem, params=params, seed=seed, backend=backend)
+    if params["per_cluster"]["enabled"] and "skipped" not in adata.uns["coexpression"]:
         per_cluster = run_coexpression_per_cluster(adata, params=params, clusters=snakemake.params.clusters,
                                                    seed=seed, backend=backend)
     else:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
+from anndata import AnnData
 
 from omicsprep import io
 from omicsprep.backend import gpu_unavailable_reason
@@ -35,6 +38,29 @@ CLUSTER_PARAMS = {
     "louvain": {"resolutions": [1.0]},
     "markers": {"algorithm": "leiden", "resolution": 1.0, "method": "wilcoxon", "n_genes": 10},
 }
+
+
+def distinct_profiles(counts: AnnData) -> np.ndarray:
+    """Cells with counts whose profile (counts over their total) no other cell shares:
+    identical embeddings make ties that neighbour searches break arbitrarily."""
+    values = counts.X.toarray()
+    totals = values.sum(axis=1, keepdims=True)
+    profile = pd.DataFrame(np.round(values / np.maximum(totals, 1), 6))
+    return (totals.ravel() > 0) & ~profile.duplicated(keep=False).to_numpy()
+
+
+def multiome_rna() -> AnnData:
+    """The demo Multiome cells' RNA with at least 5 of its 45 genes: log-normalized,
+    scaled, 20 PCs."""
+    import scanpy as sc
+
+    rna = io.read_counts(MULTIOME / "rna.h5ad")
+    sc.pp.filter_cells(rna, min_genes=5)
+    sc.pp.normalize_total(rna, target_sum=1e4)
+    sc.pp.log1p(rna)
+    sc.pp.scale(rna)
+    sc.tl.pca(rna, n_comps=20)
+    return rna
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

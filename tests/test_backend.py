@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from omicsprep.backend import module_versions, resolve_backend
+from omicsprep.backend import gpu_unavailable_reason, module_versions, resolve_backend
 from omicsprep.errors import BackendUnavailableError
-from omicsprep.backend import gpu_unavailable_reason
 
 
 def test_cpu_is_always_available():

@@ -8,7 +8,7 @@ import gzip
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import CITESEQ, MULTIOME
+from conftest import MULTIOME
 from scipy import sparse
 
 from omicsprep import chromatin, io

@@ -195,6 +195,7 @@ def test_protein_normalization_agrees_on_cpu_and_gpu():
 
 def test_chromatin_tfidf_and_lsi_agree_on_cpu_and_gpu():
     import pandas as pd
+
     from omicsprep import chromatin
 
     folder = MULTIOME
@@ -216,6 +217,7 @@ def test_chromatin_tfidf_and_lsi_agree_on_cpu_and_gpu():
 @pytest.mark.parametrize("features", ["peaks", "tiles"])
 def test_fragment_counts_are_identical_on_cpu_and_gpu(features):
     import pandas as pd
+
     from omicsprep import chromatin
 
     folder = MULTIOME
@@ -247,3 +249,67 @@ def test_fragments_with_bad_coordinates_are_refused_on_the_gpu(tmp_path):
     with pytest.raises(InputError, match="bad coordinates"):
         chromatin.count_fragments(io.fragment_chunks(path, backend="gpu"), barcodes=pd.Index(["AAAC-1"]),
                                   backend="gpu")
+
+
+def _shipped_config() -> dict:
+    import yaml
+    from conftest import REPO
+
+    return yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+
+
+def test_protein_rule_chain_agrees_on_cpu_and_gpu():
+    from omicsprep.pipeline import run_protein
+
+    config = _shipped_config()
+    clustering = {section: config[section] for section in ("neighbors", "umap", "leiden")}
+    empty = io.read_counts(CITESEQ / "empty_droplets", feature_type="Antibody Capture")
+    results = {}
+    for backend in ("cpu", "gpu"):
+        cells = io.read_counts(CITESEQ / "cells", feature_type="Antibody Capture")
+        run_protein(cells, empty=empty, params=config["protein"], clustering_params=clustering, seed=0,
+                    backend=backend)
+        results[backend] = cells
+    np.testing.assert_allclose(results["gpu"].X, results["cpu"].X, atol=1e-3)
+    for k in range(5):
+        corr = np.corrcoef(results["gpu"].obsm["X_pca"][:, k], results["cpu"].obsm["X_pca"][:, k])[0, 1]
+        assert abs(corr) > 0.99
+    ari = adjusted_rand_score(results["cpu"].obs["leiden_1.0"], results["gpu"].obs["leiden_1.0"])
+    print(f"protein Leiden ARI cpu vs gpu: {ari:.3f}")
+    assert ari >= 0.5
+
+
+def test_chromatin_rule_chain_and_wnn_agree_on_cpu_and_gpu():
+    from conftest import distinct_profiles, multiome_rna
+
+    from omicsprep import chromatin
+    from omicsprep.multiome import join_modalities, weighted_nearest_neighbors
+    from omicsprep.pipeline import run_chromatin
+
+    config = _shipped_config()
+    clustering = {section: config[section] for section in ("neighbors", "umap", "leiden")}
+    rna = multiome_rna()
+    peaks = io.read_peaks(MULTIOME / "peaks.bed")
+    atac = {}
+    for backend in ("cpu", "gpu"):
+        counts = chromatin.count_fragments(io.fragment_chunks(MULTIOME / "fragments.tsv.gz", backend=backend),
+                                           barcodes=rna.obs_names, peaks=peaks, backend=backend)
+        atac[backend] = counts[distinct_profiles(counts)].copy()
+        run_chromatin(atac[backend], params={**config["chromatin"], "min_cells_per_feature": 1},
+                      clustering_params=clustering, seed=0, backend=backend)
+    np.testing.assert_allclose(atac["gpu"].X.toarray(), atac["cpu"].X.toarray(), rtol=1e-5, atol=1e-7)
+    for k in range(3):
+        corr = np.corrcoef(atac["gpu"].obsm["X_lsi"][:, k], atac["cpu"].obsm["X_lsi"][:, k])[0, 1]
+        assert abs(corr) > 0.99
+    # WNN on the same embeddings on both backends.
+    results = {}
+    for backend in ("cpu", "gpu"):
+        joined, _ = join_modalities({"rna": rna, "atac": atac["cpu"]}, min_overlap=0.5)
+        weighted_nearest_neighbors(joined, representations={"rna": "X_pca", "atac": "X_lsi"}, backend=backend)
+        results[backend] = joined
+    cpu, gpu = results["cpu"], results["gpu"]
+    for name in ("rna", "atac"):
+        np.testing.assert_allclose(gpu.obs[f"{name}:mod_weight"], cpu.obs[f"{name}:mod_weight"], atol=1e-3)
+    shared = (cpu.obsp["distances"] > 0).multiply(gpu.obsp["distances"] > 0).sum()
+    print(f"WNN joint neighbours shared, cpu vs gpu: {shared / (cpu.obsp['distances'] > 0).sum():.4f}")
+    assert shared >= 0.98 * (cpu.obsp["distances"] > 0).sum()

@@ -5,12 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import CITESEQ, MULTIOME
+from conftest import CITESEQ, MULTIOME, distinct_profiles, multiome_rna
 
 from omicsprep import chromatin, io
 from omicsprep.errors import InputError
 from omicsprep.multiome import join_modalities
-
 
 
 @pytest.fixture(scope="module")
@@ -41,18 +40,8 @@ def rna_and_atac(atac):
     in peaks or whose peak counts are proportional to another cell's: identical
     embeddings make ties that neighbour searches break arbitrarily (and muon, which
     finds neighbours through non-zero stored distances, loses them)."""
-    import scanpy as sc
-
-    rna = io.read_counts(MULTIOME / "rna.h5ad")
-    sc.pp.filter_cells(rna, min_genes=5)
-    sc.pp.normalize_total(rna, target_sum=1e4)
-    sc.pp.log1p(rna)
-    sc.pp.scale(rna)
-    sc.tl.pca(rna, n_comps=20)
-    counts = atac.X.toarray()
-    totals = counts.sum(axis=1, keepdims=True)
-    profile = pd.DataFrame(np.round(counts / np.maximum(totals, 1), 6))
-    atac = atac[(totals.ravel() > 0) & ~profile.duplicated(keep=False).to_numpy()].copy()
+    rna = multiome_rna()
+    atac = atac[distinct_profiles(atac)].copy()
     chromatin.tfidf(atac, backend="cpu")
     chromatin.lsi(atac, n_comps=20, backend="cpu")
     joined, _ = join_modalities({"rna": rna, "atac": atac}, min_overlap=0.5)

@@ -6,11 +6,10 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import CITESEQ, MULTIOME
+from conftest import CITESEQ
 
 from omicsprep import io, protein
 from omicsprep.errors import InputError
-
 
 
 @pytest.fixture(scope="module")

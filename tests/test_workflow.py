@@ -10,7 +10,7 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import PBMC_H5, PBMC_MTX, REPO
+from conftest import CITESEQ, MULTIOME, PBMC_H5, PBMC_MTX, REPO
 from scipy import sparse
 
 pytestmark = pytest.mark.workflow
@@ -199,3 +199,59 @@ def test_a_sample_given_as_reads_is_counted_then_qcd(tmp_path):
     skipped = adata.uns["umi_dedup"]["reads_skipped"]
     assert skipped["several genes"] > 0 and skipped["UMI with N"] > 0
     assert (tmp_path / "benchmarks" / "count_umis" / "reads.tsv").is_file()
+
+
+def test_multiome_and_citeseq_samples(tmp_path):
+    """The demo's Multiome sample (RNA + ATAC fragments and peaks) and CITE-seq sample
+    (antibody tags and empty droplets, no RNA) through their rules, on the CPU."""
+    sheet = write_sheet(
+        tmp_path / "samples.tsv",
+        [f"multiome\t{MULTIOME / 'rna.h5ad'}\t\t{MULTIOME / 'fragments.tsv.gz'}\t{MULTIOME / 'peaks.bed'}",
+         f"citeseq\t\t{CITESEQ / 'cells'}\t\t"],
+        header="sample\tinput\tadt\tfragments\tpeaks",
+    )
+    targets = ["results/multiome/multiome.h5mu", "results/multiome/plots/umap_joint.png",
+               "results/citeseq/protein.h5ad", "results/multiome/coexpression/modules.tsv"]
+    result = snakemake(*targets, "--cores", "2", "--config", f"samples={sheet}", "backend=cpu", workdir=tmp_path)
+    assert result.returncode == 0, result.stderr[-5000:]
+    import mudata
+
+    joined = mudata.read_h5mu(tmp_path / "results" / "multiome" / "multiome.h5mu")
+    assert list(joined.mod) == ["rna", "atac"] and 700 < joined.n_obs <= 1000
+    assert joined.mod["atac"].n_vars <= 174 and "X_lsi" in joined.mod["atac"].obsm
+    assert joined.mod["atac"].obs["n_fragments"].sum() > 0
+    weights = joined.obs[["rna:mod_weight", "atac:mod_weight"]].to_numpy()
+    np.testing.assert_allclose(weights.sum(axis=1), 1, atol=1e-5)
+    assert joined.obsm["X_umap"].shape == (joined.n_obs, 2)
+    assert joined.obs["wnn_leiden_1.0"].nunique() >= 2
+    assert joined.uns["omicsprep"]["multiome"]["backend"] == "cpu"
+    prot = ad.read_h5ad(tmp_path / "results" / "citeseq" / "protein.h5ad")
+    assert prot.n_obs == 2872 and prot.uns["omicsprep"]["protein"]["backend"] == "cpu"
+    assert '"normalization": "clr"' in prot.uns["omicsprep"]["protein"]["params"]  # no empty droplets: CLR
+    assert prot.var["isotype_control"].sum() >= 1 and "X_umap" in prot.obsm
+    # 45 genes cannot carry a 50-partner co-expression network: a documented skip.
+    provenance = (tmp_path / "results" / "multiome" / "coexpression" / "provenance.json").read_text()
+    assert "too few for top_k" in provenance
+    assert pd.read_csv(tmp_path / "results" / "multiome" / "coexpression" / "modules.tsv", sep="\t").empty
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        (["s\t\t\t\t"], "neither input (RNA) nor adt"),
+        ([f"s\t\t{CITESEQ / 'cells'}\t{MULTIOME / 'fragments.tsv.gz'}\t"], "column fragments needs column input"),
+        ([f"s\t{PBMC_H5}\t\tmissing.tsv.gz\t"], "fragments file 'missing.tsv.gz' does not exist"),
+    ],
+)
+def test_bad_modality_columns(tmp_path, rows, message):
+    sheet = write_sheet(tmp_path / "s.tsv", rows, header="sample\tinput\tadt\tfragments\tpeaks")
+    expect_failure(snakemake("-n", "--config", f"samples={sheet}", workdir=tmp_path), "sample 's'", message)
+
+
+def test_multiome_refuses_modalities_without_shared_cells(tmp_path):
+    sheet = write_sheet(tmp_path / "s.tsv", [f"mixed\t{MULTIOME / 'rna.h5ad'}\t{CITESEQ / 'cells'}"],
+                        header="sample\tinput\tadt")
+    result = snakemake("results/mixed/multiome.h5mu", "--cores", "2", "--config", f"samples={sheet}", "backend=cpu",
+                       workdir=tmp_path)
+    expect_failure(result, "sample 'mixed'", "modalities share 0 cell barcodes")
+    assert not (tmp_path / "results" / "mixed" / "multiome.h5mu").exists()

@@ -1,0 +1,23 @@
+# Chromatin accessibility of samples with a fragments column: fragments streamed in chunks
+# into a cells x peaks (or tiles) matrix for the QC'd RNA cells, then TF-IDF, LSI,
+# neighbours, UMAP and clusters, in one process.
+rule chromatin:
+    input:
+        unpack(chromatin_inputs),
+    output:
+        h5ad="results/{sample}/atac.h5ad",
+    params:
+        backend=backend_for("chromatin"),
+        chromatin=config["chromatin"],
+        clustering=modality_clustering_params(),
+        seed=config["seed"],
+    resources:
+        gpu=gpus_for("chromatin"),
+    log:
+        "logs/chromatin/{sample}.log",
+    benchmark:
+        "benchmarks/chromatin/{sample}.tsv"
+    conda:
+        conda_env_for("chromatin")
+    script:
+        "../scripts/chromatin.py"

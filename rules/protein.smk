@@ -1,0 +1,22 @@
+# Antibody tags (CITE-seq) of samples with an adt column: QC metrics, CLR or dsb, and the
+# tags' own PCA, neighbours, UMAP and clusters, in one process.
+rule protein:
+    input:
+        unpack(protein_inputs),
+    output:
+        h5ad="results/{sample}/protein.h5ad",
+    params:
+        backend=backend_for("protein"),
+        protein=config["protein"],
+        clustering=modality_clustering_params(),
+        seed=config["seed"],
+    resources:
+        gpu=gpus_for("protein"),
+    log:
+        "logs/protein/{sample}.log",
+    benchmark:
+        "benchmarks/protein/{sample}.tsv"
+    conda:
+        conda_env_for("protein")
+    script:
+        "../scripts/protein.py"

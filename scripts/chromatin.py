@@ -1,0 +1,25 @@
+"""Rule chromatin: fragments counted into peaks or tiles for the QC'd cells, then TF-IDF,
+LSI, neighbours, UMAP and clusters."""
+
+from omicsprep import chromatin, io
+from omicsprep.backend import resolve_backend
+from omicsprep.pipeline import run_chromatin
+from omicsprep.workflow import run_script
+
+snakemake = snakemake  # noqa: F821, PLW0127 - injected by Snakemake
+
+
+def main() -> None:
+    backend = resolve_backend(snakemake.params.backend)
+    params = snakemake.params.chromatin
+    cells = io.read_h5ad_elements(snakemake.input.cells, ["obs"])["obs"].index
+    peaks = io.read_peaks(snakemake.input.peaks) if "peaks" in snakemake.input.keys() else None
+    chunks = io.fragment_chunks(snakemake.input.fragments, chunk_rows=params["chunk_rows"], backend=backend)
+    adata = chromatin.count_fragments(chunks, barcodes=cells, peaks=peaks, tile_width=params["tile_width"],
+                                      backend=backend)
+    run_chromatin(adata, params=params, clustering_params=snakemake.params.clustering, seed=snakemake.params.seed,
+                  backend=backend)
+    io.write_h5ad(adata, snakemake.output.h5ad)
+
+
+run_script(main, log_path=snakemake.log[0], sample=snakemake.wildcards.sample, threads=snakemake.threads)

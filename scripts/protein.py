@@ -1,0 +1,21 @@
+"""Rule protein: antibody tags' QC, CLR or dsb, PCA, neighbours, UMAP and clusters."""
+
+from omicsprep import io
+from omicsprep.backend import resolve_backend
+from omicsprep.pipeline import run_protein
+from omicsprep.workflow import run_script
+
+snakemake = snakemake  # noqa: F821, PLW0127 - injected by Snakemake
+
+
+def main() -> None:
+    backend = resolve_backend(snakemake.params.backend)
+    adata = io.read_counts(snakemake.input.adt, feature_type="Antibody Capture")
+    has_empty = "empty" in snakemake.input.keys()
+    empty = io.read_counts(snakemake.input.empty, feature_type="Antibody Capture") if has_empty else None
+    run_protein(adata, empty=empty, params=snakemake.params.protein, clustering_params=snakemake.params.clustering,
+                seed=snakemake.params.seed, backend=backend)
+    io.write_h5ad(adata, snakemake.output.h5ad)
+
+
+run_script(main, log_path=snakemake.log[0], sample=snakemake.wildcards.sample, threads=snakemake.threads)
