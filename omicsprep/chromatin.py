@@ -200,16 +200,17 @@ def _to_anndata(
     xp = array_module(backend)
     sp = cupyx_sparse() if backend == "gpu" else sparse
     if peaks is not None:
-        names = (peaks["chrom"] + ":" + peaks["start"].astype(str) + "-" + peaks["end"].astype(str)).to_numpy()
+        names = _interval_names(peaks["chrom"].to_numpy(str), peaks["start"].to_numpy(), peaks["end"].to_numpy())
         row, column = pairs.keys // len(peaks), pairs.keys % len(peaks)
     else:
         row, feature = pairs.keys >> FEATURE_BITS, pairs.keys & ((1 << FEATURE_BITS) - 1)
         features, column = xp.unique(feature, return_inverse=True)
         features = asnumpy(features)
-        chrom, tile = np.array(chromosomes, dtype=object)[features >> 32], (features & 0xFFFFFFFF) * tile_width
-        order = np.lexsort((tile, chrom.astype(str)))  # by chromosome name, then start
+        chrom, tile = features >> 32, (features & 0xFFFFFFFF) * tile_width
+        name_rank = np.argsort(np.argsort(np.array(chromosomes, dtype=str)))
+        order = np.lexsort((tile, name_rank[chrom]))  # by chromosome name, then start
         column = xp.asarray(np.argsort(order))[column.ravel()]
-        names = (chrom + ":" + tile.astype(str) + "-" + (tile + tile_width).astype(str))[order]
+        names = _interval_names(np.array(chromosomes, dtype=str)[chrom[order]], tile[order], tile[order] + tile_width)
     indptr = xp.searchsorted(row, xp.arange(len(barcodes) + 1), side="left")  # keys are sorted by cell
     counts = sp.csr_matrix((pairs.counts.astype(xp.float32), column.astype(xp.int32), indptr.astype(xp.int32)),
                            shape=(len(barcodes), len(names)))
@@ -223,6 +224,17 @@ def _to_anndata(
     adata.uns["fragments"] = {"outside_cells": outside_cells,
                               "features": "peaks" if peaks is not None else f"tiles of {tile_width} bp"}
     return adata
+
+
+def _interval_names(chrom: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """``chrom:start-end`` for each interval (built by Arrow: hundreds of thousands of
+    tiles are common)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    position = pc.binary_join_element_wise(pc.cast(pa.array(start), pa.string()), pc.cast(pa.array(end), pa.string()),
+                                           "-")
+    return pc.binary_join_element_wise(pa.array(chrom), position, ":").to_numpy(zero_copy_only=False)
 
 
 def tfidf(adata: AnnData, *, scale_factor: float = 1e4, backend: Backend) -> None:
