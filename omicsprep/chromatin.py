@@ -7,7 +7,7 @@ chunk size and the output matrix, not the file.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from types import ModuleType
 
 import numpy as np
@@ -58,6 +58,7 @@ def count_fragments(
     barcodes: pd.Index,
     peaks: pd.DataFrame | None = None,
     tile_width: int = 5000,
+    chrom_sizes: Mapping[str, int] | None = None,
     backend: Backend = "cpu",
 ) -> AnnData:
     """Cells x features counts of fragments: one per feature a fragment overlaps.
@@ -75,9 +76,12 @@ def count_fragments(
         ``tile_width`` bp when ``None``.
     tile_width
         Tile size in bp.
+    chrom_sizes
+        The genome's chromosome lengths: fragments on other chromosomes, or past a
+        chromosome's end, are refused. Unchecked when ``None``.
     backend
         ``"cpu"`` (NumPy) or ``"gpu"`` (CuPy): where each chunk's overlaps and counts are
-        computed; the per-chunk (cell, feature) counts are summed in host memory.
+        computed; the (cell, feature) counts stay on that device until the end.
 
     Returns
     -------
@@ -89,8 +93,9 @@ def count_fragments(
     Raises
     ------
     InputError
-        Fragments whose end is not after their start, or with a negative start;
-        overlapping peaks.
+        Fragments whose end is not after their start, or with a negative start; with
+        ``chrom_sizes``, fragments on an unknown chromosome or past its end; overlapping
+        peaks.
     """
     xp = array_module(backend)
     index_type = cudf().Index if backend == "gpu" else pd.Index
@@ -107,6 +112,8 @@ def count_fragments(
     for chunk in chunks:
         start, end = xp.asarray(chunk["start"].values, dtype=xp.int64), xp.asarray(chunk["end"].values, dtype=xp.int64)
         _check_coordinates(chunk, start=start, end=end, xp=xp)
+        if chrom_sizes is not None:
+            _check_genome(chunk, end=end, chrom_sizes=chrom_sizes, index_type=index_type, xp=xp)
         cell = xp.asarray(cells.get_indexer(chunk["barcode"]), dtype=xp.int64)
         if peaks is None:  # tiles: every chromosome seen so far gets a number
             seen = chunk["chrom"].unique()
@@ -155,6 +162,22 @@ def _check_coordinates(chunk, *, start, end, xp: ModuleType) -> None:  # noqa: A
         i = int(xp.argmax(bad))
         raise InputError(f"{n_bad} fragments with bad coordinates, e.g. "
                          f"{chunk['chrom'].iloc[i]}:{int(start[i])}-{int(end[i])}")
+
+
+def _check_genome(chunk, *, end, chrom_sizes: Mapping[str, int], index_type, xp: ModuleType) -> None:  # noqa: ANN001
+    code = xp.asarray(index_type(list(chrom_sizes)).get_indexer(chunk["chrom"]), dtype=xp.int64)
+    unknown = code < 0
+    if bool(unknown.any()):
+        names = chunk["chrom"][unknown].unique()
+        names = sorted(names.to_pandas() if hasattr(names, "to_pandas") else names)
+        raise InputError(f"{int(unknown.sum())} fragments on chromosomes not in the genome's sizes: "
+                         f"{', '.join(names[:5])}{' ...' if len(names) > 5 else ''}")
+    past = end > xp.asarray(list(chrom_sizes.values()), dtype=xp.int64)[code]
+    if bool(past.any()):
+        i = int(xp.argmax(past))
+        name = chunk["chrom"].iloc[i]
+        raise InputError(f"{int(past.sum())} fragments end past their chromosome, e.g. {name}:...-{int(end[i])} "
+                         f"({name} is {chrom_sizes[name]:,} bp)")
 
 
 def _expanded(first, n, *, xp: ModuleType):  # noqa: ANN001, ANN202

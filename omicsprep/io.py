@@ -322,6 +322,26 @@ def read_peaks(path: str | Path) -> pd.DataFrame:
     return peaks.reset_index(drop=True)
 
 
+def read_chrom_sizes(path: str | Path) -> dict[str, int]:
+    """Chromosome lengths from a two-column ``name<TAB>length`` file (UCSC ``chrom.sizes``;
+    a FASTA index ``.fai`` works too: its first two columns are these).
+
+    Raises
+    ------
+    InputError
+        Missing or unparsable file.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InputError("does not exist", path=path)
+    try:
+        sizes = pd.read_csv(path, sep="\t", header=None, usecols=[0, 1], names=["chrom", "length"], comment="#",
+                            dtype={"chrom": str, "length": np.int64})
+    except ValueError as exc:
+        raise InputError(f"cannot be read as chromosome sizes (name, length) ({exc})", path=path) from exc
+    return dict(zip(sizes["chrom"], sizes["length"].astype(int), strict=True))
+
+
 def read_table(path: str | Path) -> pd.DataFrame:
     """Read a table written by :func:`write_table` (Parquet or tab-separated text)."""
     if Path(path).suffix == ".parquet":

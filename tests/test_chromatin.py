@@ -106,6 +106,24 @@ def test_bad_fragments_are_one_clear_error(tmp_path, barcodes):
     overlapping = pd.DataFrame({"chrom": ["chr1", "chr1"], "start": [100, 150], "end": [200, 300]})
     with pytest.raises(InputError, match="1 peaks overlap the previous one .e.g. after chr1:100-200."):
         chromatin.count_fragments(io.fragment_chunks(bad), barcodes=barcodes, peaks=overlapping)
+    sizes = tmp_path / "genome.fa.fai"
+    sizes.write_text("chr1\t248956422\t112\t60\t61\nchr4\t190214555\t253105752\t60\t61\n")
+    with pytest.raises(InputError, match=r"fragments on chromosomes not in the genome's sizes: chr2$"):
+        chromatin.count_fragments(io.fragment_chunks(FRAGMENTS), barcodes=barcodes,
+                                  chrom_sizes=io.read_chrom_sizes(sizes))
+    bad.write_text("chr1\t248956400\t248956500\tAAACAGCCAGCATGTC-1\t1\n")
+    with pytest.raises(InputError, match=r"1 fragments end past their chromosome, e.g. chr1:...-248956500 "
+                                         r"\(chr1 is 248,956,422 bp\)"):
+        chromatin.count_fragments(io.fragment_chunks(bad), barcodes=barcodes, chrom_sizes=io.read_chrom_sizes(sizes))
     bad.write_text("chr1\tten\t100\tAAACAGCCAGCATGTC-1\t1\n")
     with pytest.raises(InputError, match=rf"file '{bad}': cannot be read as 10x fragments"):
         chromatin.count_fragments(io.fragment_chunks(bad), barcodes=barcodes)
+
+
+def test_counts_within_the_genome_are_unchanged_by_its_check(tmp_path, peak_counts, barcodes):
+    sizes = tmp_path / "chrom.sizes"
+    sizes.write_text("chr1\t248956422\nchr2\t242193529\nchr4\t190214555\n")
+    checked = chromatin.count_fragments(io.fragment_chunks(FRAGMENTS, chunk_rows=20_000), barcodes=barcodes,
+                                        peaks=io.read_peaks(MULTIOME / "peaks.bed"),
+                                        chrom_sizes=io.read_chrom_sizes(sizes))
+    assert (checked.X != peak_counts.X).nnz == 0

@@ -249,6 +249,10 @@ def test_fragments_with_bad_coordinates_are_refused_on_the_gpu(tmp_path):
     with pytest.raises(InputError, match="bad coordinates"):
         chromatin.count_fragments(io.fragment_chunks(path, backend="gpu"), barcodes=pd.Index(["AAAC-1"]),
                                   backend="gpu")
+    path.write_text("chr1\t100\t200\tAAAC-1\t1\nchrUn\t100\t200\tAAAC-1\t1\n")
+    with pytest.raises(InputError, match="not in the genome's sizes: chrUn"):
+        chromatin.count_fragments(io.fragment_chunks(path, backend="gpu"), barcodes=pd.Index(["AAAC-1"]),
+                                  chrom_sizes={"chr1": 1000}, backend="gpu")
 
 
 def _shipped_config() -> dict:
