@@ -23,7 +23,13 @@ MONO_NUCLEOSOME = 294  # up to this length: one nucleosome
 
 
 FEATURE_BITS = 40  # tile keys: cell << 40 | chromosome << 32 | tile
-PER_CELL = ("n_fragments", "nucleosome_free", "mono_nucleosome", "in_features")
+PER_CELL = ("n_fragments", "nucleosome_free", "mono_nucleosome", "in_features", "tss_center", "tss_flank")
+# TSS enrichment as ENCODE defines it and muon computes it: fragment coverage (weighted by
+# reads) summed over windows of +-1 kb around every TSS; the mean over the central 1,001
+# positions against the mean over the 100 positions at each end.
+TSS_EXTEND = 1000
+TSS_FLANK = 100
+TSS_CENTER = 1001
 
 
 class _PairCounts:
@@ -59,6 +65,7 @@ def count_fragments(
     peaks: pd.DataFrame | None = None,
     tile_width: int = 5000,
     chrom_sizes: Mapping[str, int] | None = None,
+    tss: pd.DataFrame | None = None,
     backend: Backend = "cpu",
 ) -> AnnData:
     """Cells x features counts of fragments: one per feature a fragment overlaps.
@@ -79,6 +86,9 @@ def count_fragments(
     chrom_sizes
         The genome's chromosome lengths: fragments on other chromosomes, or past a
         chromosome's end, are refused. Unchecked when ``None``.
+    tss
+        ``chrom`` and ``position`` (0-based) of transcription start sites: adds
+        ``obs["tss_enrichment"]`` (TSS windows may overlap; each counts).
     backend
         ``"cpu"`` (NumPy) or ``"gpu"`` (CuPy): where each chunk's overlaps and counts are
         computed; the (cell, feature) counts stay on that device until the end.
@@ -87,8 +97,8 @@ def count_fragments(
     -------
     Counts (CSR) with features named ``chrom:start-end``, sorted by chromosome name and
     start; ``obs`` holds ``n_fragments``, ``nucleosome_signal`` (mono-nucleosomal over
-    nucleosome-free fragments) and ``frac_in_features`` (with peaks: the fraction of
-    fragments in peaks, FRiP).
+    nucleosome-free fragments), ``frac_in_features`` (with peaks: the fraction of
+    fragments in peaks, FRiP) and, with ``tss``, ``tss_enrichment``.
 
     Raises
     ------
@@ -109,6 +119,11 @@ def count_fragments(
         code = pd.Index(chromosomes).get_indexer(peaks["chrom"]).astype(np.int64) << 32
         peak_starts = xp.asarray(code | peaks["start"].to_numpy(np.int64))
         peak_ends = xp.asarray(code | peaks["end"].to_numpy(np.int64))
+    if tss is not None:
+        tss = tss.sort_values(["chrom", "position"], ignore_index=True)
+        tss_chromosomes = list(dict.fromkeys(tss["chrom"]))
+        tss_code = pd.Index(tss_chromosomes).get_indexer(tss["chrom"]).astype(np.int64) << 32
+        windows = xp.asarray(tss_code | (tss["position"].to_numpy(np.int64) - TSS_EXTEND))
     for chunk in chunks:
         start, end = xp.asarray(chunk["start"].values, dtype=xp.int64), xp.asarray(chunk["end"].values, dtype=xp.int64)
         _check_coordinates(chunk, start=start, end=end, xp=xp)
@@ -137,8 +152,18 @@ def count_fragments(
         in_feature = xp.zeros(cell.size, dtype=bool)
         in_feature[fragment] = True
         per_cell[3] += xp.bincount(cell[in_feature], minlength=len(barcodes))
+        if tss is not None:
+            reads = xp.asarray(chunk["count"].values, dtype=xp.int64)[inside]
+            code = xp.asarray(index_type(tss_chromosomes).get_indexer(chunk["chrom"]), dtype=xp.int64)[inside]
+            fragment, center, flank = _tss_coverage(code, start, end, windows, xp=xp)
+            per_cell[4] += xp.bincount(cell[fragment], weights=center * reads[fragment],
+                                       minlength=len(barcodes)).astype(xp.int64)
+            per_cell[5] += xp.bincount(cell[fragment], weights=flank * reads[fragment],
+                                       minlength=len(barcodes)).astype(xp.int64)
         pairs.add(*xp.unique(key, return_counts=True))
     pairs.merge()
+    if tss is None:
+        per_cell = per_cell[: len(PER_CELL) - 2]
     return _to_anndata(pairs, dict(zip(PER_CELL, asnumpy(per_cell))), barcodes=barcodes, peaks=peaks,
                        chromosomes=chromosomes, tile_width=tile_width, outside_cells=outside_cells, backend=backend)
 
@@ -201,6 +226,28 @@ def _overlapped_peaks(chrom, start, end, peak_starts, peak_ends, *, xp: ModuleTy
     return _expanded(first, n, xp=xp)
 
 
+def _tss_coverage(code, start, end, windows, *, xp: ModuleType):  # noqa: ANN001, ANN202
+    """Each (fragment, TSS window) overlap: the fragment, and how many of the window's
+    central and flank positions it covers. Windows (keyed chromosome << 32 | first bp)
+    are sorted and equally long, so a fragment's windows are one sorted range."""
+    width = 2 * TSS_EXTEND
+    key_start, key_end = (code << 32) | start, (code << 32) | end
+    first = xp.searchsorted(windows, key_start - width, side="right")
+    last = xp.searchsorted(windows, key_end, side="left")
+    fragment, window = _expanded(first, xp.where(code >= 0, xp.maximum(last - first, 0), 0), xp=xp)
+    offset = windows[window]
+    low = xp.maximum(key_start[fragment] - offset, 0)
+    high = xp.minimum(key_end[fragment] - offset, width + 1)  # positions -1000..+1000
+
+    def covered(a: int, b: int):  # noqa: ANN202 - of the window's positions [a, b)
+        return xp.maximum(xp.minimum(high, b) - xp.maximum(low, a), 0)
+
+    margin = (width + 1 - TSS_CENTER) // 2
+    center = covered(margin, margin + TSS_CENTER)
+    flank = covered(0, TSS_FLANK) + covered(width + 1 - TSS_FLANK, width + 1)
+    return fragment, center, flank
+
+
 def _overlapped_tiles(start, end, tile_width: int, *, xp: ModuleType):  # noqa: ANN001, ANN202
     """(fragment, tile) pairs."""
     first = start // tile_width
@@ -243,10 +290,20 @@ def _to_anndata(
         "nucleosome_signal": per_cell["mono_nucleosome"] / np.maximum(per_cell["nucleosome_free"], 1),
         "frac_in_features": per_cell["in_features"] / np.maximum(per_cell["n_fragments"], 1),
     }, index=pd.Index(barcodes, dtype=str))
+    if "tss_center" in per_cell:
+        obs["tss_enrichment"] = _tss_enrichment(per_cell["tss_center"], per_cell["tss_flank"])
     adata = AnnData(asnumpy(counts), obs=obs, var=pd.DataFrame(index=pd.Index(names.astype(str), dtype=str)))
     adata.uns["fragments"] = {"outside_cells": outside_cells,
                               "features": "peaks" if peaks is not None else f"tiles of {tile_width} bp"}
     return adata
+
+
+def _tss_enrichment(center: np.ndarray, flank: np.ndarray) -> np.ndarray:
+    """Mean coverage per central position over mean per flank position; a cell without
+    flank coverage gets the cells' mean flank instead (as muon does)."""
+    flank_mean = flank / (2 * TSS_FLANK)
+    flank_mean = np.where(flank_mean == 0, flank_mean.mean(), flank_mean)
+    return (center / TSS_CENTER) / flank_mean
 
 
 def _interval_names(chrom: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:

@@ -242,7 +242,7 @@ def fragment_chunks(path: str | Path, *, chunk_rows: int = 5_000_000, backend: B
                          path=path) from exc
 
 
-FRAGMENT_TYPES = {"chrom": "str", "start": "int64", "end": "int64", "barcode": "str"}
+FRAGMENT_TYPES = {"chrom": "str", "start": "int64", "end": "int64", "barcode": "str", "count": "int64"}
 BYTES_PER_FRAGMENT = 48  # a 10x fragments line, about
 
 
@@ -300,26 +300,42 @@ def _skip_comment_rows(row) -> str:  # noqa: ANN001
 
 
 def read_peaks(path: str | Path) -> pd.DataFrame:
-    """Peaks from a BED file (first three columns: chrom, start, end; ``#``, ``track`` and
-    ``browser`` lines skipped).
+    """Intervals from a BED file: ``chrom``, ``start``, ``end``, and ``strand`` when the
+    file has a sixth column (``#``, ``track`` and ``browser`` lines skipped).
 
     Raises
     ------
     InputError
-        Missing or unparsable file, or a peak whose end is not after its start.
+        Missing or unparsable file, or an interval whose end is not after its start.
     """
     path = Path(path)
     if not path.is_file():
         raise InputError("does not exist", path=path)
     try:
-        peaks = pd.read_csv(path, sep="\t", header=None, usecols=[0, 1, 2], names=["chrom", "start", "end"],
-                            comment="#", dtype={"chrom": str, "start": np.int64, "end": np.int64})
-    except ValueError as exc:
+        raw = pd.read_csv(path, sep="\t", header=None, comment="#", dtype=str)
+        raw = raw[~raw[0].str.startswith(("track", "browser"))]
+        peaks = pd.DataFrame({"chrom": raw[0], "start": raw[1].astype(np.int64), "end": raw[2].astype(np.int64)})
+    except (ValueError, KeyError) as exc:
         raise InputError(f"cannot be read as BED ({exc})", path=path) from exc
-    peaks = peaks[~peaks["chrom"].str.startswith(("track", "browser"))]
+    if raw.shape[1] >= 6:
+        peaks["strand"] = raw[5]
     if (peaks["end"] <= peaks["start"]).any() or (peaks["start"] < 0).any():
-        raise InputError("holds peaks whose end is not after their start", path=path)
+        raise InputError("holds intervals whose end is not after their start", path=path)
     return peaks.reset_index(drop=True)
+
+
+def read_tss(path: str | Path) -> pd.DataFrame:
+    """Transcription start sites of the genes in a BED file: ``chrom`` and ``position``,
+    the start, or the last base for genes on the ``-`` strand (sixth column).
+
+    Raises
+    ------
+    InputError
+        As :func:`read_peaks`.
+    """
+    genes = read_peaks(path)
+    minus = (genes["strand"] == "-").to_numpy() if "strand" in genes else np.zeros(len(genes), bool)
+    return pd.DataFrame({"chrom": genes["chrom"], "position": np.where(minus, genes["end"] - 1, genes["start"])})
 
 
 def read_chrom_sizes(path: str | Path) -> dict[str, int]:

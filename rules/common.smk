@@ -152,10 +152,13 @@ def protein_inputs(wildcards):
 
 
 def chromatin_inputs(wildcards):
-    """Fragments, peaks when given, and the QC'd RNA cells (the cells counted)."""
+    """Fragments, the QC'd RNA cells (the cells counted), and peaks, genes (TSS) and
+    chromosome sizes when given."""
     row = SAMPLE_SHEET.loc[wildcards.sample]
+    optional = {"peaks": row["peaks"], "genes": config["chromatin"]["genes"],
+                "chrom_sizes": config["chromatin"]["chrom_sizes"]}
     return {"fragments": row["fragments"], "cells": f"results/{wildcards.sample}/qc.h5ad",
-            **({"peaks": row["peaks"]} if row["peaks"] else {})}
+            **{name: path for name, path in optional.items() if path}}
 
 
 MODALITY_OUTPUTS = {"rna": "processed.h5ad", "prot": "protein.h5ad", "atac": "atac.h5ad"}

@@ -13,11 +13,13 @@ def main() -> None:
     backend = resolve_backend(snakemake.params.backend)
     params = snakemake.params.chromatin
     cells = io.read_h5ad_elements(snakemake.input.cells, ["obs"])["obs"].index
-    peaks = io.read_peaks(snakemake.input.peaks) if "peaks" in snakemake.input.keys() else None
+    given = snakemake.input.keys()
+    peaks = io.read_peaks(snakemake.input.peaks) if "peaks" in given else None
+    tss = io.read_tss(snakemake.input.genes) if "genes" in given else None
+    chrom_sizes = io.read_chrom_sizes(snakemake.input.chrom_sizes) if "chrom_sizes" in given else None
     chunks = io.fragment_chunks(snakemake.input.fragments, chunk_rows=params["chunk_rows"], backend=backend)
-    chrom_sizes = io.read_chrom_sizes(params["chrom_sizes"]) if params["chrom_sizes"] else None
     adata = chromatin.count_fragments(chunks, barcodes=cells, peaks=peaks, tile_width=params["tile_width"],
-                                      chrom_sizes=chrom_sizes, backend=backend)
+                                      chrom_sizes=chrom_sizes, tss=tss, backend=backend)
     run_chromatin(adata, params=params, clustering_params=snakemake.params.clustering, seed=snakemake.params.seed,
                   backend=backend)
     io.write_h5ad(adata, snakemake.output.h5ad)

@@ -127,3 +127,25 @@ def test_counts_within_the_genome_are_unchanged_by_its_check(tmp_path, peak_coun
                                         peaks=io.read_peaks(MULTIOME / "peaks.bed"),
                                         chrom_sizes=io.read_chrom_sizes(sizes))
     assert (checked.X != peak_counts.X).nnz == 0
+
+
+def test_tss_enrichment_equals_muons(tmp_path, barcodes):
+    import gzip
+    import shutil
+
+    import muon
+    import pysam
+
+    plain = tmp_path / "fragments.tsv"
+    with gzip.open(FRAGMENTS, "rb") as source, plain.open("wb") as target:
+        shutil.copyfileobj(source, target)
+    indexed = pysam.tabix_index(str(plain), preset="bed", force=True)  # muon reads fragments through tabix
+    tss = io.read_tss(MULTIOME / "genes.bed")
+    ours = chromatin.count_fragments(io.fragment_chunks(FRAGMENTS, chunk_rows=20_000), barcodes=barcodes, tss=tss)
+    reference = ours.copy()
+    reference.uns["files"] = {"fragments": indexed}
+    genes = io.read_peaks(MULTIOME / "genes.bed").rename(columns={"chrom": "Chromosome", "start": "Start",
+                                                                   "end": "End"})
+    muon.atac.tl.tss_enrichment(reference, features=genes, n_tss=len(genes), return_tss=False)
+    assert (ours.obs["tss_enrichment"] > 0).sum() > 50
+    np.testing.assert_allclose(ours.obs["tss_enrichment"], reference.obs["tss_score"], rtol=1e-9)

@@ -226,7 +226,8 @@ def test_fragment_counts_are_identical_on_cpu_and_gpu(features):
     results = {
         backend: chromatin.count_fragments(io.fragment_chunks(folder / "fragments.tsv.gz", chunk_rows=20_000,
                                                               backend=backend),
-                                           barcodes=barcodes, peaks=peaks, tile_width=5000, backend=backend)
+                                           barcodes=barcodes, peaks=peaks, tile_width=5000,
+                                           tss=io.read_tss(folder / "genes.bed"), backend=backend)
         for backend in ("cpu", "gpu")
     }
     assert list(results["gpu"].var_names) == list(results["cpu"].var_names)

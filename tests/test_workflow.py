@@ -212,7 +212,9 @@ def test_multiome_and_citeseq_samples(tmp_path):
     )
     targets = ["results/multiome/multiome.h5mu", "results/multiome/plots/umap_joint.png",
                "results/citeseq/protein.h5ad", "results/multiome/coexpression/modules.tsv"]
-    result = snakemake(*targets, "--cores", "2", "--config", f"samples={sheet}", "backend=cpu", workdir=tmp_path)
+    genes = f"chromatin={{genes: {MULTIOME / 'genes.bed'}}}"
+    result = snakemake(*targets, "--cores", "2", "--config", f"samples={sheet}", "backend=cpu", genes,
+                       workdir=tmp_path)
     assert result.returncode == 0, result.stderr[-5000:]
     import mudata
 
@@ -220,6 +222,7 @@ def test_multiome_and_citeseq_samples(tmp_path):
     assert list(joined.mod) == ["rna", "atac"] and 700 < joined.n_obs <= 1000
     assert joined.mod["atac"].n_vars <= 174 and "X_lsi" in joined.mod["atac"].obsm
     assert joined.mod["atac"].obs["n_fragments"].sum() > 0
+    assert (joined.mod["atac"].obs["tss_enrichment"] > 0).sum() > 50
     weights = joined.obs[["rna:mod_weight", "atac:mod_weight"]].to_numpy()
     np.testing.assert_allclose(weights.sum(axis=1), 1, atol=1e-5)
     assert joined.obsm["X_umap"].shape == (joined.n_obs, 2)
