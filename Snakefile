@@ -20,6 +20,7 @@ include: "rules/coexpression.smk"
 include: "rules/protein.smk"
 include: "rules/chromatin.smk"
 include: "rules/multiome.smk"
+include: "rules/merge.smk"
 include: "rules/plots.smk"
 include: "rules/report.smk"
 

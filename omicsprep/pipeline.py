@@ -16,7 +16,7 @@ import pandas as pd
 from anndata import AnnData
 from scipy import sparse
 
-from omicsprep import chromatin, clustering, coexpression, multiome, preprocessing, protein, qc
+from omicsprep import chromatin, clustering, coexpression, integration, multiome, preprocessing, protein, qc
 from omicsprep.backend import Backend, to_device, to_host
 from omicsprep.errors import InputError
 from omicsprep.provenance import StepTimer, record_provenance
@@ -464,3 +464,86 @@ def run_multiome(
         mdata.obs[f"wnn_{key}"] = joint.obs[key].to_numpy()
     record_provenance(mdata, rule="multiome", backend=backend, params={**params, "seed": seed}, timings=timer.seconds)
     return mdata
+
+
+def run_merge(
+    samples: Mapping[str, AnnData],
+    *,
+    params: Mapping[str, Any],
+    clustering_params: Mapping[str, Any],
+    labels: str,
+    seed: int,
+    backend: Backend,
+) -> tuple[AnnData, pd.DataFrame]:
+    """Samples merged, normalized, batch-aware HVGs, PCA, Harmony, neighbours, UMAP and
+    Leiden on the corrected embedding, with integration metrics before and after Harmony.
+
+    Parameters
+    ----------
+    samples
+        Sample name to its ``cluster`` rule output (counts in ``layers["counts"]``, its
+        own clusters in ``obs[labels]``).
+    params
+        The ``merge`` configuration section: ``batch_key`` (``sample``, or ``batch`` for
+        the sample sheet's column) and ``harmony`` (``theta``, ``max_iter``).
+    clustering_params
+        Sections ``normalize``, ``hvg``, ``pca``, ``neighbors``, ``umap`` and ``leiden``.
+    labels
+        The per-sample cluster column whose conservation is measured.
+    seed
+        Seed for PCA, Harmony, UMAP and Leiden.
+    backend
+        ``"cpu"`` or ``"gpu"``.
+
+    Returns
+    -------
+    The merged cells (host memory), and a table of ``batch_mixing`` and
+    ``label_conservation`` (see :mod:`omicsprep.integration`) before and after Harmony.
+
+    Raises
+    ------
+    InputError
+        ``batch_key`` is ``batch`` and some samples have none.
+    """
+    timer = StepTimer(backend=backend)
+    key = params["batch_key"]
+    with timer.step("concatenate"):
+        adata = integration.concatenate_samples(samples, labels=labels)
+        if key != "sample":
+            batches = adata.obs[key].astype(str) if key in adata.obs else pd.Series("", index=adata.obs_names)
+            unlabelled = sorted(set(adata.obs.loc[batches.isin(["", "nan"]), "sample"]))
+            if unlabelled:
+                raise InputError(f"merge.batch_key is {key!r}, and samples {unlabelled} have no {key} in the sheet")
+    with timer.step("to_device"):
+        to_device(adata, backend=backend)
+    with timer.step("normalize"):
+        preprocessing.normalize(adata, target_sum=clustering_params["normalize"]["target_sum"], backend=backend)
+    with timer.step("hvg"):
+        preprocessing.highly_variable_genes(adata, **clustering_params["hvg"], batch_key=key, backend=backend)
+    with timer.step("pca"):
+        preprocessing.pca(adata, n_comps=clustering_params["pca"]["n_comps"], seed=seed, backend=backend)
+    resolution = float(labels.rsplit("_", 1)[1])
+    rows = []
+    for stage, embedding in (("before", "X_pca"), ("after", "X_pca_harmony")):
+        if stage == "after":
+            with timer.step("harmony"):
+                integration.harmony(adata, key=key, **params["harmony"], seed=seed, backend=backend)
+        with timer.step(f"neighbors_{stage}"):
+            clustering.neighbors(adata, **clustering_params["neighbors"], use_rep=embedding, backend=backend)
+            clustering.cluster_graph(adata, algorithm="leiden", resolutions=[resolution], seed=seed, backend=backend)
+        rows.append({"stage": stage, "embedding": embedding,
+                     "batch_mixing": round(integration.batch_mixing(adata, key=key), 4),
+                     "label_conservation": round(integration.label_conservation(
+                         adata, clusters=clustering.cluster_key("leiden", resolution)), 4)})
+    with timer.step("umap"):
+        clustering.umap(adata, min_dist=clustering_params["umap"]["min_dist"], seed=seed, backend=backend)
+    with timer.step("leiden"):
+        clustering.cluster_graph(adata, algorithm="leiden", resolutions=clustering_params["leiden"]["resolutions"],
+                                 seed=seed, backend=backend)
+    with timer.step("to_host"):
+        to_host(adata)
+    metrics = pd.DataFrame(rows)
+    log.info("integration:\n%s", metrics.to_string(index=False))
+    adata.uns["merge"]["integration"] = metrics.to_dict(orient="list")
+    record_provenance(adata, rule="merge", backend=backend, params={**params, "seed": seed}, timings=timer.seconds)
+    return adata, metrics

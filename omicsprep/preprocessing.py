@@ -49,7 +49,9 @@ def normalize(adata: AnnData, *, target_sum: float | None, backend: Backend) -> 
     api.pp.log1p(adata)
 
 
-def highly_variable_genes(adata: AnnData, *, flavor: HvgFlavor, n_top_genes: int, backend: Backend) -> None:
+def highly_variable_genes(
+    adata: AnnData, *, flavor: HvgFlavor, n_top_genes: int, backend: Backend, batch_key: str | None = None
+) -> None:
     """Flag highly variable genes in ``var["highly_variable"]``.
 
     Parameters
@@ -62,10 +64,14 @@ def highly_variable_genes(adata: AnnData, *, flavor: HvgFlavor, n_top_genes: int
         How many genes to flag; capped at the number of genes.
     backend
         ``"cpu"`` or ``"gpu"``.
+    batch_key
+        ``obs`` column of batches: genes are ranked within each batch and the ranks
+        combined (scanpy's batch-aware selection), so one batch's differences do not
+        pass for biology.
     """
     n_top = min(n_top_genes, adata.n_vars)
     layer = "counts" if flavor == "seurat_v3" else None
-    _api(backend).pp.highly_variable_genes(adata, flavor=flavor, n_top_genes=n_top, layer=layer)
+    _api(backend).pp.highly_variable_genes(adata, flavor=flavor, n_top_genes=n_top, layer=layer, batch_key=batch_key)
     log.info("highly variable genes: %d of %d", int(adata.var["highly_variable"].sum()), adata.n_vars)
 
 

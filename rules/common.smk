@@ -1,6 +1,7 @@
 # Helpers of every stage: configuration and sample sheet validation, input functions.
 
 import csv
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -33,6 +34,8 @@ def load_sample_sheet(path):
     samples = pd.read_csv(sheet, sep="\t", dtype=str, keep_default_na=False)
     if samples.empty:
         raise WorkflowError(f"sample sheet {str(sheet)!r} lists no samples")
+    if "merged" in set(samples["sample"]):
+        raise WorkflowError(f"sample sheet {str(sheet)!r}: 'merged' is reserved (results/merged/ holds all samples)")
     repeated = sorted(samples.loc[samples["sample"].duplicated(), "sample"].unique())
     if repeated:
         raise WorkflowError(f"sample sheet {str(sheet)!r}: samples listed more than once: {repeated}")
@@ -161,6 +164,18 @@ def chromatin_inputs(wildcards):
             **{name: path for name, path in optional.items() if path}}
 
 
+def merge_inputs(wildcards):
+    """Every RNA sample's processed AnnData, keyed by sample; with merge.allow_partial only
+    those already written, the others named on the console."""
+    paths = {sample: f"results/{sample}/processed.h5ad" for sample in RNA_SAMPLES}
+    if not config["merge"]["allow_partial"]:
+        return paths
+    missing = sorted(sample for sample, path in paths.items() if not Path(path).exists())
+    if missing:
+        print(f"merge: leaving out samples without results: {', '.join(missing)}", file=sys.stderr)
+    return {sample: path for sample, path in paths.items() if sample not in missing}
+
+
 MODALITY_OUTPUTS = {"rna": "processed.h5ad", "prot": "protein.h5ad", "atac": "atac.h5ad"}
 
 
@@ -202,6 +217,7 @@ TIMED_RULES = {
     "protein": "results/{sample}/protein.h5ad",
     "chromatin": "results/{sample}/atac.h5ad",
     "multiome": "results/{sample}/multiome.h5mu",
+    "merge": "results/{sample}/merged.h5ad",  # sample: merged
 }
 
 
@@ -214,12 +230,14 @@ def rules_of(sample):
         "protein": sample in PROTEIN_SAMPLES,
         "chromatin": sample in CHROMATIN_SAMPLES,
         "multiome": sample in MULTIOME_SAMPLES,
+        "merge": False,  # not per sample: timed_pairs adds it
     }
     return [rule for rule in TIMED_RULES if runs[rule]]
 
 
 def timed_pairs():
-    return [(sample, rule) for sample in SAMPLES for rule in rules_of(sample)]
+    merged = [("merged", "merge")] if config["merge"]["enabled"] else []
+    return [(sample, rule) for sample in SAMPLES for rule in rules_of(sample)] + merged
 
 
 def timed_samples():
@@ -256,8 +274,12 @@ def final_outputs():
         *expand("results/{sample}/protein.h5ad", sample=PROTEIN_SAMPLES),
         *expand("results/{sample}/atac.h5ad", sample=CHROMATIN_SAMPLES),
         *expand(["results/{sample}/multiome.h5mu", "results/{sample}/plots/umap_joint.png"], sample=MULTIOME_SAMPLES),
+        *(MERGE_OUTPUTS if config["merge"]["enabled"] else []),
         "results/run_times.tsv",
     ]
+
+
+MERGE_OUTPUTS = ["results/merged/merged.h5ad", "results/merged/integration.tsv", "results/merged/plots/umap_merged.png"]
 
 
 COEXPRESSION_OUTPUTS = (

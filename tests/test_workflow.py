@@ -34,10 +34,13 @@ OUTPUTS = [
 ]
 
 
-def snakemake(*args: str, workdir: Path | None = None) -> subprocess.CompletedProcess:
+def snakemake(*args: str, workdir: Path | None = None, overlay: Path | None = None) -> subprocess.CompletedProcess:
+    """Run the workflow; with ``workdir``, there with the shipped config (and ``overlay``'s
+    settings over it)."""
     command = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), *args]
     if workdir is not None:
-        command += ["--directory", str(workdir), "--configfile", str(REPO / "config" / "config.yaml")]
+        command += ["--directory", str(workdir), "--configfile", str(REPO / "config" / "config.yaml"),
+                    *([str(overlay)] if overlay else [])]
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1200)
 
 
@@ -258,3 +261,33 @@ def test_multiome_refuses_modalities_without_shared_cells(tmp_path):
                        workdir=tmp_path)
     expect_failure(result, "sample 'mixed'", "modalities share 0 cell barcodes")
     assert not (tmp_path / "results" / "mixed" / "multiome.h5mu").exists()
+
+
+def test_merge_with_harmony_and_keep_going(tmp_path):
+    """Two batches of the same PBMCs (their barcodes collide) and one broken sample: with
+    --keep-going the good samples finish and the merge waits for every sample; with
+    merge.allow_partial it merges the two, names the missing one, and reports the
+    integration."""
+    empty = tmp_path / "empty.h5ad"
+    ad.AnnData(sparse.csr_matrix((0, 5), dtype=np.float32)).write_h5ad(empty)
+    rows = [f"pbmc_a\t{PBMC_H5}\tb1", f"pbmc_b\t{PBMC_MTX}\tb2", f"broken\t{empty}\tb3"]
+    sheet = write_sheet(tmp_path / "s.tsv", rows, header="sample\tinput\tbatch")
+    overlay = tmp_path / "merge.yaml"
+    overlay.write_text("merge:\n  enabled: true\n  batch_key: batch\ncoexpression:\n  enabled: false\n")
+    target = "results/merged/integration.tsv"
+    args = ["--cores", "2", "--keep-going", "--config", f"samples={sheet}", "backend=cpu"]
+    first = snakemake(target, *args, workdir=tmp_path, overlay=overlay)
+    assert first.returncode != 0
+    assert (tmp_path / "results" / "pbmc_a" / "processed.h5ad").is_file()
+    assert not (tmp_path / "results" / "merged").exists()
+    overlay.write_text(overlay.read_text().replace("enabled: true\n", "enabled: true\n  allow_partial: true\n", 1))
+    second = snakemake(target, *args, workdir=tmp_path, overlay=overlay)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "merge: leaving out samples without results: broken" in second.stderr
+    merged = ad.read_h5ad(tmp_path / "results" / "merged" / "merged.h5ad")
+    assert set(merged.obs["sample"]) == {"pbmc_a", "pbmc_b"} and merged.obs_names.is_unique
+    assert merged.n_obs == 2 * ad.read_h5ad(tmp_path / "results" / "pbmc_a" / "processed.h5ad").n_obs
+    assert "X_pca_harmony" in merged.obsm and merged.obs["leiden_1.0"].nunique() >= 3
+    metrics = pd.read_csv(tmp_path / target, sep="\t").set_index("stage")
+    assert metrics.loc["after", "batch_mixing"] > 0.9  # identical batches mix fully
+    assert metrics.loc["after", "label_conservation"] > 0.5

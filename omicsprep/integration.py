@@ -1,0 +1,109 @@
+"""Many samples as one: concatenation, Harmony batch correction and integration metrics."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+from anndata import AnnData
+from scipy import sparse
+from sklearn.metrics import adjusted_rand_score
+
+from omicsprep.backend import Backend, rapids_singlecell
+
+log = logging.getLogger(__name__)
+
+
+def concatenate_samples(samples: Mapping[str, AnnData], *, labels: str | None = None) -> AnnData:
+    """One AnnData of every sample's cells: raw counts, genes joined outer (a gene absent
+    from a sample counts zero there), ``obs["sample"]`` and barcodes ``<sample>:<barcode>``
+    (unique across samples).
+
+    Parameters
+    ----------
+    samples
+        Sample name to its cells, raw counts in ``layers["counts"]`` when present, else
+        in ``X``.
+    labels
+        A per-sample ``obs`` column to keep as ``obs["sample_clusters"]`` (prefixed with
+        the sample), e.g. each sample's own clusters for the label-conservation metric.
+
+    Returns
+    -------
+    Cells x genes, CSR counts; ``uns["merge"]["genes_missing"]`` counts, per sample, the
+    genes it lacks.
+    """
+    parts = {}
+    for name, adata in samples.items():
+        counts = adata.layers["counts"] if "counts" in adata.layers else adata.X
+        obs = adata.obs[[c for c in ("batch",) if c in adata.obs]].copy()
+        if labels is not None:
+            obs["sample_clusters"] = name + ":" + adata.obs[labels].astype(str)
+        parts[name] = AnnData(sparse.csr_matrix(counts, dtype=np.float32), obs=obs,
+                              var=pd.DataFrame(index=adata.var_names))
+    merged = ad.concat(parts, join="outer", label="sample", index_unique=":", fill_value=0)
+    merged.obs_names = [f"{sample}:{barcode.rsplit(':', 1)[0]}" for sample, barcode in
+                        zip(merged.obs["sample"], merged.obs_names, strict=True)]
+    merged.X = sparse.csr_matrix(merged.X)
+    merged.uns["merge"] = {"genes_missing": {name: int(merged.n_vars - part.n_vars) for name, part in parts.items()}}
+    log.info("merged %d samples: %d cells x %d genes; genes missing per sample %s", len(parts), merged.n_obs,
+             merged.n_vars, merged.uns["merge"]["genes_missing"])
+    return merged
+
+
+def harmony(adata: AnnData, *, key: str, theta: float, max_iter: int, seed: int, backend: Backend) -> None:
+    """Harmony (Korsunsky et al. 2019) on ``obsm["X_pca"]`` into ``obsm["X_pca_harmony"]``.
+
+    rapids-singlecell's ``harmony_integrate`` on the GPU, harmonypy on the CPU.
+
+    Parameters
+    ----------
+    adata
+        Cells with ``obsm["X_pca"]`` and the batches in ``obs[key]``.
+    key
+        The ``obs`` column to correct for.
+    theta
+        Diversity penalty (higher: more mixing).
+    max_iter
+        Harmony iterations at most.
+    seed
+        Seed of Harmony's k-means.
+    backend
+        ``"cpu"`` or ``"gpu"``.
+    """
+    if backend == "gpu":
+        rapids_singlecell().pp.harmony_integrate(adata, key, basis="X_pca", adjusted_basis="X_pca_harmony",
+                                                 theta=theta, max_iter_harmony=max_iter, rng=seed)
+        return
+    import harmonypy
+
+    result = harmonypy.run_harmony(np.asarray(adata.obsm["X_pca"]), adata.obs[[key]], [key], theta=theta,
+                                   max_iter_harmony=max_iter, random_state=seed)
+    adata.obsm["X_pca_harmony"] = np.asarray(result.Z_corr, dtype=np.float32)  # cells x PCs (harmonypy 2)
+
+
+def batch_mixing(adata: AnnData, *, key: str) -> float:
+    """Mean over cells of the entropy of the batches among each cell's neighbours
+    (``obsp["distances"]``), relative to the entropy of the batches' overall shares: 1
+    when every neighbourhood mixes the batches as the whole data does, 0 when none mixes."""
+    batches = pd.Categorical(adata.obs[key])
+    graph = sparse.csr_matrix(adata.obsp["distances"])
+    rows = np.repeat(np.arange(adata.n_obs), np.diff(graph.indptr))
+    counts = sparse.csr_matrix((np.ones(graph.nnz), (rows, batches.codes[graph.indices])),
+                               shape=(adata.n_obs, len(batches.categories))).toarray()
+    share = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
+    entropy = -(share * np.log(np.where(share > 0, share, 1))).sum(axis=1)
+    overall = np.bincount(batches.codes) / len(batches.codes)
+    expected = -(overall * np.log(overall)).sum()
+    return float(entropy.mean() / expected) if expected > 0 else 1.0
+
+
+def label_conservation(adata: AnnData, *, clusters: str, labels: str = "sample_clusters") -> float:
+    """Mean over samples of the adjusted Rand index between the merged clusters and the
+    sample's own clusters: how much of each sample's structure survives integration."""
+    scores = [adjusted_rand_score(group[labels], group[clusters]) for _, group in
+              adata.obs.groupby("sample", observed=True)]
+    return float(np.mean(scores))

@@ -1,0 +1,35 @@
+# All RNA samples as one (merge.enabled): concatenated, batch-aware HVGs, PCA, Harmony,
+# neighbours, UMAP and Leiden on the corrected embedding, with integration metrics.
+rule merge:
+    input:
+        unpack(merge_inputs),
+    output:
+        h5ad="results/merged/merged.h5ad",
+        metrics=report(
+            "results/merged/integration.tsv",
+            category="Integration",
+            caption="../report/integration.rst",
+            labels={"sample": "merged", "table": "integration metrics"},
+        ),
+        umap=report(
+            "results/merged/plots/umap_merged.png",
+            category="Integration",
+            caption="../report/umap_merged.rst",
+            labels={"sample": "merged", "figure": "UMAP"},
+        ),
+    params:
+        backend=backend_for("merge"),
+        merge=config["merge"],
+        clustering=cluster_params(),
+        labels=markers_cluster_key(),
+        seed=config["seed"],
+    resources:
+        gpu=gpus_for("merge"),
+    log:
+        "logs/merge/merged.log",
+    benchmark:
+        "benchmarks/merge/merged.tsv"
+    conda:
+        conda_env_for("merge")
+    script:
+        "../scripts/merge.py"

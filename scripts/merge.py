@@ -1,0 +1,25 @@
+"""Rule merge: all samples concatenated, Harmony-corrected, clustered, with integration
+metrics."""
+
+from omicsprep import io, plotting
+from omicsprep.backend import resolve_backend
+from omicsprep.pipeline import run_merge
+from omicsprep.workflow import run_script
+
+snakemake = snakemake  # noqa: F821, PLW0127 - injected by Snakemake
+
+
+def main() -> None:
+    backend = resolve_backend(snakemake.params.backend)
+    samples = {name: io.read_h5ad(path) for name, path in snakemake.input.items()}
+    merged, metrics = run_merge(samples, params=snakemake.params.merge, clustering_params=snakemake.params.clustering,
+                                labels=snakemake.params.labels, seed=snakemake.params.seed, backend=backend)
+    keys = ["sample", *(k for k in ("batch",) if k in merged.obs),
+            *(k for k in merged.obs if k.startswith("leiden_"))]
+    io.write_figure(plotting.embedding_panels(merged.obsm["X_umap"], merged.obs, keys=keys, title="merged"),
+                    snakemake.output.umap)
+    io.write_table(metrics, snakemake.output.metrics)
+    io.write_h5ad(merged, snakemake.output.h5ad)
+
+
+run_script(main, log_path=snakemake.log[0], sample="merged", threads=snakemake.threads)
