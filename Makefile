@@ -23,8 +23,10 @@ run: setup
 	$(BIN)/snakemake --report results/report.html
 
 test: setup
+	bash tests/slurm/install.sh
 	$(BIN)/python -m pytest
 
 clean:
 	# Snakemake's benchmark folders, one per rule with a benchmark: (benchmarks/scaling stays).
-	rm -rf results logs .snakemake benchmarks/count_umis benchmarks/qc benchmarks/cluster benchmarks/coexpression
+	rm -rf results logs .snakemake benchmarks/count_umis benchmarks/qc benchmarks/cluster benchmarks/coexpression \
+		benchmarks/protein benchmarks/chromatin benchmarks/multiome benchmarks/merge

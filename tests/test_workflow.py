@@ -49,7 +49,7 @@ def write_sheet(path: Path, rows: list[str], header: str = "sample\tinput") -> P
     return path
 
 
-@pytest.mark.parametrize("profile", [None, "profiles/default", "profiles/slurm"])
+@pytest.mark.parametrize("profile", [None, "profiles/default", "profiles/slurm", "profiles/generic"])
 def test_dry_run_of_shipped_config_and_profiles(profile):
     args = ["-n", "--forceall", "--quiet", "rules"] + (["--profile", profile] if profile else [])
     result = snakemake(*args)
