@@ -461,7 +461,7 @@ def run_multiome(
     to_host(joint)
     mdata.obsm["X_umap"] = joint.obsm["X_umap"]
     for key in joint.obs:
-        mdata.obs[f"wnn_{key}"] = joint.obs[key].to_numpy()
+        mdata.obs[f"wnn_{key}"] = joint.obs[key].array  # categories kept: plotted as clusters
     record_provenance(mdata, rule="multiome", backend=backend, params={**params, "seed": seed}, timings=timer.seconds)
     return mdata
 

@@ -229,7 +229,7 @@ def test_multiome_and_citeseq_samples(tmp_path):
     weights = joined.obs[["rna:mod_weight", "atac:mod_weight"]].to_numpy()
     np.testing.assert_allclose(weights.sum(axis=1), 1, atol=1e-5)
     assert joined.obsm["X_umap"].shape == (joined.n_obs, 2)
-    assert joined.obs["wnn_leiden_1.0"].nunique() >= 2
+    assert joined.obs["wnn_leiden_1.0"].dtype == "category" and joined.obs["wnn_leiden_1.0"].nunique() >= 2
     assert joined.uns["omicsprep"]["multiome"]["backend"] == "cpu"
     prot = ad.read_h5ad(tmp_path / "results" / "citeseq" / "protein.h5ad")
     assert prot.n_obs == 2872 and prot.uns["omicsprep"]["protein"]["backend"] == "cpu"
