@@ -121,6 +121,7 @@ def cluster_graph(
                 random_state=seed,
                 key_added=key,
             )
+            adata.obs[key] = _ordered_categories(adata.obs[key].to_numpy())
         else:
             labels = partition_graph(adata.obsp["connectivities"], algorithm="louvain", resolution=resolution,
                                      seed=seed, backend="cpu")

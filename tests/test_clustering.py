@@ -59,6 +59,10 @@ def test_outputs_of_the_chain(mouse_clustered):
     assert louvain.nunique() > 3
     assert adjusted_rand_score(louvain, adata.obs["leiden_1.0"]) > 0.5
     assert set(markers["group"].unique()) == set(adata.obs["leiden_1.0"].cat.categories)
+    for key in ("leiden_1.0", "louvain_1.0"):  # clusters numbered by decreasing size
+        sizes = adata.obs[key].value_counts(sort=False).to_numpy()
+        assert list(adata.obs[key].cat.categories) == [str(i) for i in range(len(sizes))]
+        assert (np.diff(sizes) <= 0).all()
     assert (markers.groupby("group").size() == CLUSTER_PARAMS["markers"]["n_genes"]).all()
     assert (markers["pvals_adj"] <= 1).all()
     record = adata.uns["omicsprep"]["cluster"]
