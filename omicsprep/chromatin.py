@@ -22,7 +22,8 @@ NUCLEOSOME_FREE = 147  # fragments shorter than one nucleosome's DNA (bp)
 MONO_NUCLEOSOME = 294  # up to this length: one nucleosome
 
 
-FEATURE_BITS = 40  # tile keys: cell << 40 | chromosome << 32 | tile
+FEATURE_BITS = 40  # (cell, tile) keys: cell << 40 | feature; a feature is chromosome << tile bits | tile
+MAX_POSITION = 1 << 32  # positions are keyed chromosome << 32 + bp
 PER_CELL = ("n_fragments", "nucleosome_free", "mono_nucleosome", "in_features", "tss_center", "tss_flank")
 # TSS enrichment as ENCODE defines it and muon computes it: fragment coverage (weighted by
 # reads) summed over windows of +-1 kb around every TSS; the mean over the central 1,001
@@ -54,7 +55,7 @@ class _PairCounts:
         keys = xp.concatenate([self.keys, *(k for k, _ in self.pending)])
         counts = xp.concatenate([self.counts, *(c for _, c in self.pending)])
         self.keys, where = xp.unique(keys, return_inverse=True)
-        self.counts = xp.bincount(where.ravel(), weights=counts, minlength=self.keys.size).astype(xp.int64)
+        self.counts = _bincount(where.ravel(), weights=counts, minlength=self.keys.size, xp=xp)
         self.pending, self.pending_size = [], 0
 
 
@@ -73,7 +74,8 @@ def count_fragments(
     Parameters
     ----------
     chunks
-        Fragments (``chrom``, ``start``, ``end``, ``barcode``; 0-based, end exclusive):
+        Fragments (``chrom``, ``start``, ``end``, ``barcode``, and ``count`` (reads) for
+        ``tss``; 0-based, end exclusive):
         pandas DataFrames on the CPU, cuDF DataFrames on the GPU
         (:func:`omicsprep.io.fragment_chunks`).
     barcodes
@@ -103,12 +105,18 @@ def count_fragments(
     Raises
     ------
     InputError
-        Fragments whose end is not after their start, or with a negative start; with
+        Repeated barcodes; fragments whose end is not after their start, with a negative
+        start or beyond 2**32 bp; more chromosomes than tile keys hold; with
         ``chrom_sizes``, fragments on an unknown chromosome or past its end; overlapping
         peaks.
     """
     xp = array_module(backend)
     index_type = cudf().Index if backend == "gpu" else pd.Index
+    if not barcodes.is_unique:
+        raise InputError(f"cell barcodes repeat, e.g. {barcodes[barcodes.duplicated()][0]!r}")
+    if len(barcodes) >= 1 << (63 - FEATURE_BITS):
+        raise InputError(f"{len(barcodes):,} cells: more than this count can key")
+    tile_bits = (MAX_POSITION // tile_width).bit_length()
     cells = index_type(np.asarray(barcodes, dtype=str))
     per_cell = xp.zeros((len(PER_CELL), len(barcodes)), dtype=xp.int64)
     pairs, outside_cells = _PairCounts(xp), 0
@@ -123,7 +131,7 @@ def count_fragments(
         tss = tss.sort_values(["chrom", "position"], ignore_index=True)
         tss_chromosomes = list(dict.fromkeys(tss["chrom"]))
         tss_code = pd.Index(tss_chromosomes).get_indexer(tss["chrom"]).astype(np.int64) << 32
-        windows = xp.asarray(tss_code | (tss["position"].to_numpy(np.int64) - TSS_EXTEND))
+        windows = xp.asarray(tss_code + (tss["position"].to_numpy(np.int64) - TSS_EXTEND))  # may start below 0
     for chunk in chunks:
         start, end = xp.asarray(chunk["start"].values, dtype=xp.int64), xp.asarray(chunk["end"].values, dtype=xp.int64)
         _check_coordinates(chunk, start=start, end=end, xp=xp)
@@ -135,6 +143,10 @@ def count_fragments(
             seen = seen.to_pandas() if hasattr(seen, "to_pandas") else seen
             known = set(chromosomes)
             chromosomes += [c for c in seen if c not in known]
+            if len(chromosomes) >= 1 << (FEATURE_BITS - tile_bits):
+                raise InputError(f"fragments on {len(chromosomes):,} chromosomes or contigs: at most "
+                                 f"{(1 << (FEATURE_BITS - tile_bits)) - 1:,} with {tile_width} bp tiles; use larger "
+                                 "tiles or peaks")
         chrom = xp.asarray(index_type(chromosomes).get_indexer(chunk["chrom"]), dtype=xp.int64)
         inside = cell >= 0
         outside_cells += int((~inside).sum())
@@ -142,30 +154,36 @@ def count_fragments(
         length = end - start
         for row, selected in enumerate([cell, cell[length < NUCLEOSOME_FREE],
                                         cell[(length >= NUCLEOSOME_FREE) & (length <= MONO_NUCLEOSOME)]]):
-            per_cell[row] += xp.bincount(selected, minlength=len(barcodes))
+            per_cell[row] += _bincount(selected, minlength=len(barcodes), xp=xp)
         if peaks is not None:
             fragment, feature = _overlapped_peaks(chrom, start, end, peak_starts, peak_ends, xp=xp)
             key = cell[fragment] * len(peaks) + feature
         else:
             fragment, tile = _overlapped_tiles(start, end, tile_width, xp=xp)
-            key = (cell[fragment] << FEATURE_BITS) | (chrom[fragment] << 32) | tile
+            key = (cell[fragment] << FEATURE_BITS) | (chrom[fragment] << tile_bits) | tile
         in_feature = xp.zeros(cell.size, dtype=bool)
         in_feature[fragment] = True
-        per_cell[3] += xp.bincount(cell[in_feature], minlength=len(barcodes))
+        per_cell[3] += _bincount(cell[in_feature], minlength=len(barcodes), xp=xp)
         if tss is not None:
             reads = xp.asarray(chunk["count"].values, dtype=xp.int64)[inside]
             code = xp.asarray(index_type(tss_chromosomes).get_indexer(chunk["chrom"]), dtype=xp.int64)[inside]
             fragment, center, flank = _tss_coverage(code, start, end, windows, xp=xp)
-            per_cell[4] += xp.bincount(cell[fragment], weights=center * reads[fragment],
-                                       minlength=len(barcodes)).astype(xp.int64)
-            per_cell[5] += xp.bincount(cell[fragment], weights=flank * reads[fragment],
-                                       minlength=len(barcodes)).astype(xp.int64)
+            per_cell[4] += _bincount(cell[fragment], weights=center * reads[fragment], minlength=len(barcodes), xp=xp)
+            per_cell[5] += _bincount(cell[fragment], weights=flank * reads[fragment], minlength=len(barcodes), xp=xp)
         pairs.add(*xp.unique(key, return_counts=True))
     pairs.merge()
     if tss is None:
         per_cell = per_cell[: len(PER_CELL) - 2]
     return _to_anndata(pairs, dict(zip(PER_CELL, asnumpy(per_cell))), barcodes=barcodes, peaks=peaks,
-                       chromosomes=chromosomes, tile_width=tile_width, outside_cells=outside_cells, backend=backend)
+                       chromosomes=chromosomes, tile_width=tile_width, tile_bits=tile_bits,
+                       outside_cells=outside_cells, backend=backend)
+
+
+def _bincount(values, *, minlength: int, xp: ModuleType, weights=None):  # noqa: ANN001, ANN202
+    """Integer counts (weighted sums) per value; CuPy's ``bincount`` refuses empty input."""
+    if values.size == 0:
+        return xp.zeros(minlength, dtype=xp.int64)
+    return xp.bincount(values, weights=weights, minlength=minlength).astype(xp.int64)
 
 
 def _checked_peaks(peaks: pd.DataFrame) -> pd.DataFrame:
@@ -181,7 +199,7 @@ def _checked_peaks(peaks: pd.DataFrame) -> pd.DataFrame:
 
 
 def _check_coordinates(chunk, *, start, end, xp: ModuleType) -> None:  # noqa: ANN001
-    bad = (start < 0) | (end <= start)
+    bad = (start < 0) | (end <= start) | (end >= MAX_POSITION)
     n_bad = int(bad.sum())
     if n_bad:
         i = int(xp.argmax(bad))
@@ -228,10 +246,11 @@ def _overlapped_peaks(chrom, start, end, peak_starts, peak_ends, *, xp: ModuleTy
 
 def _tss_coverage(code, start, end, windows, *, xp: ModuleType):  # noqa: ANN001, ANN202
     """Each (fragment, TSS window) overlap: the fragment, and how many of the window's
-    central and flank positions it covers. Windows (keyed chromosome << 32 | first bp)
-    are sorted and equally long, so a fragment's windows are one sorted range."""
+    central and flank positions it covers. Windows (keyed chromosome << 32 + first bp)
+    are sorted and equally long, so a fragment's windows are one sorted range. As muon
+    fetches them, a window takes fragments that start before TSS + 1 kb."""
     width = 2 * TSS_EXTEND
-    key_start, key_end = (code << 32) | start, (code << 32) | end
+    key_start, key_end = (code << 32) + start, (code << 32) + end
     first = xp.searchsorted(windows, key_start - width, side="right")
     last = xp.searchsorted(windows, key_end, side="left")
     fragment, window = _expanded(first, xp.where(code >= 0, xp.maximum(last - first, 0), 0), xp=xp)
@@ -262,6 +281,7 @@ def _to_anndata(
     peaks: pd.DataFrame | None,
     chromosomes: list[str],
     tile_width: int,
+    tile_bits: int,
     outside_cells: int,
     backend: Backend,
 ) -> AnnData:
@@ -276,11 +296,13 @@ def _to_anndata(
         row, feature = pairs.keys >> FEATURE_BITS, pairs.keys & ((1 << FEATURE_BITS) - 1)
         features, column = xp.unique(feature, return_inverse=True)
         features = asnumpy(features)
-        chrom, tile = features >> 32, (features & 0xFFFFFFFF) * tile_width
+        chrom, tile = features >> tile_bits, (features & ((1 << tile_bits) - 1)) * tile_width
         name_rank = np.argsort(np.argsort(np.array(chromosomes, dtype=str)))
         order = np.lexsort((tile, name_rank[chrom]))  # by chromosome name, then start
         column = xp.asarray(np.argsort(order))[column.ravel()]
         names = _interval_names(np.array(chromosomes, dtype=str)[chrom[order]], tile[order], tile[order] + tile_width)
+    if pairs.keys.size >= 1 << 31:  # CSR indices are int32 (the only kind cupyx has)
+        raise InputError(f"{pairs.keys.size:,} non-zero (cell, feature) counts: more than a CSR matrix holds here")
     indptr = xp.searchsorted(row, xp.arange(len(barcodes) + 1), side="left")  # keys are sorted by cell
     counts = sp.csr_matrix((pairs.counts.astype(xp.float32), column.astype(xp.int32), indptr.astype(xp.int32)),
                            shape=(len(barcodes), len(names)))

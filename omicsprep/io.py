@@ -237,9 +237,9 @@ def fragment_chunks(path: str | Path, *, chunk_rows: int = 5_000_000, backend: B
     chunks = _fragment_chunks_cudf(path, chunk_rows) if backend == "gpu" else _fragment_chunks_arrow(path, chunk_rows)
     try:
         yield from chunks
-    except (ValueError, RuntimeError) as exc:  # pyarrow's and cuDF's parse errors
-        raise InputError(f"cannot be read as 10x fragments (chrom, start, end, barcode, count): {exc}",
-                         path=path) from exc
+    except (ValueError, RuntimeError) as exc:  # pyarrow's and cuDF's parse errors (cuDF's are RuntimeErrors)
+        raise InputError(f"cannot be read as 10x fragments (chrom, start, end, barcode, count): "
+                         f"{type(exc).__name__}: {exc}", path=path) from exc
 
 
 FRAGMENT_TYPES = {"chrom": "str", "start": "int64", "end": "int64", "barcode": "str", "count": "int64"}
@@ -311,14 +311,14 @@ def read_peaks(path: str | Path) -> pd.DataFrame:
     path = Path(path)
     if not path.is_file():
         raise InputError("does not exist", path=path)
-    try:
-        raw = pd.read_csv(path, sep="\t", header=None, comment="#", dtype=str)
+    try:  # up to BED12's columns, so one-field track and browser lines parse too
+        raw = pd.read_csv(path, sep="\t", header=None, comment="#", dtype=str, names=range(12))
         raw = raw[~raw[0].str.startswith(("track", "browser"))]
         peaks = pd.DataFrame({"chrom": raw[0], "start": raw[1].astype(np.int64), "end": raw[2].astype(np.int64)})
-    except (ValueError, KeyError) as exc:
+    except (ValueError, KeyError, TypeError) as exc:
         raise InputError(f"cannot be read as BED ({exc})", path=path) from exc
-    if raw.shape[1] >= 6:
-        peaks["strand"] = raw[5]
+    if raw[5].notna().any():
+        peaks["strand"] = raw[5].fillna(".")
     if (peaks["end"] <= peaks["start"]).any() or (peaks["start"] < 0).any():
         raise InputError("holds intervals whose end is not after their start", path=path)
     return peaks.reset_index(drop=True)

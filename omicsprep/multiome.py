@@ -73,8 +73,9 @@ def weighted_nearest_neighbors(
     The method of Seurat's ``FindMultiModalNeighbors`` as muon implements it, with exact
     neighbour searches (scikit-learn or cuML, brute force) where muon uses NN-descent:
 
-    1. Each embedding's rows are scaled to unit length; each cell's ``n_neighbors`` nearest
-       cells per modality are found, and its ``n_candidates`` nearest as candidates.
+    1. Each embedding's rows are scaled to unit length; each cell's ``n_neighbors - 1``
+       nearest other cells per modality are found, and its ``n_candidates`` nearest as
+       candidates.
     2. A cell's kernel width in a modality is its mean distance to the
        ``n_bandwidth_neighbors`` cells whose neighbour sets overlap its own least (and
        not at all excluded), the farther first among equals.
@@ -106,6 +107,11 @@ def weighted_nearest_neighbors(
     backend
         ``"cpu"`` or ``"gpu"``.
 
+    Raises
+    ------
+    InputError
+        Fewer than two modalities or three cells.
+
     Returns
     -------
     Nothing; ``mdata`` gains ``obs["<modality>:mod_weight"]``, ``obsp["distances"]`` and
@@ -113,6 +119,9 @@ def weighted_nearest_neighbors(
     ``obsm["X_wnn_input"]`` (the scaled embeddings side by side, for UMAP's
     initialisation) and ``uns["neighbors"]``.
     """
+    if len(representations) < 2 or mdata.n_obs < 3:
+        raise InputError(f"weighted nearest neighbours need two modalities or more and 3 cells or more "
+                         f"(got {list(representations)}, {mdata.n_obs} cells)")
     xp = array_module(backend)
     names = list(representations)
     n_dims = n_dims or {}
@@ -127,7 +136,9 @@ def weighted_nearest_neighbors(
     for name in names:
         embedding, (_, distances) = embeddings[name], nearest[name]
         closest = distances[:, 0]
-        widths[name] = _kernel_width(embedding, nearest[name][0][:, :k], n_bandwidth_neighbors, xp=xp)
+        # A cell whose width is 0 (identical neighbours) keeps a finite kernel.
+        widths[name] = xp.maximum(_kernel_width(embedding, nearest[name][0][:, :k], n_bandwidth_neighbors, xp=xp),
+                                  1e-12)
         affinity = {other: _affinity(embedding, nearest[other][0][:, :k], closest, widths[name], xp=xp)
                     for other in names}
         best_other = xp.max(xp.stack([affinity[other] for other in names if other != name]), axis=0)

@@ -171,6 +171,9 @@ def merge_inputs(wildcards):
     if not config["merge"]["allow_partial"]:
         return paths
     missing = sorted(sample for sample, path in paths.items() if not Path(path).exists())
+    if len(paths) - len(missing) < 2:
+        raise WorkflowError(f"merge.allow_partial: {len(paths) - len(missing)} sample(s) have results, fewer than "
+                            "the two a merge needs; run without it first (with --keep-going)")
     if missing:
         print(f"merge: leaving out samples without results: {', '.join(missing)}", file=sys.stderr)
     return {sample: path for sample, path in paths.items() if sample not in missing}

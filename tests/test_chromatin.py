@@ -149,3 +149,32 @@ def test_tss_enrichment_equals_muons(tmp_path, barcodes):
     muon.atac.tl.tss_enrichment(reference, features=genes, n_tss=len(genes), return_tss=False)
     assert (ours.obs["tss_enrichment"] > 0).sum() > 50
     np.testing.assert_allclose(ours.obs["tss_enrichment"], reference.obs["tss_score"], rtol=1e-9)
+
+
+def test_tss_near_a_chromosome_start_and_many_contigs(tmp_path):
+    """TSS windows that start before bp 0 (chrM genes), and 300 contigs counted into
+    tiles: both checked against a plain per-fragment count."""
+    rng = np.random.default_rng(1)
+    cells = pd.Index(["A-1", "B-1"])
+    rows = [(f"contig{i}", s, s + int(rng.integers(50, 400)), cells[i % 2], int(rng.integers(1, 4)))
+            for i in range(300) for s in rng.integers(0, 20_000, 5)]
+    rows += [(chrom, s, s + int(rng.integers(50, 400)), cells[int(rng.integers(2))], int(rng.integers(1, 4)))
+             for chrom in ("chrM", "chr1") for s in rng.integers(0, 7_000, 400)]
+    frame = pd.DataFrame(rows, columns=["chrom", "start", "end", "barcode", "count"])
+    path = tmp_path / "fragments.tsv"
+    frame.sort_values(["chrom", "start"]).to_csv(path, sep="\t", header=False, index=False)
+    tss = pd.DataFrame({"chrom": ["chrM", "chr1", "chr1"], "position": [600, 5000, 5500]})
+    counted = chromatin.count_fragments(io.fragment_chunks(path, chunk_rows=1000), barcodes=cells, tile_width=5000,
+                                        tss=tss)
+    names = counted.var_names.str.extract(r"(.+):(\d+)-(\d+)").astype({1: int, 2: int})
+    expected = plain_count(frame, cells, list(names.itertuples(index=False, name=None)))
+    np.testing.assert_array_equal(counted.X.toarray(), expected)
+    assert counted.n_vars > 300
+    pileup = np.zeros((2, 2001))  # muon's definition, fragment by fragment
+    for row in frame.itertuples():
+        for site in tss[tss["chrom"] == row.chrom]["position"]:
+            if row.start < site + 1000 and row.end > site - 1000:
+                low, high = max(row.start - (site - 1000), 0), min(row.end - (site - 1000), 2001)
+                pileup[cells.get_loc(row.barcode), low:high] += row.count
+    flank = np.hstack([pileup[:, :100], pileup[:, -100:]]).mean(axis=1)
+    np.testing.assert_allclose(counted.obs["tss_enrichment"], pileup[:, 500:1501].mean(axis=1) / flank)
