@@ -24,6 +24,12 @@ exec > >(tee "$log") 2>&1
 export PYTHONUNBUFFERED=1
 
 echo "== machine"; date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc
+# Pure-Python wheels the RAPIDS bundle lacks (e.g. mudata), carried in .gpu/extra/ (fetch them
+# here with `pip download --no-deps -d .gpu/extra mudata==0.3.10` and add .gpu/extra to carry).
+for wheel in .gpu/extra/*.whl; do
+  [ -e "$wheel" ] && python3 -m pip install -q --no-deps --target /tmp/gpu-extra "$wheel" >/dev/null 2>&1
+done
+[ -d /tmp/gpu-extra ] && export PYTHONPATH=/tmp/gpu-extra:$PYTHONPATH
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "install failed"; exit 1; }
 python3 -c "import omicsprep.backend as b; print('gpu usable:', b.gpu_unavailable_reason() is None, b.gpu_unavailable_reason() or '')"
 
