@@ -123,15 +123,10 @@ def count_fragments(
     chromosomes: list[str] = []
     if peaks is not None:
         peaks = _checked_peaks(peaks)
-        chromosomes = list(dict.fromkeys(peaks["chrom"]))
-        code = pd.Index(chromosomes).get_indexer(peaks["chrom"]).astype(np.int64) << 32
-        peak_starts = xp.asarray(code | peaks["start"].to_numpy(np.int64))
-        peak_ends = xp.asarray(code | peaks["end"].to_numpy(np.int64))
+        chromosomes, (peak_starts, peak_ends) = _keyed(peaks["chrom"], peaks["start"], peaks["end"], xp=xp)
     if tss is not None:
         tss = tss.sort_values(["chrom", "position"], ignore_index=True)
-        tss_chromosomes = list(dict.fromkeys(tss["chrom"]))
-        tss_code = pd.Index(tss_chromosomes).get_indexer(tss["chrom"]).astype(np.int64) << 32
-        windows = xp.asarray(tss_code + (tss["position"].to_numpy(np.int64) - TSS_EXTEND))  # may start below 0
+        tss_chromosomes, (windows,) = _keyed(tss["chrom"], tss["position"] - TSS_EXTEND, xp=xp)  # may start below 0
     for chunk in chunks:
         start, end = xp.asarray(chunk["start"].values, dtype=xp.int64), xp.asarray(chunk["end"].values, dtype=xp.int64)
         _check_coordinates(chunk, start=start, end=end, xp=xp)
@@ -139,8 +134,7 @@ def count_fragments(
             _check_genome(chunk, end=end, chrom_sizes=chrom_sizes, index_type=index_type, xp=xp)
         cell = xp.asarray(cells.get_indexer(chunk["barcode"]), dtype=xp.int64)
         if peaks is None:  # tiles: every chromosome seen so far gets a number
-            seen = chunk["chrom"].unique()
-            seen = seen.to_pandas() if hasattr(seen, "to_pandas") else seen
+            seen = _host(chunk["chrom"].unique())
             known = set(chromosomes)
             chromosomes += [c for c in seen if c not in known]
             if len(chromosomes) >= 1 << (FEATURE_BITS - tile_bits):
@@ -211,8 +205,7 @@ def _check_genome(chunk, *, end, chrom_sizes: Mapping[str, int], index_type, xp:
     code = xp.asarray(index_type(list(chrom_sizes)).get_indexer(chunk["chrom"]), dtype=xp.int64)
     unknown = code < 0
     if bool(unknown.any()):
-        names = chunk["chrom"][unknown].unique()
-        names = sorted(names.to_pandas() if hasattr(names, "to_pandas") else names)
+        names = sorted(_host(chunk["chrom"][unknown].unique()))
         raise InputError(f"{int(unknown.sum())} fragments on chromosomes not in the genome's sizes: "
                          f"{', '.join(names[:5])}{' ...' if len(names) > 5 else ''}")
     past = end > xp.asarray(list(chrom_sizes.values()), dtype=xp.int64)[code]
@@ -235,25 +228,48 @@ def _expanded(first, n, *, xp: ModuleType):  # noqa: ANN001, ANN202
     return xp.concatenate(fragments), xp.concatenate(features)
 
 
+def _host(values):  # noqa: ANN001, ANN202
+    """pandas values of a cuDF object; pandas and NumPy ones as they are."""
+    return values.to_pandas() if hasattr(values, "to_pandas") else values
+
+
+def _position_keys(code, position):  # noqa: ANN001, ANN202
+    """Positions keyed by chromosome, ``code << 32 + bp``: sorted by chromosome, then
+    position, so one sorted search over all chromosomes stays within each."""
+    return (code << 32) + position
+
+
+def _keyed(chrom: pd.Series, *positions: pd.Series, xp: ModuleType):  # noqa: ANN202
+    """The chromosomes in order of appearance, and each positions column keyed by them
+    (:func:`_position_keys`) on the device."""
+    chromosomes = list(dict.fromkeys(chrom))
+    code = pd.Index(chromosomes).get_indexer(chrom).astype(np.int64)
+    return chromosomes, [xp.asarray(_position_keys(code, p.to_numpy(np.int64))) for p in positions]
+
+
+def _in_sorted_range(code, first, last, *, xp: ModuleType):  # noqa: ANN001, ANN202
+    """(fragment, i) for first <= i < last, where the fragment's chromosome is known."""
+    return _expanded(first, xp.where(code >= 0, xp.maximum(last - first, 0), 0), xp=xp)
+
+
 def _overlapped_peaks(chrom, start, end, peak_starts, peak_ends, *, xp: ModuleType):  # noqa: ANN001, ANN202
-    """(fragment, peak) pairs that overlap. Positions are keyed chromosome << 32 | bp, so
-    one sorted search over all peaks stays within a fragment's chromosome."""
-    first = xp.searchsorted(peak_ends, (chrom << 32) | start, side="right")
-    last = xp.searchsorted(peak_starts, (chrom << 32) | end, side="left")
-    n = xp.where(chrom >= 0, xp.maximum(last - first, 0), 0)  # no peaks on unknown chromosomes
-    return _expanded(first, n, xp=xp)
+    """(fragment, peak) pairs that overlap; peaks do not overlap, so their ends are sorted
+    too."""
+    first = xp.searchsorted(peak_ends, _position_keys(chrom, start), side="right")
+    last = xp.searchsorted(peak_starts, _position_keys(chrom, end), side="left")
+    return _in_sorted_range(chrom, first, last, xp=xp)
 
 
 def _tss_coverage(code, start, end, windows, *, xp: ModuleType):  # noqa: ANN001, ANN202
     """Each (fragment, TSS window) overlap: the fragment, and how many of the window's
-    central and flank positions it covers. Windows (keyed chromosome << 32 + first bp)
-    are sorted and equally long, so a fragment's windows are one sorted range. As muon
-    fetches them, a window takes fragments that start before TSS + 1 kb."""
+    central and flank positions it covers. Windows (keyed by their first bp) are sorted
+    and equally long, so a fragment's windows are one sorted range. As muon fetches them,
+    a window takes fragments that start before TSS + 1 kb."""
     width = 2 * TSS_EXTEND
-    key_start, key_end = (code << 32) + start, (code << 32) + end
+    key_start, key_end = _position_keys(code, start), _position_keys(code, end)
     first = xp.searchsorted(windows, key_start - width, side="right")
     last = xp.searchsorted(windows, key_end, side="left")
-    fragment, window = _expanded(first, xp.where(code >= 0, xp.maximum(last - first, 0), 0), xp=xp)
+    fragment, window = _in_sorted_range(code, first, last, xp=xp)
     offset = windows[window]
     low = xp.maximum(key_start[fragment] - offset, 0)
     high = xp.minimum(key_end[fragment] - offset, width + 1)  # positions -1000..+1000
@@ -297,10 +313,10 @@ def _to_anndata(
         features, column = xp.unique(feature, return_inverse=True)
         features = asnumpy(features)
         chrom, tile = features >> tile_bits, (features & ((1 << tile_bits) - 1)) * tile_width
-        name_rank = np.argsort(np.argsort(np.array(chromosomes, dtype=str)))
-        order = np.lexsort((tile, name_rank[chrom]))  # by chromosome name, then start
+        chromosome_names = np.array(chromosomes, dtype=str)
+        order = np.lexsort((tile, np.argsort(np.argsort(chromosome_names))[chrom]))  # by chromosome name, then start
         column = xp.asarray(np.argsort(order))[column.ravel()]
-        names = _interval_names(np.array(chromosomes, dtype=str)[chrom[order]], tile[order], tile[order] + tile_width)
+        names = _interval_names(chromosome_names[chrom[order]], tile[order], tile[order] + tile_width)
     if pairs.keys.size >= 1 << 31:  # CSR indices are int32 (the only kind cupyx has)
         raise InputError(f"{pairs.keys.size:,} non-zero (cell, feature) counts: more than a CSR matrix holds here")
     indptr = xp.searchsorted(row, xp.arange(len(barcodes) + 1), side="left")  # keys are sorted by cell

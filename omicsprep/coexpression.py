@@ -36,8 +36,6 @@ DEFAULTS = {
 }
 
 
-
-
 def select_genes(adata: AnnData, *, n_genes: int) -> pd.Index:
     """The ``n_genes`` most variable genes of log-normalized ``X``.
 

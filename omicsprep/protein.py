@@ -21,11 +21,9 @@ from omicsprep.errors import InputError
 ISOTYPE_PATTERN = r"(?i)isotype|^(mouse|rat|hamster|armenian)[ _-]?ig"
 
 
-
 def _dense(matrix, xp: ModuleType):  # noqa: ANN001, ANN202
     values = matrix.toarray() if sparse.issparse(matrix) else np.asarray(matrix)
     return xp.asarray(values, dtype=xp.float64)
-
 
 
 def isotype_controls(adata: AnnData, *, pattern: str = ISOTYPE_PATTERN) -> list[str]:
