@@ -7,8 +7,9 @@ barcodes, sorted; cached in ``--work``), then, in a fresh process per backend, c
 into 5 kb tiles with ``omicsprep.chromatin.count_fragments`` over
 ``io.fragment_chunks``. Reported: seconds and fragments/s for the file to the matrix; on
 the GPU also the counting alone, from chunks already parsed into GPU memory (the
-target's "counts"); the process's peak host memory, next to the size of one chunk of
-text and of the output matrix (12 bytes a non-zero); on the GPU RMM's peak allocation.
+target's "counts"); host memory: the process's peak, and the peak above what it held
+before counting (libraries, warm-up), next to one parsed chunk's size and the output
+matrix's (the target: no more than the two together); on the GPU RMM's peak allocation.
 The table, with machine and date, is appended to ``--results``.
 """
 
@@ -36,12 +37,16 @@ def measure(path: Path, backend: str, chunk_rows: int) -> dict:
     """Count ``path`` into tiles on one backend, in this process."""
     from omicsprep import chromatin, io
     from omicsprep.backend import resolve_backend, synchronize
+    from omicsprep.workflow import return_freed_memory
 
     resolve_backend(backend)
+    return_freed_memory()  # as the workflow's rules do
     statistics = device_statistics() if backend == "gpu" else None
     barcodes = pd.Index(fragment_barcodes(N_CELLS, seed=0))  # the generator's cells
     warm = io.fragment_chunks(path, chunk_rows=10_000, backend=backend)  # load libraries, compile kernels
     chromatin.count_fragments([next(iter(warm))], barcodes=barcodes, backend=backend)
+    before = resident_mb()
+    Path("/proc/self/clear_refs").write_text("5")  # the peak (VmHWM) from here on
     start = time.perf_counter()
     adata = chromatin.count_fragments(io.fragment_chunks(path, chunk_rows=chunk_rows, backend=backend),
                                       barcodes=barcodes, backend=backend)
@@ -59,12 +64,24 @@ def measure(path: Path, backend: str, chunk_rows: int) -> dict:
         row["counting_per_s_M"] = round(n_fragments / counting / 1e6, 1)
         del chunks
     row["tiles"] = adata.n_vars
-    row["peak_host_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
-    row["chunk_text_mb"] = round(chunk_rows * io.BYTES_PER_FRAGMENT / 2**20)
-    row["output_matrix_mb"] = round(adata.X.nnz * 12 / 2**20)
+    row["peak_host_mb"] = round(peak_resident_mb())
+    row["counting_host_mb"] = round(peak_resident_mb() - before)
+    first = next(iter(io.fragment_chunks(path, chunk_rows=chunk_rows, backend=backend)))
+    row["chunk_mb"] = round(int(first.memory_usage(deep=True).sum()) / 2**20)
+    row["output_mb"] = round(sum(a.nbytes for a in (adata.X.data, adata.X.indices, adata.X.indptr)) / 2**20)
     if statistics is not None:
         row["peak_gpu_gb"] = round(statistics.get_statistics().peak_bytes / 2**30, 2)
     return row
+
+
+def resident_mb() -> float:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize() / 2**20
+
+
+def peak_resident_mb() -> float:
+    """The process's peak resident memory (VmHWM), since its last reset."""
+    status = Path("/proc/self/status").read_text()
+    return int(status.split("VmHWM:")[1].split()[0]) / 1024
 
 
 def main() -> None:

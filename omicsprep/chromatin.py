@@ -22,7 +22,8 @@ NUCLEOSOME_FREE = 147  # fragments shorter than one nucleosome's DNA (bp)
 MONO_NUCLEOSOME = 294  # up to this length: one nucleosome
 
 
-FEATURE_BITS = 40  # (cell, tile) keys: cell << 40 | feature; a feature is chromosome << tile bits | tile
+FEATURE_BITS = 40  # (feature, cell) keys: feature << 23 | cell; a tile is chromosome << tile bits | tile
+CELL_BITS = 63 - FEATURE_BITS
 MAX_POSITION = 1 << 32  # positions are keyed chromosome << 32 + bp
 PER_CELL = ("n_fragments", "nucleosome_free", "mono_nucleosome", "in_features", "tss_center", "tss_flank")
 # TSS enrichment as ENCODE defines it and muon computes it: fragment coverage (weighted by
@@ -31,32 +32,143 @@ PER_CELL = ("n_fragments", "nucleosome_free", "mono_nucleosome", "in_features", 
 TSS_EXTEND = 1000
 TSS_FLANK = 100
 TSS_CENTER = 1001
+HOST_GROWTH = 1.25  # spare room of the growing host output: realloc grows it in place, so it is the only copy
 
 
-class _PairCounts:
-    """(cell, feature) keys and their counts, summed over chunks on the backend's device;
-    merged whenever the unmerged part outgrows the merged one, so memory follows the
-    output, not the input."""
+class _Columns:
+    """The output matrix in feature-major (CSC) order, a block of finished features at a
+    time: the fragments are sorted, so once they have passed a feature its counts are
+    final. Only the unfinished features' (feature, cell) counts wait for the next chunk."""
 
     def __init__(self, xp: ModuleType) -> None:
         self.xp = xp
-        self.keys, self.counts = xp.zeros(0, xp.int64), xp.zeros(0, xp.int64)
-        self.pending: list = []
-        self.pending_size = 0
+        self.cells, self.counts, self.size = xp.zeros(0, xp.int32), xp.zeros(0, xp.float32), 0
+        self.features: list[np.ndarray] = []  # each block's finished features, and their non-zeros
+        self.lengths: list[np.ndarray] = []
+        self.waiting_keys, self.waiting_counts = xp.zeros(0, xp.int64), xp.zeros(0, xp.int64)
 
-    def add(self, keys, counts) -> None:  # noqa: ANN001
-        self.pending.append((keys, counts))
-        self.pending_size += keys.size
-        if self.pending_size > max(self.keys.size, 1 << 20):
-            self.merge()
-
-    def merge(self) -> None:
+    def add(self, keys, *, finished_below: int | None) -> None:  # noqa: ANN001
+        """Count a chunk's ``feature << CELL_BITS | cell`` keys; features below
+        ``finished_below`` (all when ``None``) are final after it."""
         xp = self.xp
-        keys = xp.concatenate([self.keys, *(k for k, _ in self.pending)])
-        counts = xp.concatenate([self.counts, *(c for _, c in self.pending)])
-        self.keys, where = xp.unique(keys, return_inverse=True)
-        self.counts = _bincount(where.ravel(), weights=counts, minlength=self.keys.size, xp=xp)
-        self.pending, self.pending_size = [], 0
+        keys, counts = xp.unique(keys, return_counts=True)
+        keys, counts = _merged(self.waiting_keys, self.waiting_counts, keys, counts.astype(xp.int64), xp=xp)
+        cut = keys.size if finished_below is None else _position_in(keys, finished_below << CELL_BITS, xp=xp)
+        self.waiting_keys, self.waiting_counts = keys[cut:], counts[cut:]
+        keys, counts = keys[:cut], counts[:cut]
+        features, lengths = _runs(keys >> CELL_BITS, xp=xp)
+        self.features.append(asnumpy(features))
+        self.lengths.append(asnumpy(lengths))
+        self.cells = _appended(self.cells, self.size, (keys & ((1 << CELL_BITS) - 1)).astype(xp.int32), xp=xp)
+        self.counts = _appended(self.counts, self.size, counts.astype(xp.float32), xp=xp)
+        self.size += keys.size
+
+    def csc(self, *, n_cells: int, n_features: int | None):  # noqa: ANN201
+        """The counts as a SciPy CSC matrix, and its features; with ``n_features``, every
+        feature number below it is a column (peaks), else only those with counts (tiles)."""
+        if self.size >= 1 << 31:  # indices are int32 (the only kind cupyx has)
+            raise InputError(f"{self.size:,} non-zero (cell, feature) counts: more than a sparse matrix holds here")
+        features, lengths = np.concatenate([np.zeros(0, np.int64), *self.features]), np.concatenate(
+            [np.zeros(0, np.int64), *self.lengths])
+        columns = np.arange(n_features) if n_features is not None else features
+        per_column = np.zeros(columns.size, dtype=np.int64)
+        per_column[np.searchsorted(columns, features)] = lengths
+        indptr = np.concatenate([[0], np.cumsum(per_column)]).astype(np.int32)
+        cells, counts = _trimmed(self.cells, self.size), _trimmed(self.counts, self.size)
+        matrix = sparse.csc_matrix((asnumpy(counts), asnumpy(cells), indptr), shape=(n_cells, columns.size))
+        matrix.has_sorted_indices = True  # cells ascend within each feature
+        return matrix, columns
+
+
+def _merged(keys_a, counts_a, keys_b, counts_b, *, xp: ModuleType):  # noqa: ANN001, ANN202
+    """Two sorted arrays of unique keys as one, the counts of keys in both summed; by
+    positions, without sorting again."""
+    if keys_a.size == 0 or keys_b.size == 0:
+        return (keys_b, counts_b) if keys_a.size == 0 else (keys_a, counts_a)
+    keys = xp.empty(keys_a.size + keys_b.size, dtype=xp.int64)
+    counts = xp.empty_like(keys)
+    at_a = xp.arange(keys_a.size) + xp.searchsorted(keys_b, keys_a, side="left")
+    at_b = xp.arange(keys_b.size) + xp.searchsorted(keys_a, keys_b, side="right")
+    keys[at_a], keys[at_b], counts[at_a], counts[at_b] = keys_a, keys_b, counts_a, counts_b
+    repeated = keys[1:] == keys[:-1]  # a key of both arrays: A's copy, then B's
+    counts[:-1][repeated] += counts[1:][repeated]
+    kept = xp.concatenate([xp.ones(1, dtype=bool), ~repeated])
+    return keys[kept], counts[kept]
+
+
+def _position_in(sorted_values, value: int, *, xp: ModuleType, side: str = "left") -> int:  # noqa: ANN001
+    """Where ``value`` goes in ``sorted_values`` (CuPy searches arrays only)."""
+    return int(xp.searchsorted(sorted_values, xp.asarray([value], dtype=xp.int64), side=side)[0])
+
+
+def _runs(values, *, xp: ModuleType):  # noqa: ANN001, ANN202
+    """Each run of equal values in sorted ``values``: the value and its length."""
+    starts = xp.flatnonzero(xp.concatenate([xp.ones(min(values.size, 1), dtype=bool), values[1:] != values[:-1]]))
+    return values[starts], xp.diff(xp.concatenate([starts, xp.asarray([values.size])]))
+
+
+def _appended(buffer, size: int, values, *, xp: ModuleType):  # noqa: ANN001, ANN202
+    """``buffer[:size]`` followed by ``values``, in a buffer with room to grow: on the
+    host resized in place (realloc moves no pages), so the output never exists twice;
+    on the device doubled."""
+    needed = size + values.size
+    if needed > buffer.size:
+        capacity = max(needed, int(buffer.size * (HOST_GROWTH if xp is np else 2)))
+        if xp is np:
+            buffer.resize(capacity, refcheck=False)
+        else:
+            grown = xp.empty(capacity, dtype=buffer.dtype)
+            grown[:size] = buffer[:size]
+            buffer = grown
+    buffer[size:needed] = values
+    return buffer
+
+
+def _trimmed(buffer, size: int):  # noqa: ANN001, ANN202
+    """The first ``size`` elements: the host buffer shrunk in place, a view on the device."""
+    if isinstance(buffer, np.ndarray):
+        buffer.resize(size, refcheck=False)
+        return buffer
+    return buffer[:size]
+
+
+class _PeakNumbers:
+    """Peaks numbered as the sorted fragments reach their chromosome, so that the numbers
+    ascend with the fragments; peaks on chromosomes without fragments come last."""
+
+    def __init__(self, peaks: pd.DataFrame, xp: ModuleType) -> None:
+        self.xp, self.peaks = xp, peaks
+        self.chromosomes, (self.starts, self.ends) = _keyed(peaks["chrom"], peaks["start"], peaks["end"], xp=xp)
+        codes = pd.Index(self.chromosomes).get_indexer(peaks["chrom"])  # ascending: peaks are sorted
+        self.first = np.searchsorted(codes, np.arange(len(self.chromosomes) + 1))
+        self.numbers = xp.full(len(peaks), -1, dtype=xp.int64)
+        self.block = np.full(len(self.chromosomes), -1)  # each chromosome's first number
+        self.assigned = 0
+
+    def reach(self, chromosomes: Iterable[str]) -> None:
+        """Number the peaks of chromosomes the fragments have reached, in that order."""
+        for code in pd.Index(self.chromosomes).get_indexer(list(chromosomes)):
+            if code >= 0 and self.block[code] < 0:
+                first, last = self.first[code], self.first[code + 1]
+                self.block[code] = self.assigned
+                self.numbers[first:last] = self.xp.arange(self.assigned, self.assigned + last - first)
+                self.assigned += last - first
+
+    def codes(self, chrom, index_type):  # noqa: ANN001, ANN201
+        return self.xp.asarray(index_type(self.chromosomes).get_indexer(chrom), dtype=self.xp.int64)
+
+    def first_reachable(self, code: int, start: int) -> int:
+        """The first peak number a fragment starting at ``start`` (or later) on the
+        chromosome ``code`` can overlap."""
+        if code < 0:
+            return self.assigned
+        peak = _position_in(self.ends, _position_keys(code, start), side="right", xp=self.xp)
+        return int(self.block[code] + peak - self.first[code])
+
+    def order(self) -> np.ndarray:
+        """The peaks (as sorted) in number order, the unreached ones numbered last."""
+        self.reach(self.chromosomes)
+        return np.argsort(asnumpy(self.numbers))
 
 
 def count_fragments(
@@ -71,11 +183,15 @@ def count_fragments(
 ) -> AnnData:
     """Cells x features counts of fragments: one per feature a fragment overlaps.
 
+    The fragments must be sorted by chromosome and start, as 10x writes them (and tabix
+    needs): a feature's counts are then final once the fragments have passed it, so each
+    is written once, into the output, and memory is one chunk plus the output matrix.
+
     Parameters
     ----------
     chunks
         Fragments (``chrom``, ``start``, ``end``, ``barcode``, and ``count`` (reads) for
-        ``tss``; 0-based, end exclusive):
+        ``tss``; 0-based, end exclusive), in file order:
         pandas DataFrames on the CPU, cuDF DataFrames on the GPU
         (:func:`omicsprep.io.fragment_chunks`).
     barcodes
@@ -93,55 +209,61 @@ def count_fragments(
         ``obs["tss_enrichment"]`` (TSS windows may overlap; each counts).
     backend
         ``"cpu"`` (NumPy) or ``"gpu"`` (CuPy): where each chunk's overlaps and counts are
-        computed; the (cell, feature) counts stay on that device until the end.
+        computed and the output is assembled.
 
     Returns
     -------
-    Counts (CSR) with features named ``chrom:start-end``, sorted by chromosome name and
-    start; ``obs`` holds ``n_fragments``, ``nucleosome_signal`` (mono-nucleosomal over
-    nucleosome-free fragments), ``frac_in_features`` (with peaks: the fraction of
-    fragments in peaks, FRiP) and, with ``tss``, ``tss_enrichment``.
+    Counts (CSC) with features named ``chrom:start-end``, in the fragments' order of
+    chromosomes, then by start (peaks on chromosomes without fragments last; tiles only
+    where there are counts); ``obs`` holds ``n_fragments``, ``nucleosome_signal``
+    (mono-nucleosomal over nucleosome-free fragments), ``frac_in_features`` (with peaks:
+    the fraction of fragments in peaks, FRiP) and, with ``tss``, ``tss_enrichment``.
 
     Raises
     ------
     InputError
-        Repeated barcodes; fragments whose end is not after their start, with a negative
-        start or beyond 2**32 bp; more chromosomes than tile keys hold; with
-        ``chrom_sizes``, fragments on an unknown chromosome or past its end; overlapping
-        peaks.
+        Repeated barcodes; unsorted fragments; fragments whose end is not after their
+        start, with a negative start or beyond 2**32 bp; more chromosomes than tile keys
+        hold; with ``chrom_sizes``, fragments on an unknown chromosome or past its end;
+        overlapping peaks.
     """
     xp = array_module(backend)
     index_type = cudf().Index if backend == "gpu" else pd.Index
     if not barcodes.is_unique:
         raise InputError(f"cell barcodes repeat, e.g. {barcodes[barcodes.duplicated()][0]!r}")
-    if len(barcodes) >= 1 << (63 - FEATURE_BITS):
+    if len(barcodes) >= 1 << CELL_BITS:
         raise InputError(f"{len(barcodes):,} cells: more than this count can key")
     tile_bits = (MAX_POSITION // tile_width).bit_length()
     cells = index_type(np.asarray(barcodes, dtype=str))
     per_cell = xp.zeros((len(PER_CELL), len(barcodes)), dtype=xp.int64)
-    pairs, outside_cells = _PairCounts(xp), 0
-    chromosomes: list[str] = []
-    if peaks is not None:
-        peaks = _checked_peaks(peaks)
-        chromosomes, (peak_starts, peak_ends) = _keyed(peaks["chrom"], peaks["start"], peaks["end"], xp=xp)
+    columns, outside_cells, last_position = _Columns(xp), 0, -1
+    chromosomes: list[str] = []  # in the fragments' order
+    numbers = _PeakNumbers(_checked_peaks(peaks), xp) if peaks is not None else None
     if tss is not None:
         tss = tss.sort_values(["chrom", "position"], ignore_index=True)
         tss_chromosomes, (windows,) = _keyed(tss["chrom"], tss["position"] - TSS_EXTEND, xp=xp)  # may start below 0
     for chunk in chunks:
+        if len(chunk) == 0:
+            continue
         start, end = xp.asarray(chunk["start"].values, dtype=xp.int64), xp.asarray(chunk["end"].values, dtype=xp.int64)
         _check_coordinates(chunk, start=start, end=end, xp=xp)
         if chrom_sizes is not None:
             _check_genome(chunk, end=end, chrom_sizes=chrom_sizes, index_type=index_type, xp=xp)
-        cell = xp.asarray(cells.get_indexer(chunk["barcode"]), dtype=xp.int64)
-        if peaks is None:  # tiles: every chromosome seen so far gets a number
-            seen = _host(chunk["chrom"].unique())
-            known = set(chromosomes)
-            chromosomes += [c for c in seen if c not in known]
-            if len(chromosomes) >= 1 << (FEATURE_BITS - tile_bits):
-                raise InputError(f"fragments on {len(chromosomes):,} chromosomes or contigs: at most "
-                                 f"{(1 << (FEATURE_BITS - tile_bits)) - 1:,} with {tile_width} bp tiles; use larger "
-                                 "tiles or peaks")
+        chromosomes += _new_chromosomes(chunk["chrom"], known=chromosomes, index_type=index_type, xp=xp)
+        if peaks is None and len(chromosomes) >= 1 << (FEATURE_BITS - tile_bits):
+            raise InputError(f"fragments on {len(chromosomes):,} chromosomes or contigs: at most "
+                             f"{(1 << (FEATURE_BITS - tile_bits)) - 1:,} with {tile_width} bp tiles; use larger "
+                             "tiles or peaks")
         chrom = xp.asarray(index_type(chromosomes).get_indexer(chunk["chrom"]), dtype=xp.int64)
+        last_position = _check_sorted(chunk, _position_keys(chrom, start), after=last_position, xp=xp)
+        last_start = int(start[-1])
+        if numbers is not None:
+            numbers.reach(chromosomes)
+            chrom = numbers.codes(chunk["chrom"], index_type)
+            finished_below = numbers.first_reachable(int(chrom[-1]), last_start)
+        else:
+            finished_below = (int(chrom[-1]) << tile_bits) | (last_start // tile_width)
+        cell = xp.asarray(cells.get_indexer(chunk["barcode"]), dtype=xp.int64)
         inside = cell >= 0
         outside_cells += int((~inside).sum())
         cell, chrom, start, end = cell[inside], chrom[inside], start[inside], end[inside]
@@ -149,12 +271,13 @@ def count_fragments(
         for row, selected in enumerate([cell, cell[length < NUCLEOSOME_FREE],
                                         cell[(length >= NUCLEOSOME_FREE) & (length <= MONO_NUCLEOSOME)]]):
             per_cell[row] += _bincount(selected, minlength=len(barcodes), xp=xp)
-        if peaks is not None:
-            fragment, feature = _overlapped_peaks(chrom, start, end, peak_starts, peak_ends, xp=xp)
-            key = cell[fragment] * len(peaks) + feature
+        if numbers is not None:
+            fragment, peak = _overlapped_peaks(chrom, start, end, numbers.starts, numbers.ends, xp=xp)
+            feature = numbers.numbers[peak]
         else:
             fragment, tile = _overlapped_tiles(start, end, tile_width, xp=xp)
-            key = (cell[fragment] << FEATURE_BITS) | (chrom[fragment] << tile_bits) | tile
+            feature = (chrom[fragment] << tile_bits) | tile
+        columns.add((feature << CELL_BITS) | cell[fragment], finished_below=finished_below)
         in_feature = xp.zeros(cell.size, dtype=bool)
         in_feature[fragment] = True
         per_cell[3] += _bincount(cell[in_feature], minlength=len(barcodes), xp=xp)
@@ -164,13 +287,19 @@ def count_fragments(
             fragment, center, flank = _tss_coverage(code, start, end, windows, xp=xp)
             per_cell[4] += _bincount(cell[fragment], weights=center * reads[fragment], minlength=len(barcodes), xp=xp)
             per_cell[5] += _bincount(cell[fragment], weights=flank * reads[fragment], minlength=len(barcodes), xp=xp)
-        pairs.add(*xp.unique(key, return_counts=True))
-    pairs.merge()
+    columns.add(xp.zeros(0, dtype=xp.int64), finished_below=None)
+    if numbers is not None:
+        order = numbers.order()
+        matrix, _ = columns.csc(n_cells=len(barcodes), n_features=len(order))
+        names = _interval_names(*(numbers.peaks[column].to_numpy()[order] for column in ("chrom", "start", "end")))
+    else:
+        matrix, tiles = columns.csc(n_cells=len(barcodes), n_features=None)
+        first = (tiles & ((1 << tile_bits) - 1)) * tile_width
+        names = _interval_names(np.array(chromosomes, dtype=str)[tiles >> tile_bits], first, first + tile_width)
     if tss is None:
         per_cell = per_cell[: len(PER_CELL) - 2]
-    return _to_anndata(pairs, dict(zip(PER_CELL, asnumpy(per_cell))), barcodes=barcodes, peaks=peaks,
-                       chromosomes=chromosomes, tile_width=tile_width, tile_bits=tile_bits,
-                       outside_cells=outside_cells, backend=backend)
+    return _to_anndata(matrix, names, dict(zip(PER_CELL, asnumpy(per_cell))), barcodes=barcodes,
+                       outside_cells=outside_cells, features="peaks" if peaks is not None else f"tiles of {tile_width} bp")
 
 
 def _bincount(values, *, minlength: int, xp: ModuleType, weights=None):  # noqa: ANN001, ANN202
@@ -289,40 +418,39 @@ def _overlapped_tiles(start, end, tile_width: int, *, xp: ModuleType):  # noqa: 
     return _expanded(first, (end - 1) // tile_width - first + 1, xp=xp)
 
 
+def _new_chromosomes(chrom, *, known: list[str], index_type, xp: ModuleType) -> list[str]:  # noqa: ANN001
+    """A chunk's chromosomes that are not ``known``, in order of first appearance."""
+    seen = set(known)
+    new = [name for name in _host(chrom.unique()).tolist() if name not in seen]
+    if len(new) < 2:
+        return new
+    code = xp.asarray(index_type(new).get_indexer(chrom), dtype=xp.int64)
+    runs, _ = _runs(code, xp=xp)
+    return [new[i] for i in dict.fromkeys(asnumpy(runs).tolist()) if i >= 0]
+
+
+def _check_sorted(chunk, position, *, after: int, xp: ModuleType) -> int:  # noqa: ANN001
+    """The chunk's last position, once its positions are found to ascend from ``after``."""
+    earlier = xp.concatenate([xp.asarray([after], dtype=xp.int64), position[:-1]])
+    unsorted = position < earlier
+    if bool(unsorted.any()):
+        i = int(xp.argmax(unsorted))
+        raise InputError(f"fragments are not sorted by chromosome and start as 10x writes them (e.g. "
+                         f"{chunk['chrom'].iloc[i]}:{int(position[i]) & (MAX_POSITION - 1)} comes after a later "
+                         "position or another chromosome); sort them first (sort -k1,1 -k2,2n)")
+    return int(position[-1])
+
+
 def _to_anndata(
-    pairs: _PairCounts,
+    matrix: sparse.csc_matrix,
+    names: np.ndarray,
     per_cell: dict[str, np.ndarray],
     *,
     barcodes: pd.Index,
-    peaks: pd.DataFrame | None,
-    chromosomes: list[str],
-    tile_width: int,
-    tile_bits: int,
     outside_cells: int,
-    backend: Backend,
+    features: str,
 ) -> AnnData:
-    """The counts as CSR, assembled on the device from the sorted keys, and the features'
-    names and the QC metrics on the host."""
-    xp = array_module(backend)
-    sp = cupyx_sparse() if backend == "gpu" else sparse
-    if peaks is not None:
-        names = _interval_names(peaks["chrom"].to_numpy(str), peaks["start"].to_numpy(), peaks["end"].to_numpy())
-        row, column = pairs.keys // len(peaks), pairs.keys % len(peaks)
-    else:
-        row, feature = pairs.keys >> FEATURE_BITS, pairs.keys & ((1 << FEATURE_BITS) - 1)
-        features, column = xp.unique(feature, return_inverse=True)
-        features = asnumpy(features)
-        chrom, tile = features >> tile_bits, (features & ((1 << tile_bits) - 1)) * tile_width
-        chromosome_names = np.array(chromosomes, dtype=str)
-        order = np.lexsort((tile, np.argsort(np.argsort(chromosome_names))[chrom]))  # by chromosome name, then start
-        column = xp.asarray(np.argsort(order))[column.ravel()]
-        names = _interval_names(chromosome_names[chrom[order]], tile[order], tile[order] + tile_width)
-    if pairs.keys.size >= 1 << 31:  # CSR indices are int32 (the only kind cupyx has)
-        raise InputError(f"{pairs.keys.size:,} non-zero (cell, feature) counts: more than a CSR matrix holds here")
-    indptr = xp.searchsorted(row, xp.arange(len(barcodes) + 1), side="left")  # keys are sorted by cell
-    counts = sp.csr_matrix((pairs.counts.astype(xp.float32), column.astype(xp.int32), indptr.astype(xp.int32)),
-                           shape=(len(barcodes), len(names)))
-    counts.sort_indices()
+    """The counts, the features' names and the QC metrics as an AnnData."""
     obs = pd.DataFrame({
         "n_fragments": per_cell["n_fragments"],
         "nucleosome_signal": per_cell["mono_nucleosome"] / np.maximum(per_cell["nucleosome_free"], 1),
@@ -330,9 +458,8 @@ def _to_anndata(
     }, index=pd.Index(barcodes, dtype=str))
     if "tss_center" in per_cell:
         obs["tss_enrichment"] = _tss_enrichment(per_cell["tss_center"], per_cell["tss_flank"])
-    adata = AnnData(asnumpy(counts), obs=obs, var=pd.DataFrame(index=pd.Index(names.astype(str), dtype=str)))
-    adata.uns["fragments"] = {"outside_cells": outside_cells,
-                              "features": "peaks" if peaks is not None else f"tiles of {tile_width} bp"}
+    adata = AnnData(matrix, obs=obs, var=pd.DataFrame(index=pd.Index(names, dtype=object)))
+    adata.uns["fragments"] = {"outside_cells": outside_cells, "features": features}
     return adata
 
 

@@ -247,26 +247,27 @@ BYTES_PER_FRAGMENT = 48  # a 10x fragments line, about
 
 
 def _fragment_chunks_arrow(path: Path, chunk_rows: int) -> Iterator[pd.DataFrame]:
+    """Chunks parsed by pyarrow from blocks of whole lines, one block in memory at a time
+    (Arrow's streaming reader reads ahead several); chromosomes and barcodes
+    dictionary-encoded (categorical), a few bytes a fragment."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
-    reader = pacsv.open_csv(
-        path,
-        read_options=pacsv.ReadOptions(column_names=FRAGMENT_COLUMNS,
-                                       block_size=max(1 << 20, chunk_rows * BYTES_PER_FRAGMENT)),
-        parse_options=pacsv.ParseOptions(delimiter="\t", invalid_row_handler=_skip_comment_rows),
-        convert_options=pacsv.ConvertOptions(column_types={k: pa.type_for_alias(v) for k, v in FRAGMENT_TYPES.items()},
-                                             include_columns=list(FRAGMENT_TYPES)),
-    )
-    for batch in reader:
-        yield batch.to_pandas()
+    strings = pa.dictionary(pa.int32(), pa.string())
+    types = {k: strings if v == "str" else pa.type_for_alias(v) for k, v in FRAGMENT_TYPES.items()}
+    for text in _line_blocks(path, max(1 << 20, chunk_rows * BYTES_PER_FRAGMENT)):
+        yield pacsv.read_csv(
+            pa.py_buffer(text),
+            read_options=pacsv.ReadOptions(column_names=FRAGMENT_COLUMNS),
+            parse_options=pacsv.ParseOptions(delimiter="\t", invalid_row_handler=_skip_comment_rows),
+            convert_options=pacsv.ConvertOptions(column_types=types, include_columns=list(FRAGMENT_TYPES)),
+        ).to_pandas()
 
 
 def _fragment_chunks_cudf(path: Path, chunk_rows: int) -> Iterator:
     """Chunks parsed by cuDF on the GPU: byte ranges of a plain file (cuDF reads the rows
     that start in each), or blocks of whole lines decompressed on the host from a
     gzipped one."""
-    import gzip
     import io as stdio
 
     block_bytes = max(1 << 20, chunk_rows * BYTES_PER_FRAGMENT)
@@ -274,16 +275,25 @@ def _fragment_chunks_cudf(path: Path, chunk_rows: int) -> Iterator:
         for offset in range(0, path.stat().st_size, block_bytes):
             yield _parsed_fragments(path, byte_range=(offset, block_bytes))
         return
-    with gzip.open(path, "rb") as handle:
+    for text in _line_blocks(path, block_bytes):
+        yield _parsed_fragments(stdio.BytesIO(text))
+
+
+def _line_blocks(path: Path, block_bytes: int) -> Iterator[bytes]:
+    """The (decompressed) text in blocks of about ``block_bytes`` that end with a line."""
+    import gzip
+
+    with (gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")) as handle:
         rest = b""
         while block := handle.read(block_bytes):
-            text = rest + block
-            cut = text.rfind(b"\n") + 1
-            text, rest = text[:cut], text[cut:]
-            if text:
-                yield _parsed_fragments(stdio.BytesIO(text))
+            cut = block.rfind(b"\n") + 1
+            if cut == 0:  # no line ends in this block
+                rest += block
+                continue
+            text, rest = rest + block[:cut], block[cut:]
+            yield text
         if rest.strip():
-            yield _parsed_fragments(stdio.BytesIO(rest))
+            yield rest
 
 
 def _parsed_fragments(source, **options):  # noqa: ANN001, ANN202

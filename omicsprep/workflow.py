@@ -40,6 +40,7 @@ def run_script(
     )
     logging.captureWarnings(True)
     limit_threads(threads)
+    return_freed_memory()
     try:
         main()
     except (InputError, BackendUnavailableError) as exc:
@@ -60,3 +61,28 @@ def limit_threads(threads: int) -> None:
 
     threadpool_limits(limits=threads)
     numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+
+
+MMAP_THRESHOLD = 4 << 20  # bytes; glibc's M_MMAP_THRESHOLD
+M_MMAP_THRESHOLD = -3
+
+
+def return_freed_memory() -> None:
+    """Give large freed buffers back to the system at once, so that a rule's memory
+    follows what it holds (chunked steps keep one chunk, not the largest ever seen).
+
+    glibc serves every allocation of 4 MB or more by its own mapping (by default the
+    threshold rises to 32 MB as buffers are freed, and smaller ones then fragment the
+    heap; a mapping also grows in place on realloc), and Arrow allocates through the
+    system allocator rather than keeping its own pool of freed memory.
+    """
+    import ctypes
+    import ctypes.util
+
+    import pyarrow as pa
+
+    pa.set_memory_pool(pa.system_memory_pool())
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+    if libc is not None and hasattr(libc, "mallopt"):  # glibc (Linux); elsewhere the defaults stay
+        libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)

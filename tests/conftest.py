@@ -11,6 +11,7 @@ from anndata import AnnData
 
 from omicsprep import io
 from omicsprep.backend import gpu_unavailable_reason
+from omicsprep.pipeline import run_clustering, run_qc
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "resources" / "demo"
@@ -82,3 +83,25 @@ def pbmc():
 @pytest.fixture(scope="session")
 def mouse_path() -> Path:
     return MOUSE_ZARR
+
+
+MERGE_PARAMS = {"batch_key": "sample", "harmony": {"theta": 2.0, "max_iter": 10}}
+
+
+@pytest.fixture(scope="session")
+def pbmc_batches():
+    """The chr21 PBMCs in two halves; the second half's counts scaled per gene (log-normal, sigma 1.5)."""
+    counts = io.read_counts(PBMC_H5)
+    halves = {"first": counts[::2].copy(), "second": counts[1::2].copy()}
+    rng = np.random.default_rng(0)
+    scale = rng.lognormal(0, 1.5, counts.n_vars)
+    second = halves["second"].X.tocsc()
+    second.data = np.round(second.data * np.repeat(scale, np.diff(second.indptr)))
+    halves["second"].X = second.tocsr()
+    halves["second"].X.eliminate_zeros()
+    processed = {}
+    for name, adata in halves.items():
+        adata, _ = run_qc(adata, qc_params=QC_PARAMS, doublet_params=NO_DOUBLETS, seed=0, backend="cpu")
+        run_clustering(adata, params=CLUSTER_PARAMS, seed=0, backend="cpu")
+        processed[name] = adata
+    return processed

@@ -46,9 +46,16 @@ def plain_count(fragments: pd.DataFrame, barcodes: pd.Index, intervals: list[tup
     return counts
 
 
+def intervals(adata) -> list[tuple[str, int, int]]:
+    """The features' (chrom, start, end), from their names."""
+    names = adata.var_names.str.extract(r"(.+):(\d+)-(\d+)").astype({1: int, 2: int})
+    return list(names.itertuples(index=False, name=None))
+
+
 def test_peak_counts_equal_a_plain_count(peak_counts, fragments, barcodes):
     peaks = io.read_peaks(MULTIOME / "peaks.bed")
-    expected = plain_count(fragments, barcodes, list(peaks.itertuples(index=False, name=None)))
+    assert set(intervals(peak_counts)) == set(peaks.itertuples(index=False, name=None))
+    expected = plain_count(fragments, barcodes, intervals(peak_counts))
     assert peak_counts.shape == (1000, 174)
     assert peak_counts.X.sum() > 4000
     np.testing.assert_array_equal(peak_counts.X.toarray(), expected)
@@ -115,6 +122,14 @@ def test_bad_fragments_are_one_clear_error(tmp_path, barcodes):
     with pytest.raises(InputError, match=r"1 fragments end past their chromosome, e.g. chr1:...-248956500 "
                                          r"\(chr1 is 248,956,422 bp\)"):
         chromatin.count_fragments(io.fragment_chunks(bad), barcodes=barcodes, chrom_sizes=io.read_chrom_sizes(sizes))
+    for unsorted in ("chr1\t500\t600\tA-1\t1\nchr1\t100\t200\tA-1\t1\n",
+                     "chr1\t500\t600\tA-1\t1\nchr2\t100\t200\tA-1\t1\nchr1\t700\t800\tA-1\t1\n"):
+        bad.write_text(unsorted)
+        with pytest.raises(InputError, match=r"fragments are not sorted by chromosome and start .*e.g. chr1:(100|700) "):
+            chromatin.count_fragments(io.fragment_chunks(bad), barcodes=barcodes)
+        rows = next(io.fragment_chunks(bad))  # and when the chunks are out of order
+        with pytest.raises(InputError, match=r"not sorted by chromosome and start .*e.g. chr1:(100|700) "):
+            chromatin.count_fragments([rows.iloc[:-1], rows.iloc[-1:]], barcodes=barcodes)
     bad.write_text("chr1\tten\t100\tAAACAGCCAGCATGTC-1\t1\n")
     with pytest.raises(InputError, match=rf"file '{bad}': cannot be read as 10x fragments"):
         chromatin.count_fragments(io.fragment_chunks(bad), barcodes=barcodes)

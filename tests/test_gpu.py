@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import CITESEQ, CLUSTER_PARAMS, MULTIOME, NO_DOUBLETS, QC_PARAMS
+from conftest import CITESEQ, CLUSTER_PARAMS, MERGE_PARAMS, MULTIOME, NO_DOUBLETS, QC_PARAMS
 from scipy import sparse
 from sklearn.metrics import adjusted_rand_score
 
 from omicsprep import io
 from omicsprep.backend import resolve_backend
 from omicsprep.errors import InputError
-from omicsprep.pipeline import run_clustering, run_qc
+from omicsprep.pipeline import run_clustering, run_merge, run_qc
 
 pytestmark = pytest.mark.gpu
 
@@ -318,3 +318,15 @@ def test_chromatin_rule_chain_and_wnn_agree_on_cpu_and_gpu():
     shared = (cpu.obsp["distances"] > 0).multiply(gpu.obsp["distances"] > 0).sum()
     print(f"WNN joint neighbours shared, cpu vs gpu: {shared / (cpu.obsp['distances'] > 0).sum():.4f}")
     assert shared >= 0.98 * (cpu.obsp["distances"] > 0).sum()
+
+
+def test_merge_with_harmony_on_the_gpu(pbmc_batches):
+    """rapids-singlecell's Harmony mixes the batches and keeps the clusters as harmonypy does."""
+    metrics = {backend: run_merge(pbmc_batches, params=MERGE_PARAMS, clustering_params=CLUSTER_PARAMS,
+                                  labels="leiden_1.0", seed=0, backend=backend)[1].set_index("stage")
+               for backend in ("cpu", "gpu")}
+    print(metrics)
+    gpu, cpu = metrics["gpu"], metrics["cpu"]
+    assert gpu.loc["after", "batch_mixing"] > gpu.loc["before", "batch_mixing"] + 0.2
+    assert gpu.loc["after", "label_conservation"] > 0.4
+    assert abs(gpu.loc["after", "batch_mixing"] - cpu.loc["after", "batch_mixing"]) < 0.1
