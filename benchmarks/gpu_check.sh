@@ -25,8 +25,9 @@ exec > >(tee "$log") 2>&1
 export PYTHONUNBUFFERED=1
 
 echo "== machine"; date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc
-# Pure-Python wheels the RAPIDS bundle lacks (e.g. mudata), carried in .gpu/extra/ (fetch them
-# here with `pip download --no-deps -d .gpu/extra mudata==0.3.10` and add .gpu/extra to carry).
+# Wheels the RAPIDS bundle lacks (mudata, harmonypy), carried in .gpu/extra/: fetch them here with
+#   pip download --no-deps --python-version 3.12 --only-binary=:all: -d .gpu/extra mudata==0.3.10 harmonypy==2.1.0
+# and add .gpu/extra to carry.
 for wheel in .gpu/extra/*.whl; do
   [ -e "$wheel" ] && python3 -m pip install -q --no-deps --target /tmp/gpu-extra "$wheel" >/dev/null 2>&1
 done
@@ -38,7 +39,9 @@ wants() { [[ " $sections " == *" $1 "* ]]; }
 
 if wants tests; then
 echo "== GPU tests"
-python3 -m pytest -m gpu -v -s -p no:cacheprovider ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} tests/test_gpu.py 2>&1 | tail -n 40
+python3 -m pytest -m gpu -v -s -p no:cacheprovider --tb=short ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} tests/test_gpu.py \
+  > "$out/pytest_gpu.log" 2>&1
+grep -E "PASSED|FAILED|ERROR|^E |passed|failed" "$out/pytest_gpu.log" | tail -n 60
 fi
 
 if wants workflow; then
