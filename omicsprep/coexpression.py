@@ -205,17 +205,17 @@ def correlation_graph(
 
 def _densified(matrix: sparse.csr_matrix, *, backend: Backend):  # noqa: ANN202
     """The dense matrix on the device. On the GPU only the sparse arrays cross and are
-    scattered into place (CuPy's ``toarray`` sorts a copy and makes a second, column-major,
-    dense copy); on the CPU SciPy writes straight into the output."""
+    added into place (CuPy's ``toarray`` sorts a copy and makes a second, column-major,
+    dense copy); on the CPU SciPy adds straight into the output. Both sum repeated
+    entries, so the matrix need not be canonical (checking costs a pass over it)."""
     xp = array_module(backend)
-    matrix.sum_duplicates()  # a no-op for canonical matrices (AnnData's)
     dense = xp.zeros(matrix.shape, dtype=xp.float32)
     if backend == "cpu":
         matrix.toarray(out=dense)
         return dense
     indptr = xp.asarray(matrix.indptr)
     rows = xp.searchsorted(indptr, xp.arange(matrix.nnz, dtype=indptr.dtype), side="right") - 1
-    dense[rows, xp.asarray(matrix.indices)] = xp.asarray(matrix.data)
+    xp.add.at(dense, (rows, xp.asarray(matrix.indices)), xp.asarray(matrix.data))
     return dense
 
 

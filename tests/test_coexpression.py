@@ -107,6 +107,23 @@ def test_blockwise_graph_equals_the_full_matrix(monkeypatch, method):
     np.testing.assert_allclose(graph.toarray(), expected, atol=1e-5)
 
 
+def repeated_entries() -> tuple[np.ndarray, sparse.csr_matrix]:
+    """A matrix, and a CSR form of it whose entries are split in two (not canonical)."""
+    dense = np.random.default_rng(4).gamma(1.0, size=(50, 8)).astype(np.float32)
+    columns = np.tile(np.arange(8), (50, 2))  # each row lists every column twice
+    halves = np.tile(dense / 2, 2)
+    split = sparse.csr_matrix((halves.ravel(), columns.ravel(), np.arange(0, 50 * 16 + 1, 16)), shape=dense.shape)
+    assert split.nnz == 2 * dense.size
+    return dense, split
+
+
+def test_repeated_sparse_entries_are_summed():
+    dense, split = repeated_entries()
+    split.has_canonical_format = False
+    np.testing.assert_allclose(coexpression.standardize(split, method="pearson", backend="cpu"),
+                               coexpression.standardize(dense, method="pearson", backend="cpu"), rtol=1e-5)
+
+
 def test_cli_writes_the_tables_and_figures(tmp_path):
     adata, _ = planted_data(n_cells=1500, n_genes=300, seed=2)
     adata.X = adata.layers.pop("counts")  # raw counts in: the command normalizes them
