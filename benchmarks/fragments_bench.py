@@ -33,13 +33,14 @@ from run import append_results, device_statistics, measure_in_child  # noqa: E40
 N_CELLS = 10_000
 
 
-def measure(path: Path, backend: str, chunk_rows: int) -> dict:
+def measure(path: Path, backend: str, chunk_rows: int | None) -> dict:
     """Count ``path`` into tiles on one backend, in this process."""
     from omicsprep import chromatin, io
     from omicsprep.backend import resolve_backend, synchronize
     from omicsprep.workflow import return_freed_memory
 
     resolve_backend(backend)
+    chunk_rows = io.FRAGMENT_CHUNK_ROWS[backend] if chunk_rows is None else chunk_rows
     return_freed_memory()  # as the workflow's rules do
     statistics = device_statistics() if backend == "gpu" else None
     barcodes = pd.Index(fragment_barcodes(N_CELLS, seed=0))  # the generator's cells
@@ -88,7 +89,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fragments", nargs="+", type=int, default=[10_000_000])
     parser.add_argument("--backends", nargs="+", choices=["cpu", "gpu"], default=["cpu"])
-    parser.add_argument("--chunk-rows", type=int, default=5_000_000)
+    parser.add_argument("--chunk-rows", type=int, help="fragments per chunk (default: io.FRAGMENT_CHUNK_ROWS per backend)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/omicsprep_fragments"))
     parser.add_argument("--results", type=Path, default=HERE / "RESULTS.md")
     parser.add_argument("--one", nargs=2, metavar=("PATH", "BACKEND"), help=argparse.SUPPRESS)
@@ -107,7 +108,8 @@ def main() -> None:
             print(f"wrote {path} ({path.stat().st_size / 2**30:.1f} GB) in {time.perf_counter() - start:.0f} s",
                   flush=True)
         for backend in args.backends:
-            row = measure_in_child(__file__, "--one", str(path), backend, "--chunk-rows", str(args.chunk_rows))
+            rows = ["--chunk-rows", str(args.chunk_rows)] if args.chunk_rows else []
+            row = measure_in_child(__file__, "--one", str(path), backend, *rows)
             rows += [row] if row else []
     table = pd.DataFrame(rows)
     print(table.to_string(index=False))

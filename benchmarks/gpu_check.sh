@@ -13,7 +13,7 @@
 #             (or $COEXPR_SIZES)
 #   fragments benchmarks/fragments_bench.py: 10M fragments on both backends (unless
 #             $FRAGMENTS_SKIP_10M is set), 100M on the GPU (in chunks of each of
-#             $FRAGMENTS_GPU_CHUNK_ROWS, default 5000000)
+#             $FRAGMENTS_GPU_CHUNK_ROWS, default 20000000)
 # Tables and logs go to $OUT (default: gpu_check_out/).
 set -uo pipefail
 repo=$(pwd)
@@ -98,7 +98,7 @@ if wants fragments; then
 echo "== fragments benchmark"
 [ -z "${FRAGMENTS_SKIP_10M:-}" ] && python3 benchmarks/fragments_bench.py --fragments 10000000 --backends cpu gpu \
   --results "$out/fragments.md" 2>&1 | tail -n 8
-for rows in ${FRAGMENTS_GPU_CHUNK_ROWS:-5000000}; do
+for rows in ${FRAGMENTS_GPU_CHUNK_ROWS:-20000000}; do
   python3 benchmarks/fragments_bench.py --fragments 100000000 --backends gpu --chunk-rows "$rows" \
     --results "$out/fragments.md" 2>&1 | tail -n 3
 done
