@@ -134,7 +134,8 @@ def main() -> None:
     print(table.to_string(index=False))
     append_results(args.results, title="Co-expression", table=table,
                    note=f"Planted data: 20 modules of 50 genes, top_k={args.top_k}, Pearson, no metacells, Leiden 1.0; "
-                        "seconds after a warm-up call; chain = correlation + graph + modules.")
+                        "step seconds of a second, warm call (first_chain_s: the first); chain = correlation + graph + "
+                        "modules.")
 
 
 if __name__ == "__main__":

@@ -89,7 +89,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fragments", nargs="+", type=int, default=[10_000_000])
     parser.add_argument("--backends", nargs="+", choices=["cpu", "gpu"], default=["cpu"])
-    parser.add_argument("--chunk-rows", type=int, help="fragments per chunk (default: io.FRAGMENT_CHUNK_ROWS per backend)")
+    parser.add_argument("--chunk-rows", type=int, help="fragments per chunk (default: the backend's default)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/omicsprep_fragments"))
     parser.add_argument("--results", type=Path, default=HERE / "RESULTS.md")
     parser.add_argument("--one", nargs=2, metavar=("PATH", "BACKEND"), help=argparse.SUPPRESS)

@@ -298,8 +298,9 @@ def count_fragments(
         names = _interval_names(np.array(chromosomes, dtype=str)[tiles >> tile_bits], first, first + tile_width)
     if tss is None:
         per_cell = per_cell[: len(PER_CELL) - 2]
+    features = "peaks" if peaks is not None else f"tiles of {tile_width} bp"
     return _to_anndata(matrix, names, dict(zip(PER_CELL, asnumpy(per_cell))), barcodes=barcodes,
-                       outside_cells=outside_cells, features="peaks" if peaks is not None else f"tiles of {tile_width} bp")
+                       outside_cells=outside_cells, features=features)
 
 
 def _bincount(values, *, minlength: int, xp: ModuleType, weights=None):  # noqa: ANN001, ANN202
@@ -479,7 +480,7 @@ def _interval_names(chrom: np.ndarray, start: np.ndarray, end: np.ndarray) -> np
 
     position = pc.binary_join_element_wise(pc.cast(pa.array(start), pa.string()), pc.cast(pa.array(end), pa.string()),
                                            "-")
-    return pc.binary_join_element_wise(pa.array(chrom), position, ":").to_numpy(zero_copy_only=False)
+    return pc.binary_join_element_wise(pa.array(chrom, type=pa.string()), position, ":").to_numpy(zero_copy_only=False)
 
 
 def tfidf(adata: AnnData, *, scale_factor: float = 1e4, backend: Backend) -> None:

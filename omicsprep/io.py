@@ -225,7 +225,7 @@ FRAGMENT_CHUNK_ROWS = {"cpu": 1_000_000, "gpu": 20_000_000}
 
 
 def fragment_chunks(path: str | Path, *, chunk_rows: int | None = None, backend: Backend = "cpu") -> Iterator:
-    """Stream a 10x ``fragments.tsv[.gz]`` (chrom, start, end, barcode, reads; ``#``
+    """Stream a 10x ``fragments.tsv[.gz|.bz2|.zst|.lz4]`` (chrom, start, end, barcode, reads; ``#``
     header lines skipped) in chunks of about ``chunk_rows`` fragments (by default
     ``FRAGMENT_CHUNK_ROWS[backend]``).
 
@@ -274,11 +274,11 @@ def _fragment_chunks_arrow(path: Path, chunk_rows: int) -> Iterator[pd.DataFrame
 def _fragment_chunks_cudf(path: Path, chunk_rows: int) -> Iterator:
     """Chunks parsed by cuDF on the GPU: byte ranges of a plain file (cuDF reads the rows
     that start in each), or blocks of whole lines decompressed on the host from a
-    gzipped one."""
+    compressed one."""
     import io as stdio
 
     block_bytes = max(1 << 20, chunk_rows * BYTES_PER_FRAGMENT)
-    if path.suffix != ".gz":
+    if path.suffix not in COMPRESSED_SUFFIXES:
         for offset in range(0, path.stat().st_size, block_bytes):
             yield _parsed_fragments(path, byte_range=(offset, block_bytes))
         return
@@ -286,11 +286,14 @@ def _fragment_chunks_cudf(path: Path, chunk_rows: int) -> Iterator:
         yield _parsed_fragments(stdio.BytesIO(text))
 
 
+COMPRESSED_SUFFIXES = {".gz", ".bz2", ".zst", ".lz4"}  # those pyarrow's input streams decompress
+
+
 def _line_blocks(path: Path, block_bytes: int) -> Iterator[bytes]:
     """The (decompressed) text in blocks of about ``block_bytes`` that end with a line."""
-    import gzip
+    import pyarrow as pa
 
-    with (gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")) as handle:
+    with pa.input_stream(str(path), compression="detect") as handle:
         rest = b""
         while block := handle.read(block_bytes):
             cut = block.rfind(b"\n") + 1

@@ -125,7 +125,7 @@ def test_bad_fragments_are_one_clear_error(tmp_path, barcodes):
     for unsorted in ("chr1\t500\t600\tA-1\t1\nchr1\t100\t200\tA-1\t1\n",
                      "chr1\t500\t600\tA-1\t1\nchr2\t100\t200\tA-1\t1\nchr1\t700\t800\tA-1\t1\n"):
         bad.write_text(unsorted)
-        with pytest.raises(InputError, match=r"fragments are not sorted by chromosome and start .*e.g. chr1:(100|700) "):
+        with pytest.raises(InputError, match=r"not sorted by chromosome and start .*e.g. chr1:(100|700) "):
             chromatin.count_fragments(io.fragment_chunks(bad), barcodes=barcodes)
         rows = next(io.fragment_chunks(bad))  # and when the chunks are out of order
         with pytest.raises(InputError, match=r"not sorted by chromosome and start .*e.g. chr1:(100|700) "):
@@ -193,3 +193,24 @@ def test_tss_near_a_chromosome_start_and_many_contigs(tmp_path):
                 pileup[cells.get_loc(row.barcode), low:high] += row.count
     flank = np.hstack([pileup[:, :100], pileup[:, -100:]]).mean(axis=1)
     np.testing.assert_allclose(counted.obs["tss_enrichment"], pileup[:, 500:1501].mean(axis=1) / flank)
+
+
+def test_compressed_fragments_and_empty_peaks(tmp_path, peak_counts, barcodes):
+    """bzip2 and bgzip files read as the gzip one; a peak file without peaks counts nothing."""
+    import bz2
+
+    import pysam
+
+    text = gzip.open(FRAGMENTS, "rb").read()
+    (tmp_path / "fragments.tsv").write_bytes(text)
+    (tmp_path / "fragments.tsv.bz2").write_bytes(bz2.compress(text))
+    pysam.tabix_compress(str(tmp_path / "fragments.tsv"), str(tmp_path / "fragments.tsv.gz"))  # bgzip: many members
+    peaks = io.read_peaks(MULTIOME / "peaks.bed")
+    for name in ("fragments.tsv.bz2", "fragments.tsv.gz"):
+        counted = chromatin.count_fragments(io.fragment_chunks(tmp_path / name, chunk_rows=20_000),
+                                            barcodes=barcodes, peaks=peaks)
+        assert (counted.X != peak_counts.X).nnz == 0
+    none = chromatin.count_fragments(io.fragment_chunks(FRAGMENTS), barcodes=barcodes, peaks=peaks.iloc[:0])
+    assert none.shape == (len(barcodes), 0)
+    assert (none.obs["n_fragments"] == peak_counts.obs["n_fragments"]).all()
+
