@@ -7,7 +7,9 @@ chunk size and the output matrix, not the file.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
 from types import ModuleType
 
 import numpy as np
@@ -179,6 +181,7 @@ def count_fragments(
     tile_width: int = 5000,
     chrom_sizes: Mapping[str, int] | None = None,
     tss: pd.DataFrame | None = None,
+    source: str | Path | None = None,
     backend: Backend = "cpu",
 ) -> AnnData:
     """Cells x features counts of fragments: one per feature a fragment overlaps.
@@ -207,6 +210,8 @@ def count_fragments(
     tss
         ``chrom`` and ``position`` (0-based) of transcription start sites: adds
         ``obs["tss_enrichment"]`` (TSS windows may overlap; each counts).
+    source
+        The fragments' file, named in errors about them.
     backend
         ``"cpu"`` (NumPy) or ``"gpu"`` (CuPy): where each chunk's overlaps and counts are
         computed and the output is assembled.
@@ -242,51 +247,54 @@ def count_fragments(
     if tss is not None:
         tss = tss.sort_values(["chrom", "position"], ignore_index=True)
         tss_chromosomes, (windows,) = _keyed(tss["chrom"], tss["position"] - TSS_EXTEND, xp=xp)  # may start below 0
-    for chunk in chunks:
-        if len(chunk) == 0:
-            continue
-        start, end = xp.asarray(chunk["start"].values, dtype=xp.int64), xp.asarray(chunk["end"].values, dtype=xp.int64)
-        _check_coordinates(chunk, start=start, end=end, xp=xp)
-        if chrom_sizes is not None:
-            _check_genome(chunk, end=end, chrom_sizes=chrom_sizes, index_type=index_type, xp=xp)
-        chromosomes += _new_chromosomes(chunk["chrom"], known=chromosomes, index_type=index_type, xp=xp)
-        if peaks is None and len(chromosomes) >= 1 << (FEATURE_BITS - tile_bits):
-            raise InputError(f"fragments on {len(chromosomes):,} chromosomes or contigs: at most "
-                             f"{(1 << (FEATURE_BITS - tile_bits)) - 1:,} with {tile_width} bp tiles; use larger "
-                             "tiles or peaks")
-        chrom = xp.asarray(index_type(chromosomes).get_indexer(chunk["chrom"]), dtype=xp.int64)
-        last_position = _check_sorted(chunk, _position_keys(chrom, start), after=last_position, xp=xp)
-        last_start = int(start[-1])
-        if numbers is not None:
-            numbers.reach(chromosomes)
-            chrom = numbers.codes(chunk["chrom"], index_type)
-            finished_below = numbers.first_reachable(int(chrom[-1]), last_start)
-        else:
-            finished_below = (int(chrom[-1]) << tile_bits) | (last_start // tile_width)
-        cell = xp.asarray(cells.get_indexer(chunk["barcode"]), dtype=xp.int64)
-        inside = cell >= 0
-        outside_cells += int((~inside).sum())
-        cell, chrom, start, end = cell[inside], chrom[inside], start[inside], end[inside]
-        length = end - start
-        for row, selected in enumerate([cell, cell[length < NUCLEOSOME_FREE],
-                                        cell[(length >= NUCLEOSOME_FREE) & (length <= MONO_NUCLEOSOME)]]):
-            per_cell[row] += _bincount(selected, minlength=len(barcodes), xp=xp)
-        if numbers is not None:
-            fragment, peak = _overlapped_peaks(chrom, start, end, numbers.starts, numbers.ends, xp=xp)
-            feature = numbers.numbers[peak]
-        else:
-            fragment, tile = _overlapped_tiles(start, end, tile_width, xp=xp)
-            feature = (chrom[fragment] << tile_bits) | tile
-        columns.add((feature << CELL_BITS) | cell[fragment], finished_below=finished_below)
-        in_feature = xp.zeros(cell.size, dtype=bool)
-        in_feature[fragment] = True
-        per_cell[3] += _bincount(cell[in_feature], minlength=len(barcodes), xp=xp)
-        if tss is not None:
-            reads = xp.asarray(chunk["count"].values, dtype=xp.int64)[inside]
-            code = xp.asarray(index_type(tss_chromosomes).get_indexer(chunk["chrom"]), dtype=xp.int64)[inside]
-            fragment, center, flank = _tss_coverage(code, start, end, windows, xp=xp)
-            per_cell[4] += _bincount(cell[fragment], weights=center * reads[fragment], minlength=len(barcodes), xp=xp)
-            per_cell[5] += _bincount(cell[fragment], weights=flank * reads[fragment], minlength=len(barcodes), xp=xp)
+    with _naming_errors(source):  # the loop's errors are the fragments'
+        for chunk in chunks:
+            if len(chunk) == 0:
+                continue
+            start = xp.asarray(chunk["start"].values, dtype=xp.int64)
+            end = xp.asarray(chunk["end"].values, dtype=xp.int64)
+            _check_coordinates(chunk, start=start, end=end, xp=xp)
+            if chrom_sizes is not None:
+                _check_genome(chunk, end=end, chrom_sizes=chrom_sizes, index_type=index_type, xp=xp)
+            chromosomes += _new_chromosomes(chunk["chrom"], known=chromosomes, index_type=index_type, xp=xp)
+            if peaks is None and len(chromosomes) >= 1 << (FEATURE_BITS - tile_bits):
+                raise InputError(f"fragments on {len(chromosomes):,} chromosomes or contigs: at most "
+                                 f"{(1 << (FEATURE_BITS - tile_bits)) - 1:,} with {tile_width} bp tiles; use larger "
+                                 "tiles or peaks")
+            chrom = xp.asarray(index_type(chromosomes).get_indexer(chunk["chrom"]), dtype=xp.int64)
+            last_position = _check_sorted(chunk, _position_keys(chrom, start), after=last_position, xp=xp)
+            last_start = int(start[-1])
+            if numbers is not None:
+                numbers.reach(chromosomes)
+                chrom = numbers.codes(chunk["chrom"], index_type)
+                finished_below = numbers.first_reachable(int(chrom[-1]), last_start)
+            else:
+                finished_below = (int(chrom[-1]) << tile_bits) | (last_start // tile_width)
+            cell = xp.asarray(cells.get_indexer(chunk["barcode"]), dtype=xp.int64)
+            inside = cell >= 0
+            outside_cells += int((~inside).sum())
+            cell, chrom, start, end = cell[inside], chrom[inside], start[inside], end[inside]
+            length = end - start
+            for row, selected in enumerate([cell, cell[length < NUCLEOSOME_FREE],
+                                            cell[(length >= NUCLEOSOME_FREE) & (length <= MONO_NUCLEOSOME)]]):
+                per_cell[row] += _bincount(selected, minlength=len(barcodes), xp=xp)
+            if numbers is not None:
+                fragment, peak = _overlapped_peaks(chrom, start, end, numbers.starts, numbers.ends, xp=xp)
+                feature = numbers.numbers[peak]
+            else:
+                fragment, tile = _overlapped_tiles(start, end, tile_width, xp=xp)
+                feature = (chrom[fragment] << tile_bits) | tile
+            columns.add((feature << CELL_BITS) | cell[fragment], finished_below=finished_below)
+            in_feature = xp.zeros(cell.size, dtype=bool)
+            in_feature[fragment] = True
+            per_cell[3] += _bincount(cell[in_feature], minlength=len(barcodes), xp=xp)
+            if tss is not None:
+                reads = xp.asarray(chunk["count"].values, dtype=xp.int64)[inside]
+                code = xp.asarray(index_type(tss_chromosomes).get_indexer(chunk["chrom"]), dtype=xp.int64)[inside]
+                fragment, center, flank = _tss_coverage(code, start, end, windows, xp=xp)
+                for row, covered in ((4, center), (5, flank)):
+                    per_cell[row] += _bincount(cell[fragment], weights=covered * reads[fragment],
+                                               minlength=len(barcodes), xp=xp)
     columns.add(xp.zeros(0, dtype=xp.int64), finished_below=None)
     if numbers is not None:
         order = numbers.order()
@@ -417,6 +425,17 @@ def _overlapped_tiles(start, end, tile_width: int, *, xp: ModuleType):  # noqa: 
     """(fragment, tile) pairs."""
     first = start // tile_width
     return _expanded(first, (end - 1) // tile_width - first + 1, xp=xp)
+
+
+@contextmanager
+def _naming_errors(source: str | Path | None) -> Iterator[None]:
+    """Input errors raised within name ``source`` (unless they name a file already)."""
+    try:
+        yield
+    except InputError as exc:
+        if source is None or exc.path is not None:
+            raise
+        raise InputError(exc.problem, path=source, sample=exc.sample) from exc
 
 
 def _new_chromosomes(chrom, *, known: list[str], index_type, xp: ModuleType) -> list[str]:  # noqa: ANN001

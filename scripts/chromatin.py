@@ -19,7 +19,8 @@ def main() -> None:
     chrom_sizes = io.read_chrom_sizes(snakemake.input.chrom_sizes) if "chrom_sizes" in given else None
     chunks = io.fragment_chunks(snakemake.input.fragments, chunk_rows=params["chunk_rows"], backend=backend)
     adata = chromatin.count_fragments(chunks, barcodes=cells, peaks=peaks, tile_width=params["tile_width"],
-                                      chrom_sizes=chrom_sizes, tss=tss, backend=backend)
+                                      chrom_sizes=chrom_sizes, tss=tss, source=snakemake.input.fragments,
+                                      backend=backend)
     run_chromatin(adata, params=params, clustering_params=snakemake.params.clustering, seed=snakemake.params.seed,
                   backend=backend)
     io.write_h5ad(adata, snakemake.output.h5ad)

@@ -108,8 +108,8 @@ def test_lsi_drops_components_that_track_depth(peak_counts):
 def test_bad_fragments_are_one_clear_error(tmp_path, barcodes):
     bad = tmp_path / "fragments.tsv"
     bad.write_text("chr1\t200\t100\tAAACAGCCAGCATGTC-1\t1\n")
-    with pytest.raises(InputError, match=r"1 fragments with bad coordinates, e.g. chr1:200-100"):
-        chromatin.count_fragments(io.fragment_chunks(bad), barcodes=barcodes)
+    with pytest.raises(InputError, match=rf"^file '{bad}': 1 fragments with bad coordinates, e.g. chr1:200-100"):
+        chromatin.count_fragments(io.fragment_chunks(bad), barcodes=barcodes, source=bad)
     overlapping = pd.DataFrame({"chrom": ["chr1", "chr1"], "start": [100, 150], "end": [200, 300]})
     with pytest.raises(InputError, match="1 peaks overlap the previous one .e.g. after chr1:100-200."):
         chromatin.count_fragments(io.fragment_chunks(bad), barcodes=barcodes, peaks=overlapping)
