@@ -14,6 +14,8 @@
 #   fragments benchmarks/fragments_bench.py: 10M fragments on both backends (unless
 #             $FRAGMENTS_SKIP_10M is set), 100M on the GPU (in chunks of each of
 #             $FRAGMENTS_GPU_CHUNK_ROWS, default 20000000)
+#   merge     benchmarks/merge_bench.py: $MERGE_SAMPLES (10) samples of $MERGE_CELLS (50000)
+#             cells with the merge rule, on $MERGE_BACKENDS (gpu)
 # Tables and logs go to $OUT (default: gpu_check_out/).
 set -uo pipefail
 repo=$(pwd)
@@ -102,4 +104,10 @@ for rows in ${FRAGMENTS_GPU_CHUNK_ROWS:-20000000}; do
   python3 benchmarks/fragments_bench.py --fragments 100000000 --backends gpu --chunk-rows "$rows" \
     --results "$out/fragments.md" 2>&1 | tail -n 3
 done
+fi
+
+if wants merge; then
+echo "== many samples merged"
+python3 benchmarks/merge_bench.py --samples "${MERGE_SAMPLES:-10}" --cells "${MERGE_CELLS:-50000}" \
+  --backends ${MERGE_BACKENDS:-gpu} --cores "$(nproc)" --results "$out/merge.md" 2>&1 | tail -n 8
 fi

@@ -67,16 +67,7 @@ def run_workflow(workdir: Path, counts: Path, config: Path, backend: str, cores:
     rundir.mkdir(parents=True, exist_ok=True)
     sheet = rundir / "samples.tsv"
     sheet.write_text(f"sample\tinput\nbench\t{counts}\n")
-    command = [
-        sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(rundir),
-        "--configfile", str(config), "--config", f"samples={sheet}", f"backend={backend}",
-        "--cores", str(cores), "--resources", "gpu=1", "--forceall", "--quiet",
-    ]
-    start = time.perf_counter()
-    result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RuntimeError(f"workflow ({backend}) failed:\n{result.stderr[-5000:]}")
-    wall = time.perf_counter() - start
+    wall = run_snakemake(rundir, config=config, sheet=sheet, backend=backend, cores=cores)
     times = pd.read_csv(rundir / "results" / "run_times.tsv", sep="\t")
     totals = times[times["step"] == "total"].set_index("rule")
     steps = times[times["step"] != "total"]
@@ -89,6 +80,20 @@ def run_workflow(workdir: Path, counts: Path, config: Path, backend: str, cores:
         "obs": pd.read_parquet(rundir / "results" / "bench" / "obs.parquet"),
         "hvg": _hvg(rundir / "results" / "bench" / "processed.h5ad"),
     }
+
+
+def run_snakemake(rundir: Path, *, config: Path, sheet: Path, backend: str, cores: int) -> float:
+    """Run the whole workflow in ``rundir`` (every job, quietly); its wall seconds."""
+    command = [
+        sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(rundir),
+        "--configfile", str(config), "--config", f"samples={sheet}", f"backend={backend}",
+        "--cores", str(cores), "--resources", "gpu=1", "--forceall", "--quiet",
+    ]
+    start = time.perf_counter()
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"workflow ({backend}) failed:\n{result.stderr[-5000:]}")
+    return time.perf_counter() - start
 
 
 def _hvg(h5ad: Path) -> set[str]:
