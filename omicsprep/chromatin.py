@@ -156,14 +156,12 @@ class _PeakNumbers:
                 self.numbers[first:last] = self.xp.arange(self.assigned, self.assigned + last - first)
                 self.assigned += last - first
 
-    def codes(self, chrom, index_type):  # noqa: ANN001, ANN201
-        return self.xp.asarray(index_type(self.chromosomes).get_indexer(chrom), dtype=self.xp.int64)
-
-    def first_reachable(self, code: int, start: int) -> int:
-        """The first peak number a fragment starting at ``start`` (or later) on the
-        chromosome ``code`` can overlap."""
-        if code < 0:
+    def first_reachable(self, chromosome: str, start: int) -> int:
+        """The first peak number a fragment starting at ``start`` (or later) on
+        ``chromosome`` can overlap."""
+        if chromosome not in self.chromosomes:
             return self.assigned
+        code = self.chromosomes.index(chromosome)
         peak = _position_in(self.ends, _position_keys(code, start), side="right", xp=self.xp)
         return int(self.block[code] + peak - self.first[code])
 
@@ -266,8 +264,7 @@ def count_fragments(
             last_start = int(start[-1])
             if numbers is not None:
                 numbers.reach(chromosomes)
-                chrom = numbers.codes(chunk["chrom"], index_type)
-                finished_below = numbers.first_reachable(int(chrom[-1]), last_start)
+                finished_below = numbers.first_reachable(chromosomes[int(chrom[-1])], last_start)
             else:
                 finished_below = (int(chrom[-1]) << tile_bits) | (last_start // tile_width)
             cell = xp.asarray(cells.get_indexer(chunk["barcode"]), dtype=xp.int64)
@@ -279,7 +276,8 @@ def count_fragments(
                                             cell[(length >= NUCLEOSOME_FREE) & (length <= MONO_NUCLEOSOME)]]):
                 per_cell[row] += _bincount(selected, minlength=len(barcodes), xp=xp)
             if numbers is not None:
-                fragment, peak = _overlapped_peaks(chrom, start, end, numbers.starts, numbers.ends, xp=xp)
+                peak_chrom = _recoded(chrom, source=chromosomes, target=numbers.chromosomes, xp=xp)
+                fragment, peak = _overlapped_peaks(peak_chrom, start, end, numbers.starts, numbers.ends, xp=xp)
                 feature = numbers.numbers[peak]
             else:
                 fragment, tile = _overlapped_tiles(start, end, tile_width, xp=xp)
@@ -290,8 +288,8 @@ def count_fragments(
             per_cell[3] += _bincount(cell[in_feature], minlength=len(barcodes), xp=xp)
             if tss is not None:
                 reads = xp.asarray(chunk["count"].values, dtype=xp.int64)[inside]
-                code = xp.asarray(index_type(tss_chromosomes).get_indexer(chunk["chrom"]), dtype=xp.int64)[inside]
-                fragment, center, flank = _tss_coverage(code, start, end, windows, xp=xp)
+                tss_chrom = _recoded(chrom, source=chromosomes, target=tss_chromosomes, xp=xp)
+                fragment, center, flank = _tss_coverage(tss_chrom, start, end, windows, xp=xp)
                 for row, covered in ((4, center), (5, flank)):
                     per_cell[row] += _bincount(cell[fragment], weights=covered * reads[fragment],
                                                minlength=len(barcodes), xp=xp)
@@ -447,6 +445,12 @@ def _new_chromosomes(chrom, *, known: list[str], index_type, xp: ModuleType) -> 
     code = xp.asarray(index_type(new).get_indexer(chrom), dtype=xp.int64)
     runs, _ = _runs(code, xp=xp)
     return [new[i] for i in dict.fromkeys(asnumpy(runs).tolist()) if i >= 0]
+
+
+def _recoded(code, *, source: list[str], target: list[str], xp: ModuleType):  # noqa: ANN001, ANN202
+    """Chromosome codes into ``source`` as codes into ``target`` (-1: not there); the
+    chunk's names are looked up once, in ``source``."""
+    return xp.asarray(pd.Index(target).get_indexer(source), dtype=xp.int64)[code]
 
 
 def _check_sorted(chunk, position, *, after: int, xp: ModuleType) -> int:  # noqa: ANN001

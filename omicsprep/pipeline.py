@@ -295,6 +295,13 @@ def _embed_and_cluster(
     """Neighbours on an embedding, UMAP and Leiden at each configured resolution."""
     with timer.step("neighbors"):
         clustering.neighbors(adata, **params["neighbors"], use_rep=use_rep, backend=backend)
+    _umap_and_leiden(adata, params=params, seed=seed, backend=backend, timer=timer)
+
+
+def _umap_and_leiden(
+    adata: AnnData, *, params: Mapping[str, Any], seed: int, backend: Backend, timer: StepTimer
+) -> None:
+    """UMAP and Leiden at each configured resolution, on the neighbour graph in ``obsp``."""
     with timer.step("umap"):
         clustering.umap(adata, min_dist=params["umap"]["min_dist"], seed=seed, backend=backend)
     with timer.step("leiden"):
@@ -453,11 +460,7 @@ def run_multiome(
     joint = AnnData(obs=pd.DataFrame(index=mdata.obs_names), obsm={"X_wnn_input": mdata.obsm["X_wnn_input"]},
                     obsp={key: mdata.obsp[key] for key in ("connectivities", "distances")},
                     uns={"neighbors": mdata.uns["neighbors"]})
-    with timer.step("umap"):
-        clustering.umap(joint, min_dist=clustering_params["umap"]["min_dist"], seed=seed, backend=backend)
-    with timer.step("leiden"):
-        clustering.cluster_graph(joint, algorithm="leiden", resolutions=clustering_params["leiden"]["resolutions"],
-                                 seed=seed, backend=backend)
+    _umap_and_leiden(joint, params=clustering_params, seed=seed, backend=backend, timer=timer)
     to_host(joint)
     mdata.obsm["X_umap"] = joint.obsm["X_umap"]
     for key in joint.obs:
@@ -535,11 +538,7 @@ def run_merge(
                      "batch_mixing": round(integration.batch_mixing(adata, key=key), 4),
                      "label_conservation": round(integration.label_conservation(
                          adata, clusters=clustering.cluster_key("leiden", resolution)), 4)})
-    with timer.step("umap"):
-        clustering.umap(adata, min_dist=clustering_params["umap"]["min_dist"], seed=seed, backend=backend)
-    with timer.step("leiden"):
-        clustering.cluster_graph(adata, algorithm="leiden", resolutions=clustering_params["leiden"]["resolutions"],
-                                 seed=seed, backend=backend)
+    _umap_and_leiden(adata, params=clustering_params, seed=seed, backend=backend, timer=timer)
     with timer.step("to_host"):
         to_host(adata)
     metrics = pd.DataFrame(rows)

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from anndata import AnnData
+from scipy import sparse
 
 from omicsprep import io
 from omicsprep.backend import gpu_unavailable_reason
@@ -105,3 +106,13 @@ def pbmc_batches():
         run_clustering(adata, params=CLUSTER_PARAMS, seed=0, backend="cpu")
         processed[name] = adata
     return processed
+
+
+def repeated_entries() -> tuple[np.ndarray, sparse.csr_matrix]:
+    """A matrix, and a CSR form of it whose entries are split in two (not canonical)."""
+    dense = np.random.default_rng(4).gamma(1.0, size=(50, 8)).astype(np.float32)
+    columns = np.tile(np.arange(8), (50, 2))  # each row lists every column twice
+    halves = np.tile(dense / 2, 2)
+    split = sparse.csr_matrix((halves.ravel(), columns.ravel(), np.arange(0, 50 * 16 + 1, 16)), shape=dense.shape)
+    assert split.nnz == 2 * dense.size
+    return dense, split

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from conftest import REPO
+from conftest import REPO, repeated_entries
 from scipy import sparse, stats
 from sklearn.metrics import adjusted_rand_score
 
@@ -105,16 +105,6 @@ def test_blockwise_graph_equals_the_full_matrix(monkeypatch, method):
         expected[gene, partners] = row[partners] ** 2
     expected = np.maximum(expected, expected.T)
     np.testing.assert_allclose(graph.toarray(), expected, atol=1e-5)
-
-
-def repeated_entries() -> tuple[np.ndarray, sparse.csr_matrix]:
-    """A matrix, and a CSR form of it whose entries are split in two (not canonical)."""
-    dense = np.random.default_rng(4).gamma(1.0, size=(50, 8)).astype(np.float32)
-    columns = np.tile(np.arange(8), (50, 2))  # each row lists every column twice
-    halves = np.tile(dense / 2, 2)
-    split = sparse.csr_matrix((halves.ravel(), columns.ravel(), np.arange(0, 50 * 16 + 1, 16)), shape=dense.shape)
-    assert split.nnz == 2 * dense.size
-    return dense, split
 
 
 def test_repeated_sparse_entries_are_summed():

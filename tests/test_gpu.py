@@ -340,7 +340,7 @@ def test_merge_with_harmony_on_the_gpu(pbmc_batches):
 
 
 def test_repeated_sparse_entries_are_summed_on_the_gpu():
-    from test_coexpression import repeated_entries
+    from conftest import repeated_entries
 
     from omicsprep import coexpression
     from omicsprep.backend import asnumpy
