@@ -16,6 +16,9 @@
 #             $FRAGMENTS_GPU_CHUNK_ROWS, default 20000000)
 #   merge     benchmarks/merge_bench.py: $MERGE_SAMPLES (10) samples of $MERGE_CELLS (50000)
 #             cells with the merge rule, on $MERGE_BACKENDS (gpu)
+#   profile   benchmarks/profile_steps.py: the qc and cluster chains in one process at
+#             $PROFILE_CELLS (300000) cells, with h5ad writes in $PROFILE_COMPRESSIONS (lzf none)
+#   e2e       benchmarks/run.py on the GPU at $E2E_CELLS (1000000) cells (data cached in /tmp/ob)
 # Tables and logs go to $OUT (default: gpu_check_out/).
 set -uo pipefail
 repo=$(pwd)
@@ -110,4 +113,20 @@ if wants merge; then
 echo "== many samples merged"
 python3 benchmarks/merge_bench.py --samples "${MERGE_SAMPLES:-10}" --cells "${MERGE_CELLS:-50000}" \
   --backends ${MERGE_BACKENDS:-gpu} --cores "$(nproc)" --results "$out/merge.md" 2>&1 | tail -n 8
+fi
+
+if wants profile; then
+echo "== qc and cluster chains in one process, profiled"
+for cells in ${PROFILE_CELLS:-300000}; do
+  python3 benchmarks/profile_steps.py --cells "$cells" --backend gpu --workdir /tmp/ob --out "$out/profile" \
+    --compressions ${PROFILE_COMPRESSIONS:-lzf none} > "$out/profile_$cells.log" 2>&1
+  grep -E "^ +[a-z_]+ +[0-9.]+ s$|Error" "$out/profile_$cells.log"; cat "$out/profile/profile_gpu_$cells.json"
+done
+fi
+
+if wants e2e; then
+echo "== end to end: benchmarks/run.py"
+cp -r benchmarks/scaling "$out/scaling"
+python3 benchmarks/run.py --cells ${E2E_CELLS:-1000000} --backends gpu --cores "$(nproc)" --host H200 --workdir /tmp/ob \
+  --results "$out/RESULTS_h200.md" --scaling-dir "$out/scaling" --plot "$out/scaling.png" 2>&1 | tail -n 60
 fi

@@ -79,6 +79,7 @@ def run_workflow(workdir: Path, counts: Path, config: Path, backend: str, cores:
         "peak_rss_mb": round(float(totals["max_rss_mb"].max()), 1),
         "obs": pd.read_parquet(rundir / "results" / "bench" / "obs.parquet"),
         "hvg": _hvg(rundir / "results" / "bench" / "processed.h5ad"),
+        "steps": times.set_index(["rule", "step"])["seconds"].rename(f"workflow-{backend}"),
     }
 
 
@@ -238,27 +239,36 @@ def main() -> None:
     args.scaling_dir.mkdir(parents=True, exist_ok=True)
     for n_cells in args.cells:
         # Each size is recorded as soon as it is done, so a run cut short keeps what it measured.
-        table = benchmark_size(args, n_cells, config, host)
+        table, steps = benchmark_size(args, n_cells, config, host)
         print(table.to_string(index=False), flush=True)
         stamp = append_results(args.results, title=f"{n_cells:,} cells", note=f"{versions()}.",
                                table=table.drop(columns=["host"]), level="####")
+        if steps is not None:
+            print(steps.to_string(index=False), flush=True)
+            with args.results.open("a") as handle:
+                handle.write("\nSeconds per rule (`total`: the rule's process, from its `benchmark:` file) "
+                             "and per step within it:\n\n" + steps.astype(str).to_markdown(index=False) + "\n")
         table.to_csv(args.scaling_dir / f"{host}-{stamp[:10]}-{n_cells}.tsv", sep="\t", index=False)
         plot(args.scaling_dir, args.plot)
 
 
-def benchmark_size(args: argparse.Namespace, n_cells: int, config: Path, host: str) -> pd.DataFrame:
-    """Run every backend (and the peer) on one generated dataset; one row each."""
+def benchmark_size(
+    args: argparse.Namespace, n_cells: int, config: Path, host: str
+) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    """Run every backend (and the peer) on one generated dataset: one row each, and the
+    workflow runs' seconds per rule and step (``None`` without a workflow run)."""
     counts = dataset(args.workdir, n_cells, args.genes, jobs=args.cores)
     on_cpu = args.cpu_max_cells is None or n_cells <= args.cpu_max_cells
     backends = [b for b in args.backends if b == "gpu" or on_cpu]
     results = [run_workflow(args.workdir, counts, config, backend, args.cores) for backend in backends]
     peer = run_peer(args.workdir, counts, config) if args.peer and on_cpu else None
+    steps = pd.concat([result["steps"] for result in results], axis=1).reset_index() if results else None
     rows = []
     for result in [*results, *([peer] if peer else [])]:
-        shown = {k: v for k, v in result.items() if k not in ("obs", "hvg")}
+        shown = {k: v for k, v in result.items() if k not in ("obs", "hvg", "steps")}
         rows.append({"cells": n_cells, "genes": args.genes, **shown, "cells_kept": len(result["obs"]),
                      **agreement(result, peer), "host": host})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows), steps
 
 
 if __name__ == "__main__":

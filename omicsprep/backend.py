@@ -86,6 +86,12 @@ def rapids_singlecell() -> ModuleType:
     return importlib.import_module("rapids_singlecell")
 
 
+def rapids_scrublet_class() -> type:
+    """rapids-singlecell's (private) ``Scrublet`` class, whose neighbour classifier
+    :func:`omicsprep.qc.score_doublets` replaces while it runs."""
+    return importlib.import_module("rapids_singlecell.preprocessing._scrublet.core").Scrublet
+
+
 def cupy() -> ModuleType:
     """Return the imported ``cupy`` module."""
     return importlib.import_module("cupy")

@@ -385,10 +385,11 @@ def read_table(path: str | Path) -> pd.DataFrame:
     return pd.read_csv(path, sep="\t")
 
 
-def write_h5ad(adata: AnnData, path: str | Path) -> None:
-    """Write ``adata`` to ``path`` atomically (compressed, lzf)."""
+def write_h5ad(adata: AnnData, path: str | Path, *, compression: Literal["lzf", "gzip"] | None = "lzf") -> None:
+    """Write ``adata`` to ``path`` atomically, compressed with ``compression`` (HDF5's
+    filters that every h5ad reader has; ``None``: uncompressed)."""
     with atomic_path(path) as tmp:
-        adata.write_h5ad(tmp, compression="lzf")
+        adata.write_h5ad(tmp, compression=compression)
 
 
 def write_h5mu(mdata: MuData, path: str | Path) -> None:

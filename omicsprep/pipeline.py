@@ -50,7 +50,8 @@ def run_qc(
         arguments of :func:`omicsprep.qc.qc_pass_mask`), ``min_cells_per_gene`` and
         ``min_cells_left``.
     doublet_params
-        The ``doublets`` section: ``enabled``, ``expected_rate``, ``remove``.
+        The ``doublets`` section: ``enabled``, ``expected_rate``, ``remove``,
+        ``max_cells_per_run``.
     seed
         Seed for doublet simulation.
     backend
@@ -77,7 +78,8 @@ def run_qc(
         qc.filter_genes(adata, min_cells=qc_params["min_cells_per_gene"], backend=backend)
     if doublet_params["enabled"]:
         with timer.step("doublets"):
-            qc.score_doublets(adata, expected_rate=doublet_params["expected_rate"], seed=seed, backend=backend)
+            qc.score_doublets(adata, expected_rate=doublet_params["expected_rate"],
+                             max_cells_per_run=doublet_params["max_cells_per_run"], seed=seed, backend=backend)
             metrics["doublet_score"] = adata.obs["doublet_score"].reindex(metrics.index)
             doublets = adata.obs["predicted_doublet"].to_numpy()
             if doublet_params["remove"]:

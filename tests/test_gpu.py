@@ -54,11 +54,37 @@ def test_qc_agrees(qc_both):
 
 
 def test_doublet_scores_agree(pbmc):
-    doublets = {"enabled": True, "expected_rate": 0.06, "remove": False}
+    doublets = {"enabled": True, "expected_rate": 0.06, "remove": False, "max_cells_per_run": 100_000}
     scores = {
         backend: run_qc(pbmc.copy(), qc_params=QC_PARAMS, doublet_params=doublets, seed=0, backend=backend)[0]
         .obs["doublet_score"]
         .to_numpy()
+        for backend in ("cpu", "gpu")
+    }
+    assert np.corrcoef(scores["cpu"], scores["gpu"])[0, 1] > 0.8
+
+
+def test_doublet_classifier_on_the_device_equals_rapids_singlecells(pbmc):
+    import rapids_singlecell as rsc
+
+    from omicsprep import qc
+
+    theirs, ours = pbmc.copy(), pbmc.copy()
+    rsc.get.anndata_to_GPU(theirs)
+    rsc.get.anndata_to_GPU(ours)
+    rsc.pp.scrublet(theirs, expected_doublet_rate=0.06, n_prin_comps=30, rng=0, verbose=False)
+    qc.score_doublets(ours, expected_rate=0.06, max_cells_per_run=100_000, seed=0, backend="gpu")
+    np.testing.assert_allclose(ours.obs["doublet_score"], theirs.obs["doublet_score"], rtol=1e-6)
+    assert (ours.obs["predicted_doublet"] == theirs.obs["predicted_doublet"].astype(bool)).all()
+
+
+def test_grouped_doublet_scores_agree(mouse_path):
+    adata = run_qc(io.read_counts(mouse_path), qc_params=QC_PARAMS, doublet_params=NO_DOUBLETS, seed=0,
+                   backend="cpu")[0]
+    doublets = {"enabled": True, "expected_rate": 0.06, "remove": False, "max_cells_per_run": 4_000}
+    scores = {
+        backend: run_qc(adata.copy(), qc_params=QC_PARAMS, doublet_params=doublets, seed=0, backend=backend)[0]
+        .obs["doublet_score"].to_numpy()
         for backend in ("cpu", "gpu")
     }
     assert np.corrcoef(scores["cpu"], scores["gpu"])[0, 1] > 0.8

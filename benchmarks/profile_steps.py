@@ -1,0 +1,101 @@
+"""Where the qc and cluster rules spend their time: both rules' work in one process, profiled.
+
+    python benchmarks/profile_steps.py --cells 300000 --backend gpu --out prof/
+
+Generates (or reuses) a dataset as ``run.py`` does, then reads it, runs the qc rule's chain,
+writes and reads its h5ad, runs the cluster rule's chain and writes its h5ad, with the
+benchmark settings of ``run.py``. Prints each phase's seconds, the steps' seconds and, per
+chain, the functions with the most cumulative time (cProfile), and writes them to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io as text_io
+import json
+import os
+import pstats
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from run import REPO, bench_config, dataset
+
+
+def settings(workdir: Path) -> dict:
+    """The benchmark config with the schema's defaults filled in."""
+    from snakemake.utils import validate
+
+    config = yaml.safe_load(bench_config(workdir).read_text())
+    validate(config, schema=str(REPO / "config" / "schemas" / "config.schema.yaml"), set_default=True)
+    return config
+
+
+def profiled(function, *args, top: int, **kwargs) -> tuple[object, str]:
+    profile = cProfile.Profile()
+    result = profile.runcall(function, *args, **kwargs)
+    listing = text_io.StringIO()
+    pstats.Stats(profile, stream=listing).sort_stats("cumulative").print_stats(top)
+    return result, listing.getvalue()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cells", type=int, default=20_000)
+    parser.add_argument("--genes", type=int, default=20_000)
+    parser.add_argument("--backend", choices=["cpu", "gpu"], default="cpu")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/omicsprep-bench"))
+    parser.add_argument("--out", type=Path, default=Path("profile_steps"))
+    parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--compressions", nargs="+", default=["lzf"], choices=["lzf", "gzip", "none"],
+                        help="h5ad compressions to time the writes and reads between the rules with")
+    args = parser.parse_args()
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    from omicsprep import io
+    from omicsprep.pipeline import run_clustering, run_qc
+
+    phases: dict[str, float] = {}
+
+    def timed(name: str, function, *a, **kw):
+        start = time.perf_counter()
+        result = function(*a, **kw)
+        phases[name] = round(time.perf_counter() - start, 2)
+        print(f"{name:>14} {phases[name]:8.2f} s", flush=True)
+        return result
+
+    config = settings(args.workdir)
+    counts = timed("generate", dataset, args.workdir, args.cells, args.genes, jobs=os.cpu_count())
+    adata = timed("read_counts", io.read_counts, counts)
+    (adata, _), qc_profile = timed("qc", profiled, run_qc, adata, qc_params=config["qc"],
+                                   doublet_params=config["doublets"], seed=config["seed"],
+                                   backend=args.backend, top=args.top)
+    for name in args.compressions:
+        qc_h5ad = args.workdir / f"profile_qc_{args.cells}_{name}.h5ad"
+        timed(f"write_qc_{name}", io.write_h5ad, adata, qc_h5ad, compression=None if name == "none" else name)
+    for name in args.compressions:
+        adata = timed(f"read_qc_{name}", io.read_h5ad, args.workdir / f"profile_qc_{args.cells}_{name}.h5ad")
+    params = {section: config[section] for section in
+              ("normalize", "hvg", "pca", "neighbors", "umap", "leiden", "louvain", "markers")}
+    _, cluster_profile = timed("cluster", profiled, run_clustering, adata, params=params, seed=config["seed"],
+                               backend=args.backend, top=args.top)
+    for name in args.compressions:
+        timed(f"write_cluster_{name}", io.write_h5ad, adata, args.workdir / f"profile_cluster_{args.cells}_{name}.h5ad",
+              compression=None if name == "none" else name)
+    steps = {rule: adata.uns["omicsprep"][rule]["timings"] for rule in ("qc", "cluster")}
+    summary = {"cells": args.cells, "backend": args.backend, "phases": phases, "steps": steps,
+               "cells_kept": adata.n_obs, "nnz": int(adata.X.nnz)}
+    print(json.dumps(summary, indent=1))
+    (args.out / f"profile_{args.backend}_{args.cells}.json").write_text(json.dumps(summary, indent=1))
+    (args.out / f"profile_{args.backend}_{args.cells}.txt").write_text(qc_profile + "\n" + cluster_profile)
+    print(qc_profile[:6000], cluster_profile[:6000], sep="\n")
+
+
+if __name__ == "__main__":
+    main()
