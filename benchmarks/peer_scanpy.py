@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import scanpy as sc
 import yaml
 
@@ -44,8 +46,12 @@ keep = (adata.obs["n_genes_by_counts"] >= qc["filter"]["min_genes"]) & (
 adata = adata[keep.to_numpy()].copy()
 sc.pp.filter_genes(adata, min_cells=qc["min_cells_per_gene"])
 lap("qc")
+# As the workflow does: a sample larger than max_cells_per_run is scored in random equal groups.
+n_groups = -(-adata.n_obs // config["doublets"]["max_cells_per_run"])
+groups = np.random.default_rng(seed).permutation(adata.n_obs) % n_groups
+adata.obs["doublet_group"] = pd.Categorical(groups.astype(str))
 sc.pp.scrublet(adata, expected_doublet_rate=config["doublets"]["expected_rate"], n_prin_comps=30,
-               use_approx_neighbors=False, random_state=seed)
+               use_approx_neighbors=False, random_state=seed, batch_key="doublet_group" if n_groups > 1 else None)
 adata = adata[~adata.obs["predicted_doublet"].to_numpy()].copy()
 lap("doublets")
 adata.layers["counts"] = adata.X.copy()
@@ -67,7 +73,7 @@ groupby = f"{config['markers']['algorithm']}_{float(config['markers']['resolutio
 sc.tl.rank_genes_groups(adata, groupby, method=config["markers"]["method"], use_raw=False, pts=True)
 lap("markers")
 out.mkdir(parents=True, exist_ok=True)
-adata.write_h5ad(out / "peer.h5ad", compression="lzf")
+adata.write_h5ad(out / "peer.h5ad")
 lap("write")
 adata.obs.to_parquet(out / "obs.parquet")
 adata.var[["highly_variable"]].to_parquet(out / "var.parquet")

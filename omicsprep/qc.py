@@ -169,7 +169,7 @@ def score_doublets(
     if n_groups > 1:
         batch_key = DOUBLET_GROUP
         order = np.random.default_rng(seed).permutation(adata.n_obs)
-        adata.obs[batch_key] = pd.Categorical(order % n_groups)
+        adata.obs[batch_key] = pd.Categorical((order % n_groups).astype(str))
         log.info("doublets: %d cells scored in %d groups", adata.n_obs, n_groups)
     if backend == "gpu":
         with patch.object(rapids_scrublet_class(), "_nearest_neighbor_classifier", _classify_on_gpu):

@@ -23,7 +23,7 @@ def main() -> None:
                                       backend=backend)
     run_chromatin(adata, params=params, clustering_params=snakemake.params.clustering, seed=snakemake.params.seed,
                   backend=backend)
-    io.write_h5ad(adata, snakemake.output.h5ad)
+    io.write_h5ad(adata, snakemake.output.h5ad, compression=snakemake.config["h5ad_compression"])
 
 
 run_script(main, log_path=snakemake.log[0], sample=snakemake.wildcards.sample, threads=snakemake.threads)

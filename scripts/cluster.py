@@ -14,7 +14,7 @@ def main() -> None:
     markers = run_clustering(adata, params=snakemake.params.steps, seed=snakemake.params.seed, backend=backend)
     io.write_table(markers, snakemake.output.markers)
     io.write_table(adata.obs, snakemake.output.obs, index=True)
-    io.write_h5ad(adata, snakemake.output.h5ad)
+    io.write_h5ad(adata, snakemake.output.h5ad, compression=snakemake.config["h5ad_compression"])
 
 
 run_script(main, log_path=snakemake.log[0], sample=snakemake.wildcards.sample, threads=snakemake.threads)

@@ -16,7 +16,7 @@ def main() -> None:
     )
     logging.getLogger("omicsprep").info("%s", adata.uns["umi_dedup"])
     io.write_table(counting.long_table(adata), snakemake.output.table)
-    io.write_h5ad(adata, snakemake.output.h5ad)
+    io.write_h5ad(adata, snakemake.output.h5ad, compression=snakemake.config["h5ad_compression"])
 
 
 run_script(main, log_path=snakemake.log[0], sample=snakemake.wildcards.sample, threads=snakemake.threads)

@@ -19,7 +19,7 @@ def main() -> None:
     io.write_figure(plotting.embedding_panels(merged.obsm["X_umap"], merged.obs, keys=keys, title="merged"),
                     snakemake.output.umap)
     io.write_table(metrics, snakemake.output.metrics)
-    io.write_h5ad(merged, snakemake.output.h5ad)
+    io.write_h5ad(merged, snakemake.output.h5ad, compression=snakemake.config["h5ad_compression"])
 
 
 run_script(main, log_path=snakemake.log[0], sample="merged", threads=snakemake.threads)

@@ -15,7 +15,7 @@ def main() -> None:
     empty = io.read_counts(snakemake.input.empty, feature_type="Antibody Capture") if has_empty else None
     run_protein(adata, empty=empty, params=snakemake.params.protein, clustering_params=snakemake.params.clustering,
                 seed=snakemake.params.seed, backend=backend)
-    io.write_h5ad(adata, snakemake.output.h5ad)
+    io.write_h5ad(adata, snakemake.output.h5ad, compression=snakemake.config["h5ad_compression"])
 
 
 run_script(main, log_path=snakemake.log[0], sample=snakemake.wildcards.sample, threads=snakemake.threads)

@@ -22,7 +22,7 @@ def main() -> None:
         backend=backend,
     )
     io.write_table(metrics, snakemake.output.metrics, index=True)
-    io.write_h5ad(adata, snakemake.output.h5ad)
+    io.write_h5ad(adata, snakemake.output.h5ad, compression=snakemake.config["h5ad_compression"])
 
 
 run_script(main, log_path=snakemake.log[0], sample=snakemake.wildcards.sample, threads=snakemake.threads)
