@@ -7,6 +7,9 @@ import math
 import numpy as np
 import pandas as pd
 from matplotlib import colormaps
+from matplotlib.axes import Axes
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 
 QC_PANELS = {
@@ -58,10 +61,11 @@ def qc_scatter(metrics: pd.DataFrame, *, title: str) -> Figure:
     """UMIs against genes per cell, coloured by mitochondrial share, failed cells marked."""
     fig = Figure(figsize=(6, 5))
     ax = fig.subplots()
-    colour = metrics["pct_counts_mt"] if "pct_counts_mt" in metrics else None
-    points = ax.scatter(
-        metrics["total_counts"], metrics["n_genes_by_counts"], c=colour, s=4, cmap="viridis", rasterized=True
-    )
+    coords = metrics[["total_counts", "n_genes_by_counts"]].to_numpy(dtype=float)
+    if "pct_counts_mt" in metrics:
+        _numeric_scatter(ax, coords, metrics["pct_counts_mt"].to_numpy(dtype=float), size=4, label="% mitochondrial")
+    else:
+        ax.scatter(coords[:, 0], coords[:, 1], s=4, rasterized=True)
     failed = ~metrics["passed"]
     ax.scatter(
         metrics.loc[failed, "total_counts"], metrics.loc[failed, "n_genes_by_counts"],
@@ -72,8 +76,6 @@ def qc_scatter(metrics: pd.DataFrame, *, title: str) -> Figure:
     ax.set_xlabel("UMIs per cell")
     ax.set_ylabel("genes per cell")
     ax.legend(frameon=False, loc="upper left")
-    if colour is not None:
-        fig.colorbar(points, ax=ax, label="% mitochondrial")
     ax.set_title(title)
     fig.tight_layout()
     return fig
@@ -101,8 +103,7 @@ def embedding_panels(coords: np.ndarray, obs: pd.DataFrame, *, keys: list[str], 
                     x, y = np.median(coords[mask], axis=0)
                     ax.text(x, y, str(category), fontsize=8, weight="bold", ha="center", va="center")
         else:
-            points = ax.scatter(coords[:, 0], coords[:, 1], c=values.astype(float), s=size, cmap="viridis", rasterized=True)
-            fig.colorbar(points, ax=ax, shrink=0.8)
+            _numeric_scatter(ax, coords, values.to_numpy(dtype=float), size=size)
         ax.set_title(key)
         ax.set_xticks([])
         ax.set_yticks([])
@@ -111,6 +112,32 @@ def embedding_panels(coords: np.ndarray, obs: pd.DataFrame, *, keys: list[str], 
     fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+COLOUR_LEVELS = 64
+
+
+def _numeric_scatter(ax: Axes, coords: np.ndarray, values: np.ndarray, *, size: float, label: str = "") -> None:
+    """Points coloured by ``values`` (viridis, with a colour bar), higher values on top
+    as scanpy draws them; NaN in grey underneath.
+
+    The values are drawn in :data:`COLOUR_LEVELS` single-colour layers: Matplotlib draws
+    a layer of one colour as repeated markers, while a colour per point took a minute
+    for five panels of 840,000 cells.
+    """
+    finite = np.isfinite(values)
+    ax.scatter(coords[~finite, 0], coords[~finite, 1], s=size, color="lightgrey", rasterized=True)
+    low, high = (values[finite].min(), values[finite].max()) if finite.any() else (0.0, 1.0)
+    norm = Normalize(low, high if high > low else low + 1)
+    cmap = colormaps["viridis"]
+    levels = np.full(len(values), -1)
+    levels[finite] = np.clip((norm(values[finite]) * COLOUR_LEVELS).astype(int), 0, COLOUR_LEVELS - 1)
+    for level in range(COLOUR_LEVELS):
+        layer = levels == level
+        if layer.any():
+            ax.scatter(coords[layer, 0], coords[layer, 1], s=size, color=cmap((level + 0.5) / COLOUR_LEVELS),
+                       rasterized=True)
+    ax.figure.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=ax, shrink=0.8, label=label)
 
 
 def module_correlation(eigengenes: pd.DataFrame, *, title: str) -> Figure:
