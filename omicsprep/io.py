@@ -162,26 +162,44 @@ def read_counts(path: str | Path, *, fmt: str | None = None, feature_type: str =
         if not kept.any():
             found = ", ".join(sorted(set(adata.var["feature_types"])))
             raise InputError(f"no {feature_type!r} features (found: {found})", path=path)
-        adata = adata[:, kept].copy()
+        if not kept.all():  # a copy of the whole matrix otherwise
+            adata = adata[:, kept].copy()
     if adata.n_obs == 0 or adata.n_vars == 0:
         raise InputError(f"matrix is empty ({adata.n_obs} cells x {adata.n_vars} genes)", path=path)
     adata.obs_names_make_unique()
     adata.var_names_make_unique()
-    adata.X = sparse.csr_matrix(adata.X)
+    adata.X = _compact_csr(adata.X)
     _check_counts(adata, path=path)
     return adata
+
+
+def _compact_csr(matrix: sparse.spmatrix | np.ndarray) -> sparse.csr_matrix:
+    """``matrix`` as CSR with 32-bit indices where they fit: 10x HDF5 files store 64-bit
+    indices, which would make every later copy half as large again."""
+    matrix = sparse.csr_matrix(matrix)
+    if matrix.indices.dtype != np.int32 and max(matrix.nnz, matrix.shape[1]) < np.iinfo(np.int32).max:
+        indices = matrix.indices.astype(np.int32)
+        matrix = sparse.csr_matrix((matrix.data, indices, matrix.indptr.astype(np.int32)), shape=matrix.shape,
+                                   copy=False)
+    return matrix
+
+
+# Values are checked a block at a time, so that the checks hold no copy of the matrix.
+CHECK_BLOCK = 1 << 24
 
 
 def _check_counts(adata: AnnData, *, path: Path) -> None:
     values = adata.X.data
     if values.size == 0:
         raise InputError(f"matrix has no non-zero counts ({adata.n_obs} cells x {adata.n_vars} genes)", path=path)
-    if not np.isfinite(values).all():
-        raise InputError("matrix holds NaN or infinite values; raw counts expected", path=path)
-    if values.min() < 0:
-        raise InputError("matrix holds negative values; raw counts expected", path=path)
-    if not np.array_equal(values, np.round(values)):
-        raise InputError("matrix holds non-integer values (normalized data?); raw counts expected", path=path)
+    for start in range(0, values.size, CHECK_BLOCK):
+        block = values[start : start + CHECK_BLOCK]
+        if not np.isfinite(block).all():
+            raise InputError("matrix holds NaN or infinite values; raw counts expected", path=path)
+        if block.min() < 0:
+            raise InputError("matrix holds negative values; raw counts expected", path=path)
+        if not np.array_equal(block, np.round(block)):
+            raise InputError("matrix holds non-integer values (normalized data?); raw counts expected", path=path)
 
 
 def _umask() -> int:
