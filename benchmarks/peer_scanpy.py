@@ -47,9 +47,10 @@ adata = adata[keep.to_numpy()].copy()
 sc.pp.filter_genes(adata, min_cells=qc["min_cells_per_gene"])
 lap("qc")
 # As the workflow does: a sample larger than max_cells_per_run is scored in random equal groups.
-n_groups = -(-adata.n_obs // config["doublets"]["max_cells_per_run"])
-groups = np.random.default_rng(seed).permutation(adata.n_obs) % n_groups
-adata.obs["doublet_group"] = pd.Categorical(groups.astype(str))
+n_groups = -(-adata.n_obs // config["doublets"].get("max_cells_per_run", 20_000))
+if n_groups > 1:
+    groups = np.random.default_rng(seed).permutation(adata.n_obs) % n_groups
+    adata.obs["doublet_group"] = pd.Categorical(groups.astype(str))
 sc.pp.scrublet(adata, expected_doublet_rate=config["doublets"]["expected_rate"], n_prin_comps=30,
                use_approx_neighbors=False, random_state=seed, batch_key="doublet_group" if n_groups > 1 else None)
 adata = adata[~adata.obs["predicted_doublet"].to_numpy()].copy()

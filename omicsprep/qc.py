@@ -142,15 +142,16 @@ def score_doublets(
 ) -> None:
     """Score doublets with Scrublet; adds ``doublet_score`` and ``predicted_doublet``.
 
-    Scrublet's neighbourhood grows with the square root of the cells scored together
-    (k = 0.5 sqrt(n), searched among n cells and 2n simulated doublets), so its work grows
-    as n^1.5. A sample of more than ``max_cells_per_run`` cells is split at random into
-    equal groups, each scored on its own, as Scrublet advises for separate lanes.
+    Scrublet searches k = 0.5 sqrt(n) neighbours among the n cells scored together and 2n
+    simulated doublets: its exact search costs about n^2 distances and its neighbour table
+    grows as n^1.5. A sample of more than ``max_cells_per_run`` cells is therefore split at
+    random into equal groups, each scored on its own, as Scrublet advises for separate
+    lanes.
 
     Parameters
     ----------
     adata
-        Raw counts of cells that passed QC.
+        Raw counts of cells that passed QC; ``obs`` gains only the two columns.
     expected_rate
         Expected doublet rate of the assay.
     max_cells_per_run
@@ -164,35 +165,43 @@ def score_doublets(
     # Scrublet keeps only its most variable genes (about the top 15%), so a small gene
     # panel leaves fewer genes than 30 components.
     n_comps = max(2, min(30, adata.n_obs - 1, adata.n_vars // 10))
-    n_groups = -(-adata.n_obs // max_cells_per_run)
+    n_groups = -(-adata.n_obs // int(max_cells_per_run))
+    # scanpy replaces obs with its own per-group copies (which gain `n_genes`): the
+    # original obs is restored with the two scores only.
+    obs = adata.obs.copy()
     batch_key = None
     if n_groups > 1:
         batch_key = DOUBLET_GROUP
         order = np.random.default_rng(seed).permutation(adata.n_obs)
         adata.obs[batch_key] = pd.Categorical((order % n_groups).astype(str))
         log.info("doublets: %d cells scored in %d groups", adata.n_obs, n_groups)
-    if backend == "gpu":
-        with patch.object(rapids_scrublet_class(), "_nearest_neighbor_classifier", _classify_on_gpu):
-            rapids_singlecell().pp.scrublet(
-                adata, expected_doublet_rate=expected_rate, n_prin_comps=n_comps, batch_key=batch_key, rng=seed,
+    try:
+        if backend == "gpu":
+            with patch.object(rapids_scrublet_class(), "_nearest_neighbor_classifier", _classify_on_gpu):
+                rapids_singlecell().pp.scrublet(
+                    adata, expected_doublet_rate=expected_rate, n_prin_comps=n_comps, batch_key=batch_key,
+                    rng=seed, verbose=False,
+                )
+        else:
+            import scanpy as sc
+
+            # Exact neighbours: no pynndescent compilation, and the same graph as on the GPU.
+            sc.pp.scrublet(
+                adata,
+                expected_doublet_rate=expected_rate,
+                n_prin_comps=n_comps,
+                batch_key=batch_key,
+                use_approx_neighbors=False,
+                random_state=seed,
                 verbose=False,
             )
-    else:
-        import scanpy as sc
-
-        # Exact neighbours: no pynndescent compilation, and the same graph as on the GPU.
-        sc.pp.scrublet(
-            adata,
-            expected_doublet_rate=expected_rate,
-            n_prin_comps=n_comps,
-            batch_key=batch_key,
-            use_approx_neighbors=False,
-            random_state=seed,
-            verbose=False,
-        )
-    if batch_key is not None:
-        del adata.obs[batch_key]
-    adata.obs["predicted_doublet"] = adata.obs["predicted_doublet"].astype(bool)
+        scores = adata.obs.loc[obs.index]
+        obs["doublet_score"] = scores["doublet_score"].to_numpy()
+        obs["predicted_doublet"] = scores["predicted_doublet"].to_numpy().astype(bool)
+    finally:
+        adata.obs = obs
+    # The grouping column is not kept, so the record of it would point nowhere.
+    adata.uns["scrublet"].pop("batched_by", None)
 
 
 def _classify_on_gpu(
@@ -205,8 +214,8 @@ def _classify_on_gpu(
     stdev_doub_rate: float = 0.03,
     get_neighbor_parents: bool = False,
 ) -> None:
-    """rapids-singlecell's Scrublet neighbour classifier, with the same arithmetic, kept on
-    the device.
+    """rapids-singlecell's Scrublet neighbour classifier, with the same arithmetic, its
+    neighbour table kept on the device.
 
     rapids-singlecell (0.18) copies the k-neighbour table to the host and labels it with
     Python strings: at 300,000 cells (k = 822 among 900,000) that took most of a
@@ -225,17 +234,17 @@ def _classify_on_gpu(
     search.fit(manifold)
     _, neighbors = search.kneighbors(manifold)
     # The first neighbour is the cell itself; simulated doublets follow the cells.
-    n_doublet_neighbors = (neighbors[:, 1:] >= n_obs).sum(axis=1).astype(cp.float64)
+    nd = cp.asnumpy((neighbors[:, 1:] >= n_obs).sum(axis=1)).astype(np.float64)
     del neighbors
+    # rapids-singlecell's arithmetic, in NumPy as there, so the scores are the same.
     rho, r, big_n = exp_doub_rate, n_sim / float(n_obs), float(k_adj)
-    q = (n_doublet_neighbors + 1) / (big_n + 2)
+    q = (nd + 1) / (big_n + 2)
     ld = q * rho / r / (1 - rho - q * (1 - rho - rho / r))
-    se_q = cp.sqrt(q * (1 - q) / (big_n + 3))
+    se_q = np.sqrt(q * (1 - q) / (big_n + 3))
     se_ld = (
         q * rho / r / (1 - rho - q * (1 - rho - rho / r)) ** 2
-        * cp.sqrt((se_q / q * (1 - rho)) ** 2 + (stdev_doub_rate / rho * (1 - q)) ** 2)
+        * np.sqrt((se_q / q * (1 - rho)) ** 2 + (stdev_doub_rate / rho * (1 - q)) ** 2)
     )
-    ld, se_ld = cp.asnumpy(ld), cp.asnumpy(se_ld)
     self.doublet_scores_obs_, self.doublet_scores_sim_ = ld[:n_obs], ld[n_obs:]
     self.doublet_errors_obs_, self.doublet_errors_sim_ = se_ld[:n_obs], se_ld[n_obs:]
 
