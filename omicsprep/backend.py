@@ -175,12 +175,21 @@ def _distributions() -> dict[str, list[str]]:
 
 
 def _version_of(module_name: str) -> str:
-    # Some packages deprecate __version__; their distribution metadata is the source.
+    # Distribution metadata first (some packages deprecate __version__), then __version__
+    # for modules whose distribution is named otherwise (sklearn, cudf-cu13); the scan of
+    # every installed distribution (2.6 s where RAPIDS is installed) only as a last resort.
+    try:
+        return importlib.metadata.version(module_name)
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    version = getattr(sys.modules[module_name], "__version__", None)
+    if isinstance(version, str):
+        return version
     distribution = _distributions().get(module_name, [module_name])[0]
     try:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
-        return str(getattr(sys.modules[module_name], "__version__", "unknown"))
+        return "unknown"
 
 
 def module_versions() -> dict[str, str]:
