@@ -59,7 +59,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
 
     from omicsprep import io
-    from omicsprep.pipeline import run_clustering, run_qc
+    from omicsprep.pipeline import CLUSTER_SECTIONS, run_clustering, run_qc
 
     phases: dict[str, float] = {}
 
@@ -81,8 +81,7 @@ def main() -> None:
         timed(f"write_qc_{name}", io.write_h5ad, adata, qc_h5ad, compression=None if name == "none" else name)
     for name in args.compressions:
         adata = timed(f"read_qc_{name}", io.read_h5ad, args.workdir / f"profile_qc_{args.cells}_{name}.h5ad")
-    params = {section: config[section] for section in
-              ("normalize", "hvg", "pca", "neighbors", "umap", "leiden", "louvain", "markers")}
+    params = {section: config[section] for section in CLUSTER_SECTIONS}
     _, cluster_profile = timed("cluster", profiled, run_clustering, adata, params=params, seed=config["seed"],
                                backend=args.backend, top=args.top)
     for name in args.compressions:

@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# The configuration sections that run_clustering reads.
+CLUSTER_SECTIONS = ("normalize", "hvg", "pca", "neighbors", "umap", "leiden", "louvain", "markers")
 CELL_METRICS = (
     "total_counts", "n_genes_by_counts", "pct_counts_mt", "pct_counts_ribo", "pct_counts_hb",
 )

@@ -11,6 +11,7 @@ from snakemake.utils import validate
 from omicsprep.clustering import cluster_key
 from omicsprep.errors import InputError
 from omicsprep.io import READ_FORMATS, resolve_format
+from omicsprep.pipeline import CLUSTER_SECTIONS
 
 validate(config, schema="../config/schemas/config.schema.yaml", set_default=True)
 
@@ -89,7 +90,6 @@ RNA_SAMPLES = [s for s in SAMPLES if "rna" in sample_modalities(s)]
 PROTEIN_SAMPLES = [s for s in SAMPLES if "prot" in sample_modalities(s)]
 CHROMATIN_SAMPLES = [s for s in SAMPLES if "atac" in sample_modalities(s)]
 MULTIOME_SAMPLES = [s for s in SAMPLES if len(sample_modalities(s)) > 1]
-CLUSTER_SECTIONS = ("normalize", "hvg", "pca", "neighbors", "umap", "leiden", "louvain", "markers")
 QC_METRIC_COLUMNS = ["total_counts", "n_genes_by_counts", "pct_counts_mt", "doublet_score"]
 
 
