@@ -59,8 +59,11 @@ def profiles(n_genes: int, rng: np.random.Generator) -> np.ndarray:
     return np.asarray(rows)
 
 
-def chunk_counts(n_cells: int, n_genes: int, cdfs: np.ndarray, rng: np.random.Generator) -> sparse.csr_matrix:
-    """Counts of ``n_cells`` cells as CSR; every cell's UMIs drawn from its profile(s)."""
+def chunk_counts(
+    n_cells: int, n_genes: int, cdfs: np.ndarray, rng: np.random.Generator
+) -> tuple[sparse.csr_matrix, np.ndarray]:
+    """Counts of ``n_cells`` cells as CSR, every cell's UMIs drawn from its profile(s), and
+    each cell's cluster (a doublet's first)."""
     n_profiles = len(cdfs)
     sizes = np.maximum(rng.gamma(shape=2.0, scale=750.0, size=n_cells).astype(np.int64), 50)
     damaged = rng.random(n_cells) < 0.08
@@ -84,16 +87,23 @@ def chunk_counts(n_cells: int, n_genes: int, cdfs: np.ndarray, rng: np.random.Ge
     counts = sparse.csr_matrix(
         (np.ones(row.size, dtype=np.float32), (row.astype(np.int32), col.astype(np.int32))), shape=(n_cells, n_genes)
     )
-    return counts
+    return counts, first // SUBCLUSTERS
 
 
-def _chunk(args: tuple[int, int, int, int, np.ndarray]) -> sparse.csr_matrix:
+def _chunk(args: tuple[int, int, int, int, np.ndarray]) -> tuple[sparse.csr_matrix, np.ndarray]:
     seed, index, n_cells, n_genes, cdfs = args
     return chunk_counts(n_cells, n_genes, cdfs, np.random.default_rng([seed, index]))
 
 
 def generate(n_cells: int, n_genes: int = 20_000, *, seed: int = 0, jobs: int = 1) -> sparse.csr_matrix:
     """Cells x genes raw counts (CSR, float32 holding integers); the same for any ``jobs``."""
+    return generate_with_clusters(n_cells, n_genes, seed=seed, jobs=jobs)[0]
+
+
+def generate_with_clusters(
+    n_cells: int, n_genes: int = 20_000, *, seed: int = 0, jobs: int = 1
+) -> tuple[sparse.csr_matrix, np.ndarray]:
+    """:func:`generate`'s counts and each cell's cluster (0 to ``N_CLUSTERS - 1``)."""
     cdfs = profiles(n_genes, np.random.default_rng(seed))
     tasks = [
         (seed, index, min(CHUNK, n_cells - start), n_genes, cdfs)
@@ -104,7 +114,7 @@ def generate(n_cells: int, n_genes: int = 20_000, *, seed: int = 0, jobs: int = 
             chunks = list(pool.map(_chunk, tasks))
     else:
         chunks = [_chunk(task) for task in tasks]
-    return sparse.vstack(chunks, format="csr")
+    return sparse.vstack([counts for counts, _ in chunks], format="csr"), np.concatenate([c for _, c in chunks])
 
 
 def write_10x_h5(counts: sparse.csr_matrix, path: Path) -> None:

@@ -15,7 +15,11 @@
 #             $FRAGMENTS_SKIP_10M is set), 100M on the GPU (in chunks of each of
 #             $FRAGMENTS_GPU_CHUNK_ROWS, default 20000000)
 #   merge     benchmarks/merge_bench.py: $MERGE_SAMPLES (10) samples of $MERGE_CELLS (50000)
-#             cells with the merge rule, on $MERGE_BACKENDS (gpu)
+#             cells with the merge rule, on $MERGE_BACKENDS (gpu; empty: only generate the
+#             samples), the merge rule on $MERGE_GPUS (1; more: merge.dask) GPUs
+#   merge_step benchmarks/merge_step.py: the merge step alone, $MERGE_STEP_SAMPLES (10) x
+#             $MERGE_STEP_CELLS (100000) cells, in each of $MERGE_STEP_MODES (gpu dask:N, N
+#             the GPUs visible)
 #   profile   benchmarks/profile_steps.py: the qc and cluster chains in one process at
 #             $PROFILE_CELLS (300000) cells, with h5ad writes in $PROFILE_COMPRESSIONS (lzf none)
 #   e2e       benchmarks/run.py on the GPU at $E2E_CELLS (1000000) cells (data cached in /tmp/ob)
@@ -112,7 +116,16 @@ fi
 if wants merge; then
 echo "== many samples merged"
 python3 benchmarks/merge_bench.py --samples "${MERGE_SAMPLES:-10}" --cells "${MERGE_CELLS:-50000}" \
-  --backends ${MERGE_BACKENDS:-gpu} --cores "$(nproc)" --results "$out/merge.md" 2>&1 | tail -n 8
+  --backends ${MERGE_BACKENDS-gpu} --merge-gpus "${MERGE_GPUS:-1}" --cores "$(nproc)" --results "$out/merge.md" \
+  2>&1 | tail -n 8
+fi
+
+if wants merge_step; then
+echo "== the merge step alone"
+gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
+python3 benchmarks/merge_step.py --samples "${MERGE_STEP_SAMPLES:-10}" --cells "${MERGE_STEP_CELLS:-100000}" \
+  --modes ${MERGE_STEP_MODES:-gpu dask:$gpus} --results "$out/merge_step.md" > "$out/merge_step.log" 2>&1
+tail -n 40 "$out/merge_step.log"
 fi
 
 if wants profile; then

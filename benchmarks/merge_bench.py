@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import yaml
+from scipy import sparse
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -33,34 +34,46 @@ from run import append_results, bench_config, run_snakemake  # noqa: E402
 BATCH_SIGMA = 0.5
 
 
+def batches(counts: sparse.csr_matrix, n_samples: int) -> list[sparse.csr_matrix]:
+    """``counts`` split into ``n_samples`` equal samples, each with its own per-gene
+    technical scale (log-normal, sigma :data:`BATCH_SIGMA`) as a batch effect."""
+    n_cells = counts.shape[0] // n_samples
+    rng = np.random.default_rng(1)
+    samples = []
+    for i in range(n_samples):
+        sample = counts[i * n_cells:(i + 1) * n_cells].tocsc()
+        scale = rng.lognormal(0, BATCH_SIGMA, counts.shape[1])
+        sample.data = np.round(sample.data * np.repeat(scale, np.diff(sample.indptr)))
+        sample = sample.tocsr()
+        sample.eliminate_zeros()
+        samples.append(sample)
+    return samples
+
+
 def samples(workdir: Path, n_samples: int, n_cells: int, n_genes: int, jobs: int) -> Path:
     """The sample sheet of ``n_samples`` generated samples of ``n_cells`` each."""
     folder = workdir / f"data_{n_samples}x{n_cells}x{n_genes}"
     paths = [folder / f"sample{i:02d}.h5" for i in range(n_samples)]
     if not all(path.exists() for path in paths):  # each written atomically, so an existing one is whole
         folder.mkdir(parents=True, exist_ok=True)
-        counts = generate(n_samples * n_cells, n_genes, seed=0, jobs=jobs).tocsc()
-        rng = np.random.default_rng(1)
-        for i, path in enumerate(paths):
-            sample = counts[i * n_cells:(i + 1) * n_cells].tocsc()
-            scale = rng.lognormal(0, BATCH_SIGMA, n_genes)
-            sample.data = np.round(sample.data * np.repeat(scale, np.diff(sample.indptr)))
-            sample = sample.tocsr()
-            sample.eliminate_zeros()
+        for sample, path in zip(batches(generate(n_samples * n_cells, n_genes, seed=0, jobs=jobs), n_samples),
+                                paths, strict=True):
             write_10x_h5(sample, path)
     sheet = folder / "samples.tsv"
     sheet.write_text("sample\tinput\n" + "".join(f"{p.stem}\t{p}\n" for p in paths))
     return sheet
 
 
-def run_workflow(workdir: Path, sheet: Path, backend: str, cores: int) -> dict:
+def run_workflow(workdir: Path, sheet: Path, backend: str, cores: int, merge_gpus: int) -> dict:
     rundir = workdir / f"merge_{backend}_{sheet.parent.name}"
     rundir.mkdir(parents=True, exist_ok=True)
     config = yaml.safe_load(bench_config(rundir).read_text())
-    config["merge"] = {**config["merge"], "enabled": True}
+    config["merge"] = {**config["merge"], "enabled": True, "dask": merge_gpus > 1}
     (rundir / "bench_config.yaml").write_text(yaml.safe_dump(config))
-    wall = run_snakemake(rundir, config=rundir / "bench_config.yaml", sheet=sheet, backend=backend, cores=cores)
-    row = {"backend": backend, "wall_s": round(wall, 1)}
+    gpus = merge_gpus if backend == "gpu" else 1
+    wall = run_snakemake(rundir, config=rundir / "bench_config.yaml", sheet=sheet, backend=backend, cores=cores,
+                         extra=["--set-resources", f"merge:gpu={gpus}", "--resources", f"gpu={gpus}"])
+    row = {"backend": backend, "merge_gpus": gpus, "wall_s": round(wall, 1)}
     times = pd.read_csv(rundir / "results" / "run_times.tsv", sep="\t")
     totals = times[times["step"] == "total"].groupby("rule").agg(seconds=("seconds", "sum"),
                                                                     peak_mb=("max_rss_mb", "max"))
@@ -78,7 +91,10 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=10)
     parser.add_argument("--cells", type=int, default=50_000, help="cells per sample")
     parser.add_argument("--genes", type=int, default=20_000)
-    parser.add_argument("--backends", nargs="+", choices=["cpu", "gpu"], default=["cpu"])
+    parser.add_argument("--backends", nargs="*", choices=["cpu", "gpu"], default=["cpu"],
+                        help="none: only generate the samples")
+    parser.add_argument("--merge-gpus", type=int, default=1,
+                        help="GPUs of the merge rule; more than one selects merge.dask (the GPU backend only)")
     parser.add_argument("--cores", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/omicsprep_merge_bench"))
     parser.add_argument("--results", type=Path, default=HERE / "RESULTS.md")
@@ -87,8 +103,10 @@ def main() -> None:
     start = time.perf_counter()
     sheet = samples(args.workdir, args.samples, args.cells, args.genes, jobs=args.cores)
     print(f"samples ready in {time.perf_counter() - start:.0f} s: {sheet}", flush=True)
+    if not args.backends:
+        return
     rows = [{"samples": args.samples, "cells_per_sample": args.cells,
-             **run_workflow(args.workdir, sheet, backend, args.cores)} for backend in args.backends]
+             **run_workflow(args.workdir, sheet, backend, args.cores, args.merge_gpus)} for backend in args.backends]
     table = pd.DataFrame(rows)
     print(table.to_string(index=False))
     append_results(args.results, title="Many samples merged", table=table,

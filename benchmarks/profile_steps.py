@@ -20,20 +20,9 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
-
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from run import REPO, bench_config, dataset
-
-
-def settings(workdir: Path) -> dict:
-    """The benchmark config with the schema's defaults filled in."""
-    from snakemake.utils import validate
-
-    config = yaml.safe_load(bench_config(workdir).read_text())
-    validate(config, schema=str(REPO / "config" / "schemas" / "config.schema.yaml"), set_default=True)
-    return config
+from run import bench_settings, dataset
 
 
 def profiled(function, *args, top: int, **kwargs) -> tuple[object, str]:
@@ -70,7 +59,7 @@ def main() -> None:
         print(f"{name:>14} {phases[name]:8.2f} s", flush=True)
         return result
 
-    config = settings(args.workdir)
+    config = bench_settings(args.workdir)
     counts = timed("generate", dataset, args.workdir, args.cells, args.genes, jobs=os.cpu_count())
     adata = timed("read_counts", io.read_counts, counts)
     (adata, _), qc_profile = timed("qc", profiled, run_qc, adata, qc_params=config["qc"],

@@ -22,6 +22,7 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -55,6 +56,15 @@ def bench_config(workdir: Path) -> Path:
     return path
 
 
+def bench_settings(workdir: Path) -> dict:
+    """:func:`bench_config`'s settings with the schema's defaults filled in."""
+    from snakemake.utils import validate
+
+    config = yaml.safe_load(bench_config(workdir).read_text())
+    validate(config, schema=str(REPO / "config" / "schemas" / "config.schema.yaml"), set_default=True)
+    return config
+
+
 def dataset(workdir: Path, n_cells: int, n_genes: int, jobs: int) -> Path:
     path = workdir / "data" / f"{n_cells}x{n_genes}.h5"
     if not path.exists():  # written atomically, so an existing file is whole
@@ -83,12 +93,15 @@ def run_workflow(workdir: Path, counts: Path, config: Path, backend: str, cores:
     }
 
 
-def run_snakemake(rundir: Path, *, config: Path, sheet: Path, backend: str, cores: int) -> float:
-    """Run the whole workflow in ``rundir`` (every job, quietly); its wall seconds."""
+def run_snakemake(
+    rundir: Path, *, config: Path, sheet: Path, backend: str, cores: int, extra: Sequence[str] = ("--resources", "gpu=1")
+) -> float:
+    """Run the whole workflow in ``rundir`` (every job, quietly), with ``extra`` arguments
+    (by default one GPU); its wall seconds."""
     command = [
         sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(rundir),
         "--configfile", str(config), "--config", f"samples={sheet}", f"backend={backend}",
-        "--cores", str(cores), "--resources", "gpu=1", "--forceall", "--quiet",
+        "--cores", str(cores), *extra, "--forceall", "--quiet",
     ]
     start = time.perf_counter()
     result = subprocess.run(command, capture_output=True, text=True, check=False)

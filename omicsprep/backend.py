@@ -11,8 +11,13 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import logging
+import math
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache
+from itertools import pairwise
 from types import ModuleType
 from typing import Any, Literal
 
@@ -21,6 +26,8 @@ from anndata import AnnData
 from omicsprep.errors import BackendUnavailableError
 
 Backend = Literal["cpu", "gpu"]
+
+log = logging.getLogger(__name__)
 
 GPU_MODULES = ("cupy", "cudf", "cuml", "cugraph", "rapids_singlecell")
 # Recorded in every output, when imported in the producing process.
@@ -153,9 +160,130 @@ def to_device(adata: AnnData, *, backend: Backend) -> None:
         rapids_singlecell().get.anndata_to_GPU(adata, convert_all=True)
 
 
+# Rows per Dask block: rapids-singlecell advises blocks of about 20,000 rows; larger ones
+# cost fewer tasks, and 50,000 cells of 2,000 genes each stay far below CuPy's 2^31 entries.
+SHARD_ROWS = 50_000
+
+
+@contextmanager
+def gpu_workers(n_gpus: int) -> Iterator[Any]:
+    """A Dask cluster of one worker per GPU on this node (dask-cuda), for the duration of
+    the ``with`` block; yields its client.
+
+    The GPUs are the first ``n_gpus`` of ``CUDA_VISIBLE_DEVICES`` (SLURM sets it to the
+    job's GPUs). This process keeps using its own current GPU for what is not sharded.
+
+    Parameters
+    ----------
+    n_gpus
+        Workers to start, one per GPU.
+
+    Raises
+    ------
+    BackendUnavailableError
+        No usable GPU, fewer than ``n_gpus`` visible, or dask-cuda missing.
+    """
+    reason = gpu_unavailable_reason()
+    if reason is None:
+        visible = cupy().cuda.runtime.getDeviceCount()
+        if visible < n_gpus:
+            reason = f"{n_gpus} GPUs were asked for and {visible} are visible"
+    if reason is None:
+        try:
+            dask_cuda = importlib.import_module("dask_cuda")
+            distributed = importlib.import_module("distributed")
+        except ImportError as exc:
+            reason = f"cannot import {exc.name} (pip install dask-cuda)"
+    if reason is not None:
+        msg = f"multi-GPU (Dask) was requested but cannot be used: {reason}"
+        raise BackendUnavailableError(msg)
+    with (
+        dask_cuda.LocalCUDACluster(n_workers=n_gpus, threads_per_worker=1, protocol="tcp", dashboard_address=None,
+                                   silence_logs=logging.WARNING) as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        log.info("Dask workers on %d GPUs: %s", n_gpus, list(client.nthreads()))
+        yield client
+
+
+def _csr_to_device(block: Any) -> Any:
+    return cupyx_sparse().csr_matrix(block)
+
+
+def shard_to_gpus(adata: AnnData, *, client: Any) -> None:
+    """Spread ``X`` (CSR, host memory) over the client's GPU workers as a Dask array of
+    CuPy CSR blocks of :data:`SHARD_ROWS` rows, in place; held in the workers' memory.
+
+    Parameters
+    ----------
+    adata
+        Cells with ``X`` in host memory and no layers yet.
+    client
+        A client of :func:`gpu_workers`.
+    """
+    import dask.array
+
+    matrix = adata.X
+    n_blocks = max(math.ceil(matrix.shape[0] / SHARD_ROWS), len(client.nthreads()))
+    bounds = [round(i * matrix.shape[0] / n_blocks) for i in range(n_blocks + 1)]
+    host_blocks = client.scatter([matrix[start:stop] for start, stop in pairwise(bounds)])
+    device_blocks = client.map(_csr_to_device, host_blocks)
+    meta = cupyx_sparse().csr_matrix((1, matrix.shape[1]), dtype=matrix.dtype)
+    adata.X = _persisted(dask.array.concatenate([
+        dask.array.from_delayed(block, shape=(stop - start, matrix.shape[1]), dtype=matrix.dtype, meta=meta)
+        for block, (start, stop) in zip(device_blocks, pairwise(bounds), strict=True)
+    ]))
+
+
+def is_dask_array(value: Any) -> bool:
+    """Whether ``value`` is a Dask array (without importing Dask where it is not in use)."""
+    return "dask.array" in sys.modules and isinstance(value, sys.modules["dask.array"].Array)
+
+
+def _copy_block(block: Any) -> Any:
+    return block.copy()
+
+
+def copy_blocks(array: Any) -> Any:
+    """A copy of ``array``; for a Dask array, one whose blocks are copies (Dask's own
+    ``copy`` shares them, and rapids-singlecell scales blocks in place)."""
+    if is_dask_array(array):
+        return array.map_blocks(_copy_block, meta=array._meta)  # Dask: the block type
+    return array.copy()
+
+
+def _persisted(array: Any) -> Any:
+    array = array.persist()
+    importlib.import_module("distributed").wait(array)  # persist returns at once; steps are timed
+    return array
+
+
+def materialize(array: Any) -> Any:
+    """Run a lazy Dask array's graph and keep the blocks in the workers' memory (so later
+    steps do not repeat it), waiting for it; any other array is returned as it is."""
+    return _persisted(array) if is_dask_array(array) else array
+
+
+def gather(array: Any) -> Any:
+    """A Dask array's blocks brought into this process and joined (CuPy arrays land on this
+    process's GPU); any other array is returned as it is."""
+    return array.compute() if is_dask_array(array) else array
+
+
+def _block_to_host(block: Any) -> Any:
+    return asnumpy(block)
+
+
 def _to_host_value(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _to_host_value(v) for k, v in value.items()}
+    if is_dask_array(value):
+        import dask
+        import numpy
+        from scipy import sparse
+
+        blocks = dask.compute(*(dask.delayed(_block_to_host)(block) for block in value.to_delayed().ravel()))
+        return sparse.vstack(blocks, format="csr") if sparse.issparse(blocks[0]) else numpy.concatenate(blocks)
     return asnumpy(value)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -17,7 +18,7 @@ from anndata import AnnData
 from scipy import sparse
 
 from omicsprep import chromatin, clustering, coexpression, integration, multiome, preprocessing, protein, qc
-from omicsprep.backend import Backend, to_device, to_host
+from omicsprep.backend import Backend, gpu_workers, shard_to_gpus, to_device, to_host
 from omicsprep.errors import InputError
 from omicsprep.provenance import StepTimer, record_provenance
 
@@ -481,9 +482,15 @@ def run_merge(
     labels: str,
     seed: int,
     backend: Backend,
+    n_gpus: int = 1,
 ) -> tuple[AnnData, pd.DataFrame]:
     """Samples merged, normalized, batch-aware HVGs, PCA, Harmony, neighbours, UMAP and
     Leiden on the corrected embedding, with integration metrics before and after Harmony.
+
+    With ``params["dask"]`` on the GPU backend, the merged counts are spread over
+    ``n_gpus`` GPUs (a Dask worker each) for normalization, HVGs and PCA; Harmony,
+    neighbours, UMAP and Leiden then run on this process's GPU (a million cells' PCs take
+    200 MB).
 
     Parameters
     ----------
@@ -492,7 +499,7 @@ def run_merge(
         own clusters in ``obs[labels]``).
     params
         The ``merge`` configuration section: ``batch_key`` (``sample``, or ``batch`` for
-        the sample sheet's column) and ``harmony`` (``theta``, ``max_iter``).
+        the sample sheet's column), ``harmony`` (``theta``, ``max_iter``) and ``dask``.
     clustering_params
         Sections ``normalize``, ``hvg``, ``pca``, ``neighbors``, ``umap`` and ``leiden``.
     labels
@@ -501,6 +508,8 @@ def run_merge(
         Seed for PCA, Harmony, UMAP and Leiden.
     backend
         ``"cpu"`` or ``"gpu"``.
+    n_gpus
+        GPUs for the Dask workers (the rule's ``gpu`` resource).
 
     Returns
     -------
@@ -511,9 +520,15 @@ def run_merge(
     ------
     InputError
         ``batch_key`` is ``batch`` and some samples have none.
+    BackendUnavailableError
+        ``params["dask"]`` on the GPU backend, and fewer than ``n_gpus`` GPUs or no
+        dask-cuda.
     """
     timer = StepTimer(backend=backend)
     key = params["batch_key"]
+    sharded = params["dask"] and backend == "gpu"
+    if params["dask"] and not sharded:
+        log.warning("merge.dask applies to the GPU backend; the CPU backend runs in this process")
     with timer.step("concatenate"):
         adata = integration.concatenate_samples(samples, labels=labels)
         if key != "sample":
@@ -521,14 +536,23 @@ def run_merge(
             unlabelled = sorted(set(adata.obs.loc[batches.isin(["", "nan"]), "sample"]))
             if unlabelled:
                 raise InputError(f"merge.batch_key is {key!r}, and samples {unlabelled} have no {key} in the sheet")
-    with timer.step("to_device"):
-        to_device(adata, backend=backend)
-    with timer.step("normalize"):
-        preprocessing.normalize(adata, target_sum=clustering_params["normalize"]["target_sum"], backend=backend)
-    with timer.step("hvg"):
-        preprocessing.highly_variable_genes(adata, **clustering_params["hvg"], batch_key=key, backend=backend)
-    with timer.step("pca"):
-        preprocessing.pca(adata, n_comps=clustering_params["pca"]["n_comps"], seed=seed, backend=backend)
+    with ExitStack() as workers:
+        if sharded:
+            with timer.step("start_workers"):
+                client = workers.enter_context(gpu_workers(n_gpus))
+        with timer.step("to_device"):
+            if sharded:
+                shard_to_gpus(adata, client=client)
+            else:
+                to_device(adata, backend=backend)
+        with timer.step("normalize"):
+            preprocessing.normalize(adata, target_sum=clustering_params["normalize"]["target_sum"], backend=backend)
+        with timer.step("hvg"):
+            preprocessing.highly_variable_genes(adata, **clustering_params["hvg"], batch_key=key, backend=backend)
+        with timer.step("pca"):
+            preprocessing.pca(adata, n_comps=clustering_params["pca"]["n_comps"], seed=seed, backend=backend)
+        with timer.step("matrices_to_host"):  # not needed from here on: GPU memory goes to the graph steps
+            to_host(adata)
     resolution = float(labels.rsplit("_", 1)[1])
     rows = []
     for stage, embedding in (("before", "X_pca"), ("after", "X_pca_harmony")):

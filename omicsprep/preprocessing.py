@@ -9,7 +9,7 @@ import numpy as np
 from anndata import AnnData
 from scipy import sparse
 
-from omicsprep.backend import Backend, rapids_singlecell
+from omicsprep.backend import Backend, copy_blocks, gather, materialize, rapids_singlecell
 
 log = logging.getLogger(__name__)
 
@@ -37,16 +37,18 @@ def normalize(adata: AnnData, *, target_sum: float | None, backend: Backend) -> 
     Parameters
     ----------
     adata
-        Raw counts in ``X``.
+        Raw counts in ``X`` (on the GPU backend, also a Dask array of CuPy blocks).
     target_sum
         Counts per cell after scaling; ``None`` uses the median library size.
     backend
         ``"cpu"`` or ``"gpu"``.
     """
     api = _api(backend)
-    adata.layers["counts"] = adata.X.copy()
+    adata.layers["counts"] = adata.X
+    adata.X = copy_blocks(adata.X)  # normalized in place
     api.pp.normalize_total(adata, target_sum=target_sum)
     api.pp.log1p(adata)
+    adata.X = materialize(adata.X)
 
 
 def highly_variable_genes(
@@ -93,6 +95,7 @@ def pca(adata: AnnData, *, n_comps: int, seed: int, backend: Backend) -> None:
     n_comps = min(n_comps, adata.n_obs - 1, n_hvg - 1)
     if backend == "gpu":
         rapids_singlecell().pp.pca(adata, n_comps=n_comps, mask_var="highly_variable", rng=seed)
+        adata.obsm["X_pca"] = gather(adata.obsm["X_pca"])  # from Dask's workers, if X is sharded
     else:
         import scanpy as sc
 

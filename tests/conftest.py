@@ -86,7 +86,7 @@ def mouse_path() -> Path:
     return MOUSE_ZARR
 
 
-MERGE_PARAMS = {"batch_key": "sample", "harmony": {"theta": 2.0, "max_iter": 10}}
+MERGE_PARAMS = {"batch_key": "sample", "dask": False, "harmony": {"theta": 2.0, "max_iter": 10}}
 
 
 @pytest.fixture(scope="session")

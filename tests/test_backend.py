@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from omicsprep.backend import gpu_unavailable_reason, module_versions, resolve_backend
+from omicsprep.backend import gpu_unavailable_reason, gpu_workers, module_versions, resolve_backend
 from omicsprep.errors import BackendUnavailableError
 
 
@@ -22,6 +22,13 @@ def test_explicit_gpu_without_one_fails_and_auto_falls_to_cpu():
     with pytest.raises(BackendUnavailableError, match="backend 'gpu' was requested but cannot be used"):
         resolve_backend("gpu")
     assert resolve_backend("auto") == "cpu"
+
+
+@pytest.mark.skipif(gpu_unavailable_reason() is None, reason="a GPU is present")
+def test_multi_gpu_without_gpus_fails():
+    with pytest.raises(BackendUnavailableError, match="multi-GPU .Dask. was requested but cannot be used"), \
+            gpu_workers(2):
+        pass
 
 
 def test_versions_name_the_libraries_in_use():

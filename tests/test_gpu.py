@@ -9,8 +9,8 @@ from scipy import sparse
 from sklearn.metrics import adjusted_rand_score
 
 from omicsprep import io
-from omicsprep.backend import resolve_backend
-from omicsprep.errors import InputError
+from omicsprep.backend import cupy, gpu_workers, resolve_backend, shard_to_gpus, to_host
+from omicsprep.errors import BackendUnavailableError, InputError
 from omicsprep.pipeline import run_clustering, run_merge, run_qc
 
 pytestmark = pytest.mark.gpu
@@ -363,6 +363,47 @@ def test_merge_with_harmony_on_the_gpu(pbmc_batches):
     assert gpu.loc["after", "label_conservation"] > 0.4
     # Not the same implementation (rapids-singlecell's against harmonypy 2): mixing at least as well.
     assert gpu.loc["after", "batch_mixing"] > cpu.loc["after", "batch_mixing"] - 0.05
+
+
+def test_merge_spread_over_gpus_with_dask_equals_one_gpu(pbmc_batches):
+    """merge.dask: rapids-singlecell's Dask-backed normalization, HVGs and PCA over two GPUs
+    (one where the machine has one) give the one-GPU merge's values, genes and PCs."""
+    n_gpus = min(2, cupy().cuda.runtime.getDeviceCount())
+    merged = {dask: run_merge(pbmc_batches, params={**MERGE_PARAMS, "dask": dask}, clustering_params=CLUSTER_PARAMS,
+                              labels="leiden_1.0", seed=0, backend="gpu", n_gpus=n_gpus)
+              for dask in (False, True)}
+    (one, one_metrics), (spread, spread_metrics) = merged[False], merged[True]
+    print(f"Dask over {n_gpus} GPUs, steps {spread.uns['omicsprep']['merge']['timings']}\n", one_metrics,
+          "\n", spread_metrics)
+    assert (spread.layers["counts"] != one.layers["counts"]).nnz == 0
+    assert abs(spread.X - one.X).max() < 1e-5
+    assert spread.var["highly_variable"].equals(one.var["highly_variable"])
+    for component in range(one.obsm["X_pca"].shape[1]):  # a component's sign is arbitrary
+        r = np.corrcoef(one.obsm["X_pca"][:, component], spread.obsm["X_pca"][:, component])[0, 1]
+        assert abs(r) > 0.9999, (component, r)
+    assert adjusted_rand_score(one.obs["leiden_1.0"], spread.obs["leiden_1.0"]) > 0.9
+    difference = (spread_metrics.set_index("stage") - one_metrics.set_index("stage")).abs()
+    assert (difference[["batch_mixing", "label_conservation"]] < 0.02).all().all()
+
+
+def test_shards_sit_on_every_gpu_and_come_back_whole(pbmc):
+    n_gpus = cupy().cuda.runtime.getDeviceCount()
+    if n_gpus < 2:
+        pytest.skip("one GPU")
+    counts = sparse.csr_matrix(pbmc.X)
+    adata = pbmc.copy()
+    with gpu_workers(n_gpus) as client:
+        shard_to_gpus(adata, client=client)
+        devices = client.run(lambda: cupy().cuda.runtime.getDeviceProperties(0)["pciBusID"])
+        holders = [worker for worker, keys in client.has_what().items() if keys]
+        print("workers' GPUs (PCI bus):", devices, "blocks per worker:",
+              {worker: len(keys) for worker, keys in client.has_what().items()})
+        assert len(set(devices.values())) == n_gpus
+        assert len(holders) == n_gpus
+        to_host(adata)
+    assert (adata.X != counts).nnz == 0
+    with pytest.raises(BackendUnavailableError, match=f"{n_gpus + 1} GPUs were asked for"), gpu_workers(n_gpus + 1):
+        pass
 
 
 def test_repeated_sparse_entries_are_summed_on_the_gpu():
