@@ -6,8 +6,6 @@ from omicsprep.backend import resolve_backend
 from omicsprep.pipeline import run_merge
 from omicsprep.workflow import run_script
 
-snakemake = snakemake  # noqa: F821, PLW0127 - injected by Snakemake
-
 
 def main() -> None:
     backend = resolve_backend(snakemake.params.backend)
@@ -23,6 +21,8 @@ def main() -> None:
     io.write_h5ad(merged, snakemake.output.h5ad, compression=snakemake.config["h5ad_compression"])
 
 
-# Dask's GPU workers (merge.dask) are spawned processes, which re-run this file first.
+# Dask's GPU workers (merge.dask) are spawned processes that first re-run this file as
+# it is, without the `snakemake` object Snakemake injects: only the imports may run then.
 if __name__ == "__main__":
+    snakemake = snakemake  # noqa: F821, PLW0127 - injected by Snakemake
     run_script(main, log_path=snakemake.log[0], sample="merged", threads=snakemake.threads)
