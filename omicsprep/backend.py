@@ -124,6 +124,21 @@ def asnumpy(array: Any) -> Any:
     return array.get() if importlib.import_module("cupyx.scipy.sparse").issparse(array) else array
 
 
+@contextmanager
+def tf32_products() -> Iterator[None]:
+    """CuPy's float32 matrix products on TF32 tensor cores inside the ``with`` block (the
+    setting is process-wide: it is restored on leaving)."""
+    import numpy
+
+    linalg = importlib.import_module("cupy._core._routines_linalg")
+    previous = linalg.get_compute_type(numpy.float32)
+    linalg.set_compute_type(numpy.float32, linalg.COMPUTE_TYPE_TF32)
+    try:
+        yield
+    finally:
+        linalg.set_compute_type(numpy.float32, previous)
+
+
 def cupyx_sparse() -> ModuleType:
     """Return the imported ``cupyx.scipy.sparse`` module."""
     return importlib.import_module("cupyx.scipy.sparse")
