@@ -239,7 +239,8 @@ def shard_to_gpus(adata: AnnData, *, client: Any) -> None:
     import dask.array
 
     matrix = adata.X
-    n_blocks = max(math.ceil(matrix.shape[0] / SHARD_ROWS), len(client.nthreads()))
+    n_workers = len(client.nthreads())
+    n_blocks = math.ceil(math.ceil(matrix.shape[0] / SHARD_ROWS) / n_workers) * n_workers  # as many per GPU
     bounds = [round(i * matrix.shape[0] / n_blocks) for i in range(n_blocks + 1)]
     host_blocks = client.scatter([matrix[start:stop] for start, stop in pairwise(bounds)])
     device_blocks = client.map(_csr_to_device, host_blocks)
@@ -297,6 +298,8 @@ def _to_host_value(value: Any) -> Any:
         import numpy
         from scipy import sparse
 
+        if len(value.chunks) > 1 and len(value.chunks[1]) > 1:
+            value = value.rechunk({1: -1})  # blocks of whole rows, stacked below
         blocks = dask.compute(*(dask.delayed(_block_to_host)(block) for block in value.to_delayed().ravel()))
         return sparse.vstack(blocks, format="csr") if sparse.issparse(blocks[0]) else numpy.concatenate(blocks)
     return asnumpy(value)

@@ -206,9 +206,12 @@ def correlation_graph(
 
 def _split_tf32(values: Any, *, xp: ModuleType) -> tuple[Any, Any]:
     """``values`` (float32) as ``high + low``: ``high`` rounded to TF32's 10 mantissa bits
-    (exact on TF32 tensor cores), ``low`` the exact remainder (at most 2^-11 of the value)."""
-    bits = values.view(xp.uint32)
-    high = ((bits + xp.uint32(1 << 12)) & xp.uint32(0xFFFFE000)).view(xp.float32)
+    (exact on TF32 tensor cores), ``low`` the exact remainder (at most 2^-11 of the value).
+    For finite values below about 3.4e38 (standardized expression is far below)."""
+    bits = values.view(xp.uint32).copy()  # rounded in place: no temporaries beyond the two parts
+    bits += xp.uint32(1 << 12)
+    bits &= xp.uint32(0xFFFFE000)
+    high = bits.view(xp.float32)
     return high, values - high
 
 

@@ -526,9 +526,12 @@ def run_merge(
     """
     timer = StepTimer(backend=backend)
     key = params["batch_key"]
-    sharded = params["dask"] and backend == "gpu"
-    if params["dask"] and not sharded:
+    sharded = params.get("dask", False) and backend == "gpu"
+    if params.get("dask", False) and not sharded:
         log.warning("merge.dask applies to the GPU backend; the CPU backend runs in this process")
+    if sharded and n_gpus < 2:
+        log.warning("merge.dask with one GPU (the rule's gpu resource is 1): one Dask worker, slower than none; "
+                    "give the rule more, e.g. --set-resources merge:gpu=2")
     with timer.step("concatenate"):
         adata = integration.concatenate_samples(samples, labels=labels)
         if key != "sample":
@@ -551,7 +554,7 @@ def run_merge(
             preprocessing.highly_variable_genes(adata, **clustering_params["hvg"], batch_key=key, backend=backend)
         with timer.step("pca"):
             preprocessing.pca(adata, n_comps=clustering_params["pca"]["n_comps"], seed=seed, backend=backend)
-        with timer.step("matrices_to_host"):  # not needed from here on: GPU memory goes to the graph steps
+        with timer.step("matrices_to_host"):  # not needed from here on; the Dask workers stop here
             to_host(adata)
     resolution = float(labels.rsplit("_", 1)[1])
     rows = []
