@@ -45,3 +45,18 @@ def test_quick_benchmark_runs_and_agrees_with_scanpy(tmp_path):
     assert workflow["hvg_overlap_vs_peer"] == 1.0
     assert "`python benchmarks/run.py --quick" in (tmp_path / "RESULTS.md").read_text()
     assert (tmp_path / "scaling.png").stat().st_size > 0
+
+
+def test_clusters_come_with_the_same_counts():
+    counts, clusters = generate.generate_with_clusters(3000, 2_000, seed=1)
+    assert (counts != generate.generate(3000, 2_000, seed=1)).nnz == 0
+    assert clusters.shape == (3000,) and set(np.unique(clusters)) == set(range(generate.N_CLUSTERS))
+
+
+def test_merge_step_benchmark_runs_on_the_cpu(tmp_path):
+    results = tmp_path / "RESULTS.md"
+    command = [sys.executable, str(REPO / "benchmarks" / "merge_step.py"), "--samples", "2", "--cells", "600",
+               "--genes", "3000", "--modes", "cpu", "--jobs", "1", "--results", str(results)]
+    subprocess.run(command, check=True, capture_output=True, text=True, timeout=600)
+    table = results.read_text()
+    assert "The merge step alone" in table and "| mixing_after" in table and " cpu |" in table
