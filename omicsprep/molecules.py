@@ -9,7 +9,7 @@ per read, and come out as Arrow tables of usable reads (``cell``, ``umi``, ``gen
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -183,6 +183,13 @@ def _table_reads(
         yield pa.table({"cell": cell, "umi": umi, "gene": gene, **reads}).filter(usable)
 
 
+def _per_distinct(values: pa.Array, function: Callable[..., pa.Array], *args: object) -> pa.Array:
+    """``function(values, *args)``, computed once per distinct value (a few thousand genes,
+    not millions of reads) and spread back to every element."""
+    encoded = pc.dictionary_encode(values)
+    return pc.take(function(encoded.dictionary, *args), encoded.indices)
+
+
 def _usable(
     gene: pa.Array,
     cell: pa.Array,
@@ -198,8 +205,8 @@ def _usable(
         "unmapped, secondary or supplementary": unusable_alignment,
         "below min_mapq": low_mapq,
         "missing cell, UMI or gene": pc.or_(pc.or_(pc.is_null(gene), pc.is_null(cell)), pc.is_null(umi)),
-        "gene matches skip_gene_regex": pc.match_substring_regex(gene, skip_gene_regex or "$^"),
-        "several genes": pc.match_substring_regex(gene, "[;,]"),
+        "gene matches skip_gene_regex": _per_distinct(gene, pc.match_substring_regex, skip_gene_regex or "$^"),
+        "several genes": _per_distinct(gene, pc.match_substring_regex, "[;,]"),
     }
     usable = pa.array(np.ones(len(gene), dtype=bool))
     for reason, failed in checks.items():
