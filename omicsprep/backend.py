@@ -175,6 +175,10 @@ def to_device(adata: AnnData, *, backend: Backend) -> None:
         rapids_singlecell().get.anndata_to_GPU(adata, convert_all=True)
 
 
+# The largest temporary of a blocked computation on either backend (a block of gene-gene
+# correlations, of gathered neighbour embeddings): 256 MB.
+BLOCK_BYTES = 1 << 28
+
 # Rows per Dask block: rapids-singlecell advises blocks of about 20,000 rows; larger ones
 # cost fewer tasks, and 50,000 cells of 2,000 genes each stay far below CuPy's 2^31 entries.
 SHARD_ROWS = 50_000

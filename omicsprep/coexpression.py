@@ -19,7 +19,7 @@ import pandas as pd
 from anndata import AnnData
 from scipy import sparse
 
-from omicsprep.backend import Backend, array_module, asnumpy, cuml, tf32_products
+from omicsprep.backend import BLOCK_BYTES, Backend, array_module, asnumpy, cuml, tf32_products
 from omicsprep.clustering import Algorithm, partition_graph
 from omicsprep.errors import InputError
 from omicsprep.preprocessing import normalize
@@ -27,7 +27,6 @@ from omicsprep.preprocessing import normalize
 Correlation = Literal["pearson", "spearman"]
 Pooling = Literal["none", "knn", "kmeans"]
 UNASSIGNED = "unassigned"
-BLOCK_BYTES = 1 << 28  # one block of the correlation matrix: 256 MB of float32
 # The GPU's split products (:func:`_gram_blocks`) hold two more copies of the standardized
 # matrix; above this size the products stay in float32, so 20,000 genes fit in 8 GB.
 SPLIT_MAX_BYTES = 1 << 31

@@ -11,11 +11,9 @@ import numpy as np
 from anndata import AnnData
 from scipy import sparse
 
-from omicsprep.backend import Backend, array_module, asnumpy, cuml, cupyx_sparse
+from omicsprep.backend import BLOCK_BYTES, Backend, array_module, asnumpy, cuml, cupyx_sparse
 from omicsprep.errors import InputError
 from omicsprep.jit_cache import cache_umap_kernels
-
-BLOCK_BYTES = 1 << 28  # the largest gathered temporary: 256 MB
 
 if TYPE_CHECKING:
     from mudata import MuData
