@@ -262,7 +262,7 @@ def fragment_chunks(path: str | Path, *, chunk_rows: int | None = None, backend:
     chunks = _fragment_chunks_cudf(path, chunk_rows) if backend == "gpu" else _fragment_chunks_arrow(path, chunk_rows)
     try:
         yield from chunks
-    except (ValueError, RuntimeError) as exc:  # pyarrow's and cuDF's parse errors (cuDF's are RuntimeErrors)
+    except ValueError as exc:  # pyarrow's parse errors, and cuDF's as _parsed_fragments re-raises them
         raise InputError(f"cannot be read as 10x fragments (chrom, start, end, barcode, count): "
                          f"{type(exc).__name__}: {exc}", path=path) from exc
 
@@ -325,8 +325,11 @@ def _line_blocks(path: Path, block_bytes: int) -> Iterator[bytes]:
 
 
 def _parsed_fragments(source, **options):  # noqa: ANN001, ANN202
-    frame = cudf().read_csv(source, sep="\t", header=None, names=FRAGMENT_COLUMNS, usecols=list(FRAGMENT_TYPES),
-                            dtype=FRAGMENT_TYPES, comment="#", compression=None, **options)
+    try:
+        frame = cudf().read_csv(source, sep="\t", header=None, names=FRAGMENT_COLUMNS, usecols=list(FRAGMENT_TYPES),
+                                dtype=FRAGMENT_TYPES, comment="#", compression=None, **options)
+    except RuntimeError as exc:  # cuDF reports text it cannot parse so; other GPU errors pass through
+        raise ValueError(str(exc)) from exc
     if frame["start"].isnull().any() or frame["end"].isnull().any():
         raise ValueError("non-integer or missing coordinates")
     return frame
