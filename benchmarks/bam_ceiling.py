@@ -29,8 +29,8 @@ from numba import njit
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from generate import generate_reads, write_bam  # noqa: E402
 from run import append_results  # noqa: E402
+from umi_bench import benchmark_bam, bgzf_blocks  # noqa: E402
 
 INFLATERS = {
     "zlib": ("zlib", lambda module: lambda raw, size: module.decompress(raw, -15, size)),
@@ -40,40 +40,26 @@ INFLATERS = {
 }
 
 
-def bgzf_blocks(data: bytes) -> list[tuple[bytes, int]]:
-    """Each BGZF block's raw deflate stream and its inflated size."""
-    blocks, position = [], 0
-    while position < len(data):
-        block_size = struct.unpack_from("<H", data, position + 16)[0] + 1
-        inflated = struct.unpack_from("<I", data, position + block_size - 4)[0]
-        blocks.append((data[position + 18 : position + block_size - 8], inflated))
-        position += block_size
-    return blocks
-
-
-def inflate_rate(blocks: list[tuple[bytes, int]], name: str, n_reads: int) -> tuple[float | None, bytes | None]:
+def inflate_rate(
+    blocks: list[tuple[bytes, int]], name: str, n_reads: int, *, keep: bool
+) -> tuple[float | None, bytes]:
+    """Reads/s inflating every block with library ``name`` (``None`` where it is not
+    installed), and the inflated bytes. ``keep``: the output of every block is kept in
+    memory; else each is dropped at once (it stays in cache, as in a reader that inflates
+    into one reused buffer)."""
     module_name, make = INFLATERS[name]
     try:
         inflate = make(importlib.import_module(module_name))
     except ImportError:
-        return None, None
+        return None, b""
     start = time.perf_counter()
-    parts = [inflate(raw, size) for raw, size in blocks]
+    if keep:
+        parts = [inflate(raw, size) for raw, size in blocks]
+    else:
+        for raw, size in blocks:
+            inflate(raw, size)
+        parts = []
     return n_reads / (time.perf_counter() - start), b"".join(parts)
-
-
-def inflate_dropped_rate(blocks: list[tuple[bytes, int]], name: str, n_reads: int) -> float | None:
-    """As :func:`inflate_rate`, each block's output dropped at once (memory stays in cache,
-    as in a reader that inflates into one reused buffer)."""
-    module_name, make = INFLATERS[name]
-    try:
-        inflate = make(importlib.import_module(module_name))
-    except ImportError:
-        return None
-    start = time.perf_counter()
-    for raw, size in blocks:
-        inflate(raw, size)
-    return n_reads / (time.perf_counter() - start)
 
 
 @njit(cache=True)
@@ -165,20 +151,14 @@ def main() -> None:
     args.workdir.mkdir(parents=True, exist_ok=True)
     rows = []
     for n_reads in args.reads:
-        bam = args.workdir / f"reads_{n_reads}.bam"
-        if not bam.exists():
-            write_bam(generate_reads(n_reads, seed=1), bam)
+        bam = benchmark_bam(args.workdir, n_reads)
         blocks = bgzf_blocks(bam.read_bytes())
-        row, inflated = {"reads": n_reads, "bam_mb": round(bam.stat().st_size / 1e6, 1)}, None
-        for name in INFLATERS:  # the best of --repeats: this machine is shared
-            rates = []
-            for _ in range(args.repeats):
-                rate, data = inflate_rate(blocks, name, n_reads)
-                rates.append(rate)
-            row[f"inflate_{name}"] = None if rates[0] is None else round(max(rates))
-            inflated = data or inflated
-        dropped = [inflate_dropped_rate(blocks, "libdeflate", n_reads) for _ in range(args.repeats)]
-        row["inflate_libdeflate_dropped"] = None if dropped[0] is None else round(max(dropped))
+        row, inflated = {"reads": n_reads, "bam_mb": round(bam.stat().st_size / 1e6, 1)}, b""
+        for name, keep in [*((name, True) for name in INFLATERS), ("libdeflate", False)]:
+            runs = [inflate_rate(blocks, name, n_reads, keep=keep) for _ in range(args.repeats)]  # a shared machine
+            rates = [rate for rate, _ in runs]
+            row[f"inflate_{name}" + ("" if keep else "_dropped")] = None if rates[0] is None else round(max(rates))
+            inflated = runs[0][1] or inflated
         row["inflated_bytes_per_read"] = round(len(inflated) / n_reads)
         buf, tags = np.frombuffer(inflated, np.uint8), np.array([[ord(c) for c in t] for t in ("CB", "UB", "GX")])
         scan_records(buf, records_start(inflated), tags)  # compiles (or loads the cache)

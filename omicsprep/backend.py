@@ -290,10 +290,6 @@ def gather(array: Any) -> Any:
     return array.compute() if is_dask_array(array) else array
 
 
-def _block_to_host(block: Any) -> Any:
-    return asnumpy(block)
-
-
 def _to_host_value(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _to_host_value(v) for k, v in value.items()}
@@ -304,7 +300,7 @@ def _to_host_value(value: Any) -> Any:
 
         if len(value.chunks) > 1 and len(value.chunks[1]) > 1:
             value = value.rechunk({1: -1})  # blocks of whole rows, stacked below
-        blocks = dask.compute(*(dask.delayed(_block_to_host)(block) for block in value.to_delayed().ravel()))
+        blocks = dask.compute(*(dask.delayed(asnumpy)(block) for block in value.to_delayed().ravel()))
         return sparse.vstack(blocks, format="csr") if sparse.issparse(blocks[0]) else numpy.concatenate(blocks)
     return asnumpy(value)
 
