@@ -14,6 +14,8 @@
 #   fragments benchmarks/fragments_bench.py: 10M fragments on both backends (unless
 #             $FRAGMENTS_SKIP_10M is set), 100M on the GPU (in chunks of each of
 #             $FRAGMENTS_GPU_CHUNK_ROWS, default 20000000)
+#   tables    benchmarks/umi_table_bench.py: molecule tables ($TABLE_READS, 10000000 and
+#             30000000 reads; Parquet and TSV.gz) to counts, pyarrow+Numba vs cuDF+CUDA
 #   merge     benchmarks/merge_bench.py: $MERGE_SAMPLES (10) samples of $MERGE_CELLS (50000)
 #             cells with the merge rule, on $MERGE_BACKENDS (gpu; empty: only generate the
 #             samples), the merge rule on $MERGE_GPUS (1; more: merge.dask) GPUs
@@ -95,6 +97,12 @@ unset NUMBA_CACHE_DIR
 echo "== UMI deduplication benchmark"
 python3 benchmarks/umi_dedup_bench.py --reads 10000000 100000000 --backends cpu gpu --cpu-max-reads 10000000 \
   --results "$out/umi_dedup.md" 2>&1 | tail -n 30
+fi
+
+if wants tables; then
+echo "== molecule tables to counts"
+python3 benchmarks/umi_table_bench.py --reads ${TABLE_READS:-10000000 30000000} --formats parquet tsv.gz \
+  --backends cpu gpu --results "$out/umi_tables.md" 2>&1 | tail -n 12
 fi
 
 if wants coexpr; then

@@ -64,8 +64,10 @@ def count_umis(
         Where partitions are spilled (a temporary folder inside it); the system's
         temporary folder when ``None``.
     backend
-        Where molecules are deduplicated: ``cpu`` (Numba, parallel) or ``gpu`` (cuDF and
-        CUDA, one transfer per partition); reading and encoding run on the CPU either way.
+        ``cpu``: tables read by pyarrow, molecules deduplicated by Numba (parallel).
+        ``gpu``: tables parsed and filtered by cuDF, molecules deduplicated by CUDA
+        kernels (one transfer per partition). BAM/SAM decoding (oxbow) and partitioning
+        by cell run on the CPU either way.
 
     Returns
     -------
@@ -82,7 +84,7 @@ def count_umis(
     skipped: Counter = Counter()
     n_partitions = max(1, int(np.ceil(estimated_reads(path, fmt=fmt, table=table) / chunk_rows)))
     batches = usable_reads(path, fmt=fmt, bam=bam, table=table, skip_gene_regex=skip_gene_regex,
-                           chunk_rows=chunk_rows, skipped=skipped)
+                           chunk_rows=chunk_rows, skipped=skipped, backend=backend)
     matrix, n_reads = _CountMatrix(), 0
     with tempfile.TemporaryDirectory(dir=spill_dir, prefix="omicsprep-umi-") as tmp:
         for reads in _cell_partitions(batches, n_partitions=n_partitions, spill_dir=Path(tmp)):

@@ -280,7 +280,7 @@ def _fragment_chunks_arrow(path: Path, chunk_rows: int) -> Iterator[pd.DataFrame
 
     strings = pa.dictionary(pa.int32(), pa.string())
     types = {k: strings if v == "str" else pa.type_for_alias(v) for k, v in FRAGMENT_TYPES.items()}
-    for text in _line_blocks(path, max(1 << 20, chunk_rows * BYTES_PER_FRAGMENT)):
+    for text in line_blocks(path, max(1 << 20, chunk_rows * BYTES_PER_FRAGMENT)):
         yield pacsv.read_csv(
             pa.py_buffer(text),
             read_options=pacsv.ReadOptions(column_names=FRAGMENT_COLUMNS),
@@ -300,14 +300,14 @@ def _fragment_chunks_cudf(path: Path, chunk_rows: int) -> Iterator:
         for offset in range(0, path.stat().st_size, block_bytes):
             yield _parsed_fragments(path, byte_range=(offset, block_bytes))
         return
-    for text in _line_blocks(path, block_bytes):
+    for text in line_blocks(path, block_bytes):
         yield _parsed_fragments(stdio.BytesIO(text))
 
 
 COMPRESSED_SUFFIXES = {".gz", ".bz2", ".zst", ".lz4"}  # those pyarrow's input streams decompress
 
 
-def _line_blocks(path: Path, block_bytes: int) -> Iterator[bytes]:
+def line_blocks(path: Path, block_bytes: int) -> Iterator[bytes]:
     """The (decompressed) text in blocks of about ``block_bytes`` that end with a line."""
     import pyarrow as pa
 

@@ -1,9 +1,10 @@
 """Reads with cell, UMI and gene, streamed from BAM/SAM files or molecule tables.
 
-BAM records are decoded by oxbow (Rust, Arrow-native) in batches; tables are read by
-pyarrow in chunks. Both are filtered with Arrow compute functions, so no Python code runs
-per read, and come out as Arrow tables of usable reads (``cell``, ``umi``, ``gene``, and
-``reads`` when a table row stands for several reads).
+BAM records are decoded by oxbow (Rust, Arrow-native) in batches; tables are read in
+chunks, by pyarrow on the CPU backend and by cuDF (parsed and filtered on the device) on the
+GPU backend. Filters are column operations (Arrow compute or cuDF), so no Python code runs
+per read, and the usable reads come out as Arrow tables (``cell``, ``umi``, ``gene``, and
+``reads`` when a table row stands for several reads), to be partitioned by cell.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from omicsprep.backend import Backend, cudf
 from omicsprep.errors import InputError
 from omicsprep.umi import pack_umis
 
@@ -89,8 +91,12 @@ def usable_reads(
     skip_gene_regex: str,
     chunk_rows: int,
     skipped: Counter,
+    backend: Backend = "cpu",
 ) -> Iterator[pa.Table]:
     """Stream the usable reads of a BAM/SAM file or a molecule table, batch by batch.
+
+    A molecule table is read by cuDF on the GPU backend, by pyarrow on the CPU; BAM/SAM by
+    oxbow on either.
 
     Unmapped, secondary and supplementary alignments, reads under ``min_mapq``, reads
     missing a cell, UMI or gene, genes matching ``skip_gene_regex`` and reads assigned to
@@ -107,8 +113,9 @@ def usable_reads(
         raise InputError("does not exist", path=path)
     try:
         if fmt == "molecules":
-            yield from _table_reads(path, table=table, skip_gene_regex=skip_gene_regex, chunk_rows=chunk_rows,
-                                    skipped=skipped)
+            reader = _table_reads_cudf if backend == "gpu" else _table_reads
+            yield from reader(path, table=table, skip_gene_regex=skip_gene_regex, chunk_rows=chunk_rows,
+                              skipped=skipped)
         else:
             yield from _bam_reads(path, bam=bam, skip_gene_regex=skip_gene_regex, skipped=skipped)
     except InputError:
@@ -151,7 +158,17 @@ def _bam_reads(path: Path, *, bam: BamOptions, skip_gene_regex: str, skipped: Co
         yield pa.table({"cell": cell, "umi": umi, "gene": gene}).filter(usable)
 
 
-def _table_batches(path: Path, *, columns: list[str], chunk_rows: int) -> Iterator[pa.RecordBatch]:
+TABLE_BYTES_PER_ROW = 64  # a molecule table's text line, about
+
+
+def _delimiter(path: Path) -> str:
+    suffixes = [s.lower() for s in path.suffixes]
+    return "\t" if ".tsv" in suffixes or ".txt" in suffixes else ","
+
+
+def _table_batches(
+    path: Path, *, columns: list[str], chunk_rows: int, text_columns: tuple[str, ...] = ()
+) -> Iterator[pa.RecordBatch]:
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
 
@@ -160,12 +177,12 @@ def _table_batches(path: Path, *, columns: list[str], chunk_rows: int) -> Iterat
         if ".parquet" in suffixes:
             yield from pq.ParquetFile(path).iter_batches(batch_size=chunk_rows, columns=columns)
             return
-        delimiter = "\t" if ".tsv" in suffixes or ".txt" in suffixes else ","
         yield from pacsv.open_csv(
             path,
-            read_options=pacsv.ReadOptions(block_size=max(1 << 20, chunk_rows * 64)),
-            parse_options=pacsv.ParseOptions(delimiter=delimiter),
-            convert_options=pacsv.ConvertOptions(include_columns=columns, strings_can_be_null=True),
+            read_options=pacsv.ReadOptions(block_size=max(1 << 20, chunk_rows * TABLE_BYTES_PER_ROW)),
+            parse_options=pacsv.ParseOptions(delimiter=_delimiter(path)),
+            convert_options=pacsv.ConvertOptions(include_columns=columns, strings_can_be_null=True,
+                                                 column_types=dict.fromkeys(text_columns, pa.string())),
         )
     except (pa.ArrowInvalid, KeyError) as exc:
         raise InputError(f"cannot be read as a molecule table with columns {columns} ({exc})", path=path) from exc
@@ -176,11 +193,74 @@ def _table_reads(
 ) -> Iterator[pa.Table]:
     columns = [table.cell_column, table.umi_column, table.gene_column]
     for batch in _table_batches(path, columns=columns + ([table.count_column] if table.count_column else []),
-                                chunk_rows=chunk_rows):
+                                chunk_rows=chunk_rows, text_columns=tuple(columns)):
         cell, umi, gene = (batch.column(c).cast(pa.string()) for c in columns)
         usable = _usable(gene, cell, umi, skipped=skipped, skip_gene_regex=skip_gene_regex)
         reads = {"reads": batch.column(table.count_column).cast(pa.int64())} if table.count_column else {}
         yield pa.table({"cell": cell, "umi": umi, "gene": gene, **reads}).filter(usable)
+
+
+def _table_reads_cudf(
+    path: Path, *, table: TableOptions, skip_gene_regex: str, chunk_rows: int, skipped: Counter
+) -> Iterator[pa.Table]:
+    """:func:`_table_reads` on the GPU: each chunk parsed and filtered by cuDF, the same
+    reads skipped for the same reasons; only the usable reads come back to the host."""
+    columns = [table.cell_column, table.umi_column, table.gene_column]
+    names = ["cell", "umi", "gene"] + (["reads"] if table.count_column else [])
+    wanted = columns + ([table.count_column] if table.count_column else [])
+    for chunk in _cudf_chunks(path, columns=wanted, text_columns=columns, chunk_rows=chunk_rows):
+        chunk = chunk[wanted]  # the file's column order, else
+        chunk.columns = names
+        cell, umi, gene = (chunk[name] for name in ("cell", "umi", "gene"))
+        checks = {
+            "missing cell, UMI or gene": gene.isnull() | cell.isnull() | umi.isnull(),
+            "gene matches skip_gene_regex": gene.str.contains(skip_gene_regex or "$^", regex=True),
+            "several genes": gene.str.contains("[;,]", regex=True),
+        }
+        usable = cudf().Series(True, index=chunk.index)
+        for reason, failed in checks.items():
+            failed = usable & failed.fillna(False)
+            skipped[reason] += int(failed.sum())
+            usable &= ~failed
+        schema = pa.schema([(name, pa.int64() if name == "reads" else pa.string()) for name in names])
+        yield chunk[usable].to_arrow(preserve_index=False).cast(schema)
+
+
+def _cudf_chunks(path: Path, *, columns: list[str], text_columns: list[str], chunk_rows: int) -> Iterator:
+    """cuDF DataFrames of about ``chunk_rows`` rows: Parquet row groups, or blocks of whole
+    lines of the (decompressed) text, parsed on the device."""
+    import io
+
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+    from pandas.api.types import is_string_dtype
+
+    from omicsprep.io import line_blocks
+
+    if ".parquet" in [s.lower() for s in path.suffixes]:
+        row_groups = pq.ParquetFile(path).metadata
+        group, rows = [], 0
+        for index in range(row_groups.num_row_groups):
+            group.append(index)
+            rows += row_groups.row_group(index).num_rows
+            if rows >= chunk_rows or index == row_groups.num_row_groups - 1:
+                frame = cudf().read_parquet(path, columns=columns, row_groups=group)
+                yield frame.astype({c: "str" for c in text_columns if not is_string_dtype(frame[c].dtype)})
+                group, rows = [], 0
+        return
+    header, names = True, None
+    na_values = list(pacsv.ConvertOptions().null_values)  # as pyarrow reads them on the CPU
+    for text in line_blocks(path, max(1 << 20, chunk_rows * TABLE_BYTES_PER_ROW)):
+        if header:  # the column names, from the first line
+            first, _, text = text.partition(b"\n")
+            names, header = first.decode().rstrip("\r").split(_delimiter(path)), False
+            missing = [column for column in columns if column not in names]
+            if missing:
+                raise InputError(f"has no columns {missing} (columns: {names})", path=path)
+        if text.strip():
+            yield cudf().read_csv(io.BytesIO(text), sep=_delimiter(path), header=None, names=names, usecols=columns,
+                                  dtype=dict.fromkeys(text_columns, "str"), na_values=na_values,
+                                  keep_default_na=False, compression=None)
 
 
 def _per_distinct(values: pa.Array, function: Callable[..., pa.Array], *args: object) -> pa.Array:

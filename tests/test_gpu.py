@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 from conftest import CITESEQ, CLUSTER_PARAMS, MERGE_PARAMS, MULTIOME, NO_DOUBLETS, QC_PARAMS
@@ -137,8 +139,6 @@ def test_gpu_result_writes_as_h5ad(clustered_both, tmp_path):
 @pytest.fixture(scope="module")
 def molecule_table(tmp_path_factory):
     """Generated reads as a molecule table (with N UMIs, unassigned and multi-gene reads)."""
-    import sys
-
     from conftest import REPO
 
     sys.path.insert(0, str(REPO / "benchmarks"))
@@ -148,6 +148,42 @@ def molecule_table(tmp_path_factory):
     reads = generate.generate_reads(200_000, n_cells=300, n_genes=2_000, umi_length=10, seed=5)
     reads[["cell", "umi", "gene"]].to_parquet(path)
     return path
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".tsv.gz", ".csv"])
+def test_molecule_tables_are_read_by_cudf_as_by_pyarrow(tmp_path, suffix):
+    """The GPU backend parses and filters tables with cuDF: the same usable reads and the
+    same skipped reads as pyarrow, missing values, "NA" and digit-only names included."""
+    from collections import Counter
+
+    import pandas as pd
+    import pyarrow as pa
+    from conftest import REPO
+
+    from omicsprep.molecules import BamOptions, TableOptions, usable_reads
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import generate
+
+    reads = generate.generate_reads(30_000, n_cells=100, n_genes=500, umi_length=10, seed=5)[["gene", "cell", "umi"]]
+    reads.loc[reads.index[:50], "cell"] = None
+    reads.loc[reads.index[50:90], "umi"] = "NA"
+    reads.loc[reads.index[90:95], "gene"] = "00123"
+    path = tmp_path / f"molecules{suffix}"
+    if suffix == ".parquet":
+        reads.to_parquet(path, row_group_size=7_000)
+    else:
+        reads.to_csv(path, sep="," if suffix == ".csv" else "\t", index=False)
+    got = {}
+    for backend in ("cpu", "gpu"):
+        skipped = Counter()
+        tables = usable_reads(path, fmt="molecules", bam=BamOptions(), table=TableOptions(),
+                              skip_gene_regex="^(__|Unassigned)", chunk_rows=10_000, skipped=skipped, backend=backend)
+        frame = pa.concat_tables(list(tables)).to_pandas()
+        got[backend] = (frame.sort_values(list(frame.columns)).reset_index(drop=True), dict(skipped))
+    print(suffix, got["gpu"][1])
+    assert got["gpu"][1] == got["cpu"][1] and got["cpu"][1]["missing cell, UMI or gene"] > 0
+    pd.testing.assert_frame_equal(got["gpu"][0], got["cpu"][0])
 
 
 @pytest.mark.parametrize("method", ["unique", "percentile", "cluster", "adjacency", "directional"])
@@ -169,7 +205,6 @@ def test_umi_counts_are_identical_on_cpu_and_gpu(molecule_table, method):
 
 def test_count_umis_cli_on_the_gpu(molecule_table, tmp_path):
     import subprocess
-    import sys
 
     import anndata as ad
 

@@ -232,3 +232,11 @@ def test_bad_molecule_table_is_one_clear_error(tmp_path, text, problem):
     path.write_text(text)
     with pytest.raises(InputError, match=rf"^file '{path}': {problem}"):
         counting.count_umis(path, fmt="molecules")
+
+
+def test_names_in_a_text_table_stay_as_written(tmp_path):
+    path = tmp_path / "molecules.csv"
+    path.write_text("cell,umi,gene\n0001,ACGT,00123\n0001,ACGA,00123\n0002,ACGT,7\n")
+    adata = counting.count_umis(path, fmt="molecules", method="unique")
+    assert list(adata.obs_names) == ["0001", "0002"] and sorted(adata.var_names) == ["00123", "7"]
+    assert adata.X.sum() == 3
