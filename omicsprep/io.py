@@ -296,7 +296,7 @@ def _fragment_chunks_cudf(path: Path, chunk_rows: int) -> Iterator:
     import io as stdio
 
     block_bytes = max(1 << 20, chunk_rows * BYTES_PER_FRAGMENT)
-    if path.suffix not in COMPRESSED_SUFFIXES:
+    if path.suffix not in STREAM_CODECS:
         for offset in range(0, path.stat().st_size, block_bytes):
             yield _parsed_fragments(path, byte_range=(offset, block_bytes))
         return
@@ -304,7 +304,7 @@ def _fragment_chunks_cudf(path: Path, chunk_rows: int) -> Iterator:
         yield _parsed_fragments(stdio.BytesIO(text))
 
 
-COMPRESSED_SUFFIXES = {".gz", ".bz2", ".zst", ".lz4"}  # those pyarrow's input streams decompress
+STREAM_CODECS = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".lz4": "lz4"}  # pyarrow's input streams, by suffix
 
 
 def line_blocks(path: Path, block_bytes: int) -> Iterator[bytes]:

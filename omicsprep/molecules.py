@@ -71,15 +71,41 @@ class ReadTable:
     genes: pd.Index
 
 
-def estimated_reads(path: Path, *, fmt: str, table: TableOptions) -> int:
-    """Reads (rows) in the input: exact for Parquet, one pass for text, a guess for BAM."""
+def _existing(path: str | Path) -> Path:
+    path = Path(path)
+    if not path.is_file():
+        raise InputError("does not exist", path=path)
+    return path
+
+
+SAMPLE_BYTES = 16 << 20  # of text, to estimate a compressed table's rows
+
+
+def estimated_reads(path: str | Path, *, fmt: str) -> int:
+    """Reads (rows) in the input: exact for Parquet, a guess for BAM, and for text from the
+    lines in its first 16 MB (exact for a smaller file): a pass over a compressed file just
+    to count its lines would cost as much as reading it."""
     import pyarrow.parquet as pq
 
+    from omicsprep.io import STREAM_CODECS
+
+    path = _existing(path)
     if fmt != "molecules":
         return max(1, path.stat().st_size // BAM_BYTES_PER_READ)
-    if ".parquet" in [s.lower() for s in path.suffixes]:
-        return pq.ParquetFile(path).metadata.num_rows
-    return sum(len(batch) for batch in _table_batches(path, columns=[table.cell_column], chunk_rows=1 << 20))
+    try:
+        if ".parquet" in [s.lower() for s in path.suffixes]:
+            return pq.ParquetFile(path).metadata.num_rows
+        with pa.OSFile(str(path)) as raw:
+            codec = STREAM_CODECS.get(path.suffix.lower())
+            text = pa.CompressedInputStream(raw, codec) if codec else raw
+            sample = text.read(SAMPLE_BYTES)
+            sample_bytes_in_file = raw.tell()
+    except (OSError, pa.ArrowException) as exc:
+        raise InputError(f"cannot be read as {fmt} ({type(exc).__name__}: {exc})", path=path) from exc
+    lines = sample.count(b"\n") + (not sample.endswith(b"\n"))
+    if len(sample) < SAMPLE_BYTES:  # the whole file, less its header line
+        return max(1, lines - 1)
+    return max(1, path.stat().st_size * lines // sample_bytes_in_file)
 
 
 def usable_reads(
@@ -108,9 +134,7 @@ def usable_reads(
     InputError
         Missing, truncated or unreadable input.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise InputError("does not exist", path=path)
+    path = _existing(path)
     try:
         if fmt == "molecules":
             reader = _table_reads_cudf if backend == "gpu" else _table_reads
@@ -229,6 +253,7 @@ def _table_reads_cudf(
 def _cudf_chunks(path: Path, *, columns: list[str], text_columns: list[str], chunk_rows: int) -> Iterator:
     """cuDF DataFrames of about ``chunk_rows`` rows: Parquet row groups, or blocks of whole
     lines of the (decompressed) text, parsed on the device."""
+    import csv
     import io
 
     import pyarrow.csv as pacsv
@@ -253,14 +278,17 @@ def _cudf_chunks(path: Path, *, columns: list[str], text_columns: list[str], chu
     for text in line_blocks(path, max(1 << 20, chunk_rows * TABLE_BYTES_PER_ROW)):
         if header:  # the column names, from the first line
             first, _, text = text.partition(b"\n")
-            names, header = first.decode().rstrip("\r").split(_delimiter(path)), False
+            names, header = next(csv.reader([first.decode().rstrip("\r")], delimiter=_delimiter(path))), False
             missing = [column for column in columns if column not in names]
             if missing:
                 raise InputError(f"has no columns {missing} (columns: {names})", path=path)
         if text.strip():
-            yield cudf().read_csv(io.BytesIO(text), sep=_delimiter(path), header=None, names=names, usecols=columns,
-                                  dtype=dict.fromkeys(text_columns, "str"), na_values=na_values,
-                                  keep_default_na=False, compression=None)
+            frame = cudf().read_csv(io.BytesIO(text), sep=_delimiter(path), header=None, names=names, usecols=columns,
+                                    dtype=dict.fromkeys(text_columns, "str"), na_values=na_values,
+                                    keep_default_na=False, compression=None)
+            for column in text_columns:  # quoted ones too ("NA"), as pyarrow reads them
+                frame[column] = frame[column].where(~frame[column].isin(na_values))
+            yield frame
 
 
 def _per_distinct(values: pa.Array, function: Callable[..., pa.Array], *args: object) -> pa.Array:

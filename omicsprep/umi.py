@@ -62,11 +62,22 @@ def pack_umis(umis: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     # Equal lengths: the string data is one contiguous block of n x length bytes.
     offsets = np.frombuffer(umis.buffers()[1], dtype=np.int32)[umis.offset : umis.offset + len(umis) + 1]
     data = np.frombuffer(umis.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[-1]]
-    codes = _BASE_CODES[data.reshape(len(umis), longest)]
-    valid = (codes != 255).all(axis=1)
-    packed = np.zeros(len(umis), dtype=np.uint64)
-    for position in range(longest):
-        packed = (packed << np.uint64(2)) | (codes[:, position] & 3).astype(np.uint64)
+    return _pack_equal_length(data, len(umis), longest, _BASE_CODES)
+
+
+@numba.njit(cache=True, parallel=True)
+def _pack_equal_length(data, n, length, base_codes):  # noqa: ANN001, ANN202
+    """:func:`pack_umis` on the contiguous bytes of ``n`` UMIs of ``length`` bases."""
+    packed = np.zeros(n, dtype=np.uint64)
+    valid = np.ones(n, dtype=np.bool_)
+    for i in numba.prange(n):
+        value = np.uint64(0)
+        for position in range(i * length, (i + 1) * length):
+            code = base_codes[data[position]]
+            if code == 255:
+                valid[i] = False
+            value = (value << np.uint64(2)) | np.uint64(code & 3)
+        packed[i] = value
     return packed, valid
 
 

@@ -154,6 +154,7 @@ def molecule_table(tmp_path_factory):
 def test_molecule_tables_are_read_by_cudf_as_by_pyarrow(tmp_path, suffix):
     """The GPU backend parses and filters tables with cuDF: the same usable reads and the
     same skipped reads as pyarrow, missing values, "NA" and digit-only names included."""
+    import csv
     from collections import Counter
 
     import pandas as pd
@@ -173,7 +174,8 @@ def test_molecule_tables_are_read_by_cudf_as_by_pyarrow(tmp_path, suffix):
     if suffix == ".parquet":
         reads.to_parquet(path, row_group_size=7_000)
     else:
-        reads.to_csv(path, sep="," if suffix == ".csv" else "\t", index=False)
+        reads.to_csv(path, sep="," if suffix == ".csv" else "\t", index=False,
+                     quoting=csv.QUOTE_ALL if suffix == ".csv" else csv.QUOTE_MINIMAL)
     got = {}
     for backend in ("cpu", "gpu"):
         skipped = Counter()

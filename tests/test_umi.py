@@ -15,7 +15,7 @@ from conftest import REPO
 
 from omicsprep import counting
 from omicsprep.errors import InputError
-from omicsprep.molecules import BamOptions
+from omicsprep.molecules import BamOptions, estimated_reads
 from omicsprep.umi import METHODS, pack_umis
 
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -232,6 +232,30 @@ def test_bad_molecule_table_is_one_clear_error(tmp_path, text, problem):
     path.write_text(text)
     with pytest.raises(InputError, match=rf"^file '{path}': {problem}"):
         counting.count_umis(path, fmt="molecules")
+
+
+@pytest.mark.parametrize(("name", "content", "fmt", "problem"), [
+    ("missing.tsv.gz", None, "molecules", "does not exist"),
+    ("missing.bam", None, "bam", "does not exist"),
+    ("molecules.tsv.gz", b"cell\tumi\tgene\n", "molecules", r"cannot be read as molecules \(OSError"),
+])
+def test_missing_or_undecodable_input_is_one_clear_error(tmp_path, name, content, fmt, problem):
+    path = tmp_path / name
+    if content is not None:
+        path.write_bytes(content)  # not gzip
+    with pytest.raises(InputError, match=rf"^file '{path}': {problem}"):
+        counting.count_umis(path, fmt=fmt)
+
+
+def test_row_estimate_of_a_compressed_table_is_close(tmp_path):
+    """Partitions are sized from the rows in a table's first 16 MB of text, not a full pass."""
+    reads = generate.generate_reads(600_000, n_cells=50, n_genes=2_000, seed=6)[["cell", "umi", "gene"]]
+    path = tmp_path / "molecules.tsv.gz"
+    reads.to_csv(path, sep="\t", index=False, compression={"method": "gzip", "compresslevel": 1})
+    assert abs(estimated_reads(path, fmt="molecules") / len(reads) - 1) < 0.15
+    small = tmp_path / "small.tsv"
+    reads[:1000].to_csv(small, sep="\t", index=False)
+    assert estimated_reads(small, fmt="molecules") == 1000
 
 
 def test_names_in_a_text_table_stay_as_written(tmp_path):
