@@ -1,6 +1,6 @@
 """From reads to a cell x gene count matrix, in memory bounded by a chunk size.
 
-Usable reads are streamed from a BAM/SAM file or a molecule table and spilled to Parquet
+Usable reads are streamed from a BAM/SAM file or a molecule table and spilled to Arrow
 partitions by cell (about ``chunk_rows`` reads each); each partition is deduplicated on its
 own, so every cell's molecules are counted together and peak memory follows the chunk size,
 not the input size.
@@ -117,18 +117,22 @@ def _cell_partitions(batches: Iterator[pa.Table], *, n_partitions: int, spill_di
         return
     writers: dict[int, pa.ipc.RecordBatchFileWriter] = {}
     options = pa.ipc.IpcWriteOptions(compression="lz4")
-    for reads in batches:
-        partition = _partition_of(reads.column("cell").combine_chunks(), n_partitions)
-        order = np.argsort(partition, kind="stable")  # one take, not a filter per partition
-        reads, partition = reads.take(order), partition[order]
-        parts, starts = np.unique(partition, return_index=True)
-        for part, start, end in zip(parts, starts, [*starts[1:], len(partition)], strict=True):
-            rows = reads.slice(start, end - start)
-            if part not in writers:
-                writers[part] = pa.ipc.new_file(spill_dir / f"part-{part}.arrow", rows.schema, options=options)
-            writers[part].write_table(rows)
-    for writer in writers.values():
-        writer.close()
+    try:
+        for reads in batches:
+            if reads.num_rows == 0:
+                continue
+            partition = _partition_of(reads.column("cell").combine_chunks(), n_partitions)
+            order = np.argsort(partition, kind="stable")  # one take, not a filter per partition
+            reads, partition = reads.take(order), partition[order]
+            parts, starts = np.unique(partition, return_index=True)
+            for part, start, end in zip(parts, starts, np.append(starts[1:], len(partition)), strict=True):
+                rows = reads.slice(start, end - start)
+                if part not in writers:
+                    writers[part] = pa.ipc.new_file(spill_dir / f"part-{part}.arrow", rows.schema, options=options)
+                writers[part].write_table(rows)
+    finally:
+        for writer in writers.values():
+            writer.close()
     for part in sorted(writers):
         with pa.ipc.open_file(spill_dir / f"part-{part}.arrow") as spilled:
             yield spilled.read_all()

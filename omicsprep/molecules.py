@@ -83,8 +83,8 @@ SAMPLE_BYTES = 16 << 20  # of text, to estimate a compressed table's rows
 
 def estimated_reads(path: str | Path, *, fmt: str) -> int:
     """Reads (rows) in the input: exact for Parquet, a guess for BAM, and for text from the
-    lines in its first 16 MB (exact for a smaller file): a pass over a compressed file just
-    to count its lines would cost as much as reading it."""
+    lines in its first 16 MB (all its lines for a smaller file): a pass over a compressed
+    file just to count its lines would cost as much as reading it."""
     import pyarrow.parquet as pq
 
     from omicsprep.io import STREAM_CODECS
@@ -94,9 +94,9 @@ def estimated_reads(path: str | Path, *, fmt: str) -> int:
         return max(1, path.stat().st_size // BAM_BYTES_PER_READ)
     try:
         if ".parquet" in [s.lower() for s in path.suffixes]:
-            return pq.ParquetFile(path).metadata.num_rows
+            return pq.read_metadata(path).num_rows
         with pa.OSFile(str(path)) as raw:
-            codec = STREAM_CODECS.get(path.suffix.lower())
+            codec = STREAM_CODECS.get(path.suffix)  # case-sensitive, as pyarrow's readers detect it
             text = pa.CompressedInputStream(raw, codec) if codec else raw
             sample = text.read(SAMPLE_BYTES)
             sample_bytes_in_file = raw.tell()
@@ -145,7 +145,8 @@ def usable_reads(
     except InputError:
         raise
     except BaseException as exc:  # oxbow reports corrupt input as a Rust panic
-        if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+        device_errors = (RuntimeError, MemoryError) if fmt == "molecules" and backend == "gpu" else ()
+        if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit, *device_errors)):  # not the input's fault
             raise
         raise InputError(f"cannot be read as {fmt} ({type(exc).__name__}: {exc})", path=path) from exc
 
@@ -233,13 +234,13 @@ def _table_reads_cudf(
     names = ["cell", "umi", "gene"] + (["reads"] if table.count_column else [])
     wanted = columns + ([table.count_column] if table.count_column else [])
     for chunk in _cudf_chunks(path, columns=wanted, text_columns=columns, chunk_rows=chunk_rows):
-        chunk = chunk[wanted]  # the file's column order, else
+        chunk = chunk[wanted]  # in the order of ``names`` (the reader keeps the file's)
         chunk.columns = names
         cell, umi, gene = (chunk[name] for name in ("cell", "umi", "gene"))
         checks = {
             "missing cell, UMI or gene": gene.isnull() | cell.isnull() | umi.isnull(),
-            "gene matches skip_gene_regex": gene.str.contains(skip_gene_regex or "$^", regex=True),
-            "several genes": gene.str.contains("[;,]", regex=True),
+            "gene matches skip_gene_regex": _matching_genes(gene, skip_gene_regex or "$^"),
+            "several genes": _matching_genes(gene, "[;,]"),
         }
         usable = cudf().Series(True, index=chunk.index)
         for reason, failed in checks.items():
@@ -250,9 +251,22 @@ def _table_reads_cudf(
         yield chunk[usable].to_arrow(preserve_index=False).cast(schema)
 
 
+def _matching_genes(gene, pattern: str):  # noqa: ANN001, ANN202
+    """Where the cuDF Series ``gene`` matches ``pattern``: decided for each distinct gene on
+    the host by Arrow's RE2, as on the CPU (cuDF's own regex engine accepts other patterns)."""
+    distinct = gene.dropna().unique().to_arrow()
+    return gene.isin(distinct.filter(pc.match_substring_regex(distinct, pattern)).to_pylist())
+
+
 def _cudf_chunks(path: Path, *, columns: list[str], text_columns: list[str], chunk_rows: int) -> Iterator:
     """cuDF DataFrames of about ``chunk_rows`` rows: Parquet row groups, or blocks of whole
-    lines of the (decompressed) text, parsed on the device."""
+    lines of the (decompressed) text, parsed on the device.
+
+    Raises
+    ------
+    InputError
+        An empty file, a header without the columns, or text cuDF cannot parse.
+    """
     import csv
     import io
 
@@ -263,13 +277,13 @@ def _cudf_chunks(path: Path, *, columns: list[str], text_columns: list[str], chu
     from omicsprep.io import line_blocks
 
     if ".parquet" in [s.lower() for s in path.suffixes]:
-        row_groups = pq.ParquetFile(path).metadata
+        row_groups = pq.read_metadata(path)
         group, rows = [], 0
         for index in range(row_groups.num_row_groups):
             group.append(index)
             rows += row_groups.row_group(index).num_rows
             if rows >= chunk_rows or index == row_groups.num_row_groups - 1:
-                frame = cudf().read_parquet(path, columns=columns, row_groups=group)
+                frame = _parsed(path, columns, cudf().read_parquet, path, columns=columns, row_groups=group)
                 yield frame.astype({c: "str" for c in text_columns if not is_string_dtype(frame[c].dtype)})
                 group, rows = [], 0
         return
@@ -278,17 +292,30 @@ def _cudf_chunks(path: Path, *, columns: list[str], text_columns: list[str], chu
     for text in line_blocks(path, max(1 << 20, chunk_rows * TABLE_BYTES_PER_ROW)):
         if header:  # the column names, from the first line
             first, _, text = text.partition(b"\n")
-            names, header = next(csv.reader([first.decode().rstrip("\r")], delimiter=_delimiter(path))), False
+            line = first.decode("utf-8-sig").rstrip("\r")  # a byte-order mark is no part of a name
+            names, header = next(csv.reader([line], delimiter=_delimiter(path))), False
             missing = [column for column in columns if column not in names]
             if missing:
-                raise InputError(f"has no columns {missing} (columns: {names})", path=path)
+                raise InputError(f"cannot be read as a molecule table with columns {columns} (the header lacks "
+                                 f"{missing}: {names})", path=path)
         if text.strip():
-            frame = cudf().read_csv(io.BytesIO(text), sep=_delimiter(path), header=None, names=names, usecols=columns,
-                                    dtype=dict.fromkeys(text_columns, "str"), na_values=na_values,
-                                    keep_default_na=False, compression=None)
+            frame = _parsed(path, columns, cudf().read_csv, io.BytesIO(text), sep=_delimiter(path), header=None,
+                            names=names, usecols=columns, dtype=dict.fromkeys(text_columns, "str"),
+                            na_values=na_values, keep_default_na=False, compression=None)
             for column in text_columns:  # quoted ones too ("NA"), as pyarrow reads them
                 frame[column] = frame[column].where(~frame[column].isin(na_values))
             yield frame
+    if header:
+        raise InputError(f"cannot be read as a molecule table with columns {columns} (empty file)", path=path)
+
+
+def _parsed(path: Path, columns: list[str], reader: Callable, *args: object, **options: object):  # noqa: ANN202
+    """``reader(*args, **options)``, with cuDF's parse errors (a ``RuntimeError`` from its
+    readers) as InputError; other GPU errors (``MemoryError`` from RMM) pass through."""
+    try:
+        return reader(*args, **options)
+    except RuntimeError as exc:
+        raise InputError(f"cannot be read as a molecule table with columns {columns} ({exc})", path=path) from exc
 
 
 def _per_distinct(values: pa.Array, function: Callable[..., pa.Array], *args: object) -> pa.Array:

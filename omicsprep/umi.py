@@ -53,7 +53,7 @@ def pack_umis(umis: pa.Array) -> tuple[np.ndarray, np.ndarray]:
         UMIs of mixed lengths, or longer than 32 bases.
     """
     umis = umis.cast(pa.string())
-    lengths = pc.utf8_length(umis)
+    lengths = pc.binary_length(umis)  # bytes: the kernel walks bytes (a non-ASCII base is a mixed length)
     shortest, longest = (pc.min(lengths).as_py() or 0), (pc.max(lengths).as_py() or 0)
     if shortest != longest:
         raise InputError(f"UMIs of mixed lengths ({shortest} to {longest} bases)")

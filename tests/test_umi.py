@@ -82,6 +82,8 @@ def test_cuda_kernel_counts_like_the_cpu_kernel():
 def test_mixed_umi_lengths_are_refused():
     with pytest.raises(InputError, match="mixed lengths"):
         pack_umis(pa.array(["ACGT", "ACG"]))
+    with pytest.raises(InputError, match="mixed lengths"):  # a non-ASCII base is no base
+        pack_umis(pa.array(["ACGÑ", "ACGT", "ACGT"]))
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -245,6 +247,20 @@ def test_missing_or_undecodable_input_is_one_clear_error(tmp_path, name, content
         path.write_bytes(content)  # not gzip
     with pytest.raises(InputError, match=rf"^file '{path}': {problem}"):
         counting.count_umis(path, fmt=fmt)
+
+
+def test_chunks_without_a_usable_read_are_passed_over(tmp_path):
+    """A chunk of only skipped reads (the unmapped reads that end a sorted BAM, a block of
+    unassigned rows) between partitioned chunks."""
+    reads = generate.generate_reads(40_000, n_cells=50, n_genes=500, seed=7)[["cell", "umi", "gene"]]
+    unassigned = reads.assign(gene="__no_feature")
+    path = tmp_path / "molecules.parquet"
+    pd.concat([reads, unassigned]).to_parquet(path, row_group_size=10_000)
+    whole = counting.count_umis(path, fmt="molecules", skip_gene_regex="^__")
+    chunked = counting.count_umis(path, fmt="molecules", skip_gene_regex="^__", chunk_rows=20_000)
+    assert chunked.uns["umi_dedup"]["partitions"] > 1
+    assert chunked.uns["umi_dedup"]["reads_skipped"]["gene matches skip_gene_regex"] == len(unassigned)
+    assert_same_counts(counting.long_table(chunked), counting.long_table(whole))
 
 
 def test_row_estimate_of_a_compressed_table_is_close(tmp_path):
