@@ -309,7 +309,7 @@ def _cudf_chunks(path: Path, *, columns: list[str], text_columns: list[str], chu
         raise InputError(f"cannot be read as a molecule table with columns {columns} (empty file)", path=path)
 
 
-def _parsed(path: Path, columns: list[str], reader: Callable, *args: object, **options: object):  # noqa: ANN202
+def _parsed(path: Path, columns: list[str], reader: Callable, /, *args: object, **options: object):  # noqa: ANN202
     """``reader(*args, **options)``, with cuDF's parse errors (a ``RuntimeError`` from its
     readers) as InputError; other GPU errors (``MemoryError`` from RMM) pass through."""
     try:
