@@ -68,9 +68,9 @@ def run_workflow(workdir: Path, sheet: Path, backend: str, cores: int, merge_gpu
     rundir = workdir / f"merge_{backend}_{sheet.parent.name}"
     rundir.mkdir(parents=True, exist_ok=True)
     config = yaml.safe_load(bench_config(rundir).read_text())
-    config["merge"] = {**config["merge"], "enabled": True, "dask": merge_gpus > 1}
-    (rundir / "bench_config.yaml").write_text(yaml.safe_dump(config))
     gpus = merge_gpus if backend == "gpu" else 1
+    config["merge"] = {**config["merge"], "enabled": True, "dask": gpus > 1}  # merge.dask is GPU-only
+    (rundir / "bench_config.yaml").write_text(yaml.safe_dump(config))
     wall = run_snakemake(rundir, config=rundir / "bench_config.yaml", sheet=sheet, backend=backend, cores=cores,
                          extra=["--set-resources", f"merge:gpu={gpus}", "--resources", f"gpu={gpus}"])
     row = {"backend": backend, "merge_gpus": gpus, "wall_s": round(wall, 1)}

@@ -65,7 +65,7 @@ def count_umis(
         temporary folder when ``None``.
     backend
         ``cpu``: tables read by pyarrow, molecules deduplicated by Numba (parallel).
-        ``gpu``: tables parsed and filtered by cuDF, molecules deduplicated by CUDA
+        ``gpu``: tables parsed by cuDF, molecules deduplicated by CUDA
         kernels (one transfer per partition). BAM/SAM decoding (oxbow) and partitioning
         by cell run on the CPU either way.
 

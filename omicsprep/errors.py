@@ -37,5 +37,19 @@ class InputError(ValueError):
         return InputError(self.problem, path=self.path, sample=sample)
 
 
+def existing_file(path: str | Path) -> Path:
+    """``path`` as a Path.
+
+    Raises
+    ------
+    InputError
+        No file there.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InputError("does not exist", path=path)
+    return path
+
+
 class BackendUnavailableError(RuntimeError):
     """The GPU backend was asked for explicitly but cannot be used here."""

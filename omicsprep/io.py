@@ -23,7 +23,7 @@ from matplotlib.figure import Figure
 from scipy import sparse
 
 from omicsprep.backend import Backend, cudf
-from omicsprep.errors import InputError
+from omicsprep.errors import InputError, existing_file
 
 if TYPE_CHECKING:
     from mudata import MuData
@@ -255,9 +255,7 @@ def fragment_chunks(path: str | Path, *, chunk_rows: int | None = None, backend:
     InputError
         Missing or unparsable file (e.g. non-integer coordinates).
     """
-    path = Path(path)
-    if not path.is_file():
-        raise InputError("does not exist", path=path)
+    path = existing_file(path)
     chunk_rows = FRAGMENT_CHUNK_ROWS[backend] if chunk_rows is None else chunk_rows
     chunks = _fragment_chunks_cudf(path, chunk_rows) if backend == "gpu" else _fragment_chunks_arrow(path, chunk_rows)
     try:
@@ -349,9 +347,7 @@ def read_peaks(path: str | Path) -> pd.DataFrame:
     InputError
         Missing or unparsable file, or an interval whose end is not after its start.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise InputError("does not exist", path=path)
+    path = existing_file(path)
     try:  # up to BED12's columns, so one-field track and browser lines parse too
         raw = pd.read_csv(path, sep="\t", header=None, comment="#", dtype=str, names=range(12))
         raw = raw[~raw[0].str.startswith(("track", "browser"))]
@@ -388,9 +384,7 @@ def read_chrom_sizes(path: str | Path) -> dict[str, int]:
     InputError
         Missing or unparsable file.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise InputError("does not exist", path=path)
+    path = existing_file(path)
     try:
         sizes = pd.read_csv(path, sep="\t", header=None, usecols=[0, 1], names=["chrom", "length"], comment="#",
                             dtype={"chrom": str, "length": np.int64})

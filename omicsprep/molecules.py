@@ -1,10 +1,10 @@
 """Reads with cell, UMI and gene, streamed from BAM/SAM files or molecule tables.
 
 BAM records are decoded by oxbow (Rust, Arrow-native) in batches; tables are read in
-chunks, by pyarrow on the CPU backend and by cuDF (parsed and filtered on the device) on the
-GPU backend. Filters are column operations (Arrow compute or cuDF), so no Python code runs
-per read, and the usable reads come out as Arrow tables (``cell``, ``umi``, ``gene``, and
-``reads`` when a table row stands for several reads), to be partitioned by cell.
+chunks, by pyarrow on the CPU backend and parsed by cuDF on the GPU backend. Both are
+filtered by the same Arrow compute functions, so no Python code runs per read and both
+backends skip the same reads. The usable reads come out as Arrow tables (``cell``, ``umi``,
+``gene``, and ``reads`` when a table row stands for several reads), to be partitioned by cell.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from omicsprep.backend import Backend, cudf
-from omicsprep.errors import InputError
+from omicsprep.errors import InputError, existing_file
 from omicsprep.umi import pack_umis
 
 UmiSource = Literal["tag", "read_id", "umis"]
@@ -71,13 +71,6 @@ class ReadTable:
     genes: pd.Index
 
 
-def _existing(path: str | Path) -> Path:
-    path = Path(path)
-    if not path.is_file():
-        raise InputError("does not exist", path=path)
-    return path
-
-
 SAMPLE_BYTES = 16 << 20  # of text, to estimate a compressed table's rows
 
 
@@ -89,7 +82,7 @@ def estimated_reads(path: str | Path, *, fmt: str) -> int:
 
     from omicsprep.io import STREAM_CODECS
 
-    path = _existing(path)
+    path = existing_file(path)
     if fmt != "molecules":
         return max(1, path.stat().st_size // BAM_BYTES_PER_READ)
     try:
@@ -134,12 +127,11 @@ def usable_reads(
     InputError
         Missing, truncated or unreadable input.
     """
-    path = _existing(path)
+    path = existing_file(path)
     try:
         if fmt == "molecules":
-            reader = _table_reads_cudf if backend == "gpu" else _table_reads
-            yield from reader(path, table=table, skip_gene_regex=skip_gene_regex, chunk_rows=chunk_rows,
-                              skipped=skipped)
+            yield from _table_reads(path, table=table, skip_gene_regex=skip_gene_regex, chunk_rows=chunk_rows,
+                                    skipped=skipped, backend=backend)
         else:
             yield from _bam_reads(path, bam=bam, skip_gene_regex=skip_gene_regex, skipped=skipped)
     except InputError:
@@ -214,48 +206,22 @@ def _table_batches(
 
 
 def _table_reads(
-    path: Path, *, table: TableOptions, skip_gene_regex: str, chunk_rows: int, skipped: Counter
+    path: Path, *, table: TableOptions, skip_gene_regex: str, chunk_rows: int, skipped: Counter, backend: Backend
 ) -> Iterator[pa.Table]:
+    """Usable reads of a molecule table, chunk by chunk: parsed by cuDF on the GPU backend
+    (:func:`_cudf_chunks`), by pyarrow on the CPU, and filtered by the same Arrow code."""
     columns = [table.cell_column, table.umi_column, table.gene_column]
-    for batch in _table_batches(path, columns=columns + ([table.count_column] if table.count_column else []),
-                                chunk_rows=chunk_rows, text_columns=tuple(columns)):
+    wanted = columns + ([table.count_column] if table.count_column else [])
+    if backend == "gpu":
+        chunks = (batch for chunk in _cudf_chunks(path, columns=wanted, text_columns=columns, chunk_rows=chunk_rows)
+                  for batch in chunk[wanted].to_arrow(preserve_index=False).to_batches())  # as pyarrow's
+    else:
+        chunks = _table_batches(path, columns=wanted, chunk_rows=chunk_rows, text_columns=tuple(columns))
+    for batch in chunks:
         cell, umi, gene = (batch.column(c).cast(pa.string()) for c in columns)
         usable = _usable(gene, cell, umi, skipped=skipped, skip_gene_regex=skip_gene_regex)
         reads = {"reads": batch.column(table.count_column).cast(pa.int64())} if table.count_column else {}
         yield pa.table({"cell": cell, "umi": umi, "gene": gene, **reads}).filter(usable)
-
-
-def _table_reads_cudf(
-    path: Path, *, table: TableOptions, skip_gene_regex: str, chunk_rows: int, skipped: Counter
-) -> Iterator[pa.Table]:
-    """:func:`_table_reads` on the GPU: each chunk parsed and filtered by cuDF, the same
-    reads skipped for the same reasons; only the usable reads come back to the host."""
-    columns = [table.cell_column, table.umi_column, table.gene_column]
-    names = ["cell", "umi", "gene"] + (["reads"] if table.count_column else [])
-    wanted = columns + ([table.count_column] if table.count_column else [])
-    for chunk in _cudf_chunks(path, columns=wanted, text_columns=columns, chunk_rows=chunk_rows):
-        chunk = chunk[wanted]  # in the order of ``names`` (the reader keeps the file's)
-        chunk.columns = names
-        cell, umi, gene = (chunk[name] for name in ("cell", "umi", "gene"))
-        checks = {
-            "missing cell, UMI or gene": gene.isnull() | cell.isnull() | umi.isnull(),
-            "gene matches skip_gene_regex": _matching_genes(gene, skip_gene_regex or "$^"),
-            "several genes": _matching_genes(gene, "[;,]"),
-        }
-        usable = cudf().Series(True, index=chunk.index)
-        for reason, failed in checks.items():
-            failed = usable & failed.fillna(False)
-            skipped[reason] += int(failed.sum())
-            usable &= ~failed
-        schema = pa.schema([(name, pa.int64() if name == "reads" else pa.string()) for name in names])
-        yield chunk[usable].to_arrow(preserve_index=False).cast(schema)
-
-
-def _matching_genes(gene, pattern: str):  # noqa: ANN001, ANN202
-    """Where the cuDF Series ``gene`` matches ``pattern``: decided for each distinct gene on
-    the host by Arrow's RE2, as on the CPU (cuDF's own regex engine accepts other patterns)."""
-    distinct = gene.dropna().unique().to_arrow()
-    return gene.isin(distinct.filter(pc.match_substring_regex(distinct, pattern)).to_pylist())
 
 
 def _cudf_chunks(path: Path, *, columns: list[str], text_columns: list[str], chunk_rows: int) -> Iterator:
@@ -272,7 +238,6 @@ def _cudf_chunks(path: Path, *, columns: list[str], text_columns: list[str], chu
 
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
-    from pandas.api.types import is_string_dtype
 
     from omicsprep.io import line_blocks
 
@@ -283,23 +248,22 @@ def _cudf_chunks(path: Path, *, columns: list[str], text_columns: list[str], chu
             group.append(index)
             rows += row_groups.row_group(index).num_rows
             if rows >= chunk_rows or index == row_groups.num_row_groups - 1:
-                frame = _parsed(path, columns, cudf().read_parquet, path, columns=columns, row_groups=group)
-                yield frame.astype({c: "str" for c in text_columns if not is_string_dtype(frame[c].dtype)})
+                yield _parsed(path, columns, cudf().read_parquet, path, columns=columns, row_groups=group)
                 group, rows = [], 0
         return
-    header, names = True, None
+    header, names, delimiter = True, None, _delimiter(path)
     na_values = list(pacsv.ConvertOptions().null_values)  # as pyarrow reads them on the CPU
     for text in line_blocks(path, max(1 << 20, chunk_rows * TABLE_BYTES_PER_ROW)):
         if header:  # the column names, from the first line
             first, _, text = text.partition(b"\n")
             line = first.decode("utf-8-sig").rstrip("\r")  # a byte-order mark is no part of a name
-            names, header = next(csv.reader([line], delimiter=_delimiter(path))), False
+            names, header = next(csv.reader([line], delimiter=delimiter)), False
             missing = [column for column in columns if column not in names]
             if missing:
                 raise InputError(f"cannot be read as a molecule table with columns {columns} (the header lacks "
                                  f"{missing}: {names})", path=path)
         if text.strip():
-            frame = _parsed(path, columns, cudf().read_csv, io.BytesIO(text), sep=_delimiter(path), header=None,
+            frame = _parsed(path, columns, cudf().read_csv, io.BytesIO(text), sep=delimiter, header=None,
                             names=names, usecols=columns, dtype=dict.fromkeys(text_columns, "str"),
                             na_values=na_values, keep_default_na=False, compression=None)
             for column in text_columns:  # quoted ones too ("NA"), as pyarrow reads them
@@ -318,13 +282,6 @@ def _parsed(path: Path, columns: list[str], reader: Callable, /, *args: object, 
         raise InputError(f"cannot be read as a molecule table with columns {columns} ({exc})", path=path) from exc
 
 
-def _per_distinct(values: pa.Array, function: Callable[..., pa.Array], *args: object) -> pa.Array:
-    """``function(values, *args)``, computed once per distinct value (a few thousand genes,
-    not millions of reads) and spread back to every element."""
-    encoded = pc.dictionary_encode(values)
-    return pc.take(function(encoded.dictionary, *args), encoded.indices)
-
-
 def _usable(
     gene: pa.Array,
     cell: pa.Array,
@@ -335,13 +292,19 @@ def _usable(
     unusable_alignment: pa.Array | None = None,
     low_mapq: pa.Array | None = None,
 ) -> pa.Array:
-    """Mask of usable reads; each unusable one is counted once, under its first reason."""
+    """Mask of usable reads; each unusable one is counted once, under its first reason.
+
+    The gene patterns are matched once per distinct gene (a few thousand, not millions of
+    reads) and spread back to the reads.
+    """
+    genes = pc.dictionary_encode(gene)
     checks = {
         "unmapped, secondary or supplementary": unusable_alignment,
         "below min_mapq": low_mapq,
         "missing cell, UMI or gene": pc.or_(pc.or_(pc.is_null(gene), pc.is_null(cell)), pc.is_null(umi)),
-        "gene matches skip_gene_regex": _per_distinct(gene, pc.match_substring_regex, skip_gene_regex or "$^"),
-        "several genes": _per_distinct(gene, pc.match_substring_regex, "[;,]"),
+        "gene matches skip_gene_regex": pc.take(pc.match_substring_regex(genes.dictionary, skip_gene_regex or "$^"),
+                                                genes.indices),
+        "several genes": pc.take(pc.match_substring_regex(genes.dictionary, "[;,]"), genes.indices),
     }
     usable = pa.array(np.ones(len(gene), dtype=bool))
     for reason, failed in checks.items():

@@ -183,7 +183,6 @@ def test_molecule_tables_are_read_by_cudf_as_by_pyarrow(tmp_path, suffix):
                               skip_gene_regex="^(__|Unassigned)", chunk_rows=10_000, skipped=skipped, backend=backend)
         frame = pa.concat_tables(list(tables)).to_pandas()
         got[backend] = (frame.sort_values(list(frame.columns)).reset_index(drop=True), dict(skipped))
-    print(suffix, got["gpu"][1])
     assert got["gpu"][1] == got["cpu"][1] and got["cpu"][1]["missing cell, UMI or gene"] > 0
     pd.testing.assert_frame_equal(got["gpu"][0], got["cpu"][0])
 
