@@ -32,20 +32,84 @@ def test_multi_gpu_without_gpus_fails():
 
 
 def test_versions_name_the_libraries_in_use():
+    from importlib.metadata import version
+
     import scanpy  # noqa: F401
 
     versions = module_versions()
-    assert versions["scanpy"] == scanpy.__version__
+    assert versions["scanpy"] == version("scanpy")
     assert "python" in versions
 
 
-def test_analysis_modules_import_no_gpu_library():
+# Run in a fresh interpreter: a finder placed first on sys.meta_path sees every module asked
+# for, installed or not, and answers for the GPU libraries as though they were absent (so a
+# RAPIDS machine behaves as a CPU-only one: nothing caches them in sys.modules, where a
+# second request would bypass the finders). It notes who asked: the innermost frame
+# outside importlib.
+GPU_IMPORT_PROBE = r"""
+import importlib, json, os, pkgutil, sys
+
+GPU = ("cupy", "cupyx", "cudf", "cuml", "cugraph", "rapids_singlecell", "dask_cuda", "numba.cuda", "omicsprep.umi_cuda")
+IMPORTLIB = os.path.dirname(importlib.__file__)
+asked = []
+
+
+class RecordGpuImports:
+    def find_spec(self, name, path=None, target=None):
+        if any(name == gpu or name.startswith(gpu + ".") for gpu in GPU):
+            frame = sys._getframe(1)
+            while frame.f_code.co_filename.startswith(("<frozen", IMPORTLIB)):
+                frame = frame.f_back
+            asked.append([name, f"{frame.f_code.co_filename}:{frame.f_lineno}"])
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, RecordGpuImports())
+import omicsprep
+for module in pkgutil.iter_modules(omicsprep.__path__):
+    if module.name != "umi_cuda":  # the CUDA kernel, imported by the GPU path only
+        importlib.import_module(f"omicsprep.{module.name}")
+from omicsprep import io
+from omicsprep.backend import gpu_unavailable_reason, resolve_backend
+from omicsprep.pipeline import run_clustering, run_qc
+
+sys.path.insert(0, sys.argv[1])
+from conftest import CLUSTER_PARAMS, PBMC_H5, QC_PARAMS
+
+backend = resolve_backend("cpu")
+adata = io.read_counts(PBMC_H5)[:300].copy()
+doublets = {"enabled": True, "expected_rate": 0.06, "remove": True, "max_cells_per_run": 20000}
+adata, metrics = run_qc(adata, qc_params=QC_PARAMS, doublet_params=doublets, seed=0, backend=backend)
+markers = run_clustering(adata, params={**CLUSTER_PARAMS, "pca": {"n_comps": 20}}, seed=0, backend=backend)
+io.write_table(markers, os.path.join(sys.argv[2], "markers.tsv"))
+io.write_h5ad(adata, os.path.join(sys.argv[2], "processed.h5ad"))
+cpu_path = list(asked)
+reason = gpu_unavailable_reason()  # a control: omicsprep asking for CuPy must be seen
+print(json.dumps({"cpu_path": cpu_path, "control": asked[len(cpu_path):], "reason": reason,
+                  "cells": adata.n_obs, "clusters": int(adata.obs["leiden_1.0"].nunique())}))
+"""
+
+
+def test_cpu_path_asks_for_no_gpu_library(tmp_path):
+    """The CPU chain of rules qc and cluster, run for real, never tries to import a GPU
+    library from omicsprep's code, whether or not one is installed (anndata and zarr probe
+    for CuPy themselves; that is theirs)."""
+    import json
     import subprocess
     import sys
+    from pathlib import Path
 
-    code = (
-        "import sys, omicsprep.pipeline, omicsprep.plotting, omicsprep.io, omicsprep.timings;"
-        "print(sorted(m for m in ('cupy','cudf','cuml','cugraph','rapids_singlecell') if m in sys.modules))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
+    import omicsprep
+
+    tests = Path(__file__).parent
+    run = subprocess.run([sys.executable, "-c", GPU_IMPORT_PROBE, str(tests), str(tmp_path)], capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    package = str(Path(omicsprep.__file__).parent) + "/"
+    assert 250 < seen["cells"] <= 300 and seen["clusters"] >= 2  # the chain really ran
+    assert [[name, where] for name, where in seen["cpu_path"] if where.startswith(package)] == []
+    # The recorder catches omicsprep asking for CuPy even where CuPy is absent.
+    assert [name for name, where in seen["control"] if where.startswith(package + "backend.py")][:1] == ["cupy"]
+    assert seen["reason"].startswith("CuPy/CUDA unusable (ModuleNotFoundError")
