@@ -13,7 +13,8 @@ $(VENV)/.installed: pyproject.toml requirements/cpu.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -r requirements/cpu.txt -e ".[test]"
-	# UMI-tools, the reference of the UMI tests, builds only without isolation.
+	# UMI-tools, the reference of the UMI tests, builds only without isolation (no wheel; its setup.py needs
+	# pkg_resources, gone from setuptools 81), so it is not in the test extra: there, pip install -e .[test] fails.
 	$(BIN)/python -m pip install -q "setuptools<81" cython wheel
 	$(BIN)/python -m pip install -q --no-build-isolation umi_tools==1.1.6
 	touch $@
