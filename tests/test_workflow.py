@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -56,6 +57,58 @@ def test_dry_run_of_shipped_config_and_profiles(profile):
     assert result.returncode == 0, result.stderr
     for rule in ("qc", "cluster", "plot_qc", "plot_umap", "run_times"):
         assert rule in result.stdout + result.stderr
+
+
+# The rules that may use the GPU: those whose backend the config chooses.
+GPU_RULES = sorted(set(re.findall(r'backend_for\("(\w+)"\)', "".join(
+    path.read_text() for path in (REPO / "rules").glob("*.smk")))))
+
+
+def dry_run_gpu_requests(output: str) -> dict[str, set[int]]:
+    """The ``gpu`` resource each rule's jobs request, from a dry run's job listing
+    (``rule NAME:`` then an indented ``resources: ..., gpu=N`` line; no entry counts as 0)."""
+    requests: dict[str, set[int]] = {}
+    for block in re.split(r"\n(?=rule \w+:\n)", output)[1:]:
+        rule = re.match(r"rule (\w+):", block).group(1)
+        resources = re.search(r"^\s+resources: (.*)$", block, flags=re.MULTILINE)
+        gpu = re.search(r"(?:^|, )gpu=(\d+)", resources.group(1)) if resources else None
+        requests.setdefault(rule, set()).add(int(gpu.group(1)) if gpu else 0)
+    return requests
+
+
+def every_rule_sheet(path: Path) -> Path:
+    """Samples that between them need every rule: reads (count_umis), RNA with fragments
+    (chromatin, multiome) and antibody tags alone (protein)."""
+    return write_sheet(path, [
+        f"reads\t{REPO / 'tests' / 'data' / 'umi_tools' / 'chr19_gene_tags.bam'}\tbam\t\t\t",
+        f"multiome\t{MULTIOME / 'rna.h5ad'}\t\t\t{MULTIOME / 'fragments.tsv.gz'}\t{MULTIOME / 'peaks.bed'}",
+        f"citeseq\t\t\t{CITESEQ / 'cells'}\t\t",
+    ], header="sample\tinput\tformat\tadt\tfragments\tpeaks")
+
+
+def test_gpu_rules_are_the_documented_ones():
+    assert GPU_RULES == sorted(["count_umis", "qc", "cluster", "coexpression", "protein", "chromatin", "multiome",
+                                "merge"])
+
+
+@pytest.mark.parametrize("pinned", GPU_RULES)
+def test_backend_per_rule_pins_one_rule_to_the_cpu(tmp_path, pinned):
+    """Each rule that may use the GPU can be pinned to the CPU: the config validates, the
+    pinned rule's jobs request no GPU, and every other such rule's jobs request one."""
+    sheet = every_rule_sheet(tmp_path / "s.tsv")
+    overlay = tmp_path / "merge.yaml"
+    overlay.write_text(f"merge:\n  enabled: true\nchromatin:\n  genes: {MULTIOME / 'genes.bed'}\n")
+    result = snakemake("-n", "--forceall", "--config", f"samples={sheet}", f"backend_per_rule={{{pinned}: cpu}}",
+                       workdir=tmp_path, overlay=overlay)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    requests = dry_run_gpu_requests(result.stdout + result.stderr)
+    assert set(GPU_RULES) <= set(requests), requests  # the sheet needs every such rule
+    assert requests == {rule: {0} if rule == pinned or rule not in GPU_RULES else {1} for rule in requests}
+
+
+def test_backend_per_rule_refuses_a_rule_that_never_uses_the_gpu(tmp_path):
+    result = snakemake("-n", "--config", "backend_per_rule={plot_qc: cpu}", workdir=tmp_path)
+    expect_failure(result, "Additional properties are not allowed ('plot_qc' was unexpected)")
 
 
 def test_lint_is_clean():
