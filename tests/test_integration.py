@@ -1,9 +1,17 @@
 """Many samples as one: concatenation, Harmony and the integration metrics, on the real
-PBMCs split into two batches, one given a technical (per-gene) batch effect."""
+PBMCs split into two batches, one given a technical (per-gene) batch effect; the metrics
+also on hand-built neighbour graphs and clusters with values computed by hand."""
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from anndata import AnnData
 from conftest import CLUSTER_PARAMS, MERGE_PARAMS
+from scipy import sparse
 
 from omicsprep import integration
 from omicsprep.pipeline import run_merge
@@ -30,3 +38,62 @@ def test_harmony_mixes_the_pbmc_batches_and_keeps_the_clusters(pbmc_batches):
     assert after["label_conservation"] > 0.4
     assert merged.obsm["X_pca_harmony"].shape == merged.obsm["X_pca"].shape
     assert merged.uns["omicsprep"]["merge"]["backend"] == "cpu"
+
+
+def neighbour_graph(batches: list[str], neighbours: dict[int, list[int]]) -> AnnData:
+    """Cells with a batch each and a kNN graph in obsp["distances"]: row i holds cell i's
+    neighbours (distances arbitrary: the metric counts neighbours)."""
+    rows = [cell for cell, partners in neighbours.items() for _ in partners]
+    cols = [partner for partners in neighbours.values() for partner in partners]
+    distances = sparse.csr_matrix((np.linspace(0.5, 2.0, len(rows)), (rows, cols)), shape=(len(batches),) * 2)
+    adata = AnnData(obs=pd.DataFrame({"batch": batches}, index=[f"c{i}" for i in range(len(batches))]))
+    adata.obsp["distances"] = distances
+    return adata
+
+
+def entropy(*shares: float) -> float:
+    return -sum(p * math.log(p) for p in shares)
+
+
+def test_batch_mixing_on_a_hand_built_graph():
+    # Batches A A A B B: overall shares 3/5, 2/5, whose entropy is the reference.
+    # Row i = cell i's neighbours (not symmetric: the cells *it* lists, itself left out):
+    #   c0 (A): c1 c3    -> A 1/2, B 1/2 -> H = ln 2          = 0.693147
+    #   c1 (A): c0 c2    -> A only       -> H = 0
+    #   c2 (A): c3 c4 c0 -> A 1/3, B 2/3 -> H(1/3, 2/3)       = 0.636514
+    #   c3 (B): c4       -> B only       -> H = 0
+    #   c4 (B): c0 c1 c2 c3 -> A 3/4, B 1/4 -> H(3/4, 1/4)    = 0.562335
+    # mixing = mean(H) / H(3/5, 2/5) = (1.891996 / 5) / 0.673012 = 0.562248
+    adata = neighbour_graph(["A", "A", "A", "B", "B"], {0: [1, 3], 1: [0, 2], 2: [3, 4, 0], 3: [4], 4: [0, 1, 2, 3]})
+    mean_entropy = (entropy(1 / 2, 1 / 2) + 0 + entropy(1 / 3, 2 / 3) + 0 + entropy(3 / 4, 1 / 4)) / 5
+    expected = mean_entropy / entropy(3 / 5, 2 / 5)
+    assert expected == pytest.approx(0.562248, abs=1e-6)
+    assert integration.batch_mixing(adata, key="batch") == pytest.approx(expected, rel=1e-9)
+
+
+def test_batch_mixing_is_one_for_mixed_and_zero_for_separate_batches():
+    batches = ["A", "A", "B", "B"]
+    # Each cell's neighbours hold the batches in the overall shares (1/2, 1/2): H = ln 2 each -> 1.
+    mixed = neighbour_graph(batches, {0: [1, 2], 1: [0, 3], 2: [3, 0], 3: [2, 1]})
+    assert integration.batch_mixing(mixed, key="batch") == pytest.approx(1.0, rel=1e-12)
+    # Each cell's neighbours are of its own batch only: H = 0 each -> 0.
+    separate = neighbour_graph(batches, {0: [1], 1: [0], 2: [3], 3: [2]})
+    assert integration.batch_mixing(separate, key="batch") == 0
+    # One batch: nothing to mix, 1 by definition (no division by a zero entropy).
+    single = neighbour_graph(["A"] * 3, {0: [1], 1: [2], 2: [0]})
+    assert integration.batch_mixing(single, key="batch") == 1
+
+
+def test_label_conservation_on_hand_built_clusters():
+    # Sample s1 (6 cells): own clusters a a a b b b, merged 0 0 0 1 1 1 -> the same split, ARI 1.
+    # Sample s2 (4 cells): own clusters c c d d, merged 0 1 0 1 -> every pair of the contingency
+    # table is split: sum C(n_ij, 2) = 0; rows 2, 2 and columns 2, 2 give sum C(.,2) = 2 each;
+    # expected index = 2 x 2 / C(4, 2) = 2/3, maximum = (2 + 2) / 2 = 2,
+    # ARI = (0 - 2/3) / (2 - 2/3) = -1/2.
+    # The mean over samples is (1 - 1/2) / 2 = 1/4 (weighting by cells would give 0.4).
+    obs = pd.DataFrame({
+        "sample": ["s1"] * 6 + ["s2"] * 4,
+        "sample_clusters": ["s1:a"] * 3 + ["s1:b"] * 3 + ["s2:c", "s2:c", "s2:d", "s2:d"],
+        "leiden": ["0", "0", "0", "1", "1", "1", "0", "1", "0", "1"],
+    }, index=[f"c{i}" for i in range(10)])
+    assert integration.label_conservation(AnnData(obs=obs), clusters="leiden") == pytest.approx(0.25, abs=1e-12)
