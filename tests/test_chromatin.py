@@ -79,7 +79,15 @@ def test_qc_metrics(peak_counts, fragments, barcodes):
     free = fragments[length < 147]["barcode"].value_counts().reindex(barcodes, fill_value=0)
     mono = fragments[(length >= 147) & (length <= 294)]["barcode"].value_counts().reindex(barcodes, fill_value=0)
     np.testing.assert_allclose(peak_counts.obs["nucleosome_signal"], mono / np.maximum(free, 1))
-    assert peak_counts.obs["frac_in_features"].between(0, 1).all()
+    # FRiP: a cell's fragments that overlap any peak (once, even if they touch two), over all its fragments.
+    peaks = pd.read_csv(MULTIOME / "peaks.bed", sep="\t", header=None, usecols=[0, 1, 2],
+                        names=["chrom", "start", "end"])
+    in_peaks = np.zeros(len(fragments), dtype=bool)
+    for chrom, start, end in peaks.itertuples(index=False, name=None):
+        in_peaks |= ((fragments["chrom"] == chrom) & (fragments["start"] < end) & (fragments["end"] > start)).to_numpy()
+    in_features = fragments[in_peaks]["barcode"].value_counts().reindex(barcodes, fill_value=0)
+    assert 0 < in_features.sum() < len(fragments)
+    np.testing.assert_allclose(peak_counts.obs["frac_in_features"], in_features / np.maximum(per_cell, 1), rtol=1e-12)
     assert peak_counts.uns["fragments"]["outside_cells"] > 0  # non-cell barcodes are counted apart
 
 
@@ -97,12 +105,22 @@ def test_tfidf_and_lsi_agree_with_muon(peak_counts):
 
 
 def test_lsi_drops_components_that_track_depth(peak_counts):
-    adata = peak_counts.copy()
-    chromatin.tfidf(adata, backend="cpu")
-    chromatin.lsi(adata, n_comps=10, backend="cpu")
-    kept, correlation = adata.uns["lsi"]["kept"], adata.uns["lsi"]["depth_correlation"]
-    assert adata.obsm["X_lsi"].shape == (1000, int(kept.sum()))
-    assert (np.abs(correlation[~kept]) > 0.9).all() and (np.abs(correlation[kept]) <= 0.9).all()
+    # Depth as lsi defines it: log1p of the cell's counts in the features.
+    depth = np.log1p(np.asarray(peak_counts.X.sum(axis=1)).ravel())
+    every, filtered = peak_counts.copy(), peak_counts.copy()
+    for adata, limit in ((every, 1.0), (filtered, 0.9)):
+        chromatin.tfidf(adata, backend="cpu")
+        chromatin.lsi(adata, n_comps=10, max_depth_correlation=limit, backend="cpu")
+    components = every.obsm["X_lsi"]
+    assert components.shape == (1000, 10)
+    correlation = np.array([np.corrcoef(components[:, k], depth)[0, 1] for k in range(10)])
+    np.testing.assert_allclose(every.uns["lsi"]["depth_correlation"], correlation, rtol=1e-9)
+    # On this sample the first component tracks depth (0.93) and no other does (|r| < 0.03).
+    kept = np.abs(correlation) <= 0.9
+    assert kept.tolist() == [False] + [True] * 9
+    np.testing.assert_array_equal(filtered.uns["lsi"]["kept"], kept)
+    np.testing.assert_allclose(filtered.uns["lsi"]["depth_correlation"], correlation, rtol=1e-9)
+    np.testing.assert_allclose(filtered.obsm["X_lsi"], components[:, kept], rtol=1e-9, atol=1e-9)
 
 
 def test_bad_fragments_are_one_clear_error(tmp_path, barcodes):
