@@ -6,10 +6,11 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import CITESEQ
+from conftest import CITESEQ, CLUSTER_PARAMS
 
 from omicsprep import io, protein
 from omicsprep.errors import InputError
+from omicsprep.pipeline import run_protein
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +38,15 @@ def test_qc_metrics(cells):
     adata = cells.copy()
     isotypes = protein.isotype_controls(adata)
     protein.protein_qc(adata, isotypes=isotypes)
-    np.testing.assert_allclose(adata.obs["total_adt"], dense(cells.X).sum(axis=1))
-    assert (adata.obs["isotype_adt"] <= adata.obs["total_adt"]).all()
+    counts = dense(cells.X)
+    np.testing.assert_allclose(adata.obs["total_adt"], counts.sum(axis=1))
+    # The panel's four isotype controls (IgA, IgD and IgM are real targets, not controls).
+    is_isotype = cells.var_names.str.contains(protein.ISOTYPE_PATTERN)
+    assert cells.var_names[is_isotype].tolist() == ["MouseIgG1kappaisotype_PROT", "MouseIgG2akappaisotype_PROT",
+                                                    "Mouse IgG2bkIsotype_PROT", "RatIgG2bkIsotype_PROT"]
+    isotype_counts = counts[:, is_isotype].sum(axis=1)
+    np.testing.assert_allclose(adata.obs["isotype_adt"], isotype_counts)
+    np.testing.assert_allclose(adata.obs["pct_isotype"], 100 * isotype_counts / counts.sum(axis=1))
     assert 0 < adata.obs["pct_isotype"].median() < 5  # isotypes are a small share of real tags
 
 
@@ -82,3 +90,29 @@ def test_dsb_refuses_mismatched_input(cells, empty):
         protein.dsb(cells.copy(), empty=empty[:, 1:].copy(), isotypes=[], backend="cpu")
     with pytest.raises(InputError, match="isotype controls not among the antibodies: IgG_nope"):
         protein.dsb(cells.copy(), empty=empty, isotypes=["IgG_nope"], backend="cpu")
+
+
+PROTEIN_PARAMS = {"normalization": "auto", "isotype_pattern": protein.ISOTYPE_PATTERN,
+                  "dsb": {"pseudocount": 10, "denoise": True}, "n_comps": 20}
+
+
+def test_dsb_without_empty_droplets_is_one_clear_error(cells):
+    params = {**PROTEIN_PARAMS, "normalization": "dsb"}
+    with pytest.raises(InputError) as error:
+        run_protein(cells.copy(), empty=None, params=params, clustering_params=CLUSTER_PARAMS, seed=0, backend="cpu")
+    assert str(error.value) == ("protein.normalization is dsb, which needs empty droplets "
+                                "(sample sheet column adt_empty)")
+
+
+def test_dsb_denoising_without_isotype_controls_is_one_clear_error(cells, empty):
+    """A panel without isotype controls: dsb's denoising stops (named the pattern tried);
+    it is not quietly replaced by the background alone."""
+    others = ~cells.var_names.isin(protein.isotype_controls(cells))
+    no_isotypes = cells[:, others].copy()
+    for normalization in ("auto", "dsb"):  # auto picks dsb: empty droplets are given
+        params = {**PROTEIN_PARAMS, "normalization": normalization}
+        with pytest.raises(InputError) as error:
+            run_protein(no_isotypes.copy(), empty=empty, params=params, clustering_params=CLUSTER_PARAMS, seed=0,
+                        backend="cpu")
+        assert str(error.value) == ("dsb's denoising asks for isotype controls, and none of the 83 antibodies matches "
+                                    f"protein.isotype_pattern {protein.ISOTYPE_PATTERN!r}")
