@@ -20,8 +20,8 @@ $(VENV)/.installed: pyproject.toml requirements/cpu.txt
 	touch $@
 
 run: setup
-	$(BIN)/snakemake --cores $(CORES)
-	$(BIN)/snakemake --report results/report.html
+	$(BIN)/snakemake --cores $(CORES) --configfile resources/demo/config.yaml
+	$(BIN)/snakemake --configfile resources/demo/config.yaml --report results/report.html
 
 test: setup
 	bash tests/slurm/install.sh

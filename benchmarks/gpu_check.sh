@@ -3,7 +3,11 @@
 # unpacked (see ../shared/gpu/README.md):
 #   bash .gpu/stage.sh && source .gpu/env.sh && bash benchmarks/gpu_check.sh [SECTION ...]
 # Sections (default: all; one call of the device may run 10 minutes, so split them there):
-#   tests     the GPU tests (only those matching $GPU_TESTS_K, a pytest -k expression, if set)
+#   tests     the GPU tests (only those matching $GPU_TESTS_K, a pytest -k expression, if set),
+#             required (pytest --require-gpu: without a usable GPU, or without dask_cuda, they
+#             fail instead of skipping); prints each test's outcome, the MEASURE lines (CPU-GPU
+#             agreement), pytest's summary line (passed/failed/skipped/errors) and its exit
+#             code; the script then exits non-zero if pytest failed (after the other sections)
 #   workflow  the workflow on the demo data with backend cpu, then gpu twice (cold: empty
 #             CuPy kernel cache, kernels compile; warm: the cache is on disk), and
 #             CPU-vs-GPU agreement ($WORKFLOW_RUNS picks among cpu gpu_cold gpu_warm)
@@ -48,11 +52,18 @@ python3 -c "import omicsprep.backend as b; print('gpu usable:', b.gpu_unavailabl
 
 wants() { [[ " $sections " == *" $1 "* ]]; }
 
+tests_status=0
 if wants tests; then
-echo "== GPU tests"
-python3 -m pytest -m gpu -v -s -p no:cacheprovider --tb=short ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} tests/test_gpu.py \
-  > "$out/pytest_gpu.log" 2>&1
-grep -E "PASSED|FAILED|ERROR|^E |passed|failed" "$out/pytest_gpu.log" | tail -n 60
+echo "== GPU tests (required: --require-gpu)"
+python3 -m pytest -m gpu -v -s -p no:cacheprovider --tb=short --require-gpu ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} \
+  tests/test_gpu.py > "$out/pytest_gpu.log" 2>&1
+tests_status=$?
+grep -E "PASSED|FAILED|ERROR|SKIPPED|^E " "$out/pytest_gpu.log" | tail -n 80
+echo "== CPU-GPU agreement measured (MEASURE lines)"
+grep -E "^MEASURE " "$out/pytest_gpu.log"
+echo "== pytest summary"
+grep -E "^=+ .* in [0-9.]+s" "$out/pytest_gpu.log" | tail -n 1
+echo "pytest exit code: $tests_status"
 fi
 
 if wants workflow; then
@@ -61,8 +72,8 @@ for run in ${WORKFLOW_RUNS:-cpu gpu_cold gpu_warm}; do
   dir=/tmp/omicsprep_$run; rm -rf "$dir"; mkdir -p "$dir"; ln -s "$repo/resources" "$dir/resources"
   # The cold run starts from an empty CuPy kernel cache; the warm run finds it filled.
   if [ "$run" = gpu_cold ]; then export CUPY_CACHE_DIR=/tmp/cupy_kernel_cache; rm -rf "$CUPY_CACHE_DIR"; fi
-  time snakemake -s "$repo/Snakefile" --directory "$dir" --configfile "$repo/config/config.yaml" \
-    --config backend="${run%_*}" samples="$repo/config/samples.tsv" --cores 16 --resources gpu=1 -q \
+  time snakemake -s "$repo/Snakefile" --directory "$dir" --configfile "$repo/config/config.yaml" "$repo/resources/demo/config.yaml" \
+    --config backend="${run%_*}" samples="$repo/resources/demo/samples.tsv" --cores 16 --resources gpu=1 -q \
     || { echo "workflow failed ($run)"; tail -n 30 "$dir"/logs/*/*.log; }
   cp "$dir/results/run_times.tsv" "$out/run_times_$run.tsv" 2>/dev/null
   (cd "$dir/results" && find . -type f ! -name '*.tmp*' | sort) > "/tmp/outputs_$run.txt"
@@ -151,3 +162,6 @@ cp -r benchmarks/scaling "$out/scaling"
 python3 benchmarks/run.py --cells ${E2E_CELLS:-1000000} --backends gpu --cores "$(nproc)" --host H200 --workdir /tmp/ob \
   --results "$out/RESULTS_h200.md" --scaling-dir "$out/scaling" --plot "$out/scaling.png" 2>&1 | tail -n 60
 fi
+
+# The GPU tests' verdict is the script's (the other sections report their own failures in the log).
+exit "$tests_status"

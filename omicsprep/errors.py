@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
+import shutil
 from pathlib import Path
 
 
@@ -49,6 +53,54 @@ def existing_file(path: str | Path) -> Path:
     if not path.is_file():
         raise InputError("does not exist", path=path)
     return path
+
+
+class OutOfSpaceError(OSError):
+    """The file system filled while an output was written.
+
+    Parameters
+    ----------
+    path
+        The output being written.
+    needed_bytes
+        About how large the output is (at least what was written before the disk filled).
+    """
+
+    def __init__(self, path: str | Path, *, needed_bytes: int) -> None:
+        self.path = Path(path)
+        folder = next((parent for parent in [self.path.parent, *self.path.parents] if parent.exists()), Path("."))
+        self.free_bytes = shutil.disk_usage(folder).free
+        self.mount = mount_point(folder)
+        self.needed_bytes = needed_bytes
+        super().__init__(
+            errno.ENOSPC,
+            f"{self.path}: no space left on the device: about {_size(needed_bytes)} needed, "
+            f"{_size(self.free_bytes)} free on {self.mount}",
+        )
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+def mount_point(path: Path) -> str:
+    """The mount point holding ``path``, with its file system type where /proc/mounts tells it."""
+    path = path.resolve()
+    while not os.path.ismount(path):
+        path = path.parent
+    kinds = {}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/mounts").read_text().splitlines():
+            fields = line.split()
+            if len(fields) > 2:
+                kinds[fields[1]] = fields[2]
+    return f"{path} ({kinds[str(path)]})" if str(path) in kinds else str(path)
+
+
+def _size(n_bytes: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6)):
+        if n_bytes >= scale:
+            return f"{n_bytes / scale:.1f} {unit}"
+    return f"{n_bytes / 1e3:.1f} kB"
 
 
 class BackendUnavailableError(RuntimeError):

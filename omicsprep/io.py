@@ -7,7 +7,9 @@ analysis modules take and return AnnData.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
+import logging
 import os
 import tempfile
 import warnings
@@ -23,10 +25,12 @@ from matplotlib.figure import Figure
 from scipy import sparse
 
 from omicsprep.backend import Backend, cudf
-from omicsprep.errors import InputError, existing_file
+from omicsprep.errors import InputError, OutOfSpaceError, existing_file
 
 if TYPE_CHECKING:
     from mudata import MuData
+
+log = logging.getLogger(__name__)
 
 InputFormat = Literal["10x_h5", "10x_mtx", "h5ad", "zarr", "bam", "sam", "molecules"]
 FORMATS: tuple[str, ...] = ("10x_h5", "10x_mtx", "h5ad", "zarr", "bam", "sam", "molecules")
@@ -122,7 +126,16 @@ def _read_any(path: Path, fmt: InputFormat) -> AnnData:
     return ad.read_zarr(path)
 
 
-def read_counts(path: str | Path, *, fmt: str | None = None, feature_type: str = "Gene Expression") -> AnnData:
+DuplicateBarcodes = Literal["error", "rename"]
+
+
+def read_counts(
+    path: str | Path,
+    *,
+    fmt: str | None = None,
+    feature_type: str = "Gene Expression",
+    duplicate_barcodes: DuplicateBarcodes = "error",
+) -> AnnData:
     """Read a raw count matrix as cells x genes with a CSR ``X``.
 
     Parameters
@@ -134,16 +147,23 @@ def read_counts(path: str | Path, *, fmt: str | None = None, feature_type: str =
     feature_type
         The rows of a 10x matrix to keep (``var["feature_types"]``), e.g. ``"Antibody
         Capture"`` for CITE-seq tags; matrices without feature types are kept whole.
+    duplicate_barcodes
+        A barcode that names several cells: ``"error"`` refuses the matrix (a renamed
+        barcode no longer matches the sample's fragments or antibody tags); ``"rename"``
+        appends ``-1``, ``-2``, ... to the repeats (anndata's ``obs_names_make_unique``)
+        and logs how many were renamed.
 
     Returns
     -------
-    The counts, with unique cell and gene names.
+    The counts, with unique cell and gene names (repeated gene names, common among gene
+    symbols, get anndata's suffixes).
 
     Raises
     ------
     InputError
-        Missing file, unknown or unreadable format, an empty matrix, or values that are
-        not counts (negative, fractional or non-finite).
+        Missing file, unknown or unreadable format, an empty matrix, repeated barcodes
+        (unless renamed), or values that are not counts (negative, fractional or
+        non-finite).
     """
     path = Path(path)
     fmt = resolve_format(path, fmt=fmt)
@@ -166,11 +186,26 @@ def read_counts(path: str | Path, *, fmt: str | None = None, feature_type: str =
             adata = adata[:, kept].copy()
     if adata.n_obs == 0 or adata.n_vars == 0:
         raise InputError(f"matrix is empty ({adata.n_obs} cells x {adata.n_vars} genes)", path=path)
-    adata.obs_names_make_unique()
+    _unique_barcodes(adata, path=path, duplicate_barcodes=duplicate_barcodes)
     adata.var_names_make_unique()
     adata.X = _compact_csr(adata.X)
     _check_counts(adata, path=path)
     return adata
+
+
+def _unique_barcodes(adata: AnnData, *, path: Path, duplicate_barcodes: DuplicateBarcodes) -> None:
+    repeated = adata.obs_names[adata.obs_names.duplicated()].unique().sort_values()
+    if repeated.empty:
+        return
+    shown = ", ".join(map(repr, repeated[:3])) + (", ..." if len(repeated) > 3 else "")
+    if duplicate_barcodes == "error":
+        raise InputError(
+            f"{len(repeated)} barcode(s) name more than one cell ({shown}); set duplicate_barcodes: rename "
+            "in the config to rename the repeats",
+            path=path,
+        )
+    log.warning("%s: %d repeated barcode(s) renamed with suffixes -1, -2, ... (%s)", path, len(repeated), shown)
+    adata.obs_names_make_unique()
 
 
 def _compact_csr(matrix: sparse.spmatrix | np.ndarray) -> sparse.csr_matrix:
@@ -208,16 +243,35 @@ def _umask() -> int:
     return mask
 
 
+TEMPORARY_INFIX = ".tmp"
+
+
 @contextlib.contextmanager
-def atomic_path(path: str | Path) -> Iterator[Path]:
+def atomic_path(path: str | Path, *, expected_bytes: int | None = None) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it to ``path`` only on success.
 
     Nothing partial survives a failure: the temporary file is removed when the block
-    raises.
+    raises, and temporary files that a killed writer of the same output left behind
+    (a SIGKILL runs no clean-up) are removed before writing.
+
+    Parameters
+    ----------
+    path
+        The output.
+    expected_bytes
+        About how large the output will be, named when the disk fills.
+
+    Raises
+    ------
+    OutOfSpaceError
+        The file system ran out of space while writing.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp" + path.suffix, dir=path.parent)
+    prefix = f".{path.name}."
+    for stale in path.parent.glob(f"{glob_escape(prefix)}*{TEMPORARY_INFIX}{glob_escape(path.suffix)}"):
+        stale.unlink(missing_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=prefix, suffix=TEMPORARY_INFIX + path.suffix, dir=path.parent)
     os.close(fd)
     tmp = Path(tmp_name)
     try:
@@ -225,8 +279,45 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         # mkstemp creates the file private (0600); give it the permissions of a normal file.
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
+    except Exception as exc:
+        if out_of_space(exc):
+            written = tmp.stat().st_size if tmp.is_file() else 0
+            tmp.unlink(missing_ok=True)  # before the free space is measured
+            raise OutOfSpaceError(path, needed_bytes=max(expected_bytes or 0, written)) from exc
+        raise
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def glob_escape(text: str) -> str:
+    """``text`` matched literally by :meth:`Path.glob` (sample names may hold ``[``)."""
+    return "".join(f"[{char}]" if char in "*?[" else char for char in text)
+
+
+def out_of_space(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception it was raised from) is a full file system; h5py
+    reports it only in the message of an ``OSError`` without ``errno``."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and (seen.errno == errno.ENOSPC or "No space left on device" in str(seen)):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def stored_bytes(adata: AnnData) -> int:
+    """About how many bytes ``adata`` takes uncompressed on disk: its matrices' and
+    tables' buffers."""
+    total = 0
+    arrays = [adata.X, *adata.layers.values(), *adata.obsm.values(), *adata.varm.values(), *adata.obsp.values()]
+    for array in arrays:
+        if sparse.issparse(array):
+            total += array.data.nbytes + array.indices.nbytes + array.indptr.nbytes
+        elif hasattr(array, "nbytes"):
+            total += int(array.nbytes)
+    for frame in (adata.obs, adata.var):
+        total += int(frame.memory_usage(deep=True).sum())
+    return total
 
 
 def read_h5ad(path: str | Path) -> AnnData:
@@ -404,13 +495,14 @@ def write_h5ad(adata: AnnData, path: str | Path, *, compression: Literal["lzf", 
     """Write ``adata`` to ``path`` atomically; uncompressed by default (anndata's default:
     at 1M cells lzf made writing 3.7x slower), or with one of HDF5's filters that every
     h5ad reader has."""
-    with atomic_path(path) as tmp:
+    with atomic_path(path, expected_bytes=stored_bytes(adata)) as tmp:
         adata.write_h5ad(tmp, compression=compression)
 
 
 def write_h5mu(mdata: MuData, path: str | Path) -> None:
     """Write a MuData to ``path`` atomically."""
-    with atomic_path(path) as tmp:
+    expected = sum(stored_bytes(modality) for modality in mdata.mod.values())
+    with atomic_path(path, expected_bytes=expected) as tmp:
         mdata.write_h5mu(tmp)
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from omicsprep.errors import BackendUnavailableError, InputError
+from omicsprep.errors import BackendUnavailableError, InputError, OutOfSpaceError
 
 log = logging.getLogger("omicsprep")
 
@@ -17,9 +19,12 @@ def run_script(
 ) -> None:
     """Run a rule's script body with logging to ``log_path`` and one-line user errors.
 
-    Logging, warnings and standard error go to the log. Bad input and an unusable backend
-    end the rule with a single message naming the sample, the file and the problem, on
-    the console and in the log; anything else keeps its traceback, in the log.
+    Logging, warnings and standard error (the C libraries' too, such as HDF5's error
+    stack) go to the log. Bad input, an unusable backend and a full disk end the rule
+    with a single message naming the sample, the file and the problem, on the console
+    and in the log (with the traceback for a full disk); anything else keeps its
+    traceback, in the log. SIGTERM (a cancelled job) unwinds the script, so that no
+    temporary output is left behind.
 
     Parameters
     ----------
@@ -32,9 +37,11 @@ def run_script(
     threads
         The rule's threads: BLAS/OpenMP pools and Numba use no more.
     """
-    console = sys.__stderr__
+    console = os.fdopen(os.dup(2), "w", buffering=1)
     log_file = open(log_path, "w", buffering=1)  # noqa: SIM115 - lives as long as the process
+    os.dup2(log_file.fileno(), 2)
     sys.stderr = log_file
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     logging.basicConfig(
         stream=log_file, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True
     )
@@ -49,9 +56,17 @@ def run_script(
         log.error("%s", exc)
         print(f"omicsprep error: {exc}", file=console)
         sys.exit(1)
+    except OutOfSpaceError as exc:
+        log.error("%s", exc, exc_info=True)
+        print(f"omicsprep error: sample {sample!r}: {exc}" if sample else f"omicsprep error: {exc}", file=console)
+        sys.exit(1)
     except Exception:
         log.exception("failed")
         raise
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    sys.exit(128 + signum)
 
 
 def limit_threads(threads: int) -> None:

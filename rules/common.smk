@@ -1,10 +1,14 @@
 # Helpers of every stage: configuration and sample sheet validation, input functions.
 
 import csv
+import difflib
+import re
 import sys
 from pathlib import Path
 
 import pandas as pd
+import yaml
+from jsonschema import Draft202012Validator
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
@@ -13,50 +17,130 @@ from omicsprep.errors import InputError
 from omicsprep.io import READ_FORMATS, resolve_format
 from omicsprep.pipeline import CLUSTER_SECTIONS
 
-validate(config, schema="../config/schemas/config.schema.yaml", set_default=True)
+CONFIG_SCHEMA = Path(workflow.basedir) / "config" / "schemas" / "config.schema.yaml"
+SAMPLES_SCHEMA = Path(workflow.basedir) / "config" / "schemas" / "samples.schema.yaml"
+
+
+def validated_config(config):
+    """The config, checked against its schema with defaults filled in.
+
+    Snakemake reads nested values given with --config (``markers={resolution: 2.0}``)
+    as text: text where the schema wants a number, a boolean or a list is read as YAML
+    first. Every problem is named on one line, with its key.
+    """
+    schema = yaml.safe_load(CONFIG_SCHEMA.read_text())
+    validator = Draft202012Validator(schema)
+    while True:
+        retyped = False
+        for error in validator.iter_errors(config):
+            if error.validator == "type" and isinstance(error.instance, str) and error.absolute_path:
+                value = yaml.safe_load(error.instance)
+                if not isinstance(value, str) and Draft202012Validator(error.schema).is_valid(value):
+                    set_nested(config, list(error.absolute_path), value)
+                    retyped = True
+        if not retyped:
+            break
+    problems = [
+        f"{'.'.join(map(str, error.absolute_path)) or 'config'}: {error.message}"
+        for error in sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
+    ]
+    if problems:
+        raise WorkflowError("config: " + "; ".join(problems) + " (keys and defaults: config/schemas/config.schema.yaml)")
+    validate(config, schema=str(CONFIG_SCHEMA), set_default=True)
+    return config
+
+
+def set_nested(mapping, keys, value):
+    for key in keys[:-1]:
+        mapping = mapping[key]
+    mapping[keys[-1]] = value
+
+
+validated_config(config)
 
 REQUIRED_COLUMNS = ("sample", "input")
 OPTIONAL_COLUMNS = ("format", "batch", "adt", "adt_empty", "fragments", "peaks")
+KNOWN_COLUMNS = REQUIRED_COLUMNS + OPTIONAL_COLUMNS
 
 
 def load_sample_sheet(path):
-    """Read and check the sample sheet; every problem names the sheet and the sample."""
+    """Read and check the sample sheet; every problem names the sheet, the line or sample
+    and the column, on one line.
+
+    Spreadsheet exports are accepted: a UTF-8 byte-order mark is dropped, and so are blank
+    rows (tabs only). Lines starting with ``#`` are comments. Columns other than the known
+    ones are sample metadata, copied into ``obs``; a near-miss of a known column
+    (``fragment``, ``Input``) is refused.
+    """
     sheet = Path(path)
+    where = f"sample sheet {str(sheet)!r}"
     if not sheet.is_file():
-        raise WorkflowError(f"sample sheet {str(sheet)!r} does not exist (config key 'samples')")
-    with sheet.open(newline="") as handle:
-        header = next(csv.reader(handle, delimiter="\t"), [])
-    duplicated = sorted({name for name in header if header.count(name) > 1})
-    if duplicated:
-        raise WorkflowError(f"sample sheet {str(sheet)!r}: duplicate columns {duplicated}")
-    missing = [name for name in REQUIRED_COLUMNS if name not in header]
-    if missing:
-        raise WorkflowError(f"sample sheet {str(sheet)!r}: missing columns {missing} (found {header})")
-    samples = pd.read_csv(sheet, sep="\t", dtype=str, keep_default_na=False)
-    if samples.empty:
-        raise WorkflowError(f"sample sheet {str(sheet)!r} lists no samples")
+        raise WorkflowError(f"{where} does not exist (config key 'samples')")
+    with sheet.open(newline="", encoding="utf-8-sig") as handle:
+        lines = [(number, fields) for number, fields in enumerate(csv.reader(handle, delimiter="\t"), start=1)
+                 if any(field.strip() for field in fields) and not fields[0].startswith("#")]
+    if not lines:
+        raise WorkflowError(f"{where} is empty")
+    (_, header), rows = lines[0], lines[1:]
+    check_columns(header, where)
+    if not rows:
+        raise WorkflowError(f"{where} lists no samples: add one row per sample")
+    for number, fields in rows:
+        if any(field.strip() for field in fields[len(header):]):
+            raise WorkflowError(f"{where}: line {number} has {len(fields)} fields, the header {len(header)}")
+    # Short rows (trailing empty fields left out) are padded.
+    samples = pd.DataFrame([(fields + [""] * len(header))[: len(header)] for _, fields in rows], columns=header,
+                           dtype=str)
+    samples.index = [number for number, _ in rows]
     if "merged" in set(samples["sample"]):
-        raise WorkflowError(f"sample sheet {str(sheet)!r}: 'merged' is reserved (results/merged/ holds all samples)")
+        raise WorkflowError(f"{where}: 'merged' is reserved (results/merged/ holds all samples)")
     repeated = sorted(samples.loc[samples["sample"].duplicated(), "sample"].unique())
     if repeated:
-        raise WorkflowError(f"sample sheet {str(sheet)!r}: samples listed more than once: {repeated}")
-    try:
-        validate(samples, schema="../config/schemas/samples.schema.yaml")
-    except WorkflowError as exc:
-        raise WorkflowError(f"sample sheet {str(sheet)!r} does not match its schema", exc)
+        raise WorkflowError(f"{where}: samples listed more than once: {repeated}")
+    validator = Draft202012Validator(yaml.safe_load(SAMPLES_SCHEMA.read_text()))
+    for number, row in samples.iterrows():
+        for error in validator.iter_errors({column: row[column] for column in KNOWN_COLUMNS if column in row}):
+            column = error.absolute_path[0] if error.absolute_path else None
+            described = f" ({error.schema['description']})" if error.validator == "pattern" else ""
+            raise WorkflowError(f"{where}: line {number} (sample {row['sample']!r}): column {column!r}: "
+                                f"{error.message}{described}")
     for column in OPTIONAL_COLUMNS:
         if column not in samples:
             samples[column] = ""
     for row in samples.itertuples():
         problem = modality_problem(row)
         if problem:
-            raise WorkflowError(f"sample sheet {str(sheet)!r}: sample {row.sample!r}: {problem}")
+            raise WorkflowError(f"{where}: sample {row.sample!r}: {problem}")
         try:
             if row.input:
                 samples.loc[row.Index, "format"] = resolve_format(row.input, fmt=row.format)
         except InputError as exc:
-            raise WorkflowError(f"sample sheet {str(sheet)!r}: {exc.for_sample(row.sample)}")
+            raise WorkflowError(f"{where}: {exc.for_sample(row.sample)}")
     return samples.set_index("sample", drop=False)
+
+
+def check_columns(header, where):
+    """Refuse repeated, missing and near-miss columns."""
+    duplicated = sorted({name for name in header if header.count(name) > 1})
+    if duplicated:
+        raise WorkflowError(f"{where}: duplicate columns {duplicated}")
+    for name in header:
+        if name in KNOWN_COLUMNS:
+            continue
+        near = [known for known in KNOWN_COLUMNS if known == name.strip().lower().replace("-", "_")]
+        near = near or difflib.get_close_matches(name.lower(), KNOWN_COLUMNS, n=1, cutoff=0.75)
+        if near:
+            raise WorkflowError(f"{where}: unknown column {name!r}: did you mean {near[0]!r}? (known columns: "
+                                f"{', '.join(KNOWN_COLUMNS)}; others are sample metadata, copied into obs)")
+        if not METADATA_NAME.fullmatch(name):
+            raise WorkflowError(f"{where}: column name {name!r}: metadata columns are named with letters, digits "
+                                "and '_', starting with a letter")
+    missing = [name for name in REQUIRED_COLUMNS if name not in header]
+    if missing:
+        raise WorkflowError(f"{where}: missing columns {missing} (found {header})")
+
+
+METADATA_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 
 
 def modality_problem(row):
@@ -144,8 +228,11 @@ def counts_format(wildcards):
     return "h5ad" if is_reads(wildcards.sample) else SAMPLE_SHEET.loc[wildcards.sample, "format"]
 
 
-def sample_batch(wildcards):
-    return SAMPLE_SHEET.loc[wildcards.sample, "batch"]
+def sample_metadata(wildcards):
+    """The sample's obs annotations: its batch and the sheet's metadata columns, where given."""
+    row = SAMPLE_SHEET.loc[wildcards.sample]
+    columns = ["batch", *(column for column in SAMPLE_SHEET.columns if column not in KNOWN_COLUMNS)]
+    return {column: row[column] for column in columns if row[column]}
 
 
 def protein_inputs(wildcards):

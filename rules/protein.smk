@@ -8,6 +8,7 @@ rule protein:
     params:
         backend=backend_for("protein"),
         protein=config["protein"],
+        duplicate_barcodes=config["duplicate_barcodes"],
         clustering=modality_clustering_params(),
         seed=config["seed"],
     resources:

@@ -7,7 +7,8 @@ rule qc:
     params:
         backend=backend_for("qc"),
         format=counts_format,
-        batch=sample_batch,
+        metadata=sample_metadata,
+        duplicate_barcodes=config["duplicate_barcodes"],
         qc=config["qc"],
         doublets=config["doublets"],
         seed=config["seed"],

@@ -10,9 +10,11 @@ snakemake = snakemake  # noqa: F821, PLW0127 - injected by Snakemake
 
 def main() -> None:
     backend = resolve_backend(snakemake.params.backend)
-    adata = io.read_counts(snakemake.input.adt, feature_type="Antibody Capture")
+    duplicates = snakemake.params.duplicate_barcodes
+    adata = io.read_counts(snakemake.input.adt, feature_type="Antibody Capture", duplicate_barcodes=duplicates)
     has_empty = "empty" in snakemake.input.keys()
-    empty = io.read_counts(snakemake.input.empty, feature_type="Antibody Capture") if has_empty else None
+    empty = (io.read_counts(snakemake.input.empty, feature_type="Antibody Capture", duplicate_barcodes=duplicates)
+             if has_empty else None)
     run_protein(adata, empty=empty, params=snakemake.params.protein, clustering_params=snakemake.params.clustering,
                 seed=snakemake.params.seed, backend=backend)
     io.write_h5ad(adata, snakemake.output.h5ad, compression=snakemake.config["h5ad_compression"])

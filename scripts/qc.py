@@ -10,10 +10,12 @@ snakemake = snakemake  # noqa: F821, PLW0127 - injected by Snakemake
 
 def main() -> None:
     backend = resolve_backend(snakemake.params.backend)
-    adata = io.read_counts(snakemake.input.counts, fmt=snakemake.params.format)
+    adata = io.read_counts(
+        snakemake.input.counts, fmt=snakemake.params.format, duplicate_barcodes=snakemake.params.duplicate_barcodes
+    )
     adata.obs["sample"] = snakemake.wildcards.sample
-    if snakemake.params.batch:
-        adata.obs["batch"] = snakemake.params.batch
+    for column, value in snakemake.params.metadata.items():
+        adata.obs[column] = value
     adata, metrics = run_qc(
         adata,
         qc_params=snakemake.params.qc,

@@ -35,13 +35,17 @@ OUTPUTS = [
 ]
 
 
+DEMO_CONFIG = REPO / "resources" / "demo" / "config.yaml"
+
+
 def snakemake(*args: str, workdir: Path | None = None, overlay: Path | None = None) -> subprocess.CompletedProcess:
-    """Run the workflow; with ``workdir``, there with the shipped config (and ``overlay``'s
-    settings over it)."""
-    command = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), *args]
+    """Run the workflow with the shipped config and the demo's settings over it (and
+    ``overlay``'s over those); with ``workdir``, there."""
+    command = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), *args,
+               "--configfile", str(REPO / "config" / "config.yaml"), str(DEMO_CONFIG),
+               *([str(overlay)] if overlay else [])]
     if workdir is not None:
-        command += ["--directory", str(workdir), "--configfile", str(REPO / "config" / "config.yaml"),
-                    *([str(overlay)] if overlay else [])]
+        command += ["--directory", str(workdir)]
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1200)
 
 

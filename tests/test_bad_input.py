@@ -1,0 +1,243 @@
+"""Hostile input and conditions: each problem is named on one line, and nothing partial
+or temporary is left behind (a killed write, a full disk)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import anndata as ad
+import pytest
+import yaml
+from conftest import PBMC_H5, REPO
+from test_workflow import snakemake, write_sheet
+
+from omicsprep import io
+from omicsprep.errors import InputError
+
+# The first four barcodes of the chr21 PBMCs, sorted.
+REPEATED = ["AAACCCAAGGAGAGTA-1", "AAACGCTTCAGCCCAG-1", "AAAGAACAGACGACTG-1", "AAAGAACCAATGGCAG-1"]
+
+
+@pytest.fixture(scope="module")
+def repeated_barcodes(tmp_path_factory) -> Path:
+    """The chr21 PBMCs with four barcodes given to a second cell each."""
+    counts = io.read_counts(PBMC_H5)
+    names = counts.obs_names.to_list()
+    assert sorted(names[:4]) == REPEATED
+    for offset, barcode in enumerate(REPEATED):
+        names[-1 - offset] = barcode
+    counts.obs_names = names
+    path = tmp_path_factory.mktemp("repeated") / "counts.h5ad"
+    counts.write_h5ad(path)
+    return path
+
+
+def test_repeated_barcodes_are_refused_with_their_count_and_first_ones(repeated_barcodes):
+    with pytest.raises(InputError) as caught:
+        io.read_counts(repeated_barcodes)
+    message = str(caught.value)
+    assert message.startswith(f"file '{repeated_barcodes}': 4 barcode(s) name more than one cell")
+    assert all(barcode in message for barcode in sorted(REPEATED)[:3])
+    assert "duplicate_barcodes: rename" in message
+
+
+def test_repeated_barcodes_are_renamed_and_logged_when_asked(repeated_barcodes, caplog):
+    with caplog.at_level(logging.WARNING, logger="omicsprep"):
+        counts = io.read_counts(repeated_barcodes, duplicate_barcodes="rename")
+    assert counts.obs_names.is_unique
+    assert {f"{barcode}-1" for barcode in REPEATED} <= set(counts.obs_names)
+    assert "4 repeated barcode(s) renamed" in caplog.text
+
+
+@pytest.fixture(scope="module")
+def spreadsheet_run(tmp_path_factory, repeated_barcodes):
+    """One workflow run (qc only) over a sheet as a spreadsheet exports it (byte-order mark,
+    tab-only trailing rows, a metadata column), with a sample whose barcodes repeat."""
+    workdir = tmp_path_factory.mktemp("spreadsheet")
+    sheet = workdir / "samples.tsv"
+    rows = ["sample\tinput\tcondition", f"pbmc\t{PBMC_H5}\tstimulated", f"repeats\t{repeated_barcodes}\tcontrol"]
+    sheet.write_bytes(b"\xef\xbb\xbf" + "\r\n".join([*rows, "\t\t", "\t\t", ""]).encode())
+    targets = ["results/pbmc/qc.h5ad", "results/repeats/qc.h5ad"]
+    result = snakemake(*targets, "--cores", "2", "--keep-going", "--config", f"samples={sheet}", "backend=cpu",
+                       workdir=workdir)
+    return workdir, result
+
+
+def test_a_spreadsheet_export_is_read_and_its_metadata_copied_into_obs(spreadsheet_run):
+    workdir, _ = spreadsheet_run
+    obs = ad.read_h5ad(workdir / "results" / "pbmc" / "qc.h5ad").obs
+    assert (obs["condition"] == "stimulated").all()
+    assert (obs["sample"] == "pbmc").all()
+
+
+def test_repeated_barcodes_stop_their_sample_with_one_line(spreadsheet_run, repeated_barcodes):
+    workdir, result = spreadsheet_run
+    assert result.returncode != 0
+    errors = [line for line in (result.stdout + result.stderr).splitlines() if "omicsprep error" in line]
+    assert errors == [f"omicsprep error: sample 'repeats': file '{repeated_barcodes}': 4 barcode(s) name more than "
+                      f"one cell ('{sorted(REPEATED)[0]}', '{sorted(REPEATED)[1]}', '{sorted(REPEATED)[2]}', ...); "
+                      "set duplicate_barcodes: rename in the config to rename the repeats"]
+    assert not any((workdir / "results" / "repeats").rglob("*"))
+
+
+def dry_run_error(tmp_path: Path, *config: str) -> str:
+    """The one-line error of a dry run with ``config``; fails the test if it succeeds."""
+    result = snakemake("-n", "--config", *config, workdir=tmp_path)
+    assert result.returncode != 0, result.stdout[-2000:]
+    return result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("header", "row", "message"),
+    [
+        ("sample\tinput\tfragment", f"a\t{PBMC_H5}\tx", "unknown column 'fragment': did you mean 'fragments'?"),
+        ("Sample\tinput", f"a\t{PBMC_H5}", "unknown column 'Sample': did you mean 'sample'?"),
+        ("sample\tinput\tformat", f"a\t{PBMC_H5}\th5",
+         "line 3 (sample 'a'): column 'format': 'h5' is not one of ['', '10x_h5', '10x_mtx', 'h5ad', 'zarr', 'bam', "
+         "'sam', 'molecules']"),
+        ("sample\tinput", f"a b\t{PBMC_H5}", "line 3 (sample 'a b'): column 'sample': 'a b' does not match"),
+        ("sample\tinput", f"a\t{PBMC_H5}\textra", "line 3 has 3 fields, the header 2"),
+        ("sample\tinput\tdonor name", f"a\t{PBMC_H5}\td1", "column name 'donor name': metadata columns are named"),
+    ],
+)
+def test_sheet_problems_name_the_line_sample_and_column(tmp_path, header, row, message):
+    sheet = write_sheet(tmp_path / "s.tsv", ["# a comment line", row], header=header)
+    stderr = dry_run_error(tmp_path, f"samples={sheet}")
+    assert f"sample sheet '{sheet}': {message}" in stderr
+    assert "row 0" not in stderr and "properties" not in stderr  # no schema dump
+
+
+def test_nested_command_line_values_are_read_as_yaml(tmp_path):
+    sheet = write_sheet(tmp_path / "s.tsv", [f"pbmc\t{PBMC_H5}"])
+    result = snakemake("-n", "--config", f"samples={sheet}", "markers={resolution: 0.5}",
+                       "qc={filter: {min_genes: 50, max_pct_mt: 12.5}}", "doublets={enabled: false}", workdir=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    stderr = dry_run_error(tmp_path, f"samples={sheet}", "markers={resolution: high}")
+    assert "config: markers.resolution: 'high' is not of type 'number'" in stderr
+
+
+def test_the_shipped_config_is_for_real_samples_and_the_demo_has_its_own():
+    shipped = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    schema = yaml.safe_load((REPO / "config" / "schemas" / "config.schema.yaml").read_text())
+    assert shipped["qc"]["filter"]["min_genes"] == schema["properties"]["qc"]["properties"]["filter"]["properties"][
+        "min_genes"]["default"] == 200
+    assert shipped["chromatin"]["genes"] is None
+    assert shipped["samples"] == "config/samples.tsv"
+    assert not [value for value in leaves(shipped) if "resources/demo" in str(value)]
+    result = subprocess.run([sys.executable, "-m", "snakemake", "-n"], cwd=REPO, capture_output=True, text=True)
+    assert "sample sheet 'config/samples.tsv' lists no samples: add one row per sample" in result.stdout
+    demo = yaml.safe_load((REPO / "resources" / "demo" / "config.yaml").read_text())
+    assert demo["qc"]["filter"]["min_genes"] == 10
+    assert (REPO / demo["samples"]).is_file() and (REPO / demo["chromatin"]["genes"]).is_file()
+
+
+def leaves(mapping: dict) -> list:
+    """Every value of a nested mapping."""
+    return [value for item in mapping.values() for value in (leaves(item) if isinstance(item, dict) else [item])]
+
+
+# A writer that stops inside an output's temporary file: it has written some bytes, tells
+# the test it is there, and waits to be killed.
+STALLED_WRITER = """
+import sys, time
+from omicsprep import io
+with io.atomic_path(sys.argv[1]) as tmp:
+    tmp.write_bytes(b"partial")
+    print(tmp, flush=True)
+    time.sleep(60)
+"""
+
+
+def stalled_writer(output: Path) -> tuple[subprocess.Popen, Path]:
+    writer = subprocess.Popen([sys.executable, "-c", STALLED_WRITER, str(output)], stdout=subprocess.PIPE, text=True)
+    temporary = Path(writer.stdout.readline().strip())
+    assert temporary.is_file() and temporary.parent == output.parent
+    return writer, temporary
+
+
+def test_a_write_killed_by_sigkill_leaves_nothing_after_the_rerun(tmp_path, pbmc):
+    output = tmp_path / "results" / "pbmc" / "qc.h5ad"
+    writer, temporary = stalled_writer(output)
+    writer.send_signal(signal.SIGKILL)
+    writer.wait(timeout=30)
+    assert temporary.is_file() and not output.exists()  # SIGKILL runs no clean-up
+    io.write_h5ad(pbmc, output)  # the rule's next run
+    assert sorted(output.parent.iterdir()) == [output]
+
+
+SCRIPT_WRITING = """
+import sys, time
+from omicsprep import io
+from omicsprep.workflow import run_script
+
+def main():
+    with io.atomic_path(sys.argv[1]) as tmp:
+        tmp.write_bytes(b"partial")
+        print(tmp, flush=True)
+        time.sleep(60)
+
+run_script(main, log_path=sys.argv[2], sample="pbmc")
+"""
+
+
+def test_a_cancelled_rule_removes_its_temporary_file(tmp_path):
+    output = tmp_path / "qc.h5ad"
+    script = subprocess.Popen([sys.executable, "-c", SCRIPT_WRITING, str(output), str(tmp_path / "qc.log")],
+                              stdout=subprocess.PIPE, text=True)
+    temporary = Path(script.stdout.readline().strip())
+    assert temporary.is_file()
+    script.send_signal(signal.SIGTERM)  # what Snakemake and SLURM send to a cancelled job
+    assert script.wait(timeout=30) == 128 + signal.SIGTERM
+    assert list(tmp_path.iterdir()) == [tmp_path / "qc.log"]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """``tmp_path/results`` on a 400 kB tmpfs: room for the chr21 PBMCs' QC table, not their h5ad."""
+    results = tmp_path / "results"
+    results.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(results)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    yield tmp_path
+    subprocess.run(["umount", str(results)], check=True)
+
+
+def test_a_full_disk_is_one_line_and_the_traceback_goes_to_the_log(small_disk):
+    sheet = write_sheet(small_disk / "s.tsv", [f"pbmc\t{PBMC_H5}"])
+    result = snakemake("results/pbmc/qc.h5ad", "--cores", "2", "--config", f"samples={sheet}", "backend=cpu",
+                       workdir=small_disk)
+    assert result.returncode != 0
+    console = result.stdout + result.stderr
+    errors = [line for line in console.splitlines() if "space" in line.lower()]
+    assert len(errors) == 1, console[-5000:]
+    assert errors[0].startswith("omicsprep error: sample 'pbmc': results/pbmc/qc.h5ad: no space left on the device: "
+                                "about ")
+    assert f"free on {small_disk / 'results'} (tmpfs)" in errors[0]
+    assert "Traceback" not in console and "HDF5" not in console
+    log = (small_disk / "logs" / "qc" / "pbmc.log").read_text()
+    assert "Traceback" in log and "No space left on device" in log
+    assert not any((small_disk / "results").rglob("*.*"))  # no temporary or partial output
+
+
+def test_out_of_space_names_what_is_needed_and_free(tmp_path, small_disk):
+    del tmp_path
+    code = textwrap.dedent(f"""
+        import numpy as np
+        from anndata import AnnData
+        from omicsprep import io
+        io.write_h5ad(AnnData(np.ones((1000, 200), dtype=np.float32)), "{small_disk}/results/big.h5ad")
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ)
+    assert "OutOfSpaceError: " in result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    # 800 kB of counts and 72 kB of cell and gene names; a 400 kB tmpfs
+    assert "big.h5ad: no space left on the device: about 871.8 kB needed, 409.6 kB free on " in line, line
+    assert list((small_disk / "results").iterdir()) == []
