@@ -1,8 +1,12 @@
-"""Shared fixtures: the bundled real datasets, and GPU detection for the `gpu` marker."""
+"""Shared fixtures: the bundled real datasets, and GPU detection for the `gpu` marker (skipped
+without a usable GPU; failed instead under `--require-gpu` or `OMICSPREP_REQUIRE_GPU=1`)."""
 
 from __future__ import annotations
 
+import importlib
+import os
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pandas as pd
@@ -65,14 +69,52 @@ def multiome_rna() -> AnnData:
     return rna
 
 
+REQUIRE_GPU_ENV = "OMICSPREP_REQUIRE_GPU"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--require-gpu", action="store_true",
+        default=os.environ.get(REQUIRE_GPU_ENV, "").strip() not in ("", "0", "false", "no"),
+        help=f"the GPU tests must run: without a usable GPU they fail instead of being skipped, and so does a "
+             f"GPU library they import (also set by {REQUIRE_GPU_ENV}=1)",
+    )
+
+
+def gpu_required(config: pytest.Config) -> bool:
+    """Whether this run requires the GPU tests (``--require-gpu`` or ``OMICSPREP_REQUIRE_GPU=1``)."""
+    return bool(config.getoption("require_gpu"))
+
+
+def import_for_gpu_test(config: pytest.Config, module: str) -> ModuleType:
+    """Import a module a GPU test needs: skip the test without it, unless the GPU tests are
+    required, where a missing module is a failure."""
+    if not gpu_required(config):
+        return pytest.importorskip(module)
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        pytest.fail(f"GPU tests are required (--require-gpu) and {module} does not import: {exc}", pytrace=False)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     reason = gpu_unavailable_reason() if any("gpu" in item.keywords for item in items) else None
-    if reason is None:
+    if reason is None or gpu_required(config):  # required: pytest_runtest_setup fails them instead
         return
     skip = pytest.mark.skip(reason=f"no usable GPU: {reason}")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Under --require-gpu, a GPU test without a usable GPU fails (pytest counts it as an
+    error, since it fails before its fixtures are set up), giving the reason."""
+    if "gpu" in item.keywords and gpu_required(item.config):
+        reason = gpu_unavailable_reason()
+        if reason is not None:
+            pytest.fail(f"GPU tests are required (--require-gpu) but no GPU is usable: {reason}", pytrace=False)
 
 
 @pytest.fixture
