@@ -38,9 +38,9 @@ def measure(n_genes: int, n_cells: int, backend: str, top_k: int) -> dict:
     from scipy import sparse
     from sklearn.metrics import adjusted_rand_score
 
-    from omicsprep import coexpression
+    from omicsprep.network import coexpression
     from omicsprep.backend import array_module, resolve_backend, synchronize
-    from omicsprep.preprocessing import normalize
+    from omicsprep.rna.preprocessing import normalize
 
     resolve_backend(backend)
     statistics = device_statistics() if backend == "gpu" else None

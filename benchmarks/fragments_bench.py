@@ -4,7 +4,7 @@
 
 Per size it writes a 10x ``fragments.tsv`` (generate.py: 10,000 cells, 20% background
 barcodes, sorted; cached in ``--work``), then, in a fresh process per backend, counts it
-into 5 kb tiles with ``omicsprep.chromatin.count_fragments`` over
+into 5 kb tiles with ``omicsprep.atac.chromatin.count_fragments`` over
 ``io.fragment_chunks``. Reported: seconds and fragments/s for the file to the matrix; on
 the GPU also the counting alone, from chunks already parsed into GPU memory (the
 target's "counts"); host memory: the process's peak, and the peak above what it held
@@ -35,7 +35,8 @@ N_CELLS = 10_000
 
 def measure(path: Path, backend: str, chunk_rows: int | None) -> dict:
     """Count ``path`` into tiles on one backend, in this process."""
-    from omicsprep import chromatin, io
+    from omicsprep import io
+    from omicsprep.atac import chromatin
     from omicsprep.backend import resolve_backend, synchronize
     from omicsprep.workflow import return_freed_memory
 

@@ -94,7 +94,7 @@ import sys, time
 start = time.perf_counter()
 sys.path.insert(0, "benchmarks")
 from generate import generate_read_codes
-from omicsprep.umi import dedup_reads
+from omicsprep.reads.umi import dedup_reads
 reads = generate_read_codes(10_000, n_cells=20, n_genes=200, seed=1)
 imported = time.perf_counter()
 dedup_reads(reads, method="directional", backend="gpu")

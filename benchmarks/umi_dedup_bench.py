@@ -28,7 +28,7 @@ sys.path.insert(0, str(HERE))
 from generate import generate_read_codes  # noqa: E402
 from run import append_results  # noqa: E402
 
-from omicsprep.umi import METHODS, collapse_reads, count_groups, molecule_groups  # noqa: E402
+from omicsprep.reads.umi import METHODS, collapse_reads, count_groups, molecule_groups  # noqa: E402
 
 
 class Device:
@@ -38,7 +38,7 @@ class Device:
         self.backend = backend
         if backend == "gpu":
             from omicsprep.backend import cudf, cupy, resolve_backend
-            from omicsprep.umi_cuda import count_groups_gpu
+            from omicsprep.reads.umi_cuda import count_groups_gpu
 
             resolve_backend("gpu")
             self.xp, self._cudf, self._kernel = cupy(), cudf(), count_groups_gpu

@@ -4,7 +4,7 @@
 
 Generates a molecule table per size and format (generate.py's reads: skewed genes, PCR
 duplicates, UMI errors, N, unassigned and multi-gene reads; cached in ``--workdir``), then
-times :func:`omicsprep.counting.count_umis` in this process (directional; each backend warmed
+times :func:`omicsprep.reads.counting.count_umis` in this process (directional; each backend warmed
 up on a small table first, so kernel compilation is not counted) and reports reads/s.
 Where both backends ran, their counts and skipped reads are compared. The table, with
 machine and date, is appended to ``--results``.
@@ -27,7 +27,7 @@ sys.path.insert(0, str(HERE))
 from generate import generate_reads  # noqa: E402
 from run import append_results  # noqa: E402
 
-from omicsprep import counting  # noqa: E402
+from omicsprep.reads import counting  # noqa: E402
 from omicsprep.backend import resolve_backend  # noqa: E402
 
 

@@ -1,7 +1,7 @@
 """omicsprep: single-cell preprocessing on GPUs (RAPIDS) and CPUs (scanpy), as a Snakemake workflow.
 
-Analysis modules (:mod:`~omicsprep.qc`, :mod:`~omicsprep.preprocessing`,
-:mod:`~omicsprep.clustering`) take and modify AnnData and do no file I/O; reading and
+Analysis modules (:mod:`~omicsprep.rna.qc`, :mod:`~omicsprep.rna.preprocessing`,
+:mod:`~omicsprep.rna.clustering`) take and modify AnnData and do no file I/O; reading and
 atomic writing live in :mod:`~omicsprep.io`; the only module importing GPU libraries is
 :mod:`~omicsprep.backend`.
 """

@@ -95,7 +95,7 @@ def rapids_singlecell() -> ModuleType:
 
 def rapids_scrublet_class() -> type:
     """rapids-singlecell's (private) ``Scrublet`` class, whose neighbour classifier
-    :func:`omicsprep.qc.score_doublets` replaces while it runs."""
+    :func:`omicsprep.rna.qc.score_doublets` replaces while it runs."""
     return importlib.import_module("rapids_singlecell.preprocessing._scrublet.core").Scrublet
 
 

@@ -8,16 +8,17 @@ import sys
 from pathlib import Path
 
 from omicsprep.errors import BackendUnavailableError, InputError
-from omicsprep.umi import METHODS
+from omicsprep.reads.umi import METHODS
 
 log = logging.getLogger("omicsprep")
 
 
 def count_umis(args: argparse.Namespace) -> None:
     """Deduplicate UMIs of a BAM/SAM file and write the cell x gene counts."""
-    from omicsprep import counting, io
+    from omicsprep import io
+    from omicsprep.reads import counting
     from omicsprep.backend import resolve_backend
-    from omicsprep.molecules import BamOptions, TableOptions
+    from omicsprep.reads.molecules import BamOptions, TableOptions
 
     adata = counting.count_umis(
         args.input,
@@ -43,7 +44,9 @@ def coexpr(args: argparse.Namespace) -> None:
     """Build a sample's gene co-expression network and write its tables and figures."""
     import numpy as np
 
-    from omicsprep import coexpression, io, plotting, preprocessing
+    from omicsprep import io, plotting
+    from omicsprep.network import coexpression
+    from omicsprep.rna import preprocessing
     from omicsprep.backend import resolve_backend
     from omicsprep.pipeline import run_coexpression
 

@@ -1,6 +1,6 @@
 """Reading count matrices and writing outputs atomically.
 
-File I/O lives here (reads from BAM/SAM are decoded in :mod:`omicsprep.molecules`); the
+File I/O lives here (reads from BAM/SAM are decoded in :mod:`omicsprep.reads.molecules`); the
 analysis modules take and return AnnData.
 """
 
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 InputFormat = Literal["10x_h5", "10x_mtx", "h5ad", "zarr", "bam", "sam", "molecules"]
 FORMATS: tuple[str, ...] = ("10x_h5", "10x_mtx", "h5ad", "zarr", "bam", "sam", "molecules")
 # Reads (aligned, or a molecule table): counted into a matrix by UMI deduplication
-# (omicsprep.counting) first.
+# (omicsprep.reads.counting) first.
 READ_FORMATS: tuple[str, ...] = ("bam", "sam", "molecules")
 MOLECULE_TABLE_SUFFIXES = (".parquet", ".csv", ".tsv")
 _MTX_NAMES = ("matrix.mtx", "matrix.mtx.gz")

@@ -17,7 +17,11 @@ import pandas as pd
 from anndata import AnnData
 from scipy import sparse
 
-from omicsprep import chromatin, clustering, coexpression, integration, multiome, preprocessing, protein, qc
+from omicsprep.atac import chromatin
+from omicsprep.multiome import wnn
+from omicsprep.network import coexpression
+from omicsprep.protein import normalization
+from omicsprep.rna import clustering, integration, preprocessing, qc
 from omicsprep.backend import Backend, gpu_workers, shard_to_gpus, to_device, to_host
 from omicsprep.errors import InputError
 from omicsprep.provenance import StepTimer, record_provenance
@@ -50,7 +54,7 @@ def run_qc(
         Raw counts, cells x genes, in host memory.
     qc_params
         The ``qc`` section of the configuration: ``gene_groups``, ``filter`` (keyword
-        arguments of :func:`omicsprep.qc.qc_pass_mask`), ``min_cells_per_gene`` and
+        arguments of :func:`omicsprep.rna.qc.qc_pass_mask`), ``min_cells_per_gene`` and
         ``min_cells_left``.
     doublet_params
         The ``doublets`` section: ``enabled``, ``expected_rate``, ``remove``,
@@ -348,21 +352,21 @@ def run_protein(
         dsb asked for without empty droplets, or its denoising without isotype controls.
     """
     timer = StepTimer(backend=backend)
-    isotypes = protein.isotype_controls(adata, pattern=params["isotype_pattern"])
+    isotypes = normalization.isotype_controls(adata, pattern=params["isotype_pattern"])
     method = params["normalization"]
     if method == "auto":
         method = "dsb" if empty is not None else "clr"
     with timer.step("normalize"):
-        protein.protein_qc(adata, isotypes=isotypes)
+        normalization.protein_qc(adata, isotypes=isotypes)
         if method == "clr":
-            protein.clr(adata, backend=backend)
+            normalization.clr(adata, backend=backend)
         elif empty is None:
             raise InputError("protein.normalization is dsb, which needs empty droplets (sample sheet column adt_empty)")
         elif params["dsb"]["denoise"] and not isotypes:
             raise InputError(f"dsb's denoising asks for isotype controls, and none of the {adata.n_vars} antibodies "
                              f"matches protein.isotype_pattern {params['isotype_pattern']!r}")
         else:
-            protein.dsb(adata, empty=empty, isotypes=isotypes, **params["dsb"], backend=backend)
+            normalization.dsb(adata, empty=empty, isotypes=isotypes, **params["dsb"], backend=backend)
     adata.var["isotype_control"] = adata.var_names.isin(isotypes)
     adata.var["highly_variable"] = ~adata.var["isotype_control"]  # the PCA leaves isotypes out
     with timer.step("to_device"):
@@ -385,7 +389,7 @@ def run_chromatin(
     ----------
     adata
         Cells x peaks or tiles with fragment counts and QC in ``obs``
-        (:func:`omicsprep.chromatin.count_fragments`); transformed in place (counts kept
+        (:func:`omicsprep.atac.chromatin.count_fragments`); transformed in place (counts kept
         in a layer).
     params
         The ``chromatin`` configuration section: ``min_cells_per_feature`` and ``lsi``
@@ -457,9 +461,9 @@ def run_multiome(
         The modalities share too few cells (``min_overlap``).
     """
     timer = StepTimer(backend=backend)
-    mdata, _ = multiome.join_modalities(dict(modalities), min_overlap=params["min_overlap"])
+    mdata, _ = wnn.join_modalities(dict(modalities), min_overlap=params["min_overlap"])
     with timer.step("wnn"):
-        multiome.weighted_nearest_neighbors(
+        wnn.weighted_nearest_neighbors(
             mdata, representations={name: EMBEDDINGS[name] for name in mdata.mod},
             n_dims={"rna": clustering_params["neighbors"]["n_pcs"]}, **params["wnn"], backend=backend)
     joint = AnnData(obs=pd.DataFrame(index=mdata.obs_names), obsm={"X_wnn_input": mdata.obsm["X_wnn_input"]},
@@ -514,7 +518,7 @@ def run_merge(
     Returns
     -------
     The merged cells (host memory), and a table of ``batch_mixing`` and
-    ``label_conservation`` (see :mod:`omicsprep.integration`) before and after Harmony.
+    ``label_conservation`` (see :mod:`omicsprep.rna.integration`) before and after Harmony.
 
     Raises
     ------

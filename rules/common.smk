@@ -12,7 +12,7 @@ from jsonschema import Draft202012Validator
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from omicsprep.clustering import cluster_key
+from omicsprep.rna.clustering import cluster_key
 from omicsprep.errors import InputError
 from omicsprep.io import READ_FORMATS, resolve_format
 from omicsprep.pipeline import CLUSTER_SECTIONS

@@ -1,7 +1,8 @@
 """Rule chromatin: fragments counted into peaks or tiles for the QC'd cells, then TF-IDF,
 LSI, neighbours, UMAP and clusters."""
 
-from omicsprep import chromatin, io
+from omicsprep import io
+from omicsprep.atac import chromatin
 from omicsprep.backend import resolve_backend
 from omicsprep.pipeline import run_chromatin
 from omicsprep.workflow import run_script

@@ -2,7 +2,8 @@
 
 import logging
 
-from omicsprep import counting, io
+from omicsprep import io
+from omicsprep.reads import counting
 from omicsprep.backend import resolve_backend
 from omicsprep.workflow import run_script
 

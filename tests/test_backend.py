@@ -49,7 +49,7 @@ def test_versions_name_the_libraries_in_use():
 GPU_IMPORT_PROBE = r"""
 import importlib, json, os, pkgutil, sys
 
-GPU = ("cupy", "cupyx", "cudf", "cuml", "cugraph", "rapids_singlecell", "dask_cuda", "numba.cuda", "omicsprep.umi_cuda")
+GPU = ("cupy", "cupyx", "cudf", "cuml", "cugraph", "rapids_singlecell", "dask_cuda", "numba.cuda", "omicsprep.reads.umi_cuda")
 IMPORTLIB = os.path.dirname(importlib.__file__)
 asked = []
 

@@ -11,7 +11,8 @@ import pytest
 from conftest import MULTIOME
 from scipy import sparse
 
-from omicsprep import chromatin, io
+from omicsprep import io
+from omicsprep.atac import chromatin
 from omicsprep.errors import InputError
 
 FRAGMENTS = MULTIOME / "fragments.tsv.gz"

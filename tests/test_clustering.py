@@ -9,7 +9,8 @@ import scanpy as sc
 from conftest import CLUSTER_PARAMS, NO_DOUBLETS, QC_PARAMS
 from sklearn.metrics import adjusted_rand_score
 
-from omicsprep import clustering, io
+from omicsprep import io
+from omicsprep.rna import clustering
 from omicsprep.pipeline import run_clustering, run_qc
 
 

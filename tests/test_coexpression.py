@@ -18,10 +18,10 @@ from conftest import REPO, repeated_entries
 from scipy import sparse, stats
 from sklearn.metrics import adjusted_rand_score
 
-from omicsprep import coexpression
+from omicsprep.network import coexpression
 from omicsprep.errors import InputError
 from omicsprep.pipeline import run_coexpression, run_coexpression_per_cluster
-from omicsprep.preprocessing import normalize
+from omicsprep.rna.preprocessing import normalize
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import generate  # noqa: E402

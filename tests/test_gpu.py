@@ -85,7 +85,7 @@ def test_doublet_scores_agree(pbmc):
 def test_doublet_classifier_on_the_device_equals_rapids_singlecells(pbmc):
     import rapids_singlecell as rsc
 
-    from omicsprep import qc
+    from omicsprep.rna import qc
 
     theirs, ours = pbmc.copy(), pbmc.copy()
     rsc.get.anndata_to_GPU(theirs)
@@ -186,7 +186,7 @@ def test_knn_graphs_are_the_same_on_the_same_embedding(clustered_both):
     scikit-learn does: where the two lists differ, only by cells tied within float32 rounding."""
     from anndata import AnnData
 
-    from omicsprep import clustering
+    from omicsprep.rna import clustering
 
     cpu, _ = clustered_both["cpu"]
     params = CLUSTER_PARAMS["neighbors"]
@@ -209,7 +209,7 @@ def test_knn_graphs_are_the_same_on_the_same_embedding(clustered_both):
 def test_highly_variable_genes_are_identical(qc_both):
     """README: HVGs are identical on both backends. 200 of the 613 genes, ranked by
     seurat_v3 (the configured flavour) on each backend from the same counts."""
-    from omicsprep import preprocessing
+    from omicsprep.rna import preprocessing
     from omicsprep.backend import to_device
 
     var = {}
@@ -290,7 +290,7 @@ def test_molecule_tables_are_read_by_cudf_as_by_pyarrow(tmp_path, suffix):
     import pyarrow as pa
     from conftest import REPO
 
-    from omicsprep.molecules import BamOptions, TableOptions, usable_reads
+    from omicsprep.reads.molecules import BamOptions, TableOptions, usable_reads
 
     sys.path.insert(0, str(REPO / "benchmarks"))
     import generate
@@ -318,7 +318,7 @@ def test_molecule_tables_are_read_by_cudf_as_by_pyarrow(tmp_path, suffix):
 
 @pytest.mark.parametrize("method", ["unique", "percentile", "cluster", "adjacency", "directional"])
 def test_umi_counts_are_identical_on_cpu_and_gpu(molecule_table, method):
-    from omicsprep import counting
+    from omicsprep.reads import counting
 
     counts = {
         backend: counting.count_umis(molecule_table, fmt="molecules", method=method, chunk_rows=60_000,
@@ -386,7 +386,7 @@ def test_split_tf32_correlations_are_as_accurate_as_float32():
 
     from test_coexpression import planted_data
 
-    from omicsprep import coexpression
+    from omicsprep.network import coexpression
 
     cp = cupy()
     standardized = coexpression.standardize(planted_data()[0].X, method="pearson", backend="gpu")
@@ -409,14 +409,14 @@ def test_split_tf32_correlations_are_as_accurate_as_float32():
 
 
 def test_protein_normalization_agrees_on_cpu_and_gpu():
-    from omicsprep import protein
+    from omicsprep.protein import normalization
 
     folder = CITESEQ
     cells = io.read_counts(folder / "cells", feature_type="Antibody Capture")
     empty = io.read_counts(folder / "empty_droplets", feature_type="Antibody Capture")
-    isotypes = protein.isotype_controls(cells)
-    for normalize in (protein.clr, protein.dsb):
-        extra = {"empty": empty, "isotypes": isotypes} if normalize is protein.dsb else {}
+    isotypes = normalization.isotype_controls(cells)
+    for normalize in (normalization.clr, normalization.dsb):
+        extra = {"empty": empty, "isotypes": isotypes} if normalize is normalization.dsb else {}
         results = {}
         for backend in ("cpu", "gpu"):
             adata = cells.copy()
@@ -428,7 +428,7 @@ def test_protein_normalization_agrees_on_cpu_and_gpu():
 def test_chromatin_tfidf_and_lsi_agree_on_cpu_and_gpu():
     import pandas as pd
 
-    from omicsprep import chromatin
+    from omicsprep.atac import chromatin
 
     folder = MULTIOME
     counts = chromatin.count_fragments(io.fragment_chunks(folder / "fragments.tsv.gz"),
@@ -450,7 +450,7 @@ def test_chromatin_tfidf_and_lsi_agree_on_cpu_and_gpu():
 def test_fragment_counts_are_identical_on_cpu_and_gpu(features):
     import pandas as pd
 
-    from omicsprep import chromatin
+    from omicsprep.atac import chromatin
 
     folder = MULTIOME
     barcodes = pd.Index(pd.read_csv(folder / "barcodes.tsv", header=None)[0])
@@ -471,7 +471,7 @@ def test_fragment_counts_are_identical_on_cpu_and_gpu(features):
 def test_fragments_with_bad_coordinates_are_refused_on_the_gpu(tmp_path):
     import pandas as pd
 
-    from omicsprep import chromatin
+    from omicsprep.atac import chromatin
 
     path = tmp_path / "fragments.tsv"
     path.write_text("#header\nchr1\t100\t200\tAAAC-1\t1\nchr1\t300\tabc\tAAAC-1\t1\n")
@@ -500,7 +500,7 @@ def test_protein_rule_chain_agrees_on_cpu_and_gpu():
     backends (README), then PCA, neighbours and Leiden agreeing across backends."""
     import json
 
-    from omicsprep import protein
+    from omicsprep.protein import normalization
     from omicsprep.pipeline import run_protein
 
     config = _shipped_config()
@@ -514,8 +514,8 @@ def test_protein_rule_chain_agrees_on_cpu_and_gpu():
         run_protein(cells, empty=empty, params=config["protein"], clustering_params=clustering, seed=0,
                     backend=backend)
         results[backend] = cells
-        isotypes = protein.isotype_controls(expected, pattern=config["protein"]["isotype_pattern"])
-        protein.dsb(expected, empty=empty, isotypes=isotypes, **config["protein"]["dsb"], backend=backend)
+        isotypes = normalization.isotype_controls(expected, pattern=config["protein"]["isotype_pattern"])
+        normalization.dsb(expected, empty=empty, isotypes=isotypes, **config["protein"]["dsb"], backend=backend)
         direct_dsb[backend] = asnumpy(expected.X)
     cpu, gpu = results["cpu"], results["gpu"]
     pc_correlations = [abs(np.corrcoef(gpu.obsm["X_pca"][:, k], cpu.obsm["X_pca"][:, k])[0, 1]) for k in range(5)]
@@ -533,8 +533,8 @@ def test_protein_rule_chain_agrees_on_cpu_and_gpu():
 def test_chromatin_rule_chain_and_wnn_agree_on_cpu_and_gpu():
     from conftest import distinct_profiles, multiome_rna
 
-    from omicsprep import chromatin
-    from omicsprep.multiome import join_modalities, weighted_nearest_neighbors
+    from omicsprep.atac import chromatin
+    from omicsprep.multiome.wnn import join_modalities, weighted_nearest_neighbors
     from omicsprep.pipeline import run_chromatin
 
     config = _shipped_config()
@@ -637,7 +637,7 @@ def test_shards_sit_on_every_gpu_and_come_back_whole(pbmc, pytestconfig):
 def test_repeated_sparse_entries_are_summed_on_the_gpu():
     from conftest import repeated_entries
 
-    from omicsprep import coexpression
+    from omicsprep.network import coexpression
 
     dense, split = repeated_entries()
     split.has_canonical_format = False

@@ -13,7 +13,7 @@ from anndata import AnnData
 from conftest import CLUSTER_PARAMS, MERGE_PARAMS
 from scipy import sparse
 
-from omicsprep import integration
+from omicsprep.rna import integration
 from omicsprep.pipeline import run_merge
 
 

@@ -7,9 +7,10 @@ import pandas as pd
 import pytest
 from conftest import CITESEQ, MULTIOME, distinct_profiles, multiome_rna
 
-from omicsprep import chromatin, io
+from omicsprep import io
+from omicsprep.atac import chromatin
 from omicsprep.errors import InputError
-from omicsprep.multiome import join_modalities
+from omicsprep.multiome.wnn import join_modalities
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +80,7 @@ def test_wnn_equals_muon_with_exhaustive_searches(rna_and_atac, monkeypatch):
     import muon._core.preproc
     import scanpy as sc
 
-    from omicsprep.multiome import weighted_nearest_neighbors
+    from omicsprep.multiome.wnn import weighted_nearest_neighbors
 
     ours = rna_and_atac.copy()
     weighted_nearest_neighbors(ours, representations={"rna": "X_pca", "atac": "X_lsi"}, n_neighbors=20,

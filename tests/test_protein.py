@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from conftest import CITESEQ, CLUSTER_PARAMS
 
-from omicsprep import io, protein
+from omicsprep import io
+from omicsprep.protein import normalization
 from omicsprep.errors import InputError
 from omicsprep.pipeline import run_protein
 
@@ -29,19 +30,19 @@ def dense(matrix) -> np.ndarray:
 
 def test_reads_antibody_capture_and_finds_isotypes(cells, empty):
     assert cells.shape == (2872, 87) and empty.shape == (8005, 87)
-    assert len(protein.isotype_controls(cells)) == 4
+    assert len(normalization.isotype_controls(cells)) == 4
     with pytest.raises(InputError, match="no 'Gene Expression' features .found: Antibody Capture."):
         io.read_counts(CITESEQ / "cells")
 
 
 def test_qc_metrics(cells):
     adata = cells.copy()
-    isotypes = protein.isotype_controls(adata)
-    protein.protein_qc(adata, isotypes=isotypes)
+    isotypes = normalization.isotype_controls(adata)
+    normalization.protein_qc(adata, isotypes=isotypes)
     counts = dense(cells.X)
     np.testing.assert_allclose(adata.obs["total_adt"], counts.sum(axis=1))
     # The panel's four isotype controls (IgA, IgD and IgM are real targets, not controls).
-    is_isotype = cells.var_names.str.contains(protein.ISOTYPE_PATTERN)
+    is_isotype = cells.var_names.str.contains(normalization.ISOTYPE_PATTERN)
     assert cells.var_names[is_isotype].tolist() == ["MouseIgG1kappaisotype_PROT", "MouseIgG2akappaisotype_PROT",
                                                     "Mouse IgG2bkIsotype_PROT", "RatIgG2bkIsotype_PROT"]
     isotype_counts = counts[:, is_isotype].sum(axis=1)
@@ -54,7 +55,7 @@ def test_clr_equals_muon(cells):
     from muon import prot
 
     ours, theirs = cells.copy(), cells.copy()
-    protein.clr(ours, backend="cpu")
+    normalization.clr(ours, backend="cpu")
     prot.pp.clr(theirs, axis=1)  # per cell, Seurat's margin = 2
     np.testing.assert_allclose(ours.X, dense(theirs.X), atol=1e-5)
     assert (dense(ours.layers["counts"]) == dense(cells.X)).all()
@@ -63,16 +64,16 @@ def test_clr_equals_muon(cells):
 def test_dsb_agrees_with_muon(cells, empty):
     from muon import prot
 
-    isotypes = protein.isotype_controls(cells)
+    isotypes = normalization.isotype_controls(cells)
     plain_ours, plain_theirs = cells.copy(), cells.copy()
-    protein.dsb(plain_ours, empty=empty, isotypes=isotypes, denoise=False, backend="cpu")
+    normalization.dsb(plain_ours, empty=empty, isotypes=isotypes, denoise=False, backend="cpu")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         prot.pp.dsb(plain_theirs, empty, denoise_counts=False)
     np.testing.assert_allclose(plain_ours.X, dense(plain_theirs.X), atol=1e-4)  # ambient scaling: exact
 
     ours, theirs = cells.copy(), cells.copy()
-    protein.dsb(ours, empty=empty, isotypes=isotypes, backend="cpu")
+    normalization.dsb(ours, empty=empty, isotypes=isotypes, backend="cpu")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         prot.pp.dsb(theirs, empty, isotype_controls=isotypes, random_state=0)
@@ -87,12 +88,12 @@ def test_dsb_agrees_with_muon(cells, empty):
 
 def test_dsb_refuses_mismatched_input(cells, empty):
     with pytest.raises(InputError, match="empty droplets lack 1 antibodies"):
-        protein.dsb(cells.copy(), empty=empty[:, 1:].copy(), isotypes=[], backend="cpu")
+        normalization.dsb(cells.copy(), empty=empty[:, 1:].copy(), isotypes=[], backend="cpu")
     with pytest.raises(InputError, match="isotype controls not among the antibodies: IgG_nope"):
-        protein.dsb(cells.copy(), empty=empty, isotypes=["IgG_nope"], backend="cpu")
+        normalization.dsb(cells.copy(), empty=empty, isotypes=["IgG_nope"], backend="cpu")
 
 
-PROTEIN_PARAMS = {"normalization": "auto", "isotype_pattern": protein.ISOTYPE_PATTERN,
+PROTEIN_PARAMS = {"normalization": "auto", "isotype_pattern": normalization.ISOTYPE_PATTERN,
                   "dsb": {"pseudocount": 10, "denoise": True}, "n_comps": 20}
 
 
@@ -107,12 +108,12 @@ def test_dsb_without_empty_droplets_is_one_clear_error(cells):
 def test_dsb_denoising_without_isotype_controls_is_one_clear_error(cells, empty):
     """A panel without isotype controls: dsb's denoising stops (named the pattern tried);
     it is not quietly replaced by the background alone."""
-    others = ~cells.var_names.isin(protein.isotype_controls(cells))
+    others = ~cells.var_names.isin(normalization.isotype_controls(cells))
     no_isotypes = cells[:, others].copy()
-    for normalization in ("auto", "dsb"):  # auto picks dsb: empty droplets are given
-        params = {**PROTEIN_PARAMS, "normalization": normalization}
+    for method in ("auto", "dsb"):  # auto picks dsb: empty droplets are given
+        params = {**PROTEIN_PARAMS, "normalization": method}
         with pytest.raises(InputError) as error:
             run_protein(no_isotypes.copy(), empty=empty, params=params, clustering_params=CLUSTER_PARAMS, seed=0,
                         backend="cpu")
         assert str(error.value) == ("dsb's denoising asks for isotype controls, and none of the 83 antibodies matches "
-                                    f"protein.isotype_pattern {protein.ISOTYPE_PATTERN!r}")
+                                    f"protein.isotype_pattern {normalization.ISOTYPE_PATTERN!r}")

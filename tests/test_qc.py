@@ -8,7 +8,8 @@ import pytest
 import scanpy as sc
 from conftest import NO_DOUBLETS, QC_PARAMS
 
-from omicsprep import io, qc
+from omicsprep import io
+from omicsprep.rna import qc
 from omicsprep.errors import InputError
 from omicsprep.pipeline import run_qc
 

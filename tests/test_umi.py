@@ -14,10 +14,10 @@ import pyarrow as pa
 import pytest
 from conftest import REPO
 
-from omicsprep import counting
+from omicsprep.reads import counting
 from omicsprep.errors import InputError
-from omicsprep.molecules import BamOptions, estimated_reads
-from omicsprep.umi import METHODS, pack_umis
+from omicsprep.reads.molecules import BamOptions, estimated_reads
+from omicsprep.reads.umi import METHODS, pack_umis
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import generate  # noqa: E402
@@ -46,10 +46,10 @@ CUDA_KERNEL_CHECK = """
 import sys
 from collections import Counter
 import numpy as np
-from omicsprep.counting import BamOptions
-from omicsprep.molecules import encode_reads, usable_reads
-from omicsprep.umi import collapse_reads, count_groups, molecule_groups
-from omicsprep.umi_cuda import count_groups_gpu
+from omicsprep.reads.counting import BamOptions
+from omicsprep.reads.molecules import encode_reads, usable_reads
+from omicsprep.reads.umi import collapse_reads, count_groups, molecule_groups
+from omicsprep.reads.umi_cuda import count_groups_gpu
 sys.path.insert(0, "benchmarks")
 from generate import generate_read_codes
 

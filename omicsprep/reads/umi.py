@@ -18,7 +18,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from omicsprep import umi_kernels
+from omicsprep.reads import umi_kernels
 from omicsprep.backend import Backend, cudf, cupy
 from omicsprep.errors import InputError
 
@@ -157,7 +157,7 @@ def dedup_reads(reads: pd.DataFrame, *, method: Method, threshold: int = 1, back
         xp, frame = np, reads
     cell, gene, umis, counts, starts = molecule_groups(collapse_reads(frame), xp=xp)
     if backend == "gpu":
-        from omicsprep.umi_cuda import count_groups_gpu
+        from omicsprep.reads.umi_cuda import count_groups_gpu
 
         molecule_counts = count_groups_gpu(umis, counts, starts, METHODS.index(method), threshold, xp=xp).get()
         starts, cell, gene = starts.get(), cell.get(), gene.get()

@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 
 from omicsprep.backend import Backend, cudf
 from omicsprep.errors import InputError, existing_file
-from omicsprep.umi import pack_umis
+from omicsprep.reads.umi import pack_umis
 
 UmiSource = Literal["tag", "read_id", "umis"]
 # Where the cell barcode and UMI sit in read names: umis-style `...:CELL_<cb>:UMI_<umi>:...`

@@ -5,7 +5,7 @@ Genes are standardized once on the device; the genes x genes correlation is then
 (dense matrix products: CuPy on the GPU, NumPy on the CPU, the same code), and each block
 is cut down to every gene's ``top_k`` partners before the next one, so no more than one
 block of the matrix ever exists. Modules are communities of the resulting graph (cuGraph
-or igraph, :func:`omicsprep.clustering.partition_graph`).
+or igraph, :func:`omicsprep.rna.clustering.partition_graph`).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from anndata import AnnData
 from scipy import sparse
 
 from omicsprep.backend import BLOCK_BYTES, Backend, array_module, asnumpy, cuml, tf32_products
-from omicsprep.clustering import Algorithm, partition_graph
+from omicsprep.rna.clustering import Algorithm, partition_graph
 from omicsprep.errors import InputError
-from omicsprep.preprocessing import normalize
+from omicsprep.rna.preprocessing import normalize
 
 Correlation = Literal["pearson", "spearman"]
 Pooling = Literal["none", "knn", "kmeans"]

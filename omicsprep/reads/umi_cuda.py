@@ -1,6 +1,6 @@
 """The CUDA kernel of UMI deduplication: one thread per group (one cell and gene).
 
-Compiled from the same source as the CPU kernel (:mod:`omicsprep.umi_kernels`), so the two
+Compiled from the same source as the CPU kernel (:mod:`omicsprep.reads.umi_kernels`), so the two
 count identically. Imported only on the GPU path (or under Numba's CUDA simulator, which
 the tests use to compare the kernels on machines without a GPU).
 """
@@ -12,7 +12,7 @@ from typing import Any
 
 from numba import cuda
 
-from omicsprep import umi_kernels
+from omicsprep.reads import umi_kernels
 
 _count_group = umi_kernels.build(cuda.jit(device=True))
 THREADS_PER_BLOCK = 128
@@ -28,7 +28,7 @@ def _count_groups_kernel(umis, counts, starts, order, method, threshold, compone
 
 
 def count_groups_gpu(umis: Any, counts: Any, starts: Any, method: int, threshold: int, *, xp: ModuleType) -> Any:
-    """Molecules in every group, on the GPU; arguments as :func:`omicsprep.umi.count_groups`.
+    """Molecules in every group, on the GPU; arguments as :func:`omicsprep.reads.umi.count_groups`.
 
     ``xp`` is the array module of the arguments and the result: CuPy, or NumPy under the
     simulator.

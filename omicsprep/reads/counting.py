@@ -22,8 +22,8 @@ from scipy import sparse
 
 from omicsprep.backend import Backend
 from omicsprep.errors import InputError
-from omicsprep.molecules import BamOptions, TableOptions, encode_reads, estimated_reads, usable_reads
-from omicsprep.umi import Method, dedup_reads
+from omicsprep.reads.molecules import BamOptions, TableOptions, encode_reads, estimated_reads, usable_reads
+from omicsprep.reads.umi import Method, dedup_reads
 
 
 def count_umis(
