@@ -10,7 +10,7 @@ backends skip the same reads. The usable reads come out as Arrow tables (``cell`
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 
 from omicsprep.backend import Backend, cudf
 from omicsprep.errors import InputError, existing_file
+from omicsprep.io.text import STREAM_CODECS, cudf_parse_errors, cudf_text_chunks, unparsable
 from omicsprep.reads.umi import pack_umis
 
 UmiSource = Literal["tag", "read_id", "umis"]
@@ -79,8 +80,6 @@ def estimated_reads(path: str | Path, *, fmt: str) -> int:
     lines in its first 16 MB (all its lines for a smaller file): a pass over a compressed
     file just to count its lines would cost as much as reading it."""
     import pyarrow.parquet as pq
-
-    from omicsprep.io import STREAM_CODECS
 
     path = existing_file(path)
     if fmt != "molecules":
@@ -178,6 +177,11 @@ def _bam_reads(path: Path, *, bam: BamOptions, skip_gene_regex: str, skipped: Co
 TABLE_BYTES_PER_ROW = 64  # a molecule table's text line, about
 
 
+def _molecule_table(columns: list[str]) -> str:
+    """What a molecule table holds, named in errors."""
+    return f"a molecule table with columns {columns}"
+
+
 def _delimiter(path: Path) -> str:
     suffixes = [s.lower() for s in path.suffixes]
     return "\t" if ".tsv" in suffixes or ".txt" in suffixes else ","
@@ -202,7 +206,7 @@ def _table_batches(
                                                  column_types=dict.fromkeys(text_columns, pa.string())),
         )
     except (pa.ArrowInvalid, KeyError) as exc:
-        raise InputError(f"cannot be read as a molecule table with columns {columns} ({exc})", path=path) from exc
+        raise unparsable(exc, path=path, what=_molecule_table(columns)) from exc
 
 
 def _table_reads(
@@ -233,14 +237,10 @@ def _cudf_chunks(path: Path, *, columns: list[str], text_columns: list[str], chu
     InputError
         An empty file, a header without the columns, or text cuDF cannot parse.
     """
-    import csv
-    import io
-
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
 
-    from omicsprep.io import line_blocks
-
+    what = _molecule_table(columns)
     if ".parquet" in [s.lower() for s in path.suffixes]:
         row_groups = pq.read_metadata(path)
         group, rows = [], 0
@@ -248,38 +248,19 @@ def _cudf_chunks(path: Path, *, columns: list[str], text_columns: list[str], chu
             group.append(index)
             rows += row_groups.row_group(index).num_rows
             if rows >= chunk_rows or index == row_groups.num_row_groups - 1:
-                yield _parsed(path, columns, cudf().read_parquet, path, columns=columns, row_groups=group)
+                with cudf_parse_errors(path=path, what=what):
+                    frame = cudf().read_parquet(path, columns=columns, row_groups=group)
+                yield frame
                 group, rows = [], 0
         return
-    header, names, delimiter = True, None, _delimiter(path)
     na_values = list(pacsv.ConvertOptions().null_values)  # as pyarrow reads them on the CPU
-    for text in line_blocks(path, max(1 << 20, chunk_rows * TABLE_BYTES_PER_ROW)):
-        if header:  # the column names, from the first line
-            first, _, text = text.partition(b"\n")
-            line = first.decode("utf-8-sig").rstrip("\r")  # a byte-order mark is no part of a name
-            names, header = next(csv.reader([line], delimiter=delimiter)), False
-            missing = [column for column in columns if column not in names]
-            if missing:
-                raise InputError(f"cannot be read as a molecule table with columns {columns} (the header lacks "
-                                 f"{missing}: {names})", path=path)
-        if text.strip():
-            frame = _parsed(path, columns, cudf().read_csv, io.BytesIO(text), sep=delimiter, header=None,
-                            names=names, usecols=columns, dtype=dict.fromkeys(text_columns, "str"),
-                            na_values=na_values, keep_default_na=False, compression=None)
-            for column in text_columns:  # quoted ones too ("NA"), as pyarrow reads them
-                frame[column] = frame[column].where(~frame[column].isin(na_values))
-            yield frame
-    if header:
-        raise InputError(f"cannot be read as a molecule table with columns {columns} (empty file)", path=path)
-
-
-def _parsed(path: Path, columns: list[str], reader: Callable, /, *args: object, **options: object):  # noqa: ANN202
-    """``reader(*args, **options)``, with cuDF's parse errors (a ``RuntimeError`` from its
-    readers) as InputError; other GPU errors (``MemoryError`` from RMM) pass through."""
-    try:
-        return reader(*args, **options)
-    except RuntimeError as exc:
-        raise InputError(f"cannot be read as a molecule table with columns {columns} ({exc})", path=path) from exc
+    for frame in cudf_text_chunks(path, names=None, block_bytes=max(1 << 20, chunk_rows * TABLE_BYTES_PER_ROW),
+                                  what=what, sep=_delimiter(path), usecols=columns,
+                                  dtype=dict.fromkeys(text_columns, "str"), na_values=na_values,
+                                  keep_default_na=False):
+        for column in text_columns:  # quoted ones too ("NA"), as pyarrow reads them
+            frame[column] = frame[column].where(~frame[column].isin(na_values))
+        yield frame
 
 
 def _usable(

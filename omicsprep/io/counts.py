@@ -1,0 +1,222 @@
+"""Reading raw count matrices: format detection, 10x HDF5 and MatrixMarket, h5ad and zarr,
+with checks that the values are counts."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+from typing import Literal
+
+import anndata as ad
+import numpy as np
+from anndata import AnnData
+from scipy import sparse
+
+from omicsprep.errors import InputError
+
+log = logging.getLogger(__name__)
+
+InputFormat = Literal["10x_h5", "10x_mtx", "h5ad", "zarr", "bam", "sam", "molecules"]
+FORMATS: tuple[str, ...] = ("10x_h5", "10x_mtx", "h5ad", "zarr", "bam", "sam", "molecules")
+# Reads (aligned, or a molecule table): counted into a matrix by UMI deduplication
+# (omicsprep.reads.counting) first.
+READ_FORMATS: tuple[str, ...] = ("bam", "sam", "molecules")
+MOLECULE_TABLE_SUFFIXES = (".parquet", ".csv", ".tsv")
+_MTX_NAMES = ("matrix.mtx", "matrix.mtx.gz")
+_MTX_FEATURES = ("features.tsv.gz", "features.tsv", "genes.tsv", "genes.tsv.gz")
+
+
+def detect_format(path: str | Path) -> InputFormat:
+    """Guess the format of a count matrix from its path.
+
+    Parameters
+    ----------
+    path
+        A 10x HDF5 file (``.h5``), a 10x MatrixMarket folder, an ``.h5ad`` file or an
+        AnnData ``.zarr`` store.
+
+    Returns
+    -------
+    One of :data:`FORMATS`.
+
+    Raises
+    ------
+    InputError
+        The path is missing or its format is not recognised.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise InputError("does not exist", path=path)
+    suffix = path.suffix.lower()
+    if suffix == ".zarr" or (path.is_dir() and any((path / name).exists() for name in (".zgroup", "zarr.json"))):
+        return "zarr"
+    if path.is_dir():
+        if any((path / name).exists() for name in _MTX_NAMES):
+            return "10x_mtx"
+        raise InputError(
+            "is a folder but neither a 10x MatrixMarket folder (no matrix.mtx[.gz]) nor a .zarr store",
+            path=path,
+        )
+    if suffix == ".h5":
+        return "10x_h5"
+    if suffix == ".h5ad":
+        return "h5ad"
+    if suffix in (".bam", ".sam"):
+        return suffix[1:]  # type: ignore[return-value]
+    if any(s.lower() in MOLECULE_TABLE_SUFFIXES for s in path.suffixes):
+        return "molecules"
+    raise InputError(
+        f"unknown format (extension {suffix or 'none'!r}); expected one of {', '.join(FORMATS)} "
+        "or a 'format' column in the sample sheet",
+        path=path,
+    )
+
+
+def resolve_format(path: str | Path, *, fmt: str | None = None) -> InputFormat:
+    """Check that ``path`` exists and return its format: ``fmt`` when given, else detected.
+
+    Raises
+    ------
+    InputError
+        Missing path, or a format that is neither given nor recognisable.
+    """
+    if not Path(path).exists():
+        raise InputError("does not exist", path=path)
+    if not fmt:
+        return detect_format(path)
+    if fmt not in FORMATS:
+        raise InputError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}", path=path)
+    return fmt  # type: ignore[return-value]
+
+
+def _read_mtx_folder(path: Path) -> AnnData:
+    import scanpy as sc
+
+    if not any((path / name).exists() for name in _MTX_FEATURES):
+        raise InputError("10x MatrixMarket folder has no features.tsv.gz or genes.tsv", path=path)
+    # v3 folders are gzipped, v2 folders are not; scanpy tells them apart by file name.
+    return sc.read_10x_mtx(path, var_names="gene_symbols", make_unique=True, gex_only=False)
+
+
+def _read_any(path: Path, fmt: InputFormat) -> AnnData:
+    import scanpy as sc
+
+    if fmt == "10x_h5":
+        return sc.read_10x_h5(path, gex_only=False)
+    if fmt == "10x_mtx":
+        return _read_mtx_folder(path)
+    if fmt == "h5ad":
+        return ad.read_h5ad(path)
+    return ad.read_zarr(path)
+
+
+DuplicateBarcodes = Literal["error", "rename"]
+
+
+def read_counts(
+    path: str | Path,
+    *,
+    fmt: str | None = None,
+    feature_type: str = "Gene Expression",
+    duplicate_barcodes: DuplicateBarcodes = "error",
+) -> AnnData:
+    """Read a raw count matrix as cells x genes with a CSR ``X``.
+
+    Parameters
+    ----------
+    path
+        The matrix, in any of :data:`FORMATS`.
+    fmt
+        Its format; detected from ``path`` when ``None``.
+    feature_type
+        The rows of a 10x matrix to keep (``var["feature_types"]``), e.g. ``"Antibody
+        Capture"`` for CITE-seq tags; matrices without feature types are kept whole.
+    duplicate_barcodes
+        A barcode that names several cells: ``"error"`` refuses the matrix (a renamed
+        barcode no longer matches the sample's fragments or antibody tags); ``"rename"``
+        appends ``-1``, ``-2``, ... to the repeats (anndata's ``obs_names_make_unique``)
+        and logs how many were renamed.
+
+    Returns
+    -------
+    The counts, with unique cell and gene names (repeated gene names, common among gene
+    symbols, get anndata's suffixes).
+
+    Raises
+    ------
+    InputError
+        Missing file, unknown or unreadable format, an empty matrix, repeated barcodes
+        (unless renamed), or values that are not counts (negative, fractional or
+        non-finite).
+    """
+    path = Path(path)
+    fmt = resolve_format(path, fmt=fmt)
+    if fmt in READ_FORMATS:
+        raise InputError(f"holds reads ({fmt}), not a count matrix: count its UMIs first", path=path)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*names are not unique.*")
+            adata = _read_any(path, fmt)
+    except InputError:
+        raise
+    except Exception as exc:
+        raise InputError(f"cannot be read as {fmt} ({type(exc).__name__}: {exc})", path=path) from exc
+    if "feature_types" in adata.var:
+        kept = (adata.var["feature_types"] == feature_type).to_numpy()
+        if not kept.any():
+            found = ", ".join(sorted(set(adata.var["feature_types"])))
+            raise InputError(f"no {feature_type!r} features (found: {found})", path=path)
+        if not kept.all():  # a copy of the whole matrix otherwise
+            adata = adata[:, kept].copy()
+    if adata.n_obs == 0 or adata.n_vars == 0:
+        raise InputError(f"matrix is empty ({adata.n_obs} cells x {adata.n_vars} genes)", path=path)
+    _unique_barcodes(adata, path=path, duplicate_barcodes=duplicate_barcodes)
+    adata.var_names_make_unique()
+    adata.X = _compact_csr(adata.X)
+    _check_counts(adata, path=path)
+    return adata
+
+
+def _unique_barcodes(adata: AnnData, *, path: Path, duplicate_barcodes: DuplicateBarcodes) -> None:
+    repeated = adata.obs_names[adata.obs_names.duplicated()].unique().sort_values()
+    if repeated.empty:
+        return
+    shown = ", ".join(map(repr, repeated[:3])) + (", ..." if len(repeated) > 3 else "")
+    if duplicate_barcodes == "error":
+        raise InputError(
+            f"{len(repeated)} barcode(s) name more than one cell ({shown}); set duplicate_barcodes: rename "
+            "in the config to rename the repeats",
+            path=path,
+        )
+    log.warning("%s: %d repeated barcode(s) renamed with suffixes -1, -2, ... (%s)", path, len(repeated), shown)
+    adata.obs_names_make_unique()
+
+
+def _compact_csr(matrix: sparse.spmatrix | np.ndarray) -> sparse.csr_matrix:
+    """``matrix`` as CSR with 32-bit indices where they fit: 10x HDF5 files store 64-bit
+    indices, which would make every later copy half as large again."""
+    matrix = sparse.csr_matrix(matrix)
+    if matrix.indices.dtype != np.int32 and max(matrix.nnz, matrix.shape[1]) < np.iinfo(np.int32).max:
+        indices = matrix.indices.astype(np.int32)
+        matrix = sparse.csr_matrix((matrix.data, indices, matrix.indptr.astype(np.int32)), shape=matrix.shape,
+                                   copy=False)
+    return matrix
+
+
+# Values are checked a block at a time, so that the checks hold no copy of the matrix.
+CHECK_BLOCK = 1 << 24
+
+
+def _check_counts(adata: AnnData, *, path: Path) -> None:
+    values = adata.X.data
+    if values.size == 0:
+        raise InputError(f"matrix has no non-zero counts ({adata.n_obs} cells x {adata.n_vars} genes)", path=path)
+    for start in range(0, values.size, CHECK_BLOCK):
+        block = values[start : start + CHECK_BLOCK]
+        if not np.isfinite(block).all():
+            raise InputError("matrix holds NaN or infinite values; raw counts expected", path=path)
+        if block.min() < 0:
+            raise InputError("matrix holds negative values; raw counts expected", path=path)
+        if not np.array_equal(block, np.round(block)):
+            raise InputError("matrix holds non-integer values (normalized data?); raw counts expected", path=path)

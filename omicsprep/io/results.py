@@ -1,0 +1,42 @@
+"""Reading back what earlier rules wrote: h5ad files, whole or by element, tables and
+provenance records."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import anndata as ad
+import pandas as pd
+from anndata import AnnData
+
+
+def read_h5ad(path: str | Path) -> AnnData:
+    """Read an ``.h5ad`` file written by a previous rule."""
+    return ad.read_h5ad(path)
+
+
+def read_table(path: str | Path) -> pd.DataFrame:
+    """Read a table written by :func:`omicsprep.io.write_table` (Parquet or tab-separated text)."""
+    if Path(path).suffix == ".parquet":
+        return pd.read_parquet(path)
+    return pd.read_csv(path, sep="\t")
+
+
+def read_provenance(path: str | Path, *, rule: str) -> dict:
+    """A rule's provenance record (backend, versions, parameters, step timings): from an
+    AnnData's ``uns["omicsprep"][rule]``, or a JSON file written by :func:`omicsprep.io.write_json`."""
+    if Path(path).suffix == ".json":
+        return json.loads(Path(path).read_text())
+    return read_h5ad_elements(path, [f"uns/omicsprep/{rule}"])[f"uns/omicsprep/{rule}"]
+
+
+def read_h5ad_elements(path: str | Path, keys: list[str]) -> dict[str, object]:
+    """Read single elements (e.g. ``"obs"``, ``"obsm/X_umap"``) of an ``.h5ad`` file.
+
+    Cheaper than reading the file: the matrix and layers stay on disk.
+    """
+    import h5py
+
+    with h5py.File(path, "r") as handle:
+        return {key: ad.io.read_elem(handle[key]) for key in keys}

@@ -1,0 +1,155 @@
+"""Writing outputs atomically: a temporary file renamed into place on success, and a full
+disk reported as :class:`~omicsprep.errors.OutOfSpaceError`."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import pandas as pd
+from anndata import AnnData
+from matplotlib.figure import Figure
+from scipy import sparse
+
+from omicsprep.errors import OutOfSpaceError
+
+if TYPE_CHECKING:
+    from mudata import MuData
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+TEMPORARY_INFIX = ".tmp"
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path, *, expected_bytes: int | None = None) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; rename it to ``path`` only on success.
+
+    Nothing partial survives a failure: the temporary file is removed when the block
+    raises, and temporary files that a killed writer of the same output left behind
+    (a SIGKILL runs no clean-up) are removed before writing.
+
+    Parameters
+    ----------
+    path
+        The output.
+    expected_bytes
+        About how large the output will be, named when the disk fills.
+
+    Raises
+    ------
+    OutOfSpaceError
+        The file system ran out of space while writing.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    prefix = f".{path.name}."
+    for stale in path.parent.glob(f"{glob_escape(prefix)}*{TEMPORARY_INFIX}{glob_escape(path.suffix)}"):
+        stale.unlink(missing_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=prefix, suffix=TEMPORARY_INFIX + path.suffix, dir=path.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        # mkstemp creates the file private (0600); give it the permissions of a normal file.
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except Exception as exc:
+        if out_of_space(exc):
+            written = tmp.stat().st_size if tmp.is_file() else 0
+            tmp.unlink(missing_ok=True)  # before the free space is measured
+            raise OutOfSpaceError(path, needed_bytes=max(expected_bytes or 0, written)) from exc
+        raise
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def glob_escape(text: str) -> str:
+    """``text`` matched literally by :meth:`Path.glob` (sample names may hold ``[``)."""
+    return "".join(f"[{char}]" if char in "*?[" else char for char in text)
+
+
+def out_of_space(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception it was raised from) is a full file system; h5py
+    reports it only in the message of an ``OSError`` without ``errno``."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and (seen.errno == errno.ENOSPC or "No space left on device" in str(seen)):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def stored_bytes(adata: AnnData) -> int:
+    """About how many bytes ``adata`` takes uncompressed on disk: its matrices' and
+    tables' buffers."""
+    total = 0
+    arrays = [adata.X, *adata.layers.values(), *adata.obsm.values(), *adata.varm.values(), *adata.obsp.values()]
+    for array in arrays:
+        if sparse.issparse(array):
+            total += array.data.nbytes + array.indices.nbytes + array.indptr.nbytes
+        elif hasattr(array, "nbytes"):
+            total += int(array.nbytes)
+    for frame in (adata.obs, adata.var):
+        total += int(frame.memory_usage(deep=True).sum())
+    return total
+
+
+def write_h5ad(adata: AnnData, path: str | Path, *, compression: Literal["lzf", "gzip"] | None = None) -> None:
+    """Write ``adata`` to ``path`` atomically; uncompressed by default (anndata's default,
+    and the fastest to write), or with one of HDF5's filters that every h5ad reader has."""
+    with atomic_path(path, expected_bytes=stored_bytes(adata)) as tmp:
+        adata.write_h5ad(tmp, compression=compression)
+
+
+def write_h5mu(mdata: MuData, path: str | Path) -> None:
+    """Write a MuData to ``path`` atomically."""
+    expected = sum(stored_bytes(modality) for modality in mdata.mod.values())
+    with atomic_path(path, expected_bytes=expected) as tmp:
+        mdata.write_h5mu(tmp)
+
+
+def write_table(frame: pd.DataFrame, path: str | Path, *, index: bool = False) -> None:
+    """Write a table atomically; Parquet or tab-separated text chosen by extension."""
+    with atomic_path(path) as tmp:
+        if Path(path).suffix == ".parquet":
+            frame.to_parquet(tmp, index=index)
+        else:
+            frame.to_csv(tmp, sep="\t", index=index)
+
+
+def write_figure(figure: Figure, path: str | Path) -> None:
+    """Save a Matplotlib figure atomically, in the format of the path's extension."""
+    with atomic_path(path) as tmp:
+        figure.savefig(tmp, dpi=110, bbox_inches="tight", format=Path(path).suffix.lstrip("."))
+
+
+def write_coexpression(
+    result: dict[str, pd.DataFrame], figures: dict[str, Figure], paths: dict[str, str | Path]
+) -> None:
+    """Write :func:`omicsprep.pipeline.run_coexpression`'s tables and their figures.
+
+    ``paths`` maps ``edges``, ``modules``, ``eigengenes`` and each figure's name to a file.
+    """
+    write_table(result["edges"], paths["edges"])
+    write_table(result["modules"], paths["modules"])
+    write_table(result["eigengenes"], paths["eigengenes"], index=True)
+    for name, figure in figures.items():
+        write_figure(figure, paths[name])
+
+
+def write_json(record: dict, path: str | Path) -> None:
+    """Write a JSON record atomically (values JSON cannot hold are written as text)."""
+    with atomic_path(path) as tmp:
+        Path(tmp).write_text(json.dumps(record, indent=1, sort_keys=True, default=str) + "\n")
