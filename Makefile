@@ -1,18 +1,20 @@
-# make run   set up .venv (pinned CPU environment) and run the workflow on the bundled demo data
-# make test  set up .venv and run the test suite (GPU tests skip without a GPU)
+# make run     set up .venv (pinned CPU environment) and run the workflow on the bundled demo data
+# make lint    set up .venv and check style, docstrings, types and the workflow (ruff, mypy, snakefmt, snakemake --lint)
+# make format  rewrite the code as make lint wants it (ruff format, ruff's safe fixes, snakefmt)
+# make test    set up .venv and run the test suite (GPU tests skip without a GPU)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 CORES ?= all
 
-.PHONY: setup run report test clean
+.PHONY: setup run report lint format test clean
 
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml requirements/cpu.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -r requirements/cpu.txt -e ".[test]"
+	$(BIN)/python -m pip install -q -r requirements/cpu.txt -e ".[test,lint]"
 	# UMI-tools, the reference of the UMI tests, builds only without isolation (no wheel; its setup.py needs
 	# pkg_resources, gone from setuptools 81), so it is not in the test extra: there, pip install -e .[test] fails.
 	$(BIN)/python -m pip install -q "setuptools<81" cython wheel
@@ -22,6 +24,21 @@ $(VENV)/.installed: pyproject.toml requirements/cpu.txt
 run: setup
 	$(BIN)/snakemake --cores $(CORES) --configfile resources/demo/config.yaml
 	$(BIN)/snakemake --configfile resources/demo/config.yaml --report results/report.html
+
+# Every check runs, so one report lists all that fails; the recipe fails if any did.
+lint: setup
+	@failed=0; \
+	$(BIN)/ruff check . || failed=1; \
+	$(BIN)/ruff format --check . || failed=1; \
+	$(BIN)/mypy || failed=1; \
+	$(BIN)/snakefmt --check Snakefile rules || failed=1; \
+	$(BIN)/snakemake --lint --configfile resources/demo/config.yaml || failed=1; \
+	exit $$failed
+
+format: setup
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+	$(BIN)/snakefmt Snakefile rules
 
 test: setup
 	bash tests/slurm/install.sh
