@@ -176,10 +176,14 @@ def main() -> None:
         print(row, flush=True)
     table = pd.DataFrame(rows)
     print(table.to_string(index=False))
-    append_results(args.results, title="Reading a BAM on one core: inflate and scan rates", table=table,
-                   note=f"reads/s on one core, best of {args.repeats} runs; inflate: every BGZF block of the "
-                        "generated BAM with each library; numba_scan: flag, MAPQ, cell and gene hashes and "
-                        "packed UMI of every inflated record (compiled).")
+    append_results(
+        args.results,
+        title="Reading a BAM on one core: inflate and scan rates",
+        table=table,
+        note=f"reads/s on one core, best of {args.repeats} runs; inflate: every BGZF block of the "
+        "generated BAM with each library; numba_scan: flag, MAPQ, cell and gene hashes and "
+        "packed UMI of every inflated record (compiled).",
+    )
 
 
 if __name__ == "__main__":

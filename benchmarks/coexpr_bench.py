@@ -48,8 +48,9 @@ def measure(n_genes: int, n_cells: int, backend: str, top_k: int) -> dict:
     adata = ad.AnnData(counts)
     adata.var_names = [f"g{i}" for i in range(n_genes)]
     normalize(adata, target_sum=1e4, backend="cpu")
-    genes = coexpression.check_expression(adata, genes=adata.var_names, top_k=top_k, min_cells=50,
-                                          min_expressing_cells=20)
+    genes = coexpression.check_expression(
+        adata, genes=adata.var_names, top_k=top_k, min_cells=50, min_expressing_cells=20
+    )
     expression = sparse.csr_matrix(adata[:, genes].X)
 
     def chain(*, trace_memory: bool) -> tuple[dict, pd.DataFrame]:
@@ -60,21 +61,25 @@ def measure(n_genes: int, n_cells: int, backend: str, top_k: int) -> dict:
         standardized = coexpression.standardize(expression, method="pearson", backend=backend)
         synchronize(backend=backend)
         on_device = time.perf_counter()
-        graph = coexpression.correlation_graph(standardized, top_k=top_k, min_correlation=0.1, power=1,
-                                               backend=backend)
+        graph = coexpression.correlation_graph(standardized, top_k=top_k, min_correlation=0.1, power=1, backend=backend)
         synchronize(backend=backend)
         correlated = time.perf_counter()
         del standardized
         seconds = {"correlation_peak": tracemalloc.get_traced_memory()[1] if tracemalloc.is_tracing() else None}
         tracemalloc.stop()
-        modules = coexpression.find_modules(graph, genes=genes, algorithm="leiden", resolution=1.0,
-                                            min_module_size=10, seed=0, backend=backend)
+        modules = coexpression.find_modules(
+            graph, genes=genes, algorithm="leiden", resolution=1.0, min_module_size=10, seed=0, backend=backend
+        )
         clustered = time.perf_counter()
         coexpression.module_eigengenes(adata, modules=modules, backend=backend)
         synchronize(backend=backend)
-        seconds.update(standardize=on_device - start, correlation_graph=correlated - on_device,
-                       modules=clustered - correlated, chain=clustered - start,
-                       eigengenes=time.perf_counter() - clustered)
+        seconds.update(
+            standardize=on_device - start,
+            correlation_graph=correlated - on_device,
+            modules=clustered - correlated,
+            chain=clustered - start,
+            eigengenes=time.perf_counter() - clustered,
+        )
         return seconds, modules
 
     # The first call in a process also loads libraries, compiles kernels and grows memory
@@ -84,20 +89,27 @@ def measure(n_genes: int, n_cells: int, backend: str, top_k: int) -> dict:
     correlation_peak = seconds["correlation_peak"]
     found = modules.set_index("gene")["module"].astype(str).reindex(adata.var_names, fill_value="left out")
     row = {
-        "genes": n_genes, "cells": n_cells, "backend": backend, "genes_used": len(genes),
+        "genes": n_genes,
+        "cells": n_cells,
+        "backend": backend,
+        "genes_used": len(genes),
         "first_chain_s": round(first["chain"], 2),
-        **{f"{step}_s": round(seconds[step], 2)
-           for step in ("standardize", "correlation_graph", "modules", "chain", "eigengenes")},
-        "modules": int((modules["module"] != coexpression.UNASSIGNED).groupby(modules["module"], observed=True)
-                       .any().sum()),
+        **{
+            f"{step}_s": round(seconds[step], 2)
+            for step in ("standardize", "correlation_graph", "modules", "chain", "eigengenes")
+        },
+        "modules": int(
+            (modules["module"] != coexpression.UNASSIGNED).groupby(modules["module"], observed=True).any().sum()
+        ),
         "planted_ari": round(adjusted_rand_score(planted[planted >= 0], found.to_numpy()[planted >= 0]), 3),
         "peak_host_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
     }
     if correlation_peak is not None:
         row["correlation_peak_gb"] = round(correlation_peak / 2**30, 2)
     row["dense_matrix_gb"] = round(n_cells * len(genes) * 4 / 2**30, 2)
-    row["sparse_input_gb"] = round(sum(a.nbytes for a in (expression.data, expression.indices,
-                                                          expression.indptr)) / 2**30, 2)
+    row["sparse_input_gb"] = round(
+        sum(a.nbytes for a in (expression.data, expression.indices, expression.indptr)) / 2**30, 2
+    )
     if backend == "gpu":  # the floor of standardize: the sparse input crossing to the device
         xp = array_module(backend)
         start = time.perf_counter()
@@ -132,10 +144,14 @@ def main() -> None:
             rows[-1]["gpu_speedup_chain"] = round(chains["cpu"] / max(chains["gpu"], 1e-3), 1)
     table = pd.DataFrame(rows)
     print(table.to_string(index=False))
-    append_results(args.results, title="Co-expression", table=table,
-                   note=f"Planted data: 20 modules of 50 genes, top_k={args.top_k}, Pearson, no metacells, Leiden 1.0; "
-                        "step seconds of a second, warm call (first_chain_s: the first); chain = correlation + graph + "
-                        "modules.")
+    append_results(
+        args.results,
+        title="Co-expression",
+        table=table,
+        note=f"Planted data: 20 modules of 50 genes, top_k={args.top_k}, Pearson, no metacells, Leiden 1.0; "
+        "step seconds of a second, warm call (first_chain_s: the first); chain = correlation + graph + "
+        "modules.",
+    )
 
 
 if __name__ == "__main__":

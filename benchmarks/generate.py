@@ -247,13 +247,19 @@ def generate_reads(
     genes[fate < 0.05] = "Unassigned_NoFeatures"
     genes[(fate >= 0.05) & (fate < 0.05 + multi_gene_rate)] = "G00000;G00001"
     barcodes = np.array(["".join(map(chr, bases[rng.integers(4, size=16)])) + "-1" for _ in range(n_cells)])
-    return pd.DataFrame({
-        "position": gene[molecule] * 5000 + rng.integers(0, 4000, size=len(molecule)),
-        "cell": barcodes[cell[molecule]],
-        "umi": read_umi.view(f"S{umi_length}").ravel().astype(str),
-        "gene": genes,
-        "secondary": rng.random(len(molecule)) < secondary_rate,
-    }).sort_values("position", kind="stable").reset_index(drop=True)
+    return (
+        pd.DataFrame(
+            {
+                "position": gene[molecule] * 5000 + rng.integers(0, 4000, size=len(molecule)),
+                "cell": barcodes[cell[molecule]],
+                "umi": read_umi.view(f"S{umi_length}").ravel().astype(str),
+                "gene": genes,
+                "secondary": rng.random(len(molecule)) < secondary_rate,
+            }
+        )
+        .sort_values("position", kind="stable")
+        .reset_index(drop=True)
+    )
 
 
 def write_bam(reads: pd.DataFrame, path: Path, *, unsorted: bool = False) -> None:
@@ -264,7 +270,10 @@ def write_bam(reads: pd.DataFrame, path: Path, *, unsorted: bool = False) -> Non
 
     from omicsprep.io import atomic_path
 
-    header = {"HD": {"VN": "1.6", "SO": "unsorted" if unsorted else "coordinate"}, "SQ": [{"SN": "chr1", "LN": int(reads["position"].max()) + 1000}]}
+    header = {
+        "HD": {"VN": "1.6", "SO": "unsorted" if unsorted else "coordinate"},
+        "SQ": [{"SN": "chr1", "LN": int(reads["position"].max()) + 1000}],
+    }
     with atomic_path(path) as tmp:
         with pysam.AlignmentFile(str(tmp), "wb", header=header) as bam:
             read = pysam.AlignedSegment(bam.header)
@@ -283,8 +292,7 @@ def write_bam(reads: pd.DataFrame, path: Path, *, unsorted: bool = False) -> Non
 
 
 # Human chromosome lengths (GRCh38, Mb), for generated fragments.
-CHROMOSOME_MB = [248, 242, 198, 190, 181, 171, 159, 145, 138, 134, 135, 133, 114, 107, 102, 90, 83, 80, 59, 64, 47,
-                 51]
+CHROMOSOME_MB = [248, 242, 198, 190, 181, 171, 159, 145, 138, 134, 135, 133, 114, 107, 102, 90, 83, 80, 59, 64, 47, 51]
 
 
 def fragment_barcodes(n: int, *, seed: int) -> list[str]:
@@ -303,8 +311,10 @@ def write_fragments(path: Path, n_fragments: int, *, n_cells: int = 10_000, seed
     """
     lengths = np.array(CHROMOSOME_MB) * 1_000_000
     per_chromosome = np.random.default_rng(seed).multinomial(n_fragments, lengths / lengths.sum())
-    tasks = [(path.with_name(f"{path.name}.chr{number}"), number, int(size), int(n), n_cells, seed)
-             for number, (size, n) in enumerate(zip(lengths, per_chromosome, strict=True), start=1)]
+    tasks = [
+        (path.with_name(f"{path.name}.chr{number}"), number, int(size), int(n), n_cells, seed)
+        for number, (size, n) in enumerate(zip(lengths, per_chromosome, strict=True), start=1)
+    ]
     with ProcessPoolExecutor(max_workers=jobs) as pool:
         parts = list(pool.map(_write_chromosome_fragments, tasks))
     with path.open("wb") as out:
@@ -331,12 +341,26 @@ def _write_chromosome_fragments(task: tuple[Path, int, int, int, int, int]) -> P
     cell = np.where(rng.random(n) < 0.8, rng.integers(0, n_cells, n), rng.integers(n_cells, 21 * n_cells, n))
     order = np.argsort(start, kind="stable")
     options = pacsv.WriteOptions(include_header=False, delimiter="\t", quoting_style="none")
-    schema = pa.schema([("chrom", pa.string()), ("start", pa.int64()), ("end", pa.int64()), ("barcode", pa.string()),
-                        ("reads", pa.int64())])
+    schema = pa.schema(
+        [
+            ("chrom", pa.string()),
+            ("start", pa.int64()),
+            ("end", pa.int64()),
+            ("barcode", pa.string()),
+            ("reads", pa.int64()),
+        ]
+    )
     with pacsv.CSVWriter(path, schema, write_options=options) as writer:
         for part in np.array_split(order, max(1, n // 5_000_000)):
-            writer.write_table(pa.table({
-                "chrom": pa.array([f"chr{number}"]).take(np.zeros(part.size, np.int64)), "start": start[part],
-                "end": start[part] + length[part], "barcode": barcodes.take(cell[part]),
-                "reads": rng.integers(1, 5, part.size)}))
+            writer.write_table(
+                pa.table(
+                    {
+                        "chrom": pa.array([f"chr{number}"]).take(np.zeros(part.size, np.int64)),
+                        "start": start[part],
+                        "end": start[part] + length[part],
+                        "barcode": barcodes.take(cell[part]),
+                        "reads": rng.integers(1, 5, part.size),
+                    }
+                )
+            )
     return path

@@ -41,7 +41,7 @@ def batches(counts: sparse.csr_matrix, n_samples: int) -> list[sparse.csr_matrix
     rng = np.random.default_rng(1)
     samples = []
     for i in range(n_samples):
-        sample = counts[i * n_cells:(i + 1) * n_cells].tocsc()
+        sample = counts[i * n_cells : (i + 1) * n_cells].tocsc()
         scale = rng.lognormal(0, BATCH_SIGMA, counts.shape[1])
         sample.data = np.round(sample.data * np.repeat(scale, np.diff(sample.indptr)))
         sample = sample.tocsr()
@@ -56,8 +56,9 @@ def samples(workdir: Path, n_samples: int, n_cells: int, n_genes: int, jobs: int
     paths = [folder / f"sample{i:02d}.h5" for i in range(n_samples)]
     if not all(path.exists() for path in paths):  # each written atomically, so an existing one is whole
         folder.mkdir(parents=True, exist_ok=True)
-        for sample, path in zip(batches(generate(n_samples * n_cells, n_genes, seed=0, jobs=jobs), n_samples),
-                                paths, strict=True):
+        for sample, path in zip(
+            batches(generate(n_samples * n_cells, n_genes, seed=0, jobs=jobs), n_samples), paths, strict=True
+        ):
             write_10x_h5(sample, path)
     sheet = folder / "samples.tsv"
     sheet.write_text("sample\tinput\n" + "".join(f"{p.stem}\t{p}\n" for p in paths))
@@ -71,12 +72,19 @@ def run_workflow(workdir: Path, sheet: Path, backend: str, cores: int, merge_gpu
     gpus = merge_gpus if backend == "gpu" else 1
     config["merge"] = {**config["merge"], "enabled": True, "dask": gpus > 1}  # merge.dask is GPU-only
     (rundir / "bench_config.yaml").write_text(yaml.safe_dump(config))
-    wall = run_snakemake(rundir, config=rundir / "bench_config.yaml", sheet=sheet, backend=backend, cores=cores,
-                         extra=["--set-resources", f"merge:gpu={gpus}", "--resources", f"gpu={gpus}"])
+    wall = run_snakemake(
+        rundir,
+        config=rundir / "bench_config.yaml",
+        sheet=sheet,
+        backend=backend,
+        cores=cores,
+        extra=["--set-resources", f"merge:gpu={gpus}", "--resources", f"gpu={gpus}"],
+    )
     row = {"backend": backend, "merge_gpus": gpus, "wall_s": round(wall, 1)}
     times = pd.read_csv(rundir / "results" / "run_times.tsv", sep="\t")
-    totals = times[times["step"] == "total"].groupby("rule").agg(seconds=("seconds", "sum"),
-                                                                    peak_mb=("max_rss_mb", "max"))
+    totals = (
+        times[times["step"] == "total"].groupby("rule").agg(seconds=("seconds", "sum"), peak_mb=("max_rss_mb", "max"))
+    )
     for rule, (seconds, peak) in totals.iterrows():
         row[f"{rule}_s"], row[f"{rule}_peak_mb"] = round(seconds, 1), round(peak)
     metrics = pd.read_csv(rundir / "results" / "merged" / "integration.tsv", sep="\t").set_index("stage")
@@ -91,10 +99,15 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=10)
     parser.add_argument("--cells", type=int, default=50_000, help="cells per sample")
     parser.add_argument("--genes", type=int, default=20_000)
-    parser.add_argument("--backends", nargs="*", choices=["cpu", "gpu"], default=["cpu"],
-                        help="none: only generate the samples")
-    parser.add_argument("--merge-gpus", type=int, default=1,
-                        help="GPUs of the merge rule; more than one selects merge.dask (the GPU backend only)")
+    parser.add_argument(
+        "--backends", nargs="*", choices=["cpu", "gpu"], default=["cpu"], help="none: only generate the samples"
+    )
+    parser.add_argument(
+        "--merge-gpus",
+        type=int,
+        default=1,
+        help="GPUs of the merge rule; more than one selects merge.dask (the GPU backend only)",
+    )
     parser.add_argument("--cores", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/omicsprep_merge_bench"))
     parser.add_argument("--results", type=Path, default=HERE / "RESULTS.md")
@@ -105,14 +118,24 @@ def main() -> None:
     print(f"samples ready in {time.perf_counter() - start:.0f} s: {sheet}", flush=True)
     if not args.backends:
         return
-    rows = [{"samples": args.samples, "cells_per_sample": args.cells,
-             **run_workflow(args.workdir, sheet, backend, args.cores, args.merge_gpus)} for backend in args.backends]
+    rows = [
+        {
+            "samples": args.samples,
+            "cells_per_sample": args.cells,
+            **run_workflow(args.workdir, sheet, backend, args.cores, args.merge_gpus),
+        }
+        for backend in args.backends
+    ]
     table = pd.DataFrame(rows)
     print(table.to_string(index=False))
-    append_results(args.results, title="Many samples merged", table=table,
-                   note=f"Generated samples ({args.genes:,} genes, one biology, per-gene batch scale sigma "
-                        f"{BATCH_SIGMA}), run.py's settings with merge.enabled; per-sample rules summed over samples, "
-                        f"peak memory the largest; {args.cores} cores.")
+    append_results(
+        args.results,
+        title="Many samples merged",
+        table=table,
+        note=f"Generated samples ({args.genes:,} genes, one biology, per-gene batch scale sigma "
+        f"{BATCH_SIGMA}), run.py's settings with merge.enabled; per-sample rules summed over samples, "
+        f"peak memory the largest; {args.cores} cores.",
+    )
 
 
 if __name__ == "__main__":

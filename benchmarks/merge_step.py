@@ -52,8 +52,12 @@ class GpuMemorySampler:
 
     def _sample(self) -> None:
         while not self._stop.is_set():
-            result = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
-                                    capture_output=True, text=True, check=False)
+            result = subprocess.run(
+                ["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
             for line in result.stdout.splitlines():
                 index, used = (int(value) for value in line.split(","))
                 self.peaks[index] = max(self.peaks.get(index, 0), used)
@@ -71,10 +75,17 @@ class GpuMemorySampler:
 def cluster_outputs(n_samples: int, n_cells: int, n_genes: int, jobs: int) -> dict[str, AnnData]:
     counts, clusters = generate_with_clusters(n_samples * n_cells, n_genes, seed=0, jobs=jobs)
     genes = pd.Index(gene_names(n_genes))
-    return {f"sample{i:02d}": AnnData(sample, obs=pd.DataFrame(
-                {LABELS: pd.Categorical(clusters[i * n_cells:(i + 1) * n_cells].astype(str))},
-                index=[f"cell{j}" for j in range(n_cells)]), var=pd.DataFrame(index=genes))
-            for i, sample in enumerate(batches(counts, n_samples))}
+    return {
+        f"sample{i:02d}": AnnData(
+            sample,
+            obs=pd.DataFrame(
+                {LABELS: pd.Categorical(clusters[i * n_cells : (i + 1) * n_cells].astype(str))},
+                index=[f"cell{j}" for j in range(n_cells)],
+            ),
+            var=pd.DataFrame(index=genes),
+        )
+        for i, sample in enumerate(batches(counts, n_samples))
+    }
 
 
 def run_mode(mode: str, samples: dict[str, AnnData], config: dict) -> dict:
@@ -84,11 +95,19 @@ def run_mode(mode: str, samples: dict[str, AnnData], config: dict) -> dict:
     backend = resolve_backend("gpu" if gpus else backend)
     start = time.perf_counter()
     with GpuMemorySampler() if backend == "gpu" else nullcontext() as sampler:
-        merged, metrics = run_merge(samples, params=params, clustering_params=clustering_params, labels=LABELS,
-                                    seed=config["seed"], backend=backend, n_gpus=int(gpus or 1))
+        merged, metrics = run_merge(
+            samples,
+            params=params,
+            clustering_params=clustering_params,
+            labels=LABELS,
+            seed=config["seed"],
+            backend=backend,
+            n_gpus=int(gpus or 1),
+        )
     row = {"mode": mode, "cells": merged.n_obs, "merge_s": round(time.perf_counter() - start, 1)}
-    row.update({f"{step}_s": round(seconds, 2) for step, seconds in
-                merged.uns["omicsprep"]["merge"]["timings"].items()})
+    row.update(
+        {f"{step}_s": round(seconds, 2) for step, seconds in merged.uns["omicsprep"]["merge"]["timings"].items()}
+    )
     with tempfile.TemporaryDirectory() as folder:
         start = time.perf_counter()
         io.write_h5ad(merged, Path(folder) / "merged.h5ad", compression=config["h5ad_compression"])
@@ -99,9 +118,13 @@ def run_mode(mode: str, samples: dict[str, AnnData], config: dict) -> dict:
     if sampler:
         row.update({f"gpu{index}_peak_mb": peak for index, peak in sorted(sampler.peaks.items())})
     metrics = metrics.set_index("stage")
-    row.update({"mixing_before": metrics.loc["before", "batch_mixing"],
-                "mixing_after": metrics.loc["after", "batch_mixing"],
-                "label_conservation": metrics.loc["after", "label_conservation"]})
+    row.update(
+        {
+            "mixing_before": metrics.loc["before", "batch_mixing"],
+            "mixing_after": metrics.loc["after", "batch_mixing"],
+            "label_conservation": metrics.loc["after", "label_conservation"],
+        }
+    )
     print(pd.Series(row).to_string(), flush=True)
     return row
 
@@ -122,10 +145,14 @@ def main() -> None:
     print(f"{args.samples} samples of {args.cells} cells generated in {time.perf_counter() - start:.0f} s", flush=True)
     table = pd.DataFrame([run_mode(mode, samples, config) for mode in args.modes])
     print(table.set_index("mode").T.to_string())
-    append_results(args.results, title="The merge step alone", table=table.set_index("mode").T.reset_index(names="step"),
-                   note=f"{args.samples} generated samples x {args.cells:,} cells ({args.genes:,} genes, per-gene "
-                        f"batch scale sigma {BATCH_SIGMA}), run.py's settings, in one process "
-                        f"(`run_merge`); seconds per step, GPU memory peaks from nvidia-smi.")
+    append_results(
+        args.results,
+        title="The merge step alone",
+        table=table.set_index("mode").T.reset_index(names="step"),
+        note=f"{args.samples} generated samples x {args.cells:,} cells ({args.genes:,} genes, per-gene "
+        f"batch scale sigma {BATCH_SIGMA}), run.py's settings, in one process "
+        f"(`run_merge`); seconds per step, GPU memory peaks from nvidia-smi.",
+    )
 
 
 if __name__ == "__main__":

@@ -51,8 +51,14 @@ n_groups = -(-adata.n_obs // config["doublets"].get("max_cells_per_run", 20_000)
 if n_groups > 1:
     groups = np.random.default_rng(seed).permutation(adata.n_obs) % n_groups
     adata.obs["doublet_group"] = pd.Categorical(groups.astype(str))
-sc.pp.scrublet(adata, expected_doublet_rate=config["doublets"]["expected_rate"], n_prin_comps=30,
-               use_approx_neighbors=False, random_state=seed, batch_key="doublet_group" if n_groups > 1 else None)
+sc.pp.scrublet(
+    adata,
+    expected_doublet_rate=config["doublets"]["expected_rate"],
+    n_prin_comps=30,
+    use_approx_neighbors=False,
+    random_state=seed,
+    batch_key="doublet_group" if n_groups > 1 else None,
+)
 adata = adata[~adata.obs["predicted_doublet"].to_numpy()].copy()
 lap("doublets")
 adata.layers["counts"] = adata.X.copy()
@@ -61,12 +67,20 @@ sc.pp.log1p(adata)
 sc.pp.highly_variable_genes(adata, flavor="seurat_v3", n_top_genes=config["hvg"]["n_top_genes"], layer="counts")
 sc.pp.pca(adata, n_comps=config["pca"]["n_comps"], mask_var="highly_variable", svd_solver="arpack", random_state=seed)
 lap("normalize_hvg_pca")
-sc.pp.neighbors(adata, n_neighbors=config["neighbors"]["n_neighbors"], n_pcs=config["neighbors"]["n_pcs"],
-                transformer="sklearn")
+sc.pp.neighbors(
+    adata, n_neighbors=config["neighbors"]["n_neighbors"], n_pcs=config["neighbors"]["n_pcs"], transformer="sklearn"
+)
 lap("neighbors")
 for resolution in config["leiden"]["resolutions"]:
-    sc.tl.leiden(adata, resolution=resolution, flavor="igraph", n_iterations=-1, directed=False,
-                 random_state=seed, key_added=f"leiden_{float(resolution)}")
+    sc.tl.leiden(
+        adata,
+        resolution=resolution,
+        flavor="igraph",
+        n_iterations=-1,
+        directed=False,
+        random_state=seed,
+        key_added=f"leiden_{float(resolution)}",
+    )
 lap("leiden")
 sc.tl.umap(adata, min_dist=config["umap"]["min_dist"], random_state=seed)
 lap("umap")

@@ -41,8 +41,13 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/omicsprep-bench"))
     parser.add_argument("--out", type=Path, default=Path("profile_steps"))
     parser.add_argument("--top", type=int, default=40)
-    parser.add_argument("--compressions", nargs="+", default=["lzf"], choices=["lzf", "gzip", "none"],
-                        help="h5ad compressions to time the writes and reads between the rules with")
+    parser.add_argument(
+        "--compressions",
+        nargs="+",
+        default=["lzf"],
+        choices=["lzf", "gzip", "none"],
+        help="h5ad compressions to time the writes and reads between the rules with",
+    )
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -62,23 +67,50 @@ def main() -> None:
     config = bench_settings(args.workdir)
     counts = timed("generate", dataset, args.workdir, args.cells, args.genes, jobs=os.cpu_count())
     adata = timed("read_counts", io.read_counts, counts)
-    (adata, _), qc_profile = timed("qc", profiled, run_qc, adata, qc_params=config["qc"],
-                                   doublet_params=config["doublets"], seed=config["seed"],
-                                   backend=args.backend, top=args.top)
+    (adata, _), qc_profile = timed(
+        "qc",
+        profiled,
+        run_qc,
+        adata,
+        qc_params=config["qc"],
+        doublet_params=config["doublets"],
+        seed=config["seed"],
+        backend=args.backend,
+        top=args.top,
+    )
     for name in args.compressions:
         qc_h5ad = args.workdir / f"profile_qc_{args.cells}_{name}.h5ad"
         timed(f"write_qc_{name}", io.write_h5ad, adata, qc_h5ad, compression=None if name == "none" else name)
     for name in args.compressions:
         adata = timed(f"read_qc_{name}", io.read_h5ad, args.workdir / f"profile_qc_{args.cells}_{name}.h5ad")
     params = {section: config[section] for section in CLUSTER_SECTIONS}
-    _, cluster_profile = timed("cluster", profiled, run_clustering, adata, params=params, seed=config["seed"],
-                               backend=args.backend, top=args.top)
+    _, cluster_profile = timed(
+        "cluster",
+        profiled,
+        run_clustering,
+        adata,
+        params=params,
+        seed=config["seed"],
+        backend=args.backend,
+        top=args.top,
+    )
     for name in args.compressions:
-        timed(f"write_cluster_{name}", io.write_h5ad, adata, args.workdir / f"profile_cluster_{args.cells}_{name}.h5ad",
-              compression=None if name == "none" else name)
+        timed(
+            f"write_cluster_{name}",
+            io.write_h5ad,
+            adata,
+            args.workdir / f"profile_cluster_{args.cells}_{name}.h5ad",
+            compression=None if name == "none" else name,
+        )
     steps = {rule: adata.uns["omicsprep"][rule]["timings"] for rule in ("qc", "cluster")}
-    summary = {"cells": args.cells, "backend": args.backend, "phases": phases, "steps": steps,
-               "cells_kept": adata.n_obs, "nnz": int(adata.X.nnz)}
+    summary = {
+        "cells": args.cells,
+        "backend": args.backend,
+        "phases": phases,
+        "steps": steps,
+        "cells_kept": adata.n_obs,
+        "nnz": int(adata.X.nnz),
+    }
     print(json.dumps(summary, indent=1))
     (args.out / f"profile_{args.backend}_{args.cells}.json").write_text(json.dumps(summary, indent=1))
     (args.out / f"profile_{args.backend}_{args.cells}.txt").write_text(qc_profile + "\n" + cluster_profile)

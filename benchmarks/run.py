@@ -94,14 +94,34 @@ def run_workflow(workdir: Path, counts: Path, config: Path, backend: str, cores:
 
 
 def run_snakemake(
-    rundir: Path, *, config: Path, sheet: Path, backend: str, cores: int, extra: Sequence[str] = ("--resources", "gpu=1")
+    rundir: Path,
+    *,
+    config: Path,
+    sheet: Path,
+    backend: str,
+    cores: int,
+    extra: Sequence[str] = ("--resources", "gpu=1"),
 ) -> float:
     """Run the whole workflow in ``rundir`` (every job, quietly), with ``extra`` arguments
     (by default one GPU); its wall seconds."""
     command = [
-        sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(rundir),
-        "--configfile", str(config), "--config", f"samples={sheet}", f"backend={backend}",
-        "--cores", str(cores), *extra, "--forceall", "--quiet",
+        sys.executable,
+        "-m",
+        "snakemake",
+        "-s",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(rundir),
+        "--configfile",
+        str(config),
+        "--config",
+        f"samples={sheet}",
+        f"backend={backend}",
+        "--cores",
+        str(cores),
+        *extra,
+        "--forceall",
+        "--quiet",
     ]
     start = time.perf_counter()
     result = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -147,9 +167,13 @@ def agreement(result: dict, reference: dict | None) -> dict:
 def machine() -> str:
     gpu = ""
     try:
-        gpu = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, check=True
-        ).stdout.strip().splitlines()[0]
+        gpu = (
+            subprocess.run(
+                ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, check=True
+            )
+            .stdout.strip()
+            .splitlines()[0]
+        )
     except (OSError, subprocess.CalledProcessError, IndexError):
         pass
     return f"{platform.node()}: {os.cpu_count()} CPU cores, {platform.processor() or platform.machine()}" + (
@@ -163,8 +187,11 @@ def append_results(path: Path, *, title: str, note: str, table: pd.DataFrame, le
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     command = f"python benchmarks/{Path(sys.argv[0]).name} " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     with path.open("a") as handle:
-        handle.write(f"\n{level} {title}, {stamp}: `{command}`\n\nMachine: {machine()}. {note}\n\n"
-                     + table.astype(str).to_markdown(index=False) + "\n")
+        handle.write(
+            f"\n{level} {title}, {stamp}: `{command}`\n\nMachine: {machine()}. {note}\n\n"
+            + table.astype(str).to_markdown(index=False)
+            + "\n"
+        )
     return stamp
 
 
@@ -254,13 +281,20 @@ def main() -> None:
         # Each size is recorded as soon as it is done, so a run cut short keeps what it measured.
         table, steps = benchmark_size(args, n_cells, config, host)
         print(table.to_string(index=False), flush=True)
-        stamp = append_results(args.results, title=f"{n_cells:,} cells", note=f"{versions()}.",
-                               table=table.drop(columns=["host"]), level="####")
+        stamp = append_results(
+            args.results,
+            title=f"{n_cells:,} cells",
+            note=f"{versions()}.",
+            table=table.drop(columns=["host"]),
+            level="####",
+        )
         if steps is not None:
             print(steps.to_string(index=False), flush=True)
             with args.results.open("a") as handle:
-                handle.write("\nSeconds per rule (`total`: the rule's process, from its `benchmark:` file) "
-                             "and per step within it:\n\n" + steps.astype(str).to_markdown(index=False) + "\n")
+                handle.write(
+                    "\nSeconds per rule (`total`: the rule's process, from its `benchmark:` file) "
+                    "and per step within it:\n\n" + steps.astype(str).to_markdown(index=False) + "\n"
+                )
         table.to_csv(args.scaling_dir / f"{host}-{stamp[:10]}-{n_cells}.tsv", sep="\t", index=False)
         plot(args.scaling_dir, args.plot)
 
@@ -279,8 +313,16 @@ def benchmark_size(
     rows = []
     for result in [*results, *([peer] if peer else [])]:
         shown = {k: v for k, v in result.items() if k not in ("obs", "hvg", "steps")}
-        rows.append({"cells": n_cells, "genes": args.genes, **shown, "cells_kept": len(result["obs"]),
-                     **agreement(result, peer), "host": host})
+        rows.append(
+            {
+                "cells": n_cells,
+                "genes": args.genes,
+                **shown,
+                "cells_kept": len(result["obs"]),
+                **agreement(result, peer),
+                "host": host,
+            }
+        )
     return pd.DataFrame(rows), steps
 
 

@@ -76,8 +76,9 @@ def decode_seconds(bam: Path, reader: str) -> float:
         import oxbow
         import pyarrow as pa
 
-        for batch in oxbow.from_bam(str(bam), fields=["flag", "mapq"],
-                                    tag_defs=[("GX", "Z"), ("CB", "Z"), ("UB", "Z")]).batches():
+        for batch in oxbow.from_bam(
+            str(bam), fields=["flag", "mapq"], tag_defs=[("GX", "Z"), ("CB", "Z"), ("UB", "Z")]
+        ).batches():
             pa.record_batch(batch)
     else:
         import pysam
@@ -100,22 +101,58 @@ def main() -> None:
     rows = []
     for n_reads in args.reads:
         bam = benchmark_bam(args.workdir, n_reads)
-        ours = timed([str(bin_dir / "omicsprep"), "count-umis", str(bam), "-o", str(args.workdir / "ours.h5ad"),
-                      "--method", "directional"])
-        row = {"reads": n_reads, "omicsprep_s": round(ours, 2), "omicsprep_reads_per_s": round(n_reads / ours),
-               "inflate_only_reads_per_s_per_core": round(n_reads / inflate_seconds(bam)),
-               **{f"{reader}_decode_reads_per_s": round(n_reads / decode_seconds(bam, reader))
-                  for reader in ("oxbow", "pysam")}}
+        ours = timed(
+            [
+                str(bin_dir / "omicsprep"),
+                "count-umis",
+                str(bam),
+                "-o",
+                str(args.workdir / "ours.h5ad"),
+                "--method",
+                "directional",
+            ]
+        )
+        row = {
+            "reads": n_reads,
+            "omicsprep_s": round(ours, 2),
+            "omicsprep_reads_per_s": round(n_reads / ours),
+            "inflate_only_reads_per_s_per_core": round(n_reads / inflate_seconds(bam)),
+            **{
+                f"{reader}_decode_reads_per_s": round(n_reads / decode_seconds(bam, reader))
+                for reader in ("oxbow", "pysam")
+            },
+        }
         if args.skip_umi_tools_above is None or n_reads <= args.skip_umi_tools_above:
-            theirs = timed([str(bin_dir / "umi_tools"), "count", "--per-gene", "--per-cell", "--gene-tag=GX",
-                            "--extract-umi-method=tag", "--umi-tag=UB", "--cell-tag=CB", "--method=directional",
-                            "-I", str(bam), "-S", str(args.workdir / "umi_tools.tsv")])
-            row |= {"umi_tools_s": round(theirs, 2), "umi_tools_reads_per_s": round(n_reads / theirs),
-                    "speedup": round(theirs / ours, 1)}
+            theirs = timed(
+                [
+                    str(bin_dir / "umi_tools"),
+                    "count",
+                    "--per-gene",
+                    "--per-cell",
+                    "--gene-tag=GX",
+                    "--extract-umi-method=tag",
+                    "--umi-tag=UB",
+                    "--cell-tag=CB",
+                    "--method=directional",
+                    "-I",
+                    str(bam),
+                    "-S",
+                    str(args.workdir / "umi_tools.tsv"),
+                ]
+            )
+            row |= {
+                "umi_tools_s": round(theirs, 2),
+                "umi_tools_reads_per_s": round(n_reads / theirs),
+                "speedup": round(theirs / ours, 1),
+            }
         rows.append(row)
         print(row, flush=True)
-    append_results(args.results, title="UMI counting", table=pd.DataFrame(rows),
-                   note=f"Python {platform.python_version()}; directional method, one process each, start-up included.")
+    append_results(
+        args.results,
+        title="UMI counting",
+        table=pd.DataFrame(rows),
+        note=f"Python {platform.python_version()}; directional method, one process each, start-up included.",
+    )
 
 
 if __name__ == "__main__":

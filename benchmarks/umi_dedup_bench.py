@@ -72,8 +72,12 @@ def dedup(device: Device, frame, method: int) -> tuple[dict, np.ndarray]:  # noq
     molecules = device.count(umis, counts, starts, method)
     device.synchronize()
     done = time.perf_counter()
-    timings = {"molecules_in": int(umis.size), "groups": int(starts.size - 1),
-               "collapse_s": collapsed - start, "count_s": done - collapsed}
+    timings = {
+        "molecules_in": int(umis.size),
+        "groups": int(starts.size - 1),
+        "collapse_s": collapsed - start,
+        "count_s": done - collapsed,
+    }
     return timings, device.to_host(molecules)
 
 
@@ -92,8 +96,11 @@ def main() -> None:
         for method in args.methods:
             start = time.perf_counter()
             dedup(device, device.place(warmup), METHODS.index(method))
-            print(f"{device.backend} {method}: first call (compilation or cache load) "
-                  f"{time.perf_counter() - start:.2f} s", flush=True)
+            print(
+                f"{device.backend} {method}: first call (compilation or cache load) "
+                f"{time.perf_counter() - start:.2f} s",
+                flush=True,
+            )
     for n_reads in args.reads:
         reads = generate_read_codes(n_reads, seed=0)
         for method in args.methods:
@@ -103,8 +110,14 @@ def main() -> None:
                     continue
                 timings, results[backend] = dedup(device, device.place(reads), METHODS.index(method))
                 seconds = timings["collapse_s"] + timings["count_s"]
-                row = {"backend": backend, "method": method, "reads": n_reads, **timings,
-                       "molecules_out": int(results[backend].sum()), "reads_per_s": round(n_reads / seconds)}
+                row = {
+                    "backend": backend,
+                    "method": method,
+                    "reads": n_reads,
+                    **timings,
+                    "molecules_out": int(results[backend].sum()),
+                    "reads_per_s": round(n_reads / seconds),
+                }
                 rows.append(row)
                 print(row, flush=True)
             if len(results) == 2:
@@ -113,9 +126,13 @@ def main() -> None:
     for column in ("collapse_s", "count_s"):
         table[column] = table[column].round(3)
     print(table.to_string(index=False))
-    append_results(args.results, title="UMI deduplication, reads in memory", table=table,
-                   note="Reads from `generate_read_codes` (10,000 cells, 20,000 genes, 12-base UMIs); reads/s over "
-                        "collapse + count.")
+    append_results(
+        args.results,
+        title="UMI deduplication, reads in memory",
+        table=table,
+        note="Reads from `generate_read_codes` (10,000 cells, 20,000 genes, 12-base UMIs); reads/s over "
+        "collapse + count.",
+    )
 
 
 if __name__ == "__main__":

@@ -46,8 +46,9 @@ def write_table(path: Path, n_reads: int, piece: int = 6_000_000) -> None:
 
     with pq.ParquetWriter(path, pa.schema([("cell", pa.string()), ("umi", pa.string()), ("gene", pa.string())])) as out:
         for seed, start in enumerate(range(0, n_reads, piece)):
-            reads = generate_reads(min(piece, n_reads - start), n_cells=5_000, n_genes=10_000, secondary_rate=0,
-                                   seed=seed)
+            reads = generate_reads(
+                min(piece, n_reads - start), n_cells=5_000, n_genes=10_000, secondary_rate=0, seed=seed
+            )
             out.write_table(pa.Table.from_pandas(reads[["cell", "umi", "gene"]], preserve_index=False))
 
 
@@ -84,18 +85,34 @@ def main() -> None:
         if not table.exists():
             write_table(table, n_reads)
         for chunk_rows in args.chunk_rows:
-            command = [str(Path(sys.executable).parent / "omicsprep"), "count-umis", str(table),
-                       "-o", str(args.workdir / "memory.h5ad"), "--chunk-rows", str(chunk_rows)]
+            command = [
+                str(Path(sys.executable).parent / "omicsprep"),
+                "count-umis",
+                str(table),
+                "-o",
+                str(args.workdir / "memory.h5ad"),
+                "--chunk-rows",
+                str(chunk_rows),
+            ]
             seconds, peak = peak_rss_mb(limited(command, args.memory_limit_mb))
-            row = {"reads": n_reads, "table_mb": round(table.stat().st_size / 2**20),
-                   "in_memory_mb": in_memory_mb(table), "chunk_rows": chunk_rows,
-                   "memory_limit_mb": args.memory_limit_mb or "none", "seconds": round(seconds, 1),
-                   "peak_rss_mb": round(peak)}
+            row = {
+                "reads": n_reads,
+                "table_mb": round(table.stat().st_size / 2**20),
+                "in_memory_mb": in_memory_mb(table),
+                "chunk_rows": chunk_rows,
+                "memory_limit_mb": args.memory_limit_mb or "none",
+                "seconds": round(seconds, 1),
+                "peak_rss_mb": round(peak),
+            }
             rows.append(row)
             print(row, flush=True)
-    append_results(args.results, title="UMI counting memory", table=pd.DataFrame(rows),
-                   note="Molecule tables (Parquet, a row per read, 5,000 new cells per 6M reads); `in_memory_mb`: the "
-                        "whole table as Arrow; peak RSS of the whole process, Python and libraries included.")
+    append_results(
+        args.results,
+        title="UMI counting memory",
+        table=pd.DataFrame(rows),
+        note="Molecule tables (Parquet, a row per read, 5,000 new cells per 6M reads); `in_memory_mb`: the "
+        "whole table as Arrow; peak RSS of the whole process, Python and libraries included.",
+    )
 
 
 if __name__ == "__main__":

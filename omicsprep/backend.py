@@ -32,8 +32,18 @@ log = logging.getLogger(__name__)
 GPU_MODULES = ("cupy", "cudf", "cuml", "cugraph", "rapids_singlecell")
 # Recorded in every output, when imported in the producing process.
 RECORDED_MODULES = (
-    "omicsprep", "anndata", "scanpy", "numpy", "scipy", "pandas", "sklearn", "umap",
-    "igraph", "leidenalg", "numba", *GPU_MODULES,
+    "omicsprep",
+    "anndata",
+    "scanpy",
+    "numpy",
+    "scipy",
+    "pandas",
+    "sklearn",
+    "umap",
+    "igraph",
+    "leidenalg",
+    "numba",
+    *GPU_MODULES,
 )
 
 
@@ -217,8 +227,9 @@ def gpu_workers(n_gpus: int) -> Iterator[Any]:
         msg = f"multi-GPU (Dask) was requested but cannot be used: {reason}"
         raise BackendUnavailableError(msg)
     with (
-        dask_cuda.LocalCUDACluster(n_workers=n_gpus, threads_per_worker=1, protocol="tcp", dashboard_address=None,
-                                   silence_logs=logging.WARNING) as cluster,
+        dask_cuda.LocalCUDACluster(
+            n_workers=n_gpus, threads_per_worker=1, protocol="tcp", dashboard_address=None, silence_logs=logging.WARNING
+        ) as cluster,
         distributed.Client(cluster) as client,
     ):
         log.info("Dask workers on %d GPUs: %s", n_gpus, list(client.nthreads()))
@@ -249,10 +260,14 @@ def shard_to_gpus(adata: AnnData, *, client: Any) -> None:
     host_blocks = client.scatter([matrix[start:stop] for start, stop in pairwise(bounds)])
     device_blocks = client.map(_csr_to_device, host_blocks)
     meta = cupyx_sparse().csr_matrix((1, matrix.shape[1]), dtype=matrix.dtype)
-    adata.X = _persisted(dask.array.concatenate([
-        dask.array.from_delayed(block, shape=(stop - start, matrix.shape[1]), dtype=matrix.dtype, meta=meta)
-        for block, (start, stop) in zip(device_blocks, pairwise(bounds), strict=True)
-    ]))
+    adata.X = _persisted(
+        dask.array.concatenate(
+            [
+                dask.array.from_delayed(block, shape=(stop - start, matrix.shape[1]), dtype=matrix.dtype, meta=meta)
+                for block, (start, stop) in zip(device_blocks, pairwise(bounds), strict=True)
+            ]
+        )
+    )
 
 
 def is_dask_array(value: Any) -> bool:

@@ -26,15 +26,25 @@ def count_umis(args: argparse.Namespace) -> None:
         method=args.method,
         edit_distance_threshold=args.edit_distance_threshold,
         skip_gene_regex=args.skip_tags_regex,
-        bam=BamOptions(cell_tag=args.cell_tag, umi_tag=args.umi_tag, gene_tag=args.gene_tag,
-                       umi_source=args.extract_umi_method, min_mapq=args.min_mapq),
-        table=TableOptions(cell_column=args.cell_column, umi_column=args.umi_column, gene_column=args.gene_column,
-                           count_column=args.count_column),
+        bam=BamOptions(
+            cell_tag=args.cell_tag,
+            umi_tag=args.umi_tag,
+            gene_tag=args.gene_tag,
+            umi_source=args.extract_umi_method,
+            min_mapq=args.min_mapq,
+        ),
+        table=TableOptions(
+            cell_column=args.cell_column,
+            umi_column=args.umi_column,
+            gene_column=args.gene_column,
+            count_column=args.count_column,
+        ),
         chunk_rows=args.chunk_rows,
         backend=resolve_backend(args.backend),
     )
-    log.info("%d cells x %d genes, %d molecules; %s", adata.n_obs, adata.n_vars, int(adata.X.sum()),
-             adata.uns["umi_dedup"])
+    log.info(
+        "%d cells x %d genes, %d molecules; %s", adata.n_obs, adata.n_vars, int(adata.X.sum()), adata.uns["umi_dedup"]
+    )
     if args.tsv:
         io.write_table(counting.long_table(adata), args.tsv)
     io.write_h5ad(adata, args.output)
@@ -57,9 +67,14 @@ def coexpr(args: argparse.Namespace) -> None:
         preprocessing.normalize(adata, target_sum=1e4, backend="cpu")
     if args.metacells == "knn" and "connectivities" not in adata.obsp:
         raise InputError("--metacells knn needs a neighbour graph (obsp['connectivities'])", path=args.input)
-    params = {**coexpression.DEFAULTS, "n_genes": args.n_genes, "top_k": args.top_k, "resolution": args.resolution,
-              "correlation": args.correlation, "metacells": {**coexpression.DEFAULTS["metacells"],
-                                                             "method": args.metacells}}
+    params = {
+        **coexpression.DEFAULTS,
+        "n_genes": args.n_genes,
+        "top_k": args.top_k,
+        "resolution": args.resolution,
+        "correlation": args.correlation,
+        "metacells": {**coexpression.DEFAULTS["metacells"], "method": args.metacells},
+    }
     try:
         result = run_coexpression(adata, params=params, seed=args.seed, backend=backend)
     except InputError as exc:
@@ -69,8 +84,13 @@ def coexpr(args: argparse.Namespace) -> None:
         preprocessing.pca(adata, n_comps=2, seed=args.seed, backend="cpu")
     coords = adata.obsm["X_umap"] if "X_umap" in adata.obsm else np.asarray(adata.obsm["X_pca"])[:, :2]
     figures = plotting.coexpression_figures(coords, result["eigengenes"], title=args.input.stem)
-    names = {"edges": "edges.parquet", "modules": "modules.tsv", "eigengenes": "eigengenes.parquet",
-             "correlation": "module_correlation.png", "umap": "module_scores_umap.png"}
+    names = {
+        "edges": "edges.parquet",
+        "modules": "modules.tsv",
+        "eigengenes": "eigengenes.parquet",
+        "correlation": "module_correlation.png",
+        "umap": "module_scores_umap.png",
+    }
     args.output.mkdir(parents=True, exist_ok=True)
     io.write_coexpression(result, figures, paths={key: args.output / name for key, name in names.items()})
 
@@ -87,8 +107,12 @@ def main(argv: list[str] | None = None) -> None:
     umis.add_argument("--cell-tag", default="CB")
     umis.add_argument("--umi-tag", default="UB")
     umis.add_argument("--gene-tag", default="GX")
-    umis.add_argument("--extract-umi-method", choices=["tag", "read_id", "umis"], default="tag",
-                      help="cell and UMI from tags, or from the read name (umi_tools extract / umis style)")
+    umis.add_argument(
+        "--extract-umi-method",
+        choices=["tag", "read_id", "umis"],
+        default="tag",
+        help="cell and UMI from tags, or from the read name (umi_tools extract / umis style)",
+    )
     umis.add_argument("--skip-tags-regex", default="^(__|Unassigned)", help="skip reads whose gene matches")
     umis.add_argument("--method", choices=METHODS, default="directional")
     umis.add_argument("--edit-distance-threshold", type=int, default=1)
@@ -98,8 +122,12 @@ def main(argv: list[str] | None = None) -> None:
     umis.add_argument("--gene-column", default="gene")
     umis.add_argument("--count-column", default=None, help="reads per row, for aggregated tables")
     umis.add_argument("--chunk-rows", type=int, default=5_000_000, help="reads in memory at a time (bounds memory)")
-    umis.add_argument("--backend", choices=["auto", "cpu", "gpu"], default="auto",
-                      help="where UMIs are deduplicated; gpu without a usable GPU is an error")
+    umis.add_argument(
+        "--backend",
+        choices=["auto", "cpu", "gpu"],
+        default="auto",
+        help="where UMIs are deduplicated; gpu without a usable GPU is an error",
+    )
     umis.set_defaults(run=count_umis)
     network = commands.add_parser("coexpr", help="gene co-expression network, modules and eigengenes of an .h5ad")
     network.add_argument("input", type=Path, help="cells x genes; log-normalized X (counts are normalized first)")
@@ -109,8 +137,12 @@ def main(argv: list[str] | None = None) -> None:
     network.add_argument("--top-k", type=int, default=50, help="partners kept per gene")
     network.add_argument("--resolution", type=float, default=1.0, help="Leiden resolution of the modules")
     network.add_argument("--correlation", choices=["pearson", "spearman"], default="pearson")
-    network.add_argument("--metacells", choices=["none", "knn", "kmeans"], default="none",
-                         help="pool cells first (knn needs obsp['connectivities'], kmeans obsm['X_pca'])")
+    network.add_argument(
+        "--metacells",
+        choices=["none", "knn", "kmeans"],
+        default="none",
+        help="pool cells first (knn needs obsp['connectivities'], kmeans obsm['X_pca'])",
+    )
     network.add_argument("--seed", type=int, default=0)
     network.set_defaults(run=coexpr)
     args = parser.parse_args(argv)

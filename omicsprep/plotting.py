@@ -48,7 +48,7 @@ def qc_histograms(metrics: pd.DataFrame, *, title: str) -> Figure:
         ax.hist(groups, bins=bins, stacked=True, color=["#4c72b0", "#dd8452"], label=["passed", "failed"])
         ax.set_xlabel(f"log10 {label}" if log_scale else label)
         ax.set_ylabel("cells")
-    for ax in axes[len(panels):]:
+    for ax in axes[len(panels) :]:
         ax.axis("off")
     axes[0].legend(frameon=False)
     n_pass = int(metrics["passed"].sum())
@@ -68,8 +68,13 @@ def qc_scatter(metrics: pd.DataFrame, *, title: str) -> Figure:
         ax.scatter(coords[:, 0], coords[:, 1], s=4, rasterized=True)
     failed = ~metrics["passed"]
     ax.scatter(
-        metrics.loc[failed, "total_counts"], metrics.loc[failed, "n_genes_by_counts"],
-        s=12, facecolors="none", edgecolors="#dd8452", linewidths=0.5, label="failed QC",
+        metrics.loc[failed, "total_counts"],
+        metrics.loc[failed, "n_genes_by_counts"],
+        s=12,
+        facecolors="none",
+        edgecolors="#dd8452",
+        linewidths=0.5,
+        label="failed QC",
     )
     ax.set_xscale("log")
     ax.set_yscale("log")
@@ -107,7 +112,7 @@ def embedding_panels(coords: np.ndarray, obs: pd.DataFrame, *, keys: list[str], 
         ax.set_title(key)
         ax.set_xticks([])
         ax.set_yticks([])
-    for ax in axes.ravel()[len(keys):]:
+    for ax in axes.ravel()[len(keys) :]:
         ax.axis("off")
     fig.suptitle(title)
     fig.tight_layout()
@@ -135,8 +140,9 @@ def _numeric_scatter(ax: Axes, coords: np.ndarray, values: np.ndarray, *, size: 
     for level in range(COLOUR_LEVELS):
         layer = levels == level
         if layer.any():
-            ax.scatter(coords[layer, 0], coords[layer, 1], s=size, color=cmap((level + 0.5) / COLOUR_LEVELS),
-                       rasterized=True)
+            ax.scatter(
+                coords[layer, 0], coords[layer, 1], s=size, color=cmap((level + 0.5) / COLOUR_LEVELS), rasterized=True
+            )
     ax.figure.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=ax, shrink=0.8, label=label)
 
 
@@ -149,8 +155,9 @@ def module_correlation(eigengenes: pd.DataFrame, *, title: str) -> Figure:
         ax.text(0.5, 0.5, "no module", ha="center", va="center")
         ax.axis("off")
     else:
-        image = ax.imshow(np.corrcoef(eigengenes.to_numpy().T).reshape(n_modules, n_modules),
-                          vmin=-1, vmax=1, cmap="RdBu_r")
+        image = ax.imshow(
+            np.corrcoef(eigengenes.to_numpy().T).reshape(n_modules, n_modules), vmin=-1, vmax=1, cmap="RdBu_r"
+        )
         ax.set_xticks(range(n_modules), eigengenes.columns, rotation=90)
         ax.set_yticks(range(n_modules), eigengenes.columns)
         fig.colorbar(image, ax=ax, shrink=0.8, label="correlation of eigengenes")
@@ -170,5 +177,7 @@ def module_scores(coords: np.ndarray, eigengenes: pd.DataFrame, *, title: str, m
 def coexpression_figures(coords: np.ndarray, eigengenes: pd.DataFrame, *, title: str) -> dict[str, Figure]:
     """The co-expression rule's figures: ``correlation`` (modules x modules) and ``umap``
     (module scores on the embedding ``coords``)."""
-    return {"correlation": module_correlation(eigengenes, title=title),
-            "umap": module_scores(coords, eigengenes, title=title)}
+    return {
+        "correlation": module_correlation(eigengenes, title=title),
+        "umap": module_scores(coords, eigengenes, title=title),
+    }

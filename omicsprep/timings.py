@@ -29,12 +29,24 @@ def run_time_table(
         record = provenance.get((sample, rule), {})
         backend = record.get("backend", "")
         rows.append(
-            {"sample": sample, "rule": rule, "backend": backend, "step": "total",
-             "seconds": float(bench["s"].iloc[-1]), "max_rss_mb": float(bench["max_rss"].iloc[-1])}
+            {
+                "sample": sample,
+                "rule": rule,
+                "backend": backend,
+                "step": "total",
+                "seconds": float(bench["s"].iloc[-1]),
+                "max_rss_mb": float(bench["max_rss"].iloc[-1]),
+            }
         )
         for step, seconds in record.get("timings", {}).items():
             rows.append(
-                {"sample": sample, "rule": rule, "backend": backend, "step": step,
-                 "seconds": float(seconds), "max_rss_mb": float("nan")}
+                {
+                    "sample": sample,
+                    "rule": rule,
+                    "backend": backend,
+                    "step": step,
+                    "seconds": float(seconds),
+                    "max_rss_mb": float("nan"),
+                }
             )
     return pd.DataFrame(rows, columns=["sample", "rule", "backend", "step", "seconds", "max_rss_mb"])

@@ -14,9 +14,7 @@ from omicsprep.errors import BackendUnavailableError, InputError, OutOfSpaceErro
 log = logging.getLogger("omicsprep")
 
 
-def run_script(
-    main: Callable[[], None], *, log_path: str | Path, sample: str | None = None, threads: int = 1
-) -> None:
+def run_script(main: Callable[[], None], *, log_path: str | Path, sample: str | None = None, threads: int = 1) -> None:
     """Run a rule's script body with logging to ``log_path`` and one-line user errors.
 
     Logging, warnings and standard error (the C libraries' too, such as HDF5's error

@@ -22,16 +22,19 @@ def main() -> None:
     except InputError as exc:  # a documented skip: empty tables, the reason in provenance.json
         result = skipped_coexpression(adata, reason=exc.problem, params=params, seed=seed, backend=backend)
     if params["per_cluster"]["enabled"] and "skipped" not in adata.uns["coexpression"]:
-        per_cluster = run_coexpression_per_cluster(adata, params=params, clusters=snakemake.params.clusters,
-                                                   seed=seed, backend=backend)
+        per_cluster = run_coexpression_per_cluster(
+            adata, params=params, clusters=snakemake.params.clusters, seed=seed, backend=backend
+        )
     else:
         per_cluster = pd.DataFrame(columns=["cluster", "gene", "module", "hub_score"])
-    figures = plotting.coexpression_figures(adata.obsm["X_umap"], result["eigengenes"],
-                                            title=snakemake.wildcards.sample)
+    figures = plotting.coexpression_figures(
+        adata.obsm["X_umap"], result["eigengenes"], title=snakemake.wildcards.sample
+    )
     paths = dict(snakemake.output.items())
     io.write_table(per_cluster, paths.pop("per_cluster"))
-    io.write_json({**adata.uns["omicsprep"]["coexpression"], "summary": adata.uns["coexpression"]},
-                  paths.pop("provenance"))
+    io.write_json(
+        {**adata.uns["omicsprep"]["coexpression"], "summary": adata.uns["coexpression"]}, paths.pop("provenance")
+    )
     io.write_coexpression(result, figures, paths=paths)
 
 

@@ -12,7 +12,9 @@ snakemake = snakemake  # noqa: F821, PLW0127 - injected by Snakemake
 
 def main() -> None:
     adata = counting.count_umis_with_settings(
-        snakemake.input.reads, fmt=snakemake.params.format, settings=snakemake.params.umi,
+        snakemake.input.reads,
+        fmt=snakemake.params.format,
+        settings=snakemake.params.umi,
         backend=resolve_backend(snakemake.params.backend),
     )
     logging.getLogger("omicsprep").info("%s", adata.uns["umi_dedup"])

@@ -10,13 +10,19 @@ from omicsprep.workflow import run_script
 def main() -> None:
     backend = resolve_backend(snakemake.params.backend)
     samples = {name: io.read_h5ad(path) for name, path in snakemake.input.items()}
-    merged, metrics = run_merge(samples, params=snakemake.params.merge, clustering_params=snakemake.params.clustering,
-                                labels=snakemake.params.labels, seed=snakemake.params.seed, backend=backend,
-                                n_gpus=max(int(snakemake.resources.gpu), 1))
-    keys = ["sample", *(k for k in ("batch",) if k in merged.obs),
-            *(k for k in merged.obs if k.startswith("leiden_"))]
-    io.write_figure(plotting.embedding_panels(merged.obsm["X_umap"], merged.obs, keys=keys, title="merged"),
-                    snakemake.output.umap)
+    merged, metrics = run_merge(
+        samples,
+        params=snakemake.params.merge,
+        clustering_params=snakemake.params.clustering,
+        labels=snakemake.params.labels,
+        seed=snakemake.params.seed,
+        backend=backend,
+        n_gpus=max(int(snakemake.resources.gpu), 1),
+    )
+    keys = ["sample", *(k for k in ("batch",) if k in merged.obs), *(k for k in merged.obs if k.startswith("leiden_"))]
+    io.write_figure(
+        plotting.embedding_panels(merged.obsm["X_umap"], merged.obs, keys=keys, title="merged"), snakemake.output.umap
+    )
     io.write_table(metrics, snakemake.output.metrics)
     io.write_h5ad(merged, snakemake.output.h5ad, compression=snakemake.config["h5ad_compression"])
 

@@ -11,8 +11,13 @@ snakemake = snakemake  # noqa: F821, PLW0127 - injected by Snakemake
 def main() -> None:
     backend = resolve_backend(snakemake.params.backend)
     modalities = {name: io.read_h5ad(path) for name, path in snakemake.input.items()}
-    mdata = run_multiome(modalities, params=snakemake.params.multiome, clustering_params=snakemake.params.clustering,
-                         seed=snakemake.params.seed, backend=backend)
+    mdata = run_multiome(
+        modalities,
+        params=snakemake.params.multiome,
+        clustering_params=snakemake.params.clustering,
+        seed=snakemake.params.seed,
+        backend=backend,
+    )
     keys = [key for key in mdata.obs if key.startswith("wnn_") or key.endswith(":mod_weight")]
     figure = plotting.embedding_panels(mdata.obsm["X_umap"], mdata.obs, keys=keys, title=snakemake.wildcards.sample)
     io.write_figure(figure, snakemake.output.umap)

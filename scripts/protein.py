@@ -13,10 +13,19 @@ def main() -> None:
     duplicates = snakemake.params.duplicate_barcodes
     adata = io.read_counts(snakemake.input.adt, feature_type="Antibody Capture", duplicate_barcodes=duplicates)
     has_empty = "empty" in snakemake.input.keys()
-    empty = (io.read_counts(snakemake.input.empty, feature_type="Antibody Capture", duplicate_barcodes=duplicates)
-             if has_empty else None)
-    run_protein(adata, empty=empty, params=snakemake.params.protein, clustering_params=snakemake.params.clustering,
-                seed=snakemake.params.seed, backend=backend)
+    empty = (
+        io.read_counts(snakemake.input.empty, feature_type="Antibody Capture", duplicate_barcodes=duplicates)
+        if has_empty
+        else None
+    )
+    run_protein(
+        adata,
+        empty=empty,
+        params=snakemake.params.protein,
+        clustering_params=snakemake.params.clustering,
+        seed=snakemake.params.seed,
+        backend=backend,
+    )
     io.write_h5ad(adata, snakemake.output.h5ad, compression=snakemake.config["h5ad_compression"])
 
 

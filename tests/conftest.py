@@ -74,10 +74,11 @@ REQUIRE_GPU_ENV = "OMICSPREP_REQUIRE_GPU"
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
-        "--require-gpu", action="store_true",
+        "--require-gpu",
+        action="store_true",
         default=os.environ.get(REQUIRE_GPU_ENV, "").strip() not in ("", "0", "false", "no"),
         help=f"the GPU tests must run: without a usable GPU they fail instead of being skipped, and so does a "
-             f"GPU library they import (also set by {REQUIRE_GPU_ENV}=1)",
+        f"GPU library they import (also set by {REQUIRE_GPU_ENV}=1)",
     )
 
 

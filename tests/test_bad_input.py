@@ -64,8 +64,9 @@ def spreadsheet_run(tmp_path_factory, repeated_barcodes):
     rows = ["sample\tinput\tcondition", f"pbmc\t{PBMC_H5}\tstimulated", f"repeats\t{repeated_barcodes}\tcontrol"]
     sheet.write_bytes(b"\xef\xbb\xbf" + "\r\n".join([*rows, "\t\t", "\t\t", ""]).encode())
     targets = ["results/pbmc/qc.h5ad", "results/repeats/qc.h5ad"]
-    result = snakemake(*targets, "--cores", "2", "--keep-going", "--config", f"samples={sheet}", "backend=cpu",
-                       workdir=workdir)
+    result = snakemake(
+        *targets, "--cores", "2", "--keep-going", "--config", f"samples={sheet}", "backend=cpu", workdir=workdir
+    )
     return workdir, result
 
 
@@ -80,9 +81,11 @@ def test_repeated_barcodes_stop_their_sample_with_one_line(spreadsheet_run, repe
     workdir, result = spreadsheet_run
     assert result.returncode != 0
     errors = [line for line in (result.stdout + result.stderr).splitlines() if "omicsprep error" in line]
-    assert errors == [f"omicsprep error: sample 'repeats': file '{repeated_barcodes}': 4 barcode(s) name more than "
-                      f"one cell ('{sorted(REPEATED)[0]}', '{sorted(REPEATED)[1]}', '{sorted(REPEATED)[2]}', ...); "
-                      "set duplicate_barcodes: rename in the config to rename the repeats"]
+    assert errors == [
+        f"omicsprep error: sample 'repeats': file '{repeated_barcodes}': 4 barcode(s) name more than "
+        f"one cell ('{sorted(REPEATED)[0]}', '{sorted(REPEATED)[1]}', '{sorted(REPEATED)[2]}', ...); "
+        "set duplicate_barcodes: rename in the config to rename the repeats"
+    ]
     assert not any((workdir / "results" / "repeats").rglob("*"))
 
 
@@ -98,9 +101,12 @@ def dry_run_error(tmp_path: Path, *config: str) -> str:
     [
         ("sample\tinput\tfragment", f"a\t{PBMC_H5}\tx", "unknown column 'fragment': did you mean 'fragments'?"),
         ("Sample\tinput", f"a\t{PBMC_H5}", "unknown column 'Sample': did you mean 'sample'?"),
-        ("sample\tinput\tformat", f"a\t{PBMC_H5}\th5",
-         "line 3 (sample 'a'): column 'format': 'h5' is not one of ['', '10x_h5', '10x_mtx', 'h5ad', 'zarr', 'bam', "
-         "'sam', 'molecules']"),
+        (
+            "sample\tinput\tformat",
+            f"a\t{PBMC_H5}\th5",
+            "line 3 (sample 'a'): column 'format': 'h5' is not one of ['', '10x_h5', '10x_mtx', 'h5ad', 'zarr', 'bam', "
+            "'sam', 'molecules']",
+        ),
         ("sample\tinput", f"a b\t{PBMC_H5}", "line 3 (sample 'a b'): column 'sample': 'a b' does not match"),
         ("sample\tinput", f"a\t{PBMC_H5}\textra", "line 3 has 3 fields, the header 2"),
         ("sample\tinput\tdonor name", f"a\t{PBMC_H5}\td1", "column name 'donor name': metadata columns are named"),
@@ -115,8 +121,15 @@ def test_sheet_problems_name_the_line_sample_and_column(tmp_path, header, row, m
 
 def test_nested_command_line_values_are_read_as_yaml(tmp_path):
     sheet = write_sheet(tmp_path / "s.tsv", [f"pbmc\t{PBMC_H5}"])
-    result = snakemake("-n", "--config", f"samples={sheet}", "markers={resolution: 0.5}",
-                       "qc={filter: {min_genes: 50, max_pct_mt: 12.5}}", "doublets={enabled: false}", workdir=tmp_path)
+    result = snakemake(
+        "-n",
+        "--config",
+        f"samples={sheet}",
+        "markers={resolution: 0.5}",
+        "qc={filter: {min_genes: 50, max_pct_mt: 12.5}}",
+        "doublets={enabled: false}",
+        workdir=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     stderr = dry_run_error(tmp_path, f"samples={sheet}", "markers={resolution: high}")
     assert "config: markers.resolution: 'high' is not of type 'number'" in stderr
@@ -125,8 +138,11 @@ def test_nested_command_line_values_are_read_as_yaml(tmp_path):
 def test_the_shipped_config_is_for_real_samples_and_the_demo_has_its_own():
     shipped = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     schema = yaml.safe_load((REPO / "config" / "schemas" / "config.schema.yaml").read_text())
-    assert shipped["qc"]["filter"]["min_genes"] == schema["properties"]["qc"]["properties"]["filter"]["properties"][
-        "min_genes"]["default"] == 200
+    assert (
+        shipped["qc"]["filter"]["min_genes"]
+        == schema["properties"]["qc"]["properties"]["filter"]["properties"]["min_genes"]["default"]
+        == 200
+    )
     assert shipped["chromatin"]["genes"] is None
     assert shipped["samples"] == "config/samples.tsv"
     assert not [value for value in leaves(shipped) if "resources/demo" in str(value)]
@@ -188,8 +204,9 @@ run_script(main, log_path=sys.argv[2], sample="pbmc")
 
 def test_a_cancelled_rule_removes_its_temporary_file(tmp_path):
     output = tmp_path / "qc.h5ad"
-    script = subprocess.Popen([sys.executable, "-c", SCRIPT_WRITING, str(output), str(tmp_path / "qc.log")],
-                              stdout=subprocess.PIPE, text=True)
+    script = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT_WRITING, str(output), str(tmp_path / "qc.log")], stdout=subprocess.PIPE, text=True
+    )
     temporary = Path(script.stdout.readline().strip())
     assert temporary.is_file()
     script.send_signal(signal.SIGTERM)  # what Snakemake and SLURM send to a cancelled job
@@ -202,8 +219,9 @@ def small_disk(tmp_path):
     """``tmp_path/results`` on a 400 kB tmpfs: room for the chr21 PBMCs' QC table, not their h5ad."""
     results = tmp_path / "results"
     results.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(results)],
-                             capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(results)], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
     yield tmp_path
@@ -212,14 +230,16 @@ def small_disk(tmp_path):
 
 def test_a_full_disk_is_one_line_and_the_traceback_goes_to_the_log(small_disk):
     sheet = write_sheet(small_disk / "s.tsv", [f"pbmc\t{PBMC_H5}"])
-    result = snakemake("results/pbmc/qc.h5ad", "--cores", "2", "--config", f"samples={sheet}", "backend=cpu",
-                       workdir=small_disk)
+    result = snakemake(
+        "results/pbmc/qc.h5ad", "--cores", "2", "--config", f"samples={sheet}", "backend=cpu", workdir=small_disk
+    )
     assert result.returncode != 0
     console = result.stdout + result.stderr
     errors = [line for line in console.splitlines() if "space" in line.lower()]
     assert len(errors) == 1, console[-5000:]
-    assert errors[0].startswith("omicsprep error: sample 'pbmc': results/pbmc/qc.h5ad: no space left on the device: "
-                                "about ")
+    assert errors[0].startswith(
+        "omicsprep error: sample 'pbmc': results/pbmc/qc.h5ad: no space left on the device: about "
+    )
     assert f"free on {small_disk / 'results'} (tmpfs)" in errors[0]
     assert "Traceback" not in console and "HDF5" not in console
     log = (small_disk / "logs" / "qc" / "pbmc.log").read_text()

@@ -33,9 +33,17 @@ def test_generator_is_deterministic_and_realistic(monkeypatch):
 @pytest.mark.workflow
 def test_quick_benchmark_runs_and_agrees_with_scanpy(tmp_path):
     command = [
-        sys.executable, str(REPO / "benchmarks" / "run.py"), "--quick", "--workdir", str(tmp_path / "work"),
-        "--results", str(tmp_path / "RESULTS.md"), "--scaling-dir", str(tmp_path / "scaling"),
-        "--plot", str(tmp_path / "scaling.png"),
+        sys.executable,
+        str(REPO / "benchmarks" / "run.py"),
+        "--quick",
+        "--workdir",
+        str(tmp_path / "work"),
+        "--results",
+        str(tmp_path / "RESULTS.md"),
+        "--scaling-dir",
+        str(tmp_path / "scaling"),
+        "--plot",
+        str(tmp_path / "scaling.png"),
     ]
     subprocess.run(command, check=True, capture_output=True, text=True, timeout=900)
     table = pd.read_csv(next((tmp_path / "scaling").glob("*.tsv")), sep="\t")
@@ -55,8 +63,22 @@ def test_clusters_come_with_the_same_counts():
 
 def test_merge_step_benchmark_runs_on_the_cpu(tmp_path):
     results = tmp_path / "RESULTS.md"
-    command = [sys.executable, str(REPO / "benchmarks" / "merge_step.py"), "--samples", "2", "--cells", "600",
-               "--genes", "3000", "--modes", "cpu", "--jobs", "1", "--results", str(results)]
+    command = [
+        sys.executable,
+        str(REPO / "benchmarks" / "merge_step.py"),
+        "--samples",
+        "2",
+        "--cells",
+        "600",
+        "--genes",
+        "3000",
+        "--modes",
+        "cpu",
+        "--jobs",
+        "1",
+        "--results",
+        str(results),
+    ]
     subprocess.run(command, check=True, capture_output=True, text=True, timeout=600)
     table = results.read_text()
     assert "The merge step alone" in table and "| mixing_after" in table and " cpu |" in table

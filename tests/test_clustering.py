@@ -89,8 +89,9 @@ def test_markers_equal_scanpys_rank_genes_groups(mouse_qc, mouse_clustered):
         top = list(reference["names"][group][:n_genes])
         assert table["gene"].tolist() == top, f"cluster {group}"
         for column in ("scores", "logfoldchanges", "pvals", "pvals_adj"):
-            np.testing.assert_allclose(table[column], reference[column][group][:n_genes], rtol=1e-6,
-                                       err_msg=f"cluster {group}: {column}")
+            np.testing.assert_allclose(
+                table[column], reference[column][group][:n_genes], rtol=1e-6, err_msg=f"cluster {group}: {column}"
+            )
         np.testing.assert_allclose(table["pct_nz_group"], reference["pts"].loc[top, group], rtol=1e-12)
         np.testing.assert_allclose(table["pct_nz_reference"], reference["pts_rest"].loc[top, group], rtol=1e-12)
 

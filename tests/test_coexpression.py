@@ -54,9 +54,15 @@ def planted_ari(modules: pd.DataFrame, adata: ad.AnnData, planted: np.ndarray) -
     return adjusted_rand_score(planted[planted >= 0], found.to_numpy()[planted >= 0])
 
 
-@pytest.mark.parametrize(("correlation", "metacells"), [
-    ("pearson", "none"), ("spearman", "none"), ("pearson", "knn"), ("pearson", "kmeans"),
-])
+@pytest.mark.parametrize(
+    ("correlation", "metacells"),
+    [
+        ("pearson", "none"),
+        ("spearman", "none"),
+        ("pearson", "knn"),
+        ("pearson", "kmeans"),
+    ],
+)
 def test_planted_modules_are_recovered(planted, correlation, metacells):
     adata, truth = planted
     adata = adata.copy()
@@ -106,7 +112,7 @@ def test_blockwise_graph_equals_the_full_matrix(monkeypatch, method):
     monkeypatch.setattr(coexpression, "BLOCK_BYTES", 4 * 120 * 7)  # blocks of 7 genes
     standardized = coexpression.standardize(expression, method=method, backend="cpu")
     graph = coexpression.correlation_graph(standardized, top_k=5, min_correlation=0.05, power=2.0, backend="cpu")
-    full = (stats.spearmanr(expression).statistic if method == "spearman" else np.corrcoef(expression.T))
+    full = stats.spearmanr(expression).statistic if method == "spearman" else np.corrcoef(expression.T)
     np.fill_diagonal(full, -np.inf)
     expected = np.zeros_like(full)
     for gene, row in enumerate(full):
@@ -120,16 +126,23 @@ def test_blockwise_graph_equals_the_full_matrix(monkeypatch, method):
 def test_repeated_sparse_entries_are_summed():
     dense, split = repeated_entries()
     split.has_canonical_format = False
-    np.testing.assert_allclose(coexpression.standardize(split, method="pearson", backend="cpu"),
-                               coexpression.standardize(dense, method="pearson", backend="cpu"), rtol=1e-5)
+    np.testing.assert_allclose(
+        coexpression.standardize(split, method="pearson", backend="cpu"),
+        coexpression.standardize(dense, method="pearson", backend="cpu"),
+        rtol=1e-5,
+    )
 
 
 def hub_scores_from_edges(edges: pd.DataFrame, modules: pd.DataFrame) -> pd.Series:
     """The README's hub score, from an edge list: a gene's summed edge weight to genes of its
     own module over the largest such sum in the module; 0 for unassigned genes."""
     module_of = modules.set_index("gene")["module"].astype(str)
-    both = pd.concat([edges.rename(columns={"gene_a": "gene", "gene_b": "partner"}),
-                      edges.rename(columns={"gene_b": "gene", "gene_a": "partner"})])
+    both = pd.concat(
+        [
+            edges.rename(columns={"gene_a": "gene", "gene_b": "partner"}),
+            edges.rename(columns={"gene_b": "gene", "gene_a": "partner"}),
+        ]
+    )
     inside = both[both["gene"].map(module_of).to_numpy() == both["partner"].map(module_of).to_numpy()]
     degree = inside.groupby("gene")["weight"].sum().reindex(module_of.index, fill_value=0.0)
     scores = degree / degree.groupby(module_of).transform("max")
@@ -159,11 +172,31 @@ def test_cli_writes_the_tables_and_figures(tmp_path):
     counts.X = counts.layers.pop("counts")  # raw counts in: the command normalizes them
     counts.write_h5ad(tmp_path / "in.h5ad")
     out = tmp_path / "network"
-    subprocess.run([sys.executable, "-m", "omicsprep.cli", "coexpr", str(tmp_path / "in.h5ad"), "-o", str(out),
-                    "--top-k", "20", "--backend", "cpu"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "omicsprep.cli",
+            "coexpr",
+            str(tmp_path / "in.h5ad"),
+            "-o",
+            str(out),
+            "--top-k",
+            "20",
+            "--backend",
+            "cpu",
+        ],
+        check=True,
+        capture_output=True,
+    )
     names = {p.name for p in out.iterdir()}
-    assert names == {"edges.parquet", "modules.tsv", "eigengenes.parquet", "module_correlation.png",
-                     "module_scores_umap.png"}
+    assert names == {
+        "edges.parquet",
+        "modules.tsv",
+        "eigengenes.parquet",
+        "module_correlation.png",
+        "module_scores_umap.png",
+    }
     edges = pd.read_parquet(out / "edges.parquet")
     modules = pd.read_csv(out / "modules.tsv", sep="\t")
     eigengenes = pd.read_parquet(out / "eigengenes.parquet")
@@ -171,8 +204,11 @@ def test_cli_writes_the_tables_and_figures(tmp_path):
 
     # The files hold what the package computes in memory on the same (normalized) cells
     # with the command's settings.
-    params = {**coexpression.DEFAULTS, "top_k": 20, "metacells": {**coexpression.DEFAULTS["metacells"],
-                                                                   "method": "none"}}
+    params = {
+        **coexpression.DEFAULTS,
+        "top_k": 20,
+        "metacells": {**coexpression.DEFAULTS["metacells"], "method": "none"},
+    }
     expected = run_coexpression(adata, params=params, seed=0, backend="cpu")
     pd.testing.assert_frame_equal(edges, expected["edges"].reset_index(drop=True))
     pd.testing.assert_frame_equal(modules, expected["modules"].astype({"module": str}), check_exact=False, rtol=1e-12)
@@ -182,22 +218,26 @@ def test_cli_writes_the_tables_and_figures(tmp_path):
     # And each file agrees with values recomputed from the expression and the other files.
     log_expression = adata.X.toarray()
     genes = adata.var_names
-    pearson = [np.corrcoef(log_expression[:, genes.get_loc(a)], log_expression[:, genes.get_loc(b)])[0, 1]
-               for a, b in zip(edges["gene_a"], edges["gene_b"], strict=True)]
+    pearson = [
+        np.corrcoef(log_expression[:, genes.get_loc(a)], log_expression[:, genes.get_loc(b)])[0, 1]
+        for a, b in zip(edges["gene_a"], edges["gene_b"], strict=True)
+    ]
     np.testing.assert_allclose(edges["weight"], pearson, atol=1e-5)  # power 1: the weight is the correlation
     assert set(edges["gene_a"]) | set(edges["gene_b"]) <= set(modules["gene"])
-    np.testing.assert_allclose(modules.set_index("gene")["hub_score"], hub_scores_from_edges(edges, modules),
-                               rtol=1e-6)
+    np.testing.assert_allclose(modules.set_index("gene")["hub_score"], hub_scores_from_edges(edges, modules), rtol=1e-6)
     recomputed = pc1_eigengenes(log_expression, modules, genes)
     for name in eigengenes.columns:
         assert_equal_up_to_sign(eigengenes[name], recomputed[name].to_numpy(), atol=1e-3)
 
 
-@pytest.mark.parametrize(("change", "problem"), [
-    ("few_cells", r"40 cells, fewer than coexpression.min_cells \(50\)"),
-    ("nan", "expression holds NaN values"),
-    ("few_genes", r"usable genes .* too few for top_k=20"),
-])
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ("few_cells", r"40 cells, fewer than coexpression.min_cells \(50\)"),
+        ("nan", "expression holds NaN values"),
+        ("few_genes", r"usable genes .* too few for top_k=20"),
+    ],
+)
 def test_bad_input_is_one_clear_error(change, problem):
     adata, _ = planted_data(n_cells=400, n_genes=300, seed=4)
     if change == "few_cells":
@@ -237,51 +277,75 @@ def test_constant_and_rare_genes_are_left_out_and_counted(planted, planted_netwo
 # the other pairs at 0.5. Clique "b" (4 genes): b0 joined to each other at 0.8, the other
 # pairs at 0.3. One weak edge a4-b0 (0.1) between the cliques, a separate pair c0-c1 (0.7),
 # and a gene without edges. The smaller clique comes first, so that naming by size shows.
-HAND_EDGES = ([("a0", f"a{j}", 0.9) for j in range(1, 5)]
-              + [(f"a{i}", f"a{j}", 0.5) for i in range(1, 5) for j in range(i + 1, 5)]
-              + [("b0", f"b{j}", 0.8) for j in range(1, 4)]
-              + [(f"b{i}", f"b{j}", 0.3) for i in range(1, 4) for j in range(i + 1, 4)]
-              + [("a4", "b0", 0.1), ("c0", "c1", 0.7)])
+HAND_EDGES = (
+    [("a0", f"a{j}", 0.9) for j in range(1, 5)]
+    + [(f"a{i}", f"a{j}", 0.5) for i in range(1, 5) for j in range(i + 1, 5)]
+    + [("b0", f"b{j}", 0.8) for j in range(1, 4)]
+    + [(f"b{i}", f"b{j}", 0.3) for i in range(1, 4) for j in range(i + 1, 4)]
+    + [("a4", "b0", 0.1), ("c0", "c1", 0.7)]
+)
 HAND_GENES = pd.Index([*(f"b{i}" for i in range(4)), *(f"a{i}" for i in range(5)), "c0", "c1", "lone"])
 # Hub scores by hand (weighted degree within the module over the module's largest):
 #   a0: 4 x 0.9 = 3.6 (the largest) -> 1; a1..a4: 0.9 + 3 x 0.5 = 2.4 -> 2.4 / 3.6 = 2/3
 #       (a4's edge to b0 crosses modules and does not count)
 #   b0: 3 x 0.8 = 2.4 -> 1; b1..b3: 0.8 + 2 x 0.3 = 1.4 -> 1.4 / 2.4 = 7/12
 #   c0, c1: 0.7 each -> 1; unassigned genes: 0
-HAND_HUBS = {"a0": 1.0, **{f"a{i}": 2 / 3 for i in range(1, 5)}, "b0": 1.0, **{f"b{i}": 7 / 12 for i in range(1, 4)},
-             "c0": 1.0, "c1": 1.0}
+HAND_HUBS = {
+    "a0": 1.0,
+    **{f"a{i}": 2 / 3 for i in range(1, 5)},
+    "b0": 1.0,
+    **{f"b{i}": 7 / 12 for i in range(1, 4)},
+    "c0": 1.0,
+    "c1": 1.0,
+}
 
 
 def hand_graph() -> sparse.csr_matrix:
     rows, cols, weights = zip(*HAND_EDGES, strict=True)
-    graph = sparse.coo_matrix((weights, (HAND_GENES.get_indexer(rows), HAND_GENES.get_indexer(cols))),
-                              shape=(len(HAND_GENES), len(HAND_GENES))).tocsr()
+    graph = sparse.coo_matrix(
+        (weights, (HAND_GENES.get_indexer(rows), HAND_GENES.get_indexer(cols))),
+        shape=(len(HAND_GENES), len(HAND_GENES)),
+    ).tocsr()
     return graph.maximum(graph.T).tocsr()
 
 
 @pytest.mark.parametrize("algorithm", ["leiden", "louvain"])
-@pytest.mark.parametrize(("min_module_size", "modules"), [
-    (2, {"M1": "a", "M2": "b", "M3": "c"}),  # named by decreasing size
-    (3, {"M1": "a", "M2": "b"}),  # the pair is under the minimum
-    (5, {"M1": "a"}),  # a module of exactly min_module_size genes is kept
-    (6, {}),
-])
+@pytest.mark.parametrize(
+    ("min_module_size", "modules"),
+    [
+        (2, {"M1": "a", "M2": "b", "M3": "c"}),  # named by decreasing size
+        (3, {"M1": "a", "M2": "b"}),  # the pair is under the minimum
+        (5, {"M1": "a"}),  # a module of exactly min_module_size genes is kept
+        (6, {}),
+    ],
+)
 def test_modules_named_by_size_small_ones_unassigned_and_hub_scores(algorithm, min_module_size, modules):
-    table = coexpression.find_modules(hand_graph(), genes=HAND_GENES, algorithm=algorithm, resolution=1.0,
-                                      min_module_size=min_module_size, seed=0, backend="cpu")
+    table = coexpression.find_modules(
+        hand_graph(),
+        genes=HAND_GENES,
+        algorithm=algorithm,
+        resolution=1.0,
+        min_module_size=min_module_size,
+        seed=0,
+        backend="cpu",
+    )
     assert sorted(table["gene"]) == sorted(HAND_GENES)
     module_of = table.set_index("gene")["module"].astype(str)
-    expected = {gene: next((name for name, prefix in modules.items() if gene[0] == prefix), coexpression.UNASSIGNED)
-                for gene in HAND_GENES}
+    expected = {
+        gene: next((name for name, prefix in modules.items() if gene[0] == prefix), coexpression.UNASSIGNED)
+        for gene in HAND_GENES
+    }
     assert module_of.to_dict() == expected
     hubs = {gene: HAND_HUBS[gene] if expected[gene] != coexpression.UNASSIGNED else 0.0 for gene in HAND_GENES}
-    np.testing.assert_allclose(table.set_index("gene")["hub_score"].reindex(HAND_GENES), [hubs[g] for g in HAND_GENES],
-                               rtol=1e-12)
+    np.testing.assert_allclose(
+        table.set_index("gene")["hub_score"].reindex(HAND_GENES), [hubs[g] for g in HAND_GENES], rtol=1e-12
+    )
     # The same scores from the edge list by the README's definition (applied to the command's output in
     # test_cli_writes_the_tables_and_figures).
     edges = pd.DataFrame(HAND_EDGES, columns=["gene_a", "gene_b", "weight"])
-    np.testing.assert_allclose(hub_scores_from_edges(edges, table).reindex(HAND_GENES), [hubs[g] for g in HAND_GENES],
-                               rtol=1e-12)
+    np.testing.assert_allclose(
+        hub_scores_from_edges(edges, table).reindex(HAND_GENES), [hubs[g] for g in HAND_GENES], rtol=1e-12
+    )
 
 
 def test_louvain_modules_are_igraphs_multilevel_communities():
@@ -291,10 +355,16 @@ def test_louvain_modules_are_igraphs_multilevel_communities():
     standardized = coexpression.standardize(expression, method="pearson", backend="cpu")
     graph = coexpression.correlation_graph(standardized, top_k=5, min_correlation=0.1, power=1, backend="cpu")
     genes = pd.Index([f"g{i}" for i in range(80)])
-    found = {algorithm: coexpression.find_modules(graph, genes=genes, algorithm=algorithm, resolution=1.0,
-                                                  min_module_size=1, seed=0, backend="cpu")
-             .set_index("gene")["module"].astype(str).reindex(genes).to_numpy()
-             for algorithm in ("leiden", "louvain")}
+    found = {
+        algorithm: coexpression.find_modules(
+            graph, genes=genes, algorithm=algorithm, resolution=1.0, min_module_size=1, seed=0, backend="cpu"
+        )
+        .set_index("gene")["module"]
+        .astype(str)
+        .reindex(genes)
+        .to_numpy()
+        for algorithm in ("leiden", "louvain")
+    }
     upper = sparse.triu(graph, k=1).tocoo()
     network = igraph.Graph(n=80, edges=np.column_stack([upper.row, upper.col]).tolist())
     igraph.set_random_number_generator(random.Random(0))  # as the package seeds igraph
@@ -330,8 +400,9 @@ def test_eigengene_is_the_first_principal_component(planted_network):
 
 def test_a_network_per_cluster():
     adata, truth = planted_data(n_cells=3000, n_genes=400, seed=5)
-    adata.obs["leiden_1.0"] = pd.Categorical(np.where(np.arange(adata.n_obs) < 2000, "0", np.where(
-        np.arange(adata.n_obs) < 2950, "1", "2")))  # the last has 50 cells: too few
+    adata.obs["leiden_1.0"] = pd.Categorical(
+        np.where(np.arange(adata.n_obs) < 2000, "0", np.where(np.arange(adata.n_obs) < 2950, "1", "2"))
+    )  # the last has 50 cells: too few
     params = {**PARAMS, "per_cluster": {"enabled": True, "min_cells": 200}}
     table = run_coexpression_per_cluster(adata, params=params, clusters="leiden_1.0", seed=0, backend="cpu")
     assert list(table.columns) == ["cluster", "gene", "module", "hub_score"]

@@ -97,12 +97,14 @@ def test_doublet_classifier_on_the_device_equals_rapids_singlecells(pbmc):
 
 
 def test_grouped_doublet_scores_agree(mouse_path):
-    adata = run_qc(io.read_counts(mouse_path), qc_params=QC_PARAMS, doublet_params=NO_DOUBLETS, seed=0,
-                   backend="cpu")[0]
+    adata = run_qc(io.read_counts(mouse_path), qc_params=QC_PARAMS, doublet_params=NO_DOUBLETS, seed=0, backend="cpu")[
+        0
+    ]
     doublets = {"enabled": True, "expected_rate": 0.06, "remove": False, "max_cells_per_run": 4_000}
     scores = {
         backend: run_qc(adata.copy(), qc_params=QC_PARAMS, doublet_params=doublets, seed=0, backend=backend)[0]
-        .obs["doublet_score"].to_numpy()
+        .obs["doublet_score"]
+        .to_numpy()
         for backend in ("cpu", "gpu")
     }
     correlation = np.corrcoef(scores["cpu"], scores["gpu"])[0, 1]
@@ -137,9 +139,17 @@ def test_clustering_agrees(clustered_both):
     q_cpu = modularity(cpu, cpu.obs["leiden_1.0"], resolution=1.0)
     q_gpu = modularity(cpu, gpu.obs["leiden_1.0"], resolution=1.0)
     ari = adjusted_rand_score(cpu.obs["leiden_1.0"], gpu.obs["leiden_1.0"])
-    measure("test_clustering_agrees", hvg_differing=hvg_differ, min_abs_pc_correlation=min(pc_correlations),
-            knn_edges_shared=shared, knn_edge_diff=1 - shared, leiden_modularity_cpu=q_cpu,
-            leiden_modularity_gpu=q_gpu, modularity_ratio=q_gpu / q_cpu, leiden_ari=ari)
+    measure(
+        "test_clustering_agrees",
+        hvg_differing=hvg_differ,
+        min_abs_pc_correlation=min(pc_correlations),
+        knn_edges_shared=shared,
+        knn_edge_diff=1 - shared,
+        leiden_modularity_cpu=q_cpu,
+        leiden_modularity_gpu=q_gpu,
+        modularity_ratio=q_gpu / q_cpu,
+        leiden_ari=ari,
+    )
     # README: "HVGs are identical" (here every gene is highly variable: 613 genes < 2,000;
     # test_highly_variable_genes_are_identical ranks them).
     assert hvg_differ == 0
@@ -157,8 +167,10 @@ def neighbour_sets(distances: sparse.spmatrix) -> list[np.ndarray]:
     distance matrix (explicit zeros included; rapids-singlecell keeps the cell itself,
     scanpy drops it)."""
     distances = sparse.csr_matrix(distances)
-    return [np.setdiff1d(distances.indices[start:stop], [cell])
-            for cell, (start, stop) in enumerate(zip(distances.indptr[:-1], distances.indptr[1:], strict=True))]
+    return [
+        np.setdiff1d(distances.indices[start:stop], [cell])
+        for cell, (start, stop) in enumerate(zip(distances.indptr[:-1], distances.indptr[1:], strict=True))
+    ]
 
 
 def worst_neighbour_excess(embedding: np.ndarray, neighbours: list[np.ndarray], k: int) -> np.ndarray:
@@ -170,9 +182,9 @@ def worst_neighbour_excess(embedding: np.ndarray, neighbours: list[np.ndarray], 
     norms = (x**2).sum(axis=1)
     kth = np.empty(len(x))
     for start in range(0, len(x), 1000):  # 1,000 x n float64 at a time
-        block = norms[start:start + 1000, None] + norms[None, :] - 2 * x[start:start + 1000] @ x.T
+        block = norms[start : start + 1000, None] + norms[None, :] - 2 * x[start : start + 1000] @ x.T
         block[np.arange(len(block)), np.arange(start, start + len(block))] = np.inf
-        kth[start:start + len(block)] = np.partition(block, k - 1, axis=1)[:, k - 1]
+        kth[start : start + len(block)] = np.partition(block, k - 1, axis=1)[:, k - 1]
     excess = np.zeros(len(x))
     for cell, others in enumerate(neighbours):
         d2 = ((x[others] - x[cell]) ** 2).sum(axis=1)
@@ -198,9 +210,14 @@ def test_knn_graphs_are_the_same_on_the_same_embedding(clustered_both):
     excess = {backend: worst_neighbour_excess(embedding, listed, k) for backend, listed in sets.items()}
     differing = sum(len(np.setdiff1d(g, c)) for g, c in zip(sets["gpu"], sets["cpu"], strict=True))
     cells_differing = sum(not np.array_equal(g, c) for g, c in zip(sets["gpu"], sets["cpu"], strict=True))
-    measure("test_knn_graphs_are_the_same_on_the_same_embedding", edges_differing=differing,
-            knn_edge_diff=differing / sum(map(len, sets["cpu"])), cells_differing=cells_differing,
-            worst_excess_cpu=excess["cpu"].max(), worst_excess_gpu=excess["gpu"].max())
+    measure(
+        "test_knn_graphs_are_the_same_on_the_same_embedding",
+        edges_differing=differing,
+        knn_edge_diff=differing / sum(map(len, sets["cpu"])),
+        cells_differing=cells_differing,
+        worst_excess_cpu=excess["cpu"].max(),
+        worst_excess_gpu=excess["gpu"].max(),
+    )
     for backend, listed in sets.items():
         assert min(map(len, listed)) >= k, backend
         assert excess[backend].max() <= 1e-5, (backend, np.flatnonzero(excess[backend] > 1e-5)[:10])
@@ -221,9 +238,13 @@ def test_highly_variable_genes_are_identical(qc_both):
         var[backend] = adata.var.copy()
     cpu, gpu = var["cpu"]["highly_variable"], var["gpu"]["highly_variable"]
     variances = {backend: v["variances_norm"].to_numpy(np.float64) for backend, v in var.items()}
-    measure("test_highly_variable_genes_are_identical", hvg_differing=int((cpu != gpu).sum()),
-            variances_norm_max_rel_diff=(np.abs(variances["gpu"] - variances["cpu"])
-                                         / np.maximum(np.abs(variances["cpu"]), 1e-12)).max())
+    measure(
+        "test_highly_variable_genes_are_identical",
+        hvg_differing=int((cpu != gpu).sum()),
+        variances_norm_max_rel_diff=(
+            np.abs(variances["gpu"] - variances["cpu"]) / np.maximum(np.abs(variances["cpu"]), 1e-12)
+        ).max(),
+    )
     assert cpu.sum() == 200
     assert list(gpu[gpu].index) == list(cpu[cpu].index)
 
@@ -303,13 +324,25 @@ def test_molecule_tables_are_read_by_cudf_as_by_pyarrow(tmp_path, suffix):
     if suffix == ".parquet":
         reads.to_parquet(path, row_group_size=7_000)
     else:
-        reads.to_csv(path, sep="," if suffix == ".csv" else "\t", index=False,
-                     quoting=csv.QUOTE_ALL if suffix == ".csv" else csv.QUOTE_MINIMAL)
+        reads.to_csv(
+            path,
+            sep="," if suffix == ".csv" else "\t",
+            index=False,
+            quoting=csv.QUOTE_ALL if suffix == ".csv" else csv.QUOTE_MINIMAL,
+        )
     got = {}
     for backend in ("cpu", "gpu"):
         skipped = Counter()
-        tables = usable_reads(path, fmt="molecules", bam=BamOptions(), table=TableOptions(),
-                              skip_gene_regex="^(__|Unassigned)", chunk_rows=10_000, skipped=skipped, backend=backend)
+        tables = usable_reads(
+            path,
+            fmt="molecules",
+            bam=BamOptions(),
+            table=TableOptions(),
+            skip_gene_regex="^(__|Unassigned)",
+            chunk_rows=10_000,
+            skipped=skipped,
+            backend=backend,
+        )
         frame = pa.concat_tables(list(tables)).to_pandas()
         got[backend] = (frame.sort_values(list(frame.columns)).reset_index(drop=True), dict(skipped))
     assert got["gpu"][1] == got["cpu"][1] and got["cpu"][1]["missing cell, UMI or gene"] > 0
@@ -321,8 +354,7 @@ def test_umi_counts_are_identical_on_cpu_and_gpu(molecule_table, method):
     from omicsprep.reads import counting
 
     counts = {
-        backend: counting.count_umis(molecule_table, fmt="molecules", method=method, chunk_rows=60_000,
-                                     backend=backend)
+        backend: counting.count_umis(molecule_table, fmt="molecules", method=method, chunk_rows=60_000, backend=backend)
         for backend in ("cpu", "gpu")
     }
     tables = {backend: counting.long_table(adata) for backend, adata in counts.items()}
@@ -342,8 +374,20 @@ def test_count_umis_cli_on_the_gpu_counts_as_on_the_cpu(molecule_table, tmp_path
     counts = {}
     for backend in ("cpu", "gpu"):
         out = tmp_path / f"counts_{backend}.h5ad"
-        subprocess.run([sys.executable, "-m", "omicsprep.cli", "count-umis", str(molecule_table), "-o", str(out),
-                        "--backend", backend], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "omicsprep.cli",
+                "count-umis",
+                str(molecule_table),
+                "-o",
+                str(out),
+                "--backend",
+                backend,
+            ],
+            check=True,
+        )
         counts[backend] = ad.read_h5ad(out)
     cpu, gpu = counts["cpu"], counts["gpu"]
     assert gpu.uns["umi_dedup"]["backend"] == "gpu" and cpu.uns["umi_dedup"]["backend"] == "cpu"
@@ -365,8 +409,9 @@ def test_coexpression_agrees_on_cpu_and_gpu(metacells):
     adata, truth = planted_data()
     sc.pp.pca(adata, n_comps=20, random_state=0)
     params = {**PARAMS, "metacells": {"method": metacells, "n_metacells": 300}}
-    results = {backend: run_coexpression(adata.copy(), params=params, seed=0, backend=backend)
-               for backend in ("cpu", "gpu")}
+    results = {
+        backend: run_coexpression(adata.copy(), params=params, seed=0, backend=backend) for backend in ("cpu", "gpu")
+    }
     for result in results.values():
         assert planted_ari(result["modules"], adata, truth) >= 0.9
     if metacells == "none":  # the same samples: the same graph, the same modules
@@ -395,15 +440,19 @@ def test_split_tf32_correlations_are_as_accurate_as_float32():
 
     def worst_error(**patches: int) -> float:
         with patch.multiple(coexpression, **patches) if patches else nullcontext():
-            return max(np.abs(cp.asnumpy(block) - exact[start:stop]).max()
-                       for start, stop, block in coexpression._gram_blocks(standardized, backend="gpu"))
+            return max(
+                np.abs(cp.asnumpy(block) - exact[start:stop]).max()
+                for start, stop, block in coexpression._gram_blocks(standardized, backend="gpu")
+            )
 
     float32 = worst_error(SPLIT_MAX_BYTES=0)
     whole, blocked = worst_error(), worst_error(BLOCK_BYTES=standardized.shape[1] * 4 * 64)
     with tf32_products():  # TF32 is in use: one plain TF32 product is far off
         tf32 = np.abs(cp.asnumpy(standardized.T @ standardized) - exact).max()
-    print(f"largest error against float64: float32 {float32:.3g}, split {whole:.3g}, blocked split {blocked:.3g}, "
-          f"plain TF32 {tf32:.3g} (diagonal {exact.diagonal().max():.3g})")
+    print(
+        f"largest error against float64: float32 {float32:.3g}, split {whole:.3g}, blocked split {blocked:.3g}, "
+        f"plain TF32 {tf32:.3g} (diagonal {exact.diagonal().max():.3g})"
+    )
     assert standardized.nbytes <= coexpression.SPLIT_MAX_BYTES
     assert whole <= 2 * float32 and blocked <= 2 * float32 and tf32 > 10 * float32
 
@@ -431,9 +480,11 @@ def test_chromatin_tfidf_and_lsi_agree_on_cpu_and_gpu():
     from omicsprep.atac import chromatin
 
     folder = MULTIOME
-    counts = chromatin.count_fragments(io.fragment_chunks(folder / "fragments.tsv.gz"),
-                                       barcodes=pd.Index(pd.read_csv(folder / "barcodes.tsv", header=None)[0]),
-                                       peaks=io.read_peaks(folder / "peaks.bed"))
+    counts = chromatin.count_fragments(
+        io.fragment_chunks(folder / "fragments.tsv.gz"),
+        barcodes=pd.Index(pd.read_csv(folder / "barcodes.tsv", header=None)[0]),
+        peaks=io.read_peaks(folder / "peaks.bed"),
+    )
     results = {}
     for backend in ("cpu", "gpu"):
         adata = counts.copy()
@@ -456,10 +507,14 @@ def test_fragment_counts_are_identical_on_cpu_and_gpu(features):
     barcodes = pd.Index(pd.read_csv(folder / "barcodes.tsv", header=None)[0])
     peaks = io.read_peaks(folder / "peaks.bed") if features == "peaks" else None
     results = {
-        backend: chromatin.count_fragments(io.fragment_chunks(folder / "fragments.tsv.gz", chunk_rows=20_000,
-                                                              backend=backend),
-                                           barcodes=barcodes, peaks=peaks, tile_width=5000,
-                                           tss=io.read_tss(folder / "genes.bed"), backend=backend)
+        backend: chromatin.count_fragments(
+            io.fragment_chunks(folder / "fragments.tsv.gz", chunk_rows=20_000, backend=backend),
+            barcodes=barcodes,
+            peaks=peaks,
+            tile_width=5000,
+            tss=io.read_tss(folder / "genes.bed"),
+            backend=backend,
+        )
         for backend in ("cpu", "gpu")
     }
     assert list(results["gpu"].var_names) == list(results["cpu"].var_names)
@@ -476,16 +531,18 @@ def test_fragments_with_bad_coordinates_are_refused_on_the_gpu(tmp_path):
     path = tmp_path / "fragments.tsv"
     path.write_text("#header\nchr1\t100\t200\tAAAC-1\t1\nchr1\t300\tabc\tAAAC-1\t1\n")
     with pytest.raises(InputError, match="fragments"):
-        chromatin.count_fragments(io.fragment_chunks(path, backend="gpu"), barcodes=pd.Index(["AAAC-1"]),
-                                  backend="gpu")
+        chromatin.count_fragments(io.fragment_chunks(path, backend="gpu"), barcodes=pd.Index(["AAAC-1"]), backend="gpu")
     path.write_text("chr1\t300\t200\tAAAC-1\t1\n")
     with pytest.raises(InputError, match="bad coordinates"):
-        chromatin.count_fragments(io.fragment_chunks(path, backend="gpu"), barcodes=pd.Index(["AAAC-1"]),
-                                  backend="gpu")
+        chromatin.count_fragments(io.fragment_chunks(path, backend="gpu"), barcodes=pd.Index(["AAAC-1"]), backend="gpu")
     path.write_text("chr1\t100\t200\tAAAC-1\t1\nchrUn\t100\t200\tAAAC-1\t1\n")
     with pytest.raises(InputError, match="not in the genome's sizes: chrUn"):
-        chromatin.count_fragments(io.fragment_chunks(path, backend="gpu"), barcodes=pd.Index(["AAAC-1"]),
-                                  chrom_sizes={"chr1": 1000}, backend="gpu")
+        chromatin.count_fragments(
+            io.fragment_chunks(path, backend="gpu"),
+            barcodes=pd.Index(["AAAC-1"]),
+            chrom_sizes={"chr1": 1000},
+            backend="gpu",
+        )
 
 
 def _shipped_config() -> dict:
@@ -511,8 +568,7 @@ def test_protein_rule_chain_agrees_on_cpu_and_gpu():
     for backend in ("cpu", "gpu"):
         cells = io.read_counts(CITESEQ / "cells", feature_type="Antibody Capture")
         expected = cells.copy()
-        run_protein(cells, empty=empty, params=config["protein"], clustering_params=clustering, seed=0,
-                    backend=backend)
+        run_protein(cells, empty=empty, params=config["protein"], clustering_params=clustering, seed=0, backend=backend)
         results[backend] = cells
         isotypes = normalization.isotype_controls(expected, pattern=config["protein"]["isotype_pattern"])
         normalization.dsb(expected, empty=empty, isotypes=isotypes, **config["protein"]["dsb"], backend=backend)
@@ -520,8 +576,12 @@ def test_protein_rule_chain_agrees_on_cpu_and_gpu():
     cpu, gpu = results["cpu"], results["gpu"]
     pc_correlations = [abs(np.corrcoef(gpu.obsm["X_pca"][:, k], cpu.obsm["X_pca"][:, k])[0, 1]) for k in range(5)]
     ari = adjusted_rand_score(cpu.obs["leiden_1.0"], gpu.obs["leiden_1.0"])
-    measure("test_protein_rule_chain_agrees_on_cpu_and_gpu", max_abs_x_diff=np.abs(gpu.X - cpu.X).max(),
-            min_abs_pc_correlation=min(pc_correlations), leiden_ari=ari)
+    measure(
+        "test_protein_rule_chain_agrees_on_cpu_and_gpu",
+        max_abs_x_diff=np.abs(gpu.X - cpu.X).max(),
+        min_abs_pc_correlation=min(pc_correlations),
+        leiden_ari=ari,
+    )
     for backend, adata in results.items():  # auto picked dsb: recorded, and X is dsb's
         assert json.loads(adata.uns["omicsprep"]["protein"]["params"])["normalization"] == "dsb", backend
         np.testing.assert_allclose(adata.X, direct_dsb[backend], rtol=1e-5, atol=1e-5, err_msg=backend)
@@ -543,11 +603,20 @@ def test_chromatin_rule_chain_and_wnn_agree_on_cpu_and_gpu():
     peaks = io.read_peaks(MULTIOME / "peaks.bed")
     atac = {}
     for backend in ("cpu", "gpu"):
-        counts = chromatin.count_fragments(io.fragment_chunks(MULTIOME / "fragments.tsv.gz", backend=backend),
-                                           barcodes=rna.obs_names, peaks=peaks, backend=backend)
+        counts = chromatin.count_fragments(
+            io.fragment_chunks(MULTIOME / "fragments.tsv.gz", backend=backend),
+            barcodes=rna.obs_names,
+            peaks=peaks,
+            backend=backend,
+        )
         atac[backend] = counts[distinct_profiles(counts)].copy()
-        run_chromatin(atac[backend], params={**config["chromatin"], "min_cells_per_feature": 1},
-                      clustering_params=clustering, seed=0, backend=backend)
+        run_chromatin(
+            atac[backend],
+            params={**config["chromatin"], "min_cells_per_feature": 1},
+            clustering_params=clustering,
+            seed=0,
+            backend=backend,
+        )
     np.testing.assert_allclose(atac["gpu"].X.toarray(), atac["cpu"].X.toarray(), rtol=1e-5, atol=1e-7)
     for k in range(3):
         corr = np.corrcoef(atac["gpu"].obsm["X_lsi"][:, k], atac["cpu"].obsm["X_lsi"][:, k])[0, 1]
@@ -561,15 +630,19 @@ def test_chromatin_rule_chain_and_wnn_agree_on_cpu_and_gpu():
     cpu, gpu = results["cpu"], results["gpu"]
     # cuML's float32 distances break near-ties unlike scikit-learn's, so a few cells' neighbour
     # sets, and with them their kernel widths and weights, differ slightly.
-    differences = {name: np.abs(gpu.obs[f"{name}:mod_weight"] - cpu.obs[f"{name}:mod_weight"]).to_numpy()
-                   for name in ("rna", "atac")}
+    differences = {
+        name: np.abs(gpu.obs[f"{name}:mod_weight"] - cpu.obs[f"{name}:mod_weight"]).to_numpy()
+        for name in ("rna", "atac")
+    }
     cpu_edges, gpu_edges = (a.obsp["distances"] > 0 for a in (cpu, gpu))
     edges_differing = (cpu_edges != gpu_edges).nnz
-    measure("test_chromatin_rule_chain_and_wnn_agree_on_cpu_and_gpu",
-            **{f"{name}_weight_max_diff": d.max() for name, d in differences.items()},
-            **{f"{name}_weight_mean_diff": d.mean() for name, d in differences.items()},
-            joint_edges_differing=edges_differing,
-            joint_edges_shared=cpu_edges.multiply(gpu_edges).sum() / cpu_edges.sum())
+    measure(
+        "test_chromatin_rule_chain_and_wnn_agree_on_cpu_and_gpu",
+        **{f"{name}_weight_max_diff": d.max() for name, d in differences.items()},
+        **{f"{name}_weight_mean_diff": d.mean() for name, d in differences.items()},
+        joint_edges_differing=edges_differing,
+        joint_edges_shared=cpu_edges.multiply(gpu_edges).sum() / cpu_edges.sum(),
+    )
     # README: "the weights are within 0.004 of the CPU's and the joint neighbours are the same".
     for difference in differences.values():
         assert difference.max() < 0.004 and difference.mean() < 1e-3
@@ -578,9 +651,17 @@ def test_chromatin_rule_chain_and_wnn_agree_on_cpu_and_gpu():
 
 def test_merge_with_harmony_on_the_gpu(pbmc_batches):
     """rapids-singlecell's Harmony mixes the batches and keeps the clusters, as harmonypy does."""
-    metrics = {backend: run_merge(pbmc_batches, params=MERGE_PARAMS, clustering_params=CLUSTER_PARAMS,
-                                  labels="leiden_1.0", seed=0, backend=backend)[1].set_index("stage")
-               for backend in ("cpu", "gpu")}
+    metrics = {
+        backend: run_merge(
+            pbmc_batches,
+            params=MERGE_PARAMS,
+            clustering_params=CLUSTER_PARAMS,
+            labels="leiden_1.0",
+            seed=0,
+            backend=backend,
+        )[1].set_index("stage")
+        for backend in ("cpu", "gpu")
+    }
     print(metrics)
     gpu, cpu = metrics["gpu"], metrics["cpu"]
     assert gpu.loc["after", "batch_mixing"] > gpu.loc["before", "batch_mixing"] + 0.2
@@ -594,12 +675,25 @@ def test_merge_spread_over_gpus_with_dask_equals_one_gpu(pbmc_batches, pytestcon
     (one where the machine has one) give the one-GPU merge's values, genes and PCs."""
     import_for_gpu_test(pytestconfig, "dask_cuda")
     n_gpus = min(2, cupy().cuda.runtime.getDeviceCount())
-    merged = {dask: run_merge(pbmc_batches, params={**MERGE_PARAMS, "dask": dask}, clustering_params=CLUSTER_PARAMS,
-                              labels="leiden_1.0", seed=0, backend="gpu", n_gpus=n_gpus)
-              for dask in (False, True)}
+    merged = {
+        dask: run_merge(
+            pbmc_batches,
+            params={**MERGE_PARAMS, "dask": dask},
+            clustering_params=CLUSTER_PARAMS,
+            labels="leiden_1.0",
+            seed=0,
+            backend="gpu",
+            n_gpus=n_gpus,
+        )
+        for dask in (False, True)
+    }
     (one, one_metrics), (spread, spread_metrics) = merged[False], merged[True]
-    print(f"Dask over {n_gpus} GPUs, steps {spread.uns['omicsprep']['merge']['timings']}\n", one_metrics,
-          "\n", spread_metrics)
+    print(
+        f"Dask over {n_gpus} GPUs, steps {spread.uns['omicsprep']['merge']['timings']}\n",
+        one_metrics,
+        "\n",
+        spread_metrics,
+    )
     assert (spread.layers["counts"] != one.layers["counts"]).nnz == 0
     assert abs(spread.X - one.X).max() < 1e-5
     assert spread.var["highly_variable"].equals(one.var["highly_variable"])
@@ -624,8 +718,12 @@ def test_shards_sit_on_every_gpu_and_come_back_whole(pbmc, pytestconfig):
 
         devices = client.run(lambda: cupy().cuda.Device(0).pci_bus_id)
         holders = set().union(*client.who_has(futures_of(adata.X)).values())  # of the device blocks only
-        print("workers' GPUs (PCI bus ID):", devices, "blocks per worker:",
-              {worker: len(keys) for worker, keys in client.has_what().items()})
+        print(
+            "workers' GPUs (PCI bus ID):",
+            devices,
+            "blocks per worker:",
+            {worker: len(keys) for worker, keys in client.has_what().items()},
+        )
         assert len(set(devices.values())) == n_gpus
         assert len(holders) == n_gpus
         to_host(adata)
@@ -641,5 +739,8 @@ def test_repeated_sparse_entries_are_summed_on_the_gpu():
 
     dense, split = repeated_entries()
     split.has_canonical_format = False
-    np.testing.assert_allclose(asnumpy(coexpression.standardize(split, method="pearson", backend="gpu")),
-                               coexpression.standardize(dense, method="pearson", backend="cpu"), rtol=1e-5)
+    np.testing.assert_allclose(
+        asnumpy(coexpression.standardize(split, method="pearson", backend="gpu")),
+        coexpression.standardize(dense, method="pearson", backend="cpu"),
+        rtol=1e-5,
+    )

@@ -24,13 +24,22 @@ def run_gpu_test(*options: str, env: dict[str, str] | None = None) -> tuple[int,
     (``{"skipped": 1}``) and its output."""
     environment = {key: value for key, value in os.environ.items() if key not in (REQUIRE_GPU_ENV, "PYTEST_ADDOPTS")}
     environment.update({"CUDA_VISIBLE_DEVICES": "", **(env or {})})
-    result = subprocess.run([sys.executable, "-m", "pytest", GPU_TEST, "-p", "no:cacheprovider", *options],
-                            check=False, cwd=REPO, env=environment, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", GPU_TEST, "-p", "no:cacheprovider", *options],
+        check=False,
+        cwd=REPO,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     output = result.stdout + result.stderr
     summary = re.findall(r"^=+ (.+) in [\d.]+s", result.stdout, flags=re.MULTILINE)
     assert summary, output
-    counts = {outcome.rstrip("s") if outcome == "errors" else outcome: int(n)
-              for n, outcome in re.findall(r"(\d+) (\w+)", summary[-1])}
+    counts = {
+        outcome.rstrip("s") if outcome == "errors" else outcome: int(n)
+        for n, outcome in re.findall(r"(\d+) (\w+)", summary[-1])
+    }
     return result.returncode, counts, output
 
 
@@ -41,8 +50,9 @@ def test_gpu_tests_skip_without_a_gpu_by_default():
     assert "no usable GPU: " in output
 
 
-@pytest.mark.parametrize("switch", [{"options": ["--require-gpu"]}, {"env": {REQUIRE_GPU_ENV: "1"}}],
-                         ids=["option", "environment"])
+@pytest.mark.parametrize(
+    "switch", [{"options": ["--require-gpu"]}, {"env": {REQUIRE_GPU_ENV: "1"}}], ids=["option", "environment"]
+)
 def test_required_gpu_tests_fail_without_a_gpu(switch):
     returncode, counts, output = run_gpu_test(*switch.get("options", []), env=switch.get("env"))
     assert returncode == 1, output

@@ -29,8 +29,9 @@ def test_concatenation_keeps_every_cell_and_gene(pbmc_batches):
 
 
 def test_harmony_mixes_the_pbmc_batches_and_keeps_the_clusters(pbmc_batches):
-    merged, metrics = run_merge(pbmc_batches, params=MERGE_PARAMS, clustering_params=CLUSTER_PARAMS,
-                                labels="leiden_1.0", seed=0, backend="cpu")
+    merged, metrics = run_merge(
+        pbmc_batches, params=MERGE_PARAMS, clustering_params=CLUSTER_PARAMS, labels="leiden_1.0", seed=0, backend="cpu"
+    )
     before, after = metrics.set_index("stage").loc["before"], metrics.set_index("stage").loc["after"]
     print(metrics.to_string(index=False))
     assert before["batch_mixing"] < 0.5  # the technical effect separates the halves
@@ -91,9 +92,12 @@ def test_label_conservation_on_hand_built_clusters():
     # expected index = 2 x 2 / C(4, 2) = 2/3, maximum = (2 + 2) / 2 = 2,
     # ARI = (0 - 2/3) / (2 - 2/3) = -1/2.
     # The mean over samples is (1 - 1/2) / 2 = 1/4 (weighting by cells would give 0.4).
-    obs = pd.DataFrame({
-        "sample": ["s1"] * 6 + ["s2"] * 4,
-        "sample_clusters": ["s1:a"] * 3 + ["s1:b"] * 3 + ["s2:c", "s2:c", "s2:d", "s2:d"],
-        "leiden": ["0", "0", "0", "1", "1", "1", "0", "1", "0", "1"],
-    }, index=[f"c{i}" for i in range(10)])
+    obs = pd.DataFrame(
+        {
+            "sample": ["s1"] * 6 + ["s2"] * 4,
+            "sample_clusters": ["s1:a"] * 3 + ["s1:b"] * 3 + ["s2:c", "s2:c", "s2:d", "s2:d"],
+            "leiden": ["0", "0", "0", "1", "1", "1", "0", "1", "0", "1"],
+        },
+        index=[f"c{i}" for i in range(10)],
+    )
     assert integration.label_conservation(AnnData(obs=obs), clusters="leiden") == pytest.approx(0.25, abs=1e-12)

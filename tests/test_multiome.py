@@ -16,8 +16,11 @@ from omicsprep.multiome.wnn import join_modalities
 @pytest.fixture(scope="module")
 def atac():
     barcodes = pd.Index(pd.read_csv(MULTIOME / "barcodes.tsv", header=None)[0])
-    return chromatin.count_fragments(io.fragment_chunks(MULTIOME / "fragments.tsv.gz"), barcodes=barcodes,
-                                     peaks=io.read_peaks(MULTIOME / "peaks.bed"))
+    return chromatin.count_fragments(
+        io.fragment_chunks(MULTIOME / "fragments.tsv.gz"),
+        barcodes=barcodes,
+        peaks=io.read_peaks(MULTIOME / "peaks.bed"),
+    )
 
 
 def test_join_keeps_the_common_cells(atac):
@@ -61,8 +64,9 @@ def _exact_nearest_neighbors(X, n_neighbors, metric, metric_kwds, random_state, 
         return indices, distances, None
     kw = metric_kwds
     n = kw["N"]
-    sets = sparse.csr_matrix((np.ones_like(kw["neighbors_data"]), kw["neighbors_indices"], kw["neighbors_indptr"]),
-                             shape=(n, n))
+    sets = sparse.csr_matrix(
+        (np.ones_like(kw["neighbors_data"]), kw["neighbors_indices"], kw["neighbors_indptr"]), shape=(n, n)
+    )
     shared = (sets @ sets.T).toarray()
     size = np.asarray(sets.sum(axis=1)).ravel()
     jaccard = shared / (size[:, None] + size[None, :] - shared)
@@ -83,8 +87,7 @@ def test_wnn_equals_muon_with_exhaustive_searches(rna_and_atac, monkeypatch):
     from omicsprep.multiome.wnn import weighted_nearest_neighbors
 
     ours = rna_and_atac.copy()
-    weighted_nearest_neighbors(ours, representations={"rna": "X_pca", "atac": "X_lsi"}, n_neighbors=20,
-                               backend="cpu")
+    weighted_nearest_neighbors(ours, representations={"rna": "X_pca", "atac": "X_lsi"}, n_neighbors=20, backend="cpu")
     reference = rna_and_atac.copy()
     for name, key in [("rna", "X_pca"), ("atac", "X_lsi")]:
         modality = reference.mod[name]

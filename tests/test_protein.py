@@ -43,8 +43,12 @@ def test_qc_metrics(cells):
     np.testing.assert_allclose(adata.obs["total_adt"], counts.sum(axis=1))
     # The panel's four isotype controls (IgA, IgD and IgM are real targets, not controls).
     is_isotype = cells.var_names.str.contains(normalization.ISOTYPE_PATTERN)
-    assert cells.var_names[is_isotype].tolist() == ["MouseIgG1kappaisotype_PROT", "MouseIgG2akappaisotype_PROT",
-                                                    "Mouse IgG2bkIsotype_PROT", "RatIgG2bkIsotype_PROT"]
+    assert cells.var_names[is_isotype].tolist() == [
+        "MouseIgG1kappaisotype_PROT",
+        "MouseIgG2akappaisotype_PROT",
+        "Mouse IgG2bkIsotype_PROT",
+        "RatIgG2bkIsotype_PROT",
+    ]
     isotype_counts = counts[:, is_isotype].sum(axis=1)
     np.testing.assert_allclose(adata.obs["isotype_adt"], isotype_counts)
     np.testing.assert_allclose(adata.obs["pct_isotype"], 100 * isotype_counts / counts.sum(axis=1))
@@ -93,16 +97,21 @@ def test_dsb_refuses_mismatched_input(cells, empty):
         normalization.dsb(cells.copy(), empty=empty, isotypes=["IgG_nope"], backend="cpu")
 
 
-PROTEIN_PARAMS = {"normalization": "auto", "isotype_pattern": normalization.ISOTYPE_PATTERN,
-                  "dsb": {"pseudocount": 10, "denoise": True}, "n_comps": 20}
+PROTEIN_PARAMS = {
+    "normalization": "auto",
+    "isotype_pattern": normalization.ISOTYPE_PATTERN,
+    "dsb": {"pseudocount": 10, "denoise": True},
+    "n_comps": 20,
+}
 
 
 def test_dsb_without_empty_droplets_is_one_clear_error(cells):
     params = {**PROTEIN_PARAMS, "normalization": "dsb"}
     with pytest.raises(InputError) as error:
         run_protein(cells.copy(), empty=None, params=params, clustering_params=CLUSTER_PARAMS, seed=0, backend="cpu")
-    assert str(error.value) == ("protein.normalization is dsb, which needs empty droplets "
-                                "(sample sheet column adt_empty)")
+    assert str(error.value) == (
+        "protein.normalization is dsb, which needs empty droplets (sample sheet column adt_empty)"
+    )
 
 
 def test_dsb_denoising_without_isotype_controls_is_one_clear_error(cells, empty):
@@ -113,7 +122,10 @@ def test_dsb_denoising_without_isotype_controls_is_one_clear_error(cells, empty)
     for method in ("auto", "dsb"):  # auto picks dsb: empty droplets are given
         params = {**PROTEIN_PARAMS, "normalization": method}
         with pytest.raises(InputError) as error:
-            run_protein(no_isotypes.copy(), empty=empty, params=params, clustering_params=CLUSTER_PARAMS, seed=0,
-                        backend="cpu")
-        assert str(error.value) == ("dsb's denoising asks for isotype controls, and none of the 83 antibodies matches "
-                                    f"protein.isotype_pattern {normalization.ISOTYPE_PATTERN!r}")
+            run_protein(
+                no_isotypes.copy(), empty=empty, params=params, clustering_params=CLUSTER_PARAMS, seed=0, backend="cpu"
+            )
+        assert str(error.value) == (
+            "dsb's denoising asks for isotype controls, and none of the 83 antibodies matches "
+            f"protein.isotype_pattern {normalization.ISOTYPE_PATTERN!r}"
+        )

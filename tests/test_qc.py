@@ -85,8 +85,9 @@ def test_mad_filtering_and_doublets_are_reproducible(pbmc):
 
 
 def test_large_samples_are_scored_for_doublets_in_random_groups(mouse_path):
-    adata, _ = run_qc(io.read_counts(mouse_path), qc_params=QC_PARAMS, doublet_params=NO_DOUBLETS, seed=0,
-                      backend="cpu")
+    adata, _ = run_qc(
+        io.read_counts(mouse_path), qc_params=QC_PARAMS, doublet_params=NO_DOUBLETS, seed=0, backend="cpu"
+    )
     grouped = adata.copy()
     qc.score_doublets(grouped, expected_rate=0.06, max_cells_per_run=4_000, seed=0, backend="cpu")
     # 9,912 cells: three groups of 3,304, scored apart; the grouping column is not kept.
@@ -102,8 +103,14 @@ def test_large_samples_are_scored_for_doublets_in_random_groups(mouse_path):
     n_comps = min(30, adata.n_vars // 10)  # as qc.score_doublets picks it for 613 genes
     for label in range(3):
         alone = adata[group == label].copy()
-        sc.pp.scrublet(alone, expected_doublet_rate=0.06, n_prin_comps=n_comps, use_approx_neighbors=False,
-                       random_state=0, verbose=False)
+        sc.pp.scrublet(
+            alone,
+            expected_doublet_rate=0.06,
+            n_prin_comps=n_comps,
+            use_approx_neighbors=False,
+            random_state=0,
+            verbose=False,
+        )
         scored = grouped.obs.loc[alone.obs_names]
         assert alone.obs["doublet_score"].std() > 0
         np.testing.assert_allclose(scored["doublet_score"], alone.obs["doublet_score"], rtol=1e-12, atol=0)

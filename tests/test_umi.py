@@ -73,7 +73,10 @@ for name, reads in inputs.items():
 def test_cuda_kernel_counts_like_the_cpu_kernel():
     """The CUDA kernel (under Numba's simulator) gives the CPU kernel's counts, all methods."""
     result = subprocess.run(
-        [sys.executable, "-c", CUDA_KERNEL_CHECK, str(UMI_TOOLS_BAM)], cwd=REPO, capture_output=True, text=True,
+        [sys.executable, "-c", CUDA_KERNEL_CHECK, str(UMI_TOOLS_BAM)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
         env={**os.environ, "NUMBA_ENABLE_CUDASIM": "1"},
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -89,8 +92,9 @@ def test_mixed_umi_lengths_are_refused():
 
 @pytest.mark.parametrize("method", METHODS)
 def test_exact_to_umi_tools_reference(method):
-    adata = counting.count_umis(UMI_TOOLS_BAM, fmt="bam", method=method, bam=REFERENCE_BAM,
-                                skip_gene_regex="^[__|Unassigned]")
+    adata = counting.count_umis(
+        UMI_TOOLS_BAM, fmt="bam", method=method, bam=REFERENCE_BAM, skip_gene_regex="^[__|Unassigned]"
+    )
     assert adata.uns["umi_dedup"]["reads_skipped"]["gene matches skip_gene_regex"] == 120
     expected = pd.read_csv(UMI_DATA / "expected" / f"count_per_cell_{method}.tsv", sep="\t")
     assert_same_counts(counting.long_table(adata), expected)
@@ -117,9 +121,23 @@ def umi_tools() -> str:
 def live_umi_tools_counts(umi_tools: str, bam: Path, method: str, out: Path) -> pd.DataFrame:
     """``umi_tools count`` per cell and gene (tags CB, UB, GX), as a gene, cell, count table."""
     subprocess.run(
-        [umi_tools, "count", "--per-gene", "--per-cell", "--gene-tag=GX", "--extract-umi-method=tag",
-         "--umi-tag=UB", "--cell-tag=CB", f"--method={method}", "-I", str(bam), "-S", str(out)],
-        check=True, capture_output=True,
+        [
+            umi_tools,
+            "count",
+            "--per-gene",
+            "--per-cell",
+            "--gene-tag=GX",
+            "--extract-umi-method=tag",
+            "--umi-tag=UB",
+            "--cell-tag=CB",
+            f"--method={method}",
+            "-I",
+            str(bam),
+            "-S",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
     )
     return pd.read_csv(out, sep="\t")
 
@@ -131,8 +149,9 @@ def test_exact_to_live_umi_tools_on_generated_reads(tmp_path_factory, umi_tools,
     if not bam.exists():
         work.mkdir(exist_ok=True)
         # Without what omicsprep skips on purpose and UMI-tools keeps: N, A;B, secondaries.
-        reads = generate.generate_reads(30_000, n_cells=20, n_genes=200, n_rate=0, multi_gene_rate=0,
-                                        secondary_rate=0, seed=7)
+        reads = generate.generate_reads(
+            30_000, n_cells=20, n_genes=200, n_rate=0, multi_gene_rate=0, secondary_rate=0, seed=7
+        )
         generate.write_bam(reads, bam)
     counts = counting.long_table(counting.count_umis(bam, fmt="bam", method=method))
     counts["cell"] = counts["cell"].str.split("-").str[0]  # UMI-tools drops the '-1' of CB
@@ -148,39 +167,55 @@ def test_exact_to_live_umi_tools_on_generated_reads(tmp_path_factory, umi_tools,
 # it; percentile keeps UMIs with more than 1% of the median reads of the (cell, gene).
 HANDBUILT_CASES: dict[str, tuple[dict[str, int], dict[str, int]]] = {
     # The issue's example: 10 < 2 * 8 - 1, so directional keeps both; adjacency and cluster merge.
-    "directional_not_adjacency": ({"AAAA": 10, "AAAT": 8},
-                                  {"unique": 2, "percentile": 2, "cluster": 1, "adjacency": 1, "directional": 2}),
+    "directional_not_adjacency": (
+        {"AAAA": 10, "AAAT": 8},
+        {"unique": 2, "percentile": 2, "cluster": 1, "adjacency": 1, "directional": 2},
+    ),
     # The boundary: 15 >= 2 * 8 - 1, so directional merges too (a strict '>' would count 2).
-    "directional_at_2n_minus_1": ({"AAAA": 15, "AAAT": 8},
-                                  {"unique": 2, "percentile": 2, "cluster": 1, "adjacency": 1, "directional": 1}),
+    "directional_at_2n_minus_1": (
+        {"AAAA": 15, "AAAT": 8},
+        {"unique": 2, "percentile": 2, "cluster": 1, "adjacency": 1, "directional": 1},
+    ),
     # UMIs 3 mismatches apart: only percentile drops, the 1-read UMI and the 2-read one
     # (2 is not above 1% of the median 200).
-    "percentile_drops_at_1pct": ({"AAAA": 200, "CCCC": 200, "GGGG": 200, "TTTT": 2, "ACGT": 1},
-                                 {"unique": 5, "percentile": 3, "cluster": 5, "adjacency": 5, "directional": 5}),
+    "percentile_drops_at_1pct": (
+        {"AAAA": 200, "CCCC": 200, "GGGG": 200, "TTTT": 2, "ACGT": 1},
+        {"unique": 5, "percentile": 3, "cluster": 5, "adjacency": 5, "directional": 5},
+    ),
     # Even count of UMIs: the median is the mean of the middle two, (400 + 4) / 2 = 202, so the
     # 4-read UMI stays (either middle value alone would give 2 or 4 molecules).
-    "percentile_even_median": ({"AAAA": 400, "CCCC": 400, "GGGG": 4, "TTTT": 1},
-                               {"unique": 4, "percentile": 3, "cluster": 4, "adjacency": 4, "directional": 4}),
+    "percentile_even_median": (
+        {"AAAA": 400, "CCCC": 400, "GGGG": 4, "TTTT": 1},
+        {"unique": 4, "percentile": 3, "cluster": 4, "adjacency": 4, "directional": 4},
+    ),
     # A chain AAAA - AAAT - AATT (ends 2 apart): one component for cluster; the top UMI
     # covers only its neighbour, so adjacency needs two; no edge passes directional's rule.
-    "cluster_chain": ({"AAAA": 10, "AAAT": 8, "AATT": 6},
-                      {"unique": 3, "percentile": 3, "cluster": 1, "adjacency": 2, "directional": 3}),
+    "cluster_chain": (
+        {"AAAA": 10, "AAAT": 8, "AATT": 6},
+        {"unique": 3, "percentile": 3, "cluster": 1, "adjacency": 2, "directional": 3},
+    ),
     # The same chain with its middle UMI the smallest: adjacency takes UMIs in read order
     # (AAAA, then AATT), 2, although AAAT alone would cover the chain.
-    "adjacency_top_umis_first": ({"AAAA": 10, "AAAT": 6, "AATT": 8},
-                                 {"unique": 3, "percentile": 3, "cluster": 1, "adjacency": 2, "directional": 3}),
+    "adjacency_top_umis_first": (
+        {"AAAA": 10, "AAAT": 6, "AATT": 8},
+        {"unique": 3, "percentile": 3, "cluster": 1, "adjacency": 2, "directional": 3},
+    ),
     # Edges AAAA-AAAT, AAAT-AATT, AAAT-ACAT, AAAA-CAAA: one component (cluster 1); AAAA
     # and AAAT cover it (adjacency 2); directional keeps AAAA -> CAAA and AAAT -> ACAT only
     # (3); the 1-read CAAA is under 1% of the median 200 (percentile 4).
-    "all_methods_differ": ({"AAAA": 400, "AAAT": 300, "AATT": 200, "ACAT": 100, "CAAA": 1},
-                           {"unique": 5, "percentile": 4, "cluster": 1, "adjacency": 2, "directional": 3}),
+    "all_methods_differ": (
+        {"AAAA": 400, "AAAT": 300, "AATT": 200, "ACAT": 100, "CAAA": 1},
+        {"unique": 5, "percentile": 4, "cluster": 1, "adjacency": 2, "directional": 3},
+    ),
 }
 HANDBUILT_CELL = "AAACCCAAGAAACACT"  # no '-1': UMI-tools would cut it off
 
 
 def handbuilt_expected(method: str) -> pd.DataFrame:
-    return pd.DataFrame([(gene, HANDBUILT_CELL, expected[method]) for gene, (_, expected) in HANDBUILT_CASES.items()],
-                        columns=["gene", "cell", "count"])
+    return pd.DataFrame(
+        [(gene, HANDBUILT_CELL, expected[method]) for gene, (_, expected) in HANDBUILT_CASES.items()],
+        columns=["gene", "cell", "count"],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -260,9 +295,25 @@ def test_cli_writes_counts_and_the_umi_tools_table(tmp_path):
     out = tmp_path / "counts.h5ad"
     tsv = tmp_path / "counts.tsv"
     subprocess.run(
-        [sys.executable, "-m", "omicsprep.cli", "count-umis", str(UMI_TOOLS_BAM), "-o", str(out), "--tsv", str(tsv),
-         "--gene-tag", "XF", "--extract-umi-method", "umis", "--skip-tags-regex", "^[__|Unassigned]"],
-        check=True, capture_output=True,
+        [
+            sys.executable,
+            "-m",
+            "omicsprep.cli",
+            "count-umis",
+            str(UMI_TOOLS_BAM),
+            "-o",
+            str(out),
+            "--tsv",
+            str(tsv),
+            "--gene-tag",
+            "XF",
+            "--extract-umi-method",
+            "umis",
+            "--skip-tags-regex",
+            "^[__|Unassigned]",
+        ],
+        check=True,
+        capture_output=True,
     )
     table = pd.read_csv(tsv, sep="\t")
     assert list(table.columns) == ["gene", "cell", "count"]
@@ -279,7 +330,8 @@ def test_cli_bad_input_is_one_clear_error(tmp_path):
     bad.write_bytes(UMI_TOOLS_BAM.read_bytes()[:5000])  # truncated
     result = subprocess.run(
         [sys.executable, "-m", "omicsprep.cli", "count-umis", str(bad), "-o", str(tmp_path / "x.h5ad")],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 1
     assert f"omicsprep error: file '{bad}'" in result.stderr
@@ -292,8 +344,19 @@ def test_cli_gpu_without_a_gpu_is_one_clear_error(tmp_path):
     if gpu_unavailable_reason() is None:
         pytest.skip("a GPU is usable here")
     result = subprocess.run(
-        [sys.executable, "-m", "omicsprep.cli", "count-umis", str(UMI_TOOLS_BAM), "-o", str(tmp_path / "x.h5ad"),
-         "--backend", "gpu"], capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "omicsprep.cli",
+            "count-umis",
+            str(UMI_TOOLS_BAM),
+            "-o",
+            str(tmp_path / "x.h5ad"),
+            "--backend",
+            "gpu",
+        ],
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 1
     assert result.stderr.startswith("omicsprep error: backend 'gpu' was requested but cannot be used")
@@ -321,8 +384,12 @@ def test_aggregated_molecule_table_with_read_counts(tmp_path):
     generate.write_bam(reads, tmp_path / "reads.bam")
     aggregated = reads.groupby(["cell", "umi", "gene"]).size().rename("reads").reset_index()
     aggregated.to_parquet(tmp_path / "aggregated.parquet")
-    got = counting.count_umis(tmp_path / "aggregated.parquet", fmt="molecules",
-                              table=counting.TableOptions(count_column="reads"), chunk_rows=1_000)
+    got = counting.count_umis(
+        tmp_path / "aggregated.parquet",
+        fmt="molecules",
+        table=counting.TableOptions(count_column="reads"),
+        chunk_rows=1_000,
+    )
     expected = counting.count_umis(tmp_path / "reads.bam", fmt="bam")
     assert_same_counts(counting.long_table(got), counting.long_table(expected))
     assert got.uns["umi_dedup"]["reads_used"] == expected.uns["umi_dedup"]["reads_used"]
@@ -338,18 +405,22 @@ def test_unsorted_bam_counts_like_the_sorted_one(tmp_path):
     reads = generate.generate_reads(20_000, n_cells=20, n_genes=100, seed=4)
     generate.write_bam(reads, tmp_path / "sorted.bam")
     generate.write_bam(reads.sample(frac=1.0, random_state=0), tmp_path / "unsorted.bam", unsorted=True)
-    sorted_counts, unsorted_counts = (counting.long_table(counting.count_umis(tmp_path / name, fmt="bam"))
-                                      for name in ("sorted.bam", "unsorted.bam"))
+    sorted_counts, unsorted_counts = (
+        counting.long_table(counting.count_umis(tmp_path / name, fmt="bam")) for name in ("sorted.bam", "unsorted.bam")
+    )
     assert len(sorted_counts) > 500
     assert_same_counts(unsorted_counts, sorted_counts)
 
 
-@pytest.mark.parametrize(("text", "problem"), [
-    ("cell\tumi\tgene\n", "no usable read"),
-    ("cell\tumi\tgene\nAAAC\tACGT\tG1\nAAAC\tACG\tG1\n", "UMIs of mixed lengths"),
-    ("cell\tumi\tgene\nAAAC\tACGT\tG1;G2\n", r"no usable read \(skipped: \{'several genes': 1\}\)"),
-    ("barcode\tumi\tgene\nAAAC\tACGT\tG1\n", "cannot be read as a molecule table"),
-])
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("cell\tumi\tgene\n", "no usable read"),
+        ("cell\tumi\tgene\nAAAC\tACGT\tG1\nAAAC\tACG\tG1\n", "UMIs of mixed lengths"),
+        ("cell\tumi\tgene\nAAAC\tACGT\tG1;G2\n", r"no usable read \(skipped: \{'several genes': 1\}\)"),
+        ("barcode\tumi\tgene\nAAAC\tACGT\tG1\n", "cannot be read as a molecule table"),
+    ],
+)
 def test_bad_molecule_table_is_one_clear_error(tmp_path, text, problem):
     path = tmp_path / "molecules.tsv"
     path.write_text(text)
@@ -357,11 +428,14 @@ def test_bad_molecule_table_is_one_clear_error(tmp_path, text, problem):
         counting.count_umis(path, fmt="molecules")
 
 
-@pytest.mark.parametrize(("name", "content", "fmt", "problem"), [
-    ("missing.tsv.gz", None, "molecules", "does not exist"),
-    ("missing.bam", None, "bam", "does not exist"),
-    ("molecules.tsv.gz", b"cell\tumi\tgene\n", "molecules", r"cannot be read as molecules \(OSError"),
-])
+@pytest.mark.parametrize(
+    ("name", "content", "fmt", "problem"),
+    [
+        ("missing.tsv.gz", None, "molecules", "does not exist"),
+        ("missing.bam", None, "bam", "does not exist"),
+        ("molecules.tsv.gz", b"cell\tumi\tgene\n", "molecules", r"cannot be read as molecules \(OSError"),
+    ],
+)
 def test_missing_or_undecodable_input_is_one_clear_error(tmp_path, name, content, fmt, problem):
     path = tmp_path / name
     if content is not None:

@@ -48,8 +48,9 @@ def join_modalities(modalities: dict[str, AnnData], *, min_overlap: float) -> tu
     overlap = {name: round(len(common) / max(adata.n_obs, 1), 4) for name, adata in modalities.items()}
     if min(overlap.values()) < min_overlap:
         shares = ", ".join(f"{name} {share:.1%} of {modalities[name].n_obs}" for name, share in overlap.items())
-        raise InputError(f"modalities share {len(common)} cell barcodes ({shares}); "
-                         f"at least {min_overlap:.0%} of each is required")
+        raise InputError(
+            f"modalities share {len(common)} cell barcodes ({shares}); at least {min_overlap:.0%} of each is required"
+        )
     joined = mudata.MuData({name: adata[common].copy() for name, adata in modalities.items()})
     joined.uns["overlap"] = overlap
     return joined, overlap
@@ -118,27 +119,34 @@ def weighted_nearest_neighbors(
     initialisation) and ``uns["neighbors"]``.
     """
     if len(representations) < 2 or mdata.n_obs < 3:
-        raise InputError(f"weighted nearest neighbours need two modalities or more and 3 cells or more "
-                         f"(got {list(representations)}, {mdata.n_obs} cells)")
+        raise InputError(
+            f"weighted nearest neighbours need two modalities or more and 3 cells or more "
+            f"(got {list(representations)}, {mdata.n_obs} cells)"
+        )
     xp = array_module(backend)
     names = list(representations)
     n_dims = n_dims or {}
-    embeddings = {name: _unit_rows(xp.asarray(mdata.mod[name].obsm[key][:, : n_dims.get(name)], dtype=xp.float32),
-                                   xp=xp)
-                  for name, key in representations.items()}
+    embeddings = {
+        name: _unit_rows(xp.asarray(mdata.mod[name].obsm[key][:, : n_dims.get(name)], dtype=xp.float32), xp=xp)
+        for name, key in representations.items()
+    }
     n_cells = mdata.n_obs
     k = min(n_neighbors - 1, n_cells - 1)
-    nearest = {name: _nearest(embedding, min(max(n_candidates, k), n_cells - 1), backend=backend)
-               for name, embedding in embeddings.items()}
+    nearest = {
+        name: _nearest(embedding, min(max(n_candidates, k), n_cells - 1), backend=backend)
+        for name, embedding in embeddings.items()
+    }
     widths, ratios = {}, []
     for name in names:
         embedding, (_, distances) = embeddings[name], nearest[name]
         closest = distances[:, 0]
         # A cell whose width is 0 (identical neighbours) keeps a finite kernel.
-        widths[name] = xp.maximum(_kernel_width(embedding, nearest[name][0][:, :k], n_bandwidth_neighbors, xp=xp),
-                                  1e-12)
-        affinity = {other: _affinity(embedding, nearest[other][0][:, :k], closest, widths[name], xp=xp)
-                    for other in names}
+        widths[name] = xp.maximum(
+            _kernel_width(embedding, nearest[name][0][:, :k], n_bandwidth_neighbors, xp=xp), 1e-12
+        )
+        affinity = {
+            other: _affinity(embedding, nearest[other][0][:, :k], closest, widths[name], xp=xp) for other in names
+        }
         best_other = xp.max(xp.stack([affinity[other] for other in names if other != name]), axis=0)
         ratios.append(affinity[name] / (best_other + eps))
     ratios = xp.stack(ratios, axis=1)
@@ -197,8 +205,14 @@ def _kernel_width(embedding, neighbors, n_bandwidth: int, *, xp: ModuleType):  #
     own least (Jaccard index, above zero), the farther first among equals."""
     sp = cupyx_sparse() if xp.__name__ == "cupy" else sparse
     n_cells, k = neighbors.shape
-    membership = sp.csr_matrix((xp.ones(neighbors.size, dtype=xp.float32), neighbors.ravel().astype(xp.int32),
-                                xp.arange(0, neighbors.size + 1, k, dtype=xp.int32)), shape=(n_cells, n_cells))
+    membership = sp.csr_matrix(
+        (
+            xp.ones(neighbors.size, dtype=xp.float32),
+            neighbors.ravel().astype(xp.int32),
+            xp.arange(0, neighbors.size + 1, k, dtype=xp.int32),
+        ),
+        shape=(n_cells, n_cells),
+    )
     shared = (membership @ membership.T).tocoo()
     other = shared.row != shared.col
     row, col, overlap = shared.row[other], shared.col[other], shared.data[other]
@@ -247,11 +261,15 @@ def _store_graph(mdata: MuData, indices: np.ndarray, distances: np.ndarray, *, n
     with_self = np.concatenate([np.arange(n_cells)[:, None], indices], axis=1)
     with_zero = np.concatenate([np.zeros((n_cells, 1), np.float32), distances], axis=1)
     cache_umap_kernels()
-    connectivities, _, _ = fuzzy_simplicial_set(sparse.coo_matrix((n_cells, 1)), n_neighbors, None, None,
-                                                knn_indices=with_self, knn_dists=with_zero)
+    connectivities, _, _ = fuzzy_simplicial_set(
+        sparse.coo_matrix((n_cells, 1)), n_neighbors, None, None, knn_indices=with_self, knn_dists=with_zero
+    )
     mdata.obsp["distances"] = sparse.csr_matrix(
-        (distances.ravel(), indices.ravel(), np.arange(0, indices.size + 1, indices.shape[1])),
-        shape=(n_cells, n_cells))
+        (distances.ravel(), indices.ravel(), np.arange(0, indices.size + 1, indices.shape[1])), shape=(n_cells, n_cells)
+    )
     mdata.obsp["connectivities"] = connectivities.tocsr()
-    mdata.uns["neighbors"] = {"connectivities_key": "connectivities", "distances_key": "distances",
-                              "params": {"n_neighbors": n_neighbors, "method": "umap", "metric": "euclidean"}}
+    mdata.uns["neighbors"] = {
+        "connectivities_key": "connectivities",
+        "distances_key": "distances",
+        "params": {"n_neighbors": n_neighbors, "method": "umap", "metric": "euclidean"},
+    }

@@ -33,9 +33,18 @@ SPLIT_MAX_BYTES = 1 << 31
 # The config schema's defaults (config/schemas/config.schema.yaml; a test keeps them equal),
 # for callers outside the workflow.
 DEFAULTS = {
-    "n_genes": 2000, "correlation": "pearson", "metacells": {"method": "knn", "n_metacells": 500}, "top_k": 50,
-    "min_correlation": 0.1, "power": 1, "algorithm": "leiden", "resolution": 1.0, "min_module_size": 10,
-    "min_cells": 50, "min_expressing_cells": 20, "per_cluster": {"enabled": False, "min_cells": 200},
+    "n_genes": 2000,
+    "correlation": "pearson",
+    "metacells": {"method": "knn", "n_metacells": 500},
+    "top_k": 50,
+    "min_correlation": 0.1,
+    "power": 1,
+    "algorithm": "leiden",
+    "resolution": 1.0,
+    "min_module_size": 10,
+    "min_cells": 50,
+    "min_expressing_cells": 20,
+    "per_cluster": {"enabled": False, "min_cells": 200},
 }
 
 
@@ -75,11 +84,13 @@ def check_expression(
     if np.isnan(values.data).any():
         raise InputError("expression holds NaN values")
     expressing = np.diff(values.indptr)
-    constant = (values.max(axis=0).toarray().ravel() == values.min(axis=0).toarray().ravel())
+    constant = values.max(axis=0).toarray().ravel() == values.min(axis=0).toarray().ravel()
     usable = genes[(expressing >= min_expressing_cells) & ~constant]
     if len(usable) <= top_k:
-        raise InputError(f"{len(usable)} usable genes (varying, expressed in at least {min_expressing_cells} "
-                         f"cells), too few for top_k={top_k} partners each")
+        raise InputError(
+            f"{len(usable)} usable genes (varying, expressed in at least {min_expressing_cells} "
+            f"cells), too few for top_k={top_k} partners each"
+        )
     return usable
 
 
@@ -159,7 +170,12 @@ def standardize(expression: np.ndarray | sparse.spmatrix, *, method: Correlation
 
 
 def correlation_graph(
-    standardized, *, top_k: int, min_correlation: float, power: float, backend: Backend  # noqa: ANN001
+    standardized,
+    *,
+    top_k: int,
+    min_correlation: float,
+    power: float,
+    backend: Backend,  # noqa: ANN001
 ) -> sparse.csr_matrix:
     """Sparse gene-gene graph: each gene joined to its ``top_k`` most correlated partners.
 

@@ -154,8 +154,11 @@ def _two_component_low_means(values, *, xp: ModuleType, n_iterations: int = 200)
     for _ in range(n_iterations):
         # E step: responsibilities of each component for each value (rows x values x 2).
         deviation = values[:, :, None] - means[:, None, :]
-        log_density = (xp.log(weights)[:, None, :] - 0.5 * xp.log(2 * np.pi * variances)[:, None, :]
-                       - 0.5 * deviation**2 / variances[:, None, :])
+        log_density = (
+            xp.log(weights)[:, None, :]
+            - 0.5 * xp.log(2 * np.pi * variances)[:, None, :]
+            - 0.5 * deviation**2 / variances[:, None, :]
+        )
         log_density -= log_density.max(axis=2, keepdims=True)
         responsibility = xp.exp(log_density)
         responsibility /= responsibility.sum(axis=2, keepdims=True)
@@ -166,4 +169,3 @@ def _two_component_low_means(values, *, xp: ModuleType, n_iterations: int = 200)
         deviation = values[:, :, None] - means[:, None, :]
         variances = xp.maximum((responsibility * deviation**2).sum(axis=1) / mass, floor)
     return means.min(axis=1)
-

@@ -98,8 +98,9 @@ def count_groups(umis, counts, starts, method, threshold):  # noqa: ANN001, ANN2
     mark = np.empty(umis.size, dtype=np.int32)
     covered = np.empty(umis.size, dtype=np.uint8)
     for g in numba.prange(n_groups):
-        molecules[g] = _count_group(umis, counts, starts[g], starts[g + 1], method, threshold,
-                                    component, stack, mark, covered)
+        molecules[g] = _count_group(
+            umis, counts, starts[g], starts[g + 1], method, threshold, component, stack, mark, covered
+        )
     return molecules
 
 
@@ -122,8 +123,9 @@ def collapse_reads(reads: DataFrame) -> DataFrame:
     groups = reads.groupby(["cell", "gene", "umi"], sort=False)
     counts = groups["reads"].sum() if "reads" in reads else groups.size()
     molecules = counts.rename("count").reset_index()
-    return molecules.sort_values(["cell", "gene", "count", "umi"], ascending=[True, True, False, True],
-                                 ignore_index=True)
+    return molecules.sort_values(
+        ["cell", "gene", "count", "umi"], ascending=[True, True, False, True], ignore_index=True
+    )
 
 
 def dedup_reads(reads: pd.DataFrame, *, method: Method, threshold: int = 1, backend: Backend = "cpu") -> pd.DataFrame:
@@ -176,6 +178,7 @@ def molecule_groups(molecules: DataFrame, *, xp: ModuleType) -> tuple[Any, Any, 
     """
     cell, gene = molecules["cell"].values, molecules["gene"].values
     boundary = ((cell[1:] != cell[:-1]) | (gene[1:] != gene[:-1])).nonzero()[0] + 1
-    starts = xp.concatenate([xp.zeros(1, dtype=xp.int64), boundary.astype(xp.int64),
-                             xp.full(1, len(molecules), dtype=xp.int64)])
+    starts = xp.concatenate(
+        [xp.zeros(1, dtype=xp.int64), boundary.astype(xp.int64), xp.full(1, len(molecules), dtype=xp.int64)]
+    )
     return cell, gene, molecules["umi"].values.astype(xp.uint64), molecules["count"].values.astype(xp.int64), starts

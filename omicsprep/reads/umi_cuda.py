@@ -23,8 +23,9 @@ def _count_groups_kernel(umis, counts, starts, order, method, threshold, compone
     k = cuda.grid(1)
     if k < order.size:
         g = order[k]
-        molecules[g] = _count_group(umis, counts, starts[g], starts[g + 1], method, threshold,
-                                    component, stack, mark, covered)
+        molecules[g] = _count_group(
+            umis, counts, starts[g], starts[g + 1], method, threshold, component, stack, mark, covered
+        )
 
 
 def count_groups_gpu(umis: Any, counts: Any, starts: Any, method: int, threshold: int, *, xp: ModuleType) -> Any:

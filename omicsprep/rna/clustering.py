@@ -58,8 +58,9 @@ def neighbors(
         import scanpy as sc
 
         cache_umap_kernels()
-        sc.pp.neighbors(adata, n_neighbors=n_neighbors, n_pcs=n_pcs, use_rep=use_rep, metric=metric,
-                        transformer="sklearn")
+        sc.pp.neighbors(
+            adata, n_neighbors=n_neighbors, n_pcs=n_pcs, use_rep=use_rep, metric=metric, transformer="sklearn"
+        )
 
 
 def umap(adata: AnnData, *, min_dist: float, seed: int, backend: Backend) -> None:
@@ -123,8 +124,9 @@ def cluster_graph(
             )
             adata.obs[key] = _ordered_categories(adata.obs[key].to_numpy())
         else:
-            labels = partition_graph(adata.obsp["connectivities"], algorithm="louvain", resolution=resolution,
-                                     seed=seed, backend="cpu")
+            labels = partition_graph(
+                adata.obsp["connectivities"], algorithm="louvain", resolution=resolution, seed=seed, backend="cpu"
+            )
             adata.obs[key] = _ordered_categories(labels)
 
 
@@ -156,8 +158,9 @@ def partition_graph(
     """
     upper = sparse.triu(adjacency, k=1).tocoo()
     if backend == "gpu":
-        return _partition_cugraph(upper, n_vertices=adjacency.shape[0], algorithm=algorithm,
-                                  resolution=resolution, seed=seed)
+        return _partition_cugraph(
+            upper, n_vertices=adjacency.shape[0], algorithm=algorithm, resolution=resolution, seed=seed
+        )
     import igraph
 
     graph = igraph.Graph(n=adjacency.shape[0], edges=np.column_stack([upper.row, upper.col]).tolist())
@@ -166,8 +169,9 @@ def partition_graph(
     igraph.set_random_number_generator(random.Random(seed))
     try:
         if algorithm == "leiden":
-            partition = graph.community_leiden(objective_function="modularity", weights=weights,
-                                               resolution=resolution, n_iterations=-1)
+            partition = graph.community_leiden(
+                objective_function="modularity", weights=weights, resolution=resolution, n_iterations=-1
+            )
         else:
             partition = graph.community_multilevel(weights=weights, resolution=resolution)
     finally:
@@ -178,8 +182,9 @@ def partition_graph(
 def _partition_cugraph(
     upper: sparse.coo_matrix, *, n_vertices: int, algorithm: Algorithm, resolution: float, seed: int
 ) -> np.ndarray:
-    edges = cudf().DataFrame({"src": upper.row.astype(np.int32), "dst": upper.col.astype(np.int32),
-                              "weight": upper.data.astype(np.float32)})
+    edges = cudf().DataFrame(
+        {"src": upper.row.astype(np.int32), "dst": upper.col.astype(np.int32), "weight": upper.data.astype(np.float32)}
+    )
     graph = cugraph().Graph(directed=False)
     graph.from_cudf_edgelist(edges, source="src", destination="dst", edge_attr="weight", renumber=True)
     if algorithm == "leiden":

@@ -42,15 +42,23 @@ def concatenate_samples(samples: Mapping[str, AnnData], *, labels: str | None = 
         obs = adata.obs[[c for c in ("batch",) if c in adata.obs]].copy()
         if labels is not None:
             obs["sample_clusters"] = name + ":" + adata.obs[labels].astype(str)
-        parts[name] = AnnData(sparse.csr_matrix(counts, dtype=np.float32), obs=obs,
-                              var=pd.DataFrame(index=adata.var_names))
+        parts[name] = AnnData(
+            sparse.csr_matrix(counts, dtype=np.float32), obs=obs, var=pd.DataFrame(index=adata.var_names)
+        )
     merged = ad.concat(parts, join="outer", label="sample", index_unique=":", fill_value=0)
-    merged.obs_names = [f"{sample}:{barcode.rsplit(':', 1)[0]}" for sample, barcode in
-                        zip(merged.obs["sample"], merged.obs_names, strict=True)]
+    merged.obs_names = [
+        f"{sample}:{barcode.rsplit(':', 1)[0]}"
+        for sample, barcode in zip(merged.obs["sample"], merged.obs_names, strict=True)
+    ]
     merged.X = sparse.csr_matrix(merged.X)
     merged.uns["merge"] = {"genes_missing": {name: int(merged.n_vars - part.n_vars) for name, part in parts.items()}}
-    log.info("merged %d samples: %d cells x %d genes; genes missing per sample %s", len(parts), merged.n_obs,
-             merged.n_vars, merged.uns["merge"]["genes_missing"])
+    log.info(
+        "merged %d samples: %d cells x %d genes; genes missing per sample %s",
+        len(parts),
+        merged.n_obs,
+        merged.n_vars,
+        merged.uns["merge"]["genes_missing"],
+    )
     return merged
 
 
@@ -75,13 +83,20 @@ def harmony(adata: AnnData, *, key: str, theta: float, max_iter: int, seed: int,
         ``"cpu"`` or ``"gpu"``.
     """
     if backend == "gpu":
-        rapids_singlecell().pp.harmony_integrate(adata, key, basis="X_pca", adjusted_basis="X_pca_harmony",
-                                                 theta=theta, max_iter_harmony=max_iter, rng=seed)
+        rapids_singlecell().pp.harmony_integrate(
+            adata, key, basis="X_pca", adjusted_basis="X_pca_harmony", theta=theta, max_iter_harmony=max_iter, rng=seed
+        )
         return
     import harmonypy
 
-    result = harmonypy.run_harmony(np.asarray(adata.obsm["X_pca"]), adata.obs[[key]], [key], theta=theta,
-                                   max_iter_harmony=max_iter, random_state=seed)
+    result = harmonypy.run_harmony(
+        np.asarray(adata.obsm["X_pca"]),
+        adata.obs[[key]],
+        [key],
+        theta=theta,
+        max_iter_harmony=max_iter,
+        random_state=seed,
+    )
     adata.obsm["X_pca_harmony"] = np.asarray(result.Z_corr, dtype=np.float32)  # cells x PCs (harmonypy 2)
 
 
@@ -92,8 +107,9 @@ def batch_mixing(adata: AnnData, *, key: str) -> float:
     batches = pd.Categorical(adata.obs[key])
     graph = sparse.csr_matrix(adata.obsp["distances"])
     rows = np.repeat(np.arange(adata.n_obs), np.diff(graph.indptr))
-    counts = sparse.csr_matrix((np.ones(graph.nnz), (rows, batches.codes[graph.indices])),
-                               shape=(adata.n_obs, len(batches.categories))).toarray()
+    counts = sparse.csr_matrix(
+        (np.ones(graph.nnz), (rows, batches.codes[graph.indices])), shape=(adata.n_obs, len(batches.categories))
+    ).toarray()
     share = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
     entropy = -(share * np.log(np.where(share > 0, share, 1))).sum(axis=1)
     overall = np.bincount(batches.codes) / len(batches.codes)
@@ -104,6 +120,7 @@ def batch_mixing(adata: AnnData, *, key: str) -> float:
 def label_conservation(adata: AnnData, *, clusters: str, labels: str = "sample_clusters") -> float:
     """Mean over samples of the adjusted Rand index between the merged clusters and the
     sample's own clusters: how much of each sample's structure survives integration."""
-    scores = [adjusted_rand_score(group[labels], group[clusters]) for _, group in
-              adata.obs.groupby("sample", observed=True)]
+    scores = [
+        adjusted_rand_score(group[labels], group[clusters]) for _, group in adata.obs.groupby("sample", observed=True)
+    ]
     return float(np.mean(scores))

@@ -179,8 +179,12 @@ def score_doublets(
         if backend == "gpu":
             with patch.object(rapids_scrublet_class(), "_nearest_neighbor_classifier", _classify_on_gpu):
                 rapids_singlecell().pp.scrublet(
-                    adata, expected_doublet_rate=expected_rate, n_prin_comps=n_comps, batch_key=batch_key,
-                    rng=seed, verbose=False,
+                    adata,
+                    expected_doublet_rate=expected_rate,
+                    n_prin_comps=n_comps,
+                    batch_key=batch_key,
+                    rng=seed,
+                    verbose=False,
                 )
         else:
             import scanpy as sc
@@ -242,7 +246,10 @@ def _classify_on_gpu(
     ld = q * rho / r / (1 - rho - q * (1 - rho - rho / r))
     se_q = np.sqrt(q * (1 - q) / (big_n + 3))
     se_ld = (
-        q * rho / r / (1 - rho - q * (1 - rho - rho / r)) ** 2
+        q
+        * rho
+        / r
+        / (1 - rho - q * (1 - rho - rho / r)) ** 2
         * np.sqrt((se_q / q * (1 - rho)) ** 2 + (stdev_doub_rate / rho * (1 - q)) ** 2)
     )
     self.doublet_scores_obs_, self.doublet_scores_sim_ = ld[:n_obs], ld[n_obs:]
