@@ -49,7 +49,8 @@ def test_versions_name_the_libraries_in_use():
 GPU_IMPORT_PROBE = r"""
 import importlib, json, os, pkgutil, sys
 
-GPU = ("cupy", "cupyx", "cudf", "cuml", "cugraph", "rapids_singlecell", "dask_cuda", "numba.cuda", "omicsprep.reads.umi_cuda")
+CUDA_KERNEL = "omicsprep.reads.umi_cuda"  # imported by the GPU path only
+GPU = ("cupy", "cupyx", "cudf", "cuml", "cugraph", "rapids_singlecell", "dask_cuda", "numba.cuda", CUDA_KERNEL)
 IMPORTLIB = os.path.dirname(importlib.__file__)
 asked = []
 
@@ -67,9 +68,10 @@ class RecordGpuImports:
 
 sys.meta_path.insert(0, RecordGpuImports())
 import omicsprep
-for module in pkgutil.iter_modules(omicsprep.__path__):
-    if module.name != "umi_cuda":  # the CUDA kernel, imported by the GPU path only
-        importlib.import_module(f"omicsprep.{module.name}")
+for module in pkgutil.walk_packages(omicsprep.__path__, prefix="omicsprep."):
+    if module.name != CUDA_KERNEL:
+        importlib.import_module(module.name)
+assert CUDA_KERNEL in [module.name for module in pkgutil.walk_packages(omicsprep.__path__, prefix="omicsprep.")]
 from omicsprep import io
 from omicsprep.backend import gpu_unavailable_reason, resolve_backend
 from omicsprep.pipeline import run_clustering, run_qc
