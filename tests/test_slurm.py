@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -48,8 +49,10 @@ def slurm_cluster() -> Path:
 
 def snakemake_command(workdir: Path, *args: str) -> list[str]:
     sheet = write_sheet(workdir / "samples.tsv", [f"pbmc\t{PBMC_H5}"])
+    demo = workdir / "demo.yaml"  # the demo matrix holds chromosome 21's genes only
+    demo.write_text("qc:\n  filter:\n    min_genes: 10\n")
     return [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), *TARGETS, *args,
-            "--configfile", str(REPO / "config" / "config.yaml"), "--config", f"samples={sheet}", *CONFIG,
+            "--configfile", str(REPO / "config" / "config.yaml"), str(demo), "--config", f"samples={sheet}", *CONFIG,
             "--directory", str(workdir)]
 
 
@@ -100,12 +103,59 @@ def profile_resource(profile: dict, rule: str, name: str, attempt: int):
     return eval(value, {"attempt": attempt}) if isinstance(value, str) and "attempt" in value else value  # noqa: S307
 
 
+def documented_slurm_arguments() -> list[str]:
+    """The README's command line for SLURM, less ``snakemake``."""
+    line = next(line for line in (REPO / "README.md").read_text().splitlines()
+                if line.strip().startswith("snakemake --profile profiles/slurm"))
+    return shlex.split(line.split("#")[0])[1:]
+
+
+def dry_run_jobs(output: str) -> list[dict]:
+    """Each job of a dry run's listing: its rule, threads (1 when not shown) and resources."""
+    jobs = []
+    for block in re.split(r"\n(?=rule \w+:\n)", output)[1:]:
+        threads = re.search(r"^\s+threads: (\d+)$", block, flags=re.MULTILINE)
+        resources = re.search(r"^\s+resources: (.*)$", block, flags=re.MULTILINE)
+        jobs.append({"rule": re.match(r"rule (\w+):", block).group(1),
+                     "threads": int(threads.group(1)) if threads else 1,
+                     **dict(item.split("=", 1) for item in (resources.group(1).split(", ") if resources else []))})
+    return jobs
+
+
+def test_documented_slurm_command_applies_the_slurm_profile(tmp_path):
+    """The README's SLURM command line gives every job the threads, partition, memory and
+    run time that profiles/slurm sets (first attempt), and a GPU to each rule that may use
+    one: no other profile (such as the local one, profiles/default) overrides them."""
+    arguments = documented_slurm_arguments()
+    assert arguments[:2] == ["--profile", "profiles/slurm"]
+    command = snakemake_command(tmp_path, *arguments, "-n", "--forceall", "--cores", "64")
+    result = subprocess.run([part for part in command if part not in TARGETS], cwd=REPO, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = dry_run_jobs(result.stdout + result.stderr)
+    profile = yaml.safe_load((PROFILE / "config.yaml").read_text())
+    assert {"qc", "cluster", "coexpression", "plot_qc", "plot_umap", "run_times"} <= {job["rule"] for job in jobs}
+    for job in jobs:
+        rule = job["rule"]
+        if rule == "all":  # the default target: nothing to run
+            continue
+        # No cpus_per_task other than the threads: the plugin asks SLURM for cpus_per_task
+        # CPUs when it is set, and for the threads otherwise.
+        assert job.get("cpus_per_task") in (None, str(job["threads"])), rule
+        asked = {name: job.get(name) for name in ("threads", "slurm_partition", "mem_mb", "runtime", "gpu")}
+        expected = {"threads": profile["set-threads"].get(rule, 1),
+                    **{name: str(profile_resource(profile, rule, name, 1))
+                       for name in ("slurm_partition", "mem_mb", "runtime")},
+                    "gpu": None if rule in ("plot_qc", "plot_umap", "run_times") else "0" if rule == "cluster" else "1"}
+        assert asked == expected, rule
+
+
 def test_workflow_through_shipped_slurm_profile(slurm_cluster, tmp_path):
     runs = {}
     (tmp_path / "slurm").mkdir()
     (tmp_path / "local").mkdir()
     runs["slurm"], cancelled = run_cancelling_first_qc_job(
-        snakemake_command(tmp_path / "slurm", "--profile", str(PROFILE), *NO_ACCOUNTING))
+        snakemake_command(tmp_path / "slurm", *documented_slurm_arguments(), *NO_ACCOUNTING))
     runs["local"] = subprocess.run(snakemake_command(tmp_path / "local", "--cores", "2"), cwd=REPO,
                                    capture_output=True, text=True, timeout=1200)
     for mode, run in runs.items():
