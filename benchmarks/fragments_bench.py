@@ -4,7 +4,7 @@
 
 Per size it writes a 10x ``fragments.tsv`` (generate.py: 10,000 cells, 20% background
 barcodes, sorted; cached in ``--work``), then, in a fresh process per backend, counts it
-into 5 kb tiles with ``omicsprep.atac.chromatin.count_fragments`` over
+into 5 kb tiles with ``omicsprep.atac.fragments.count_fragments`` over
 ``io.fragment_chunks``. Reported: seconds and fragments/s for the file to the matrix; on
 the GPU also the counting alone, from chunks already parsed into GPU memory (the
 target's "counts"); host memory: the process's peak, and the peak above what it held
@@ -36,7 +36,7 @@ N_CELLS = 10_000
 def measure(path: Path, backend: str, chunk_rows: int | None) -> dict:
     """Count ``path`` into tiles on one backend, in this process."""
     from omicsprep import io
-    from omicsprep.atac import chromatin
+    from omicsprep.atac.fragments import count_fragments
     from omicsprep.backend import resolve_backend, synchronize
     from omicsprep.workflow import return_freed_memory
 
@@ -46,12 +46,12 @@ def measure(path: Path, backend: str, chunk_rows: int | None) -> dict:
     statistics = device_statistics() if backend == "gpu" else None
     barcodes = pd.Index(fragment_barcodes(N_CELLS, seed=0))  # the generator's cells
     warm = io.fragment_chunks(path, chunk_rows=10_000, backend=backend)  # load libraries, compile kernels
-    chromatin.count_fragments([next(iter(warm))], barcodes=barcodes, backend=backend)
+    count_fragments([next(iter(warm))], barcodes=barcodes, backend=backend)
     before = resident_mb()
     Path("/proc/self/clear_refs").write_text("5")  # the peak (VmHWM) from here on
     start = time.perf_counter()
-    adata = chromatin.count_fragments(io.fragment_chunks(path, chunk_rows=chunk_rows, backend=backend),
-                                      barcodes=barcodes, backend=backend)
+    adata = count_fragments(io.fragment_chunks(path, chunk_rows=chunk_rows, backend=backend),
+                            barcodes=barcodes, backend=backend)
     seconds = time.perf_counter() - start
     n_fragments = int(adata.obs["n_fragments"].sum()) + adata.uns["fragments"]["outside_cells"]
     row = {"fragments": n_fragments, "backend": backend, "chunk_rows": chunk_rows, "seconds": round(seconds, 2),
@@ -60,7 +60,7 @@ def measure(path: Path, backend: str, chunk_rows: int | None) -> dict:
         chunks = list(io.fragment_chunks(path, chunk_rows=chunk_rows, backend=backend))
         synchronize(backend=backend)
         start = time.perf_counter()
-        chromatin.count_fragments(chunks, barcodes=barcodes, backend=backend)
+        count_fragments(chunks, barcodes=barcodes, backend=backend)
         counting = time.perf_counter() - start
         row["counting_only_s"] = round(counting, 2)
         row["counting_per_s_M"] = round(n_fragments / counting / 1e6, 1)

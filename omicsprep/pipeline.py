@@ -17,7 +17,7 @@ import pandas as pd
 from anndata import AnnData
 from scipy import sparse
 
-from omicsprep.atac import chromatin
+from omicsprep.atac import lsi
 from omicsprep.multiome import wnn
 from omicsprep.network import coexpression
 from omicsprep.protein import normalization
@@ -389,7 +389,7 @@ def run_chromatin(
     ----------
     adata
         Cells x peaks or tiles with fragment counts and QC in ``obs``
-        (:func:`omicsprep.atac.chromatin.count_fragments`); transformed in place (counts kept
+        (:func:`omicsprep.atac.fragments.count_fragments`); transformed in place (counts kept
         in a layer).
     params
         The ``chromatin`` configuration section: ``min_cells_per_feature`` and ``lsi``
@@ -407,16 +407,21 @@ def run_chromatin(
         Fewer than two features seen in ``min_cells_per_feature`` cells.
     """
     timer = StepTimer(backend=backend)
-    with timer.step("lsi"):
+    with timer.step("filter_features"):  # on the host, so that only the kept features move
         in_cells = np.asarray((adata.X > 0).sum(axis=0)).ravel()
         kept = in_cells >= params["min_cells_per_feature"]
         if kept.sum() < 2:
             raise InputError(f"{int(kept.sum())} of {adata.n_vars} chromatin features are seen in "
                              f"{params['min_cells_per_feature']} cells or more: too few for LSI")
         adata._inplace_subset_var(kept)
-        chromatin.tfidf(adata, backend=backend)
-        chromatin.lsi(adata, **params["lsi"], backend=backend)
+    with timer.step("to_device"):
+        to_device(adata, backend=backend)
+    with timer.step("lsi"):
+        lsi.tfidf(adata, backend=backend)
+        lsi.lsi(adata, **params["lsi"], backend=backend)
     _embed_and_cluster(adata, use_rep="X_lsi", params=clustering_params, seed=seed, backend=backend, timer=timer)
+    with timer.step("to_host"):
+        to_host(adata)
     record_provenance(adata, rule="chromatin", backend=backend, params={**params, "seed": seed},
                       timings=timer.seconds)
 

@@ -2,12 +2,12 @@
 LSI, neighbours, UMAP and clusters."""
 
 from omicsprep import io
-from omicsprep.atac import chromatin
+from omicsprep.atac.fragments import count_fragments
 from omicsprep.backend import resolve_backend
 from omicsprep.pipeline import run_chromatin
 from omicsprep.workflow import run_script
 
-snakemake = snakemake  # noqa: F821, PLW0127 - injected by Snakemake
+snakemake = snakemake  # noqa: F821 - injected by Snakemake
 
 
 def main() -> None:
@@ -19,9 +19,8 @@ def main() -> None:
     tss = io.read_tss(snakemake.input.genes) if "genes" in given else None
     chrom_sizes = io.read_chrom_sizes(snakemake.input.chrom_sizes) if "chrom_sizes" in given else None
     chunks = io.fragment_chunks(snakemake.input.fragments, chunk_rows=params["chunk_rows"], backend=backend)
-    adata = chromatin.count_fragments(chunks, barcodes=cells, peaks=peaks, tile_width=params["tile_width"],
-                                      chrom_sizes=chrom_sizes, tss=tss, source=snakemake.input.fragments,
-                                      backend=backend)
+    adata = count_fragments(chunks, barcodes=cells, peaks=peaks, tile_width=params["tile_width"],
+                            chrom_sizes=chrom_sizes, tss=tss, source=snakemake.input.fragments, backend=backend)
     run_chromatin(adata, params=params, clustering_params=snakemake.params.clustering, seed=snakemake.params.seed,
                   backend=backend)
     io.write_h5ad(adata, snakemake.output.h5ad, compression=snakemake.config["h5ad_compression"])

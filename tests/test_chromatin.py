@@ -12,7 +12,8 @@ from conftest import MULTIOME
 from scipy import sparse
 
 from omicsprep import io
-from omicsprep.atac import chromatin
+from omicsprep.atac.fragments import count_fragments
+from omicsprep.atac.lsi import lsi, tfidf
 from omicsprep.errors import InputError
 
 FRAGMENTS = MULTIOME / "fragments.tsv.gz"
@@ -33,8 +34,8 @@ def fragments(barcodes):
 
 @pytest.fixture(scope="module")
 def peak_counts(barcodes):
-    return chromatin.count_fragments(io.fragment_chunks(FRAGMENTS, chunk_rows=20_000), barcodes=barcodes,
-                                     peaks=io.read_peaks(MULTIOME / "peaks.bed"))
+    return count_fragments(io.fragment_chunks(FRAGMENTS, chunk_rows=20_000), barcodes=barcodes,
+                           peaks=io.read_peaks(MULTIOME / "peaks.bed"))
 
 
 def plain_count(fragments: pd.DataFrame, barcodes: pd.Index, intervals: list[tuple[str, int, int]]) -> np.ndarray:
@@ -63,8 +64,8 @@ def test_peak_counts_equal_a_plain_count(peak_counts, fragments, barcodes):
 
 
 def test_tile_counts_equal_a_plain_count(fragments, barcodes):
-    tiles = chromatin.count_fragments(io.fragment_chunks(FRAGMENTS, chunk_rows=30_000), barcodes=barcodes,
-                                      tile_width=5000)
+    tiles = count_fragments(io.fragment_chunks(FRAGMENTS, chunk_rows=30_000), barcodes=barcodes,
+                            tile_width=5000)
     names = tiles.var_names.str.extract(r"(.+):(\d+)-(\d+)").astype({1: int, 2: int})
     assert (names[2] - names[1] == 5000).all() and (names[1] % 5000 == 0).all()
     expected = plain_count(fragments, barcodes, list(names.itertuples(index=False, name=None)))
@@ -96,10 +97,10 @@ def test_tfidf_and_lsi_agree_with_muon(peak_counts):
     from muon import atac
 
     ours, theirs = peak_counts.copy(), peak_counts.copy()
-    chromatin.tfidf(ours, backend="cpu")
+    tfidf(ours, backend="cpu")
     atac.pp.tfidf(theirs)
     np.testing.assert_allclose(ours.X.toarray(), sparse.csr_matrix(theirs.X).toarray(), rtol=1e-6, atol=1e-8)
-    chromatin.lsi(ours, n_comps=10, max_depth_correlation=1.0, backend="cpu")
+    lsi(ours, n_comps=10, max_depth_correlation=1.0, backend="cpu")
     atac.tl.lsi(theirs, n_comps=10)
     for k in range(5):  # the leading components, up to sign
         assert abs(np.corrcoef(ours.obsm["X_lsi"][:, k], theirs.obsm["X_lsi"][:, k])[0, 1]) > 0.999
@@ -110,8 +111,8 @@ def test_lsi_drops_components_that_track_depth(peak_counts):
     depth = np.log1p(np.asarray(peak_counts.X.sum(axis=1)).ravel())
     every, filtered = peak_counts.copy(), peak_counts.copy()
     for adata, limit in ((every, 1.0), (filtered, 0.9)):
-        chromatin.tfidf(adata, backend="cpu")
-        chromatin.lsi(adata, n_comps=10, max_depth_correlation=limit, backend="cpu")
+        tfidf(adata, backend="cpu")
+        lsi(adata, n_comps=10, max_depth_correlation=limit, backend="cpu")
     components = every.obsm["X_lsi"]
     assert components.shape == (1000, 10)
     correlation = np.array([np.corrcoef(components[:, k], depth)[0, 1] for k in range(10)])
@@ -128,38 +129,38 @@ def test_bad_fragments_are_one_clear_error(tmp_path, barcodes):
     bad = tmp_path / "fragments.tsv"
     bad.write_text("chr1\t200\t100\tAAACAGCCAGCATGTC-1\t1\n")
     with pytest.raises(InputError, match=rf"^file '{bad}': 1 fragments with bad coordinates, e.g. chr1:200-100"):
-        chromatin.count_fragments(io.fragment_chunks(bad), barcodes=barcodes, source=bad)
+        count_fragments(io.fragment_chunks(bad), barcodes=barcodes, source=bad)
     overlapping = pd.DataFrame({"chrom": ["chr1", "chr1"], "start": [100, 150], "end": [200, 300]})
     with pytest.raises(InputError, match="1 peaks overlap the previous one .e.g. after chr1:100-200."):
-        chromatin.count_fragments(io.fragment_chunks(bad), barcodes=barcodes, peaks=overlapping)
+        count_fragments(io.fragment_chunks(bad), barcodes=barcodes, peaks=overlapping)
     sizes = tmp_path / "genome.fa.fai"
     sizes.write_text("chr1\t248956422\t112\t60\t61\nchr4\t190214555\t253105752\t60\t61\n")
     with pytest.raises(InputError, match=r"fragments on chromosomes not in the genome's sizes: chr2$"):
-        chromatin.count_fragments(io.fragment_chunks(FRAGMENTS), barcodes=barcodes,
-                                  chrom_sizes=io.read_chrom_sizes(sizes))
+        count_fragments(io.fragment_chunks(FRAGMENTS), barcodes=barcodes,
+                        chrom_sizes=io.read_chrom_sizes(sizes))
     bad.write_text("chr1\t248956400\t248956500\tAAACAGCCAGCATGTC-1\t1\n")
     with pytest.raises(InputError, match=r"1 fragments end past their chromosome, e.g. chr1:...-248956500 "
                                          r"\(chr1 is 248,956,422 bp\)"):
-        chromatin.count_fragments(io.fragment_chunks(bad), barcodes=barcodes, chrom_sizes=io.read_chrom_sizes(sizes))
+        count_fragments(io.fragment_chunks(bad), barcodes=barcodes, chrom_sizes=io.read_chrom_sizes(sizes))
     for unsorted in ("chr1\t500\t600\tA-1\t1\nchr1\t100\t200\tA-1\t1\n",
                      "chr1\t500\t600\tA-1\t1\nchr2\t100\t200\tA-1\t1\nchr1\t700\t800\tA-1\t1\n"):
         bad.write_text(unsorted)
         with pytest.raises(InputError, match=r"not sorted by chromosome and start .*e.g. chr1:(100|700) "):
-            chromatin.count_fragments(io.fragment_chunks(bad), barcodes=barcodes)
+            count_fragments(io.fragment_chunks(bad), barcodes=barcodes)
         rows = next(io.fragment_chunks(bad))  # and when the chunks are out of order
         with pytest.raises(InputError, match=r"not sorted by chromosome and start .*e.g. chr1:(100|700) "):
-            chromatin.count_fragments([rows.iloc[:-1], rows.iloc[-1:]], barcodes=barcodes)
+            count_fragments([rows.iloc[:-1], rows.iloc[-1:]], barcodes=barcodes)
     bad.write_text("chr1\tten\t100\tAAACAGCCAGCATGTC-1\t1\n")
     with pytest.raises(InputError, match=rf"file '{bad}': cannot be read as 10x fragments"):
-        chromatin.count_fragments(io.fragment_chunks(bad), barcodes=barcodes)
+        count_fragments(io.fragment_chunks(bad), barcodes=barcodes)
 
 
 def test_counts_within_the_genome_are_unchanged_by_its_check(tmp_path, peak_counts, barcodes):
     sizes = tmp_path / "chrom.sizes"
     sizes.write_text("chr1\t248956422\nchr2\t242193529\nchr4\t190214555\n")
-    checked = chromatin.count_fragments(io.fragment_chunks(FRAGMENTS, chunk_rows=20_000), barcodes=barcodes,
-                                        peaks=io.read_peaks(MULTIOME / "peaks.bed"),
-                                        chrom_sizes=io.read_chrom_sizes(sizes))
+    checked = count_fragments(io.fragment_chunks(FRAGMENTS, chunk_rows=20_000), barcodes=barcodes,
+                              peaks=io.read_peaks(MULTIOME / "peaks.bed"),
+                              chrom_sizes=io.read_chrom_sizes(sizes))
     assert (checked.X != peak_counts.X).nnz == 0
 
 
@@ -175,7 +176,7 @@ def test_tss_enrichment_equals_muons(tmp_path, barcodes):
         shutil.copyfileobj(source, target)
     indexed = pysam.tabix_index(str(plain), preset="bed", force=True)  # muon reads fragments through tabix
     tss = io.read_tss(MULTIOME / "genes.bed")
-    ours = chromatin.count_fragments(io.fragment_chunks(FRAGMENTS, chunk_rows=20_000), barcodes=barcodes, tss=tss)
+    ours = count_fragments(io.fragment_chunks(FRAGMENTS, chunk_rows=20_000), barcodes=barcodes, tss=tss)
     reference = ours.copy()
     reference.uns["files"] = {"fragments": indexed}
     genes = io.read_peaks(MULTIOME / "genes.bed").rename(columns={"chrom": "Chromosome", "start": "Start",
@@ -198,8 +199,8 @@ def test_tss_near_a_chromosome_start_and_many_contigs(tmp_path):
     path = tmp_path / "fragments.tsv"
     frame.sort_values(["chrom", "start"]).to_csv(path, sep="\t", header=False, index=False)
     tss = pd.DataFrame({"chrom": ["chrM", "chr1", "chr1"], "position": [600, 5000, 5500]})
-    counted = chromatin.count_fragments(io.fragment_chunks(path, chunk_rows=1000), barcodes=cells, tile_width=5000,
-                                        tss=tss)
+    counted = count_fragments(io.fragment_chunks(path, chunk_rows=1000), barcodes=cells, tile_width=5000,
+                              tss=tss)
     names = counted.var_names.str.extract(r"(.+):(\d+)-(\d+)").astype({1: int, 2: int})
     expected = plain_count(frame, cells, list(names.itertuples(index=False, name=None)))
     np.testing.assert_array_equal(counted.X.toarray(), expected)
@@ -226,10 +227,10 @@ def test_compressed_fragments_and_empty_peaks(tmp_path, peak_counts, barcodes):
     pysam.tabix_compress(str(tmp_path / "fragments.tsv"), str(tmp_path / "fragments.tsv.gz"))  # bgzip: many members
     peaks = io.read_peaks(MULTIOME / "peaks.bed")
     for name in ("fragments.tsv.bz2", "fragments.tsv.gz"):
-        counted = chromatin.count_fragments(io.fragment_chunks(tmp_path / name, chunk_rows=20_000),
-                                            barcodes=barcodes, peaks=peaks)
+        counted = count_fragments(io.fragment_chunks(tmp_path / name, chunk_rows=20_000),
+                                  barcodes=barcodes, peaks=peaks)
         assert (counted.X != peak_counts.X).nnz == 0
-    none = chromatin.count_fragments(io.fragment_chunks(FRAGMENTS), barcodes=barcodes, peaks=peaks.iloc[:0])
+    none = count_fragments(io.fragment_chunks(FRAGMENTS), barcodes=barcodes, peaks=peaks.iloc[:0])
     assert none.shape == (len(barcodes), 0)
     assert (none.obs["n_fragments"] == peak_counts.obs["n_fragments"]).all()
 

@@ -477,10 +477,11 @@ def test_protein_normalization_agrees_on_cpu_and_gpu():
 def test_chromatin_tfidf_and_lsi_agree_on_cpu_and_gpu():
     import pandas as pd
 
-    from omicsprep.atac import chromatin
+    from omicsprep.atac.fragments import count_fragments
+    from omicsprep.atac.lsi import lsi, tfidf
 
     folder = MULTIOME
-    counts = chromatin.count_fragments(
+    counts = count_fragments(
         io.fragment_chunks(folder / "fragments.tsv.gz"),
         barcodes=pd.Index(pd.read_csv(folder / "barcodes.tsv", header=None)[0]),
         peaks=io.read_peaks(folder / "peaks.bed"),
@@ -488,8 +489,9 @@ def test_chromatin_tfidf_and_lsi_agree_on_cpu_and_gpu():
     results = {}
     for backend in ("cpu", "gpu"):
         adata = counts.copy()
-        chromatin.tfidf(adata, backend=backend)
-        chromatin.lsi(adata, n_comps=10, max_depth_correlation=1.0, backend=backend)
+        tfidf(adata, backend=backend)
+        lsi(adata, n_comps=10, max_depth_correlation=1.0, backend=backend)
+        to_host(adata)  # the GPU's results stay in device memory
         results[backend] = adata
     np.testing.assert_allclose(results["gpu"].X.toarray(), results["cpu"].X.toarray(), rtol=1e-6, atol=1e-8)
     for k in range(5):
@@ -501,13 +503,13 @@ def test_chromatin_tfidf_and_lsi_agree_on_cpu_and_gpu():
 def test_fragment_counts_are_identical_on_cpu_and_gpu(features):
     import pandas as pd
 
-    from omicsprep.atac import chromatin
+    from omicsprep.atac.fragments import count_fragments
 
     folder = MULTIOME
     barcodes = pd.Index(pd.read_csv(folder / "barcodes.tsv", header=None)[0])
     peaks = io.read_peaks(folder / "peaks.bed") if features == "peaks" else None
     results = {
-        backend: chromatin.count_fragments(
+        backend: count_fragments(
             io.fragment_chunks(folder / "fragments.tsv.gz", chunk_rows=20_000, backend=backend),
             barcodes=barcodes,
             peaks=peaks,
@@ -526,18 +528,18 @@ def test_fragment_counts_are_identical_on_cpu_and_gpu(features):
 def test_fragments_with_bad_coordinates_are_refused_on_the_gpu(tmp_path):
     import pandas as pd
 
-    from omicsprep.atac import chromatin
+    from omicsprep.atac.fragments import count_fragments
 
     path = tmp_path / "fragments.tsv"
     path.write_text("#header\nchr1\t100\t200\tAAAC-1\t1\nchr1\t300\tabc\tAAAC-1\t1\n")
     with pytest.raises(InputError, match="fragments"):
-        chromatin.count_fragments(io.fragment_chunks(path, backend="gpu"), barcodes=pd.Index(["AAAC-1"]), backend="gpu")
+        count_fragments(io.fragment_chunks(path, backend="gpu"), barcodes=pd.Index(["AAAC-1"]), backend="gpu")
     path.write_text("chr1\t300\t200\tAAAC-1\t1\n")
     with pytest.raises(InputError, match="bad coordinates"):
-        chromatin.count_fragments(io.fragment_chunks(path, backend="gpu"), barcodes=pd.Index(["AAAC-1"]), backend="gpu")
+        count_fragments(io.fragment_chunks(path, backend="gpu"), barcodes=pd.Index(["AAAC-1"]), backend="gpu")
     path.write_text("chr1\t100\t200\tAAAC-1\t1\nchrUn\t100\t200\tAAAC-1\t1\n")
     with pytest.raises(InputError, match="not in the genome's sizes: chrUn"):
-        chromatin.count_fragments(
+        count_fragments(
             io.fragment_chunks(path, backend="gpu"),
             barcodes=pd.Index(["AAAC-1"]),
             chrom_sizes={"chr1": 1000},
@@ -593,7 +595,7 @@ def test_protein_rule_chain_agrees_on_cpu_and_gpu():
 def test_chromatin_rule_chain_and_wnn_agree_on_cpu_and_gpu():
     from conftest import distinct_profiles, multiome_rna
 
-    from omicsprep.atac import chromatin
+    from omicsprep.atac.fragments import count_fragments
     from omicsprep.multiome.wnn import join_modalities, weighted_nearest_neighbors
     from omicsprep.pipeline import run_chromatin
 
@@ -603,7 +605,7 @@ def test_chromatin_rule_chain_and_wnn_agree_on_cpu_and_gpu():
     peaks = io.read_peaks(MULTIOME / "peaks.bed")
     atac = {}
     for backend in ("cpu", "gpu"):
-        counts = chromatin.count_fragments(
+        counts = count_fragments(
             io.fragment_chunks(MULTIOME / "fragments.tsv.gz", backend=backend),
             barcodes=rna.obs_names,
             peaks=peaks,

@@ -8,7 +8,8 @@ import pytest
 from conftest import CITESEQ, MULTIOME, distinct_profiles, multiome_rna
 
 from omicsprep import io
-from omicsprep.atac import chromatin
+from omicsprep.atac.fragments import count_fragments
+from omicsprep.atac.lsi import lsi, tfidf
 from omicsprep.errors import InputError
 from omicsprep.multiome.wnn import join_modalities
 
@@ -16,7 +17,7 @@ from omicsprep.multiome.wnn import join_modalities
 @pytest.fixture(scope="module")
 def atac():
     barcodes = pd.Index(pd.read_csv(MULTIOME / "barcodes.tsv", header=None)[0])
-    return chromatin.count_fragments(
+    return count_fragments(
         io.fragment_chunks(MULTIOME / "fragments.tsv.gz"),
         barcodes=barcodes,
         peaks=io.read_peaks(MULTIOME / "peaks.bed"),
@@ -46,8 +47,8 @@ def rna_and_atac(atac):
     finds neighbours through non-zero stored distances, loses them)."""
     rna = multiome_rna()
     atac = atac[distinct_profiles(atac)].copy()
-    chromatin.tfidf(atac, backend="cpu")
-    chromatin.lsi(atac, n_comps=20, backend="cpu")
+    tfidf(atac, backend="cpu")
+    lsi(atac, n_comps=20, backend="cpu")
     joined, _ = join_modalities({"rna": rna, "atac": atac}, min_overlap=0.5)
     return joined
 
