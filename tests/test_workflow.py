@@ -135,14 +135,101 @@ def cpu_run(tmp_path_factory):
     return workdir
 
 
-def test_full_run_writes_every_output(cpu_run):
-    for sample in ("pbmc_h5", "pbmc_mtx"):
-        for name in OUTPUTS:
-            path = cpu_run / "results" / sample / name
-            assert path.is_file() and path.stat().st_size > 0, path
-        assert (cpu_run / "logs" / "cluster" / f"{sample}.log").is_file()
-        assert (cpu_run / "benchmarks" / "cluster" / f"{sample}.tsv").is_file()
+@pytest.mark.parametrize(("sample", "source"), [("pbmc_h5", PBMC_H5), ("pbmc_mtx", PBMC_MTX)])
+def test_full_run_writes_every_output(cpu_run, sample, source):
+    """Every output of a sample, read back: each agrees with the input matrix, with the
+    other outputs and with the shipped config."""
+    import json
+
+    import matplotlib.image
+
+    from omicsprep import io
+
+    results = cpu_run / "results" / sample
+    for name in OUTPUTS:
+        assert (results / name).is_file() and (results / name).stat().st_size > 0, name
     assert not list((cpu_run / "results").rglob("*.tmp*"))
+    raw = io.read_counts(source)
+    qc = ad.read_h5ad(results / "qc.h5ad")
+    adata = ad.read_h5ad(results / "processed.h5ad")
+
+    # QC table: every input cell, its metrics recomputed from the input; the cells that
+    # passed are those of qc.h5ad, whose X is the input's counts for them.
+    metrics = pd.read_parquet(results / "qc" / "cell_metrics.parquet")
+    assert list(metrics.index) == list(raw.obs_names)
+    np.testing.assert_allclose(metrics["total_counts"], np.asarray(raw.X.sum(axis=1)).ravel(), rtol=1e-6)
+    np.testing.assert_array_equal(metrics["n_genes_by_counts"], np.asarray((raw.X > 0).sum(axis=1)).ravel())
+    assert (metrics["passed"] == (metrics["fail_reason"] == "")).all()
+    assert list(metrics.index[metrics["passed"]]) == list(qc.obs_names) == list(adata.obs_names)
+    assert (abs(raw[qc.obs_names, qc.var_names].X - qc.X)).max() == 0
+    for column in ("total_counts", "n_genes_by_counts", "pct_counts_mt", "doublet_score"):
+        np.testing.assert_allclose(adata.obs[column], metrics.loc[metrics["passed"], column], rtol=1e-6)
+    log = (cpu_run / "logs" / "qc" / f"{sample}.log").read_text()
+    kept = re.search(r"qc: kept (\d+) of (\d+) cells, (\d+) genes", log)
+    assert kept and tuple(map(int, kept.groups())) == (adata.n_obs, raw.n_obs, adata.n_vars)
+
+    # processed.h5ad: qc.h5ad's counts kept in a layer, log-normalized X (10,000 per cell),
+    # embeddings and graph of every cell; obs.parquet is its obs.
+    assert list(adata.var_names) == list(qc.var_names)
+    assert (abs(adata.layers["counts"] - qc.X)).max() == 0
+    np.testing.assert_allclose(np.expm1(adata.X.toarray()).sum(axis=1), 1e4, rtol=1e-4)
+    assert adata.var["highly_variable"].sum() == min(2000, adata.n_vars)
+    assert adata.obsm["X_pca"].shape == (adata.n_obs, 50) and adata.obsm["X_umap"].shape == (adata.n_obs, 2)
+    assert adata.obsp["connectivities"].shape == (adata.n_obs, adata.n_obs)
+    pd.testing.assert_frame_equal(pd.read_parquet(results / "obs.parquet"), adata.obs)
+
+    # markers.tsv: scanpy's ranking stored in processed.h5ad, 25 genes per Leiden 1.0
+    # cluster, with expressing fractions recomputed from the counts.
+    markers = pd.read_csv(results / "markers.tsv", sep="\t", dtype={"group": str})
+    assert list(markers.columns) == ["group", "gene", "scores", "logfoldchanges", "pvals", "pvals_adj",
+                                     "pct_nz_group", "pct_nz_reference"]
+    clusters = adata.obs["leiden_1.0"].astype(str)
+    assert set(markers["group"]) == set(clusters)
+    ranked = adata.uns["rank_genes_groups"]["names"]
+    expressed = pd.DataFrame((adata.layers["counts"] > 0).toarray(), index=adata.obs_names, columns=adata.var_names)
+    for group, table in markers.groupby("group"):
+        assert list(table["gene"]) == list(ranked[group][:25]), group
+        assert table["scores"].is_monotonic_decreasing
+        np.testing.assert_allclose(table["pct_nz_group"], expressed[clusters == group][table["gene"]].mean())
+        np.testing.assert_allclose(table["pct_nz_reference"], expressed[clusters != group][table["gene"]].mean())
+    assert markers["pvals_adj"].between(0, 1).all() and (markers["pvals_adj"] >= markers["pvals"]).all()
+
+    # Co-expression: modules of the network's genes, hub scores recomputed from the edges
+    # (weighted degree within the module over the module's largest), a finite eigengene
+    # per cell and module, and provenance that counts them.
+    edges = pd.read_parquet(results / "coexpression" / "edges.parquet")
+    modules = pd.read_csv(results / "coexpression" / "modules.tsv", sep="\t")
+    eigengenes = pd.read_parquet(results / "coexpression" / "eigengenes.parquet")
+    provenance = json.loads((results / "coexpression" / "provenance.json").read_text())
+    assert modules["gene"].is_unique and set(modules["gene"]) <= set(adata.var_names)
+    assert set(edges["gene_a"]) | set(edges["gene_b"]) <= set(modules["gene"])
+    assert (edges["gene_a"] != edges["gene_b"]).all() and edges["weight"].between(0, 1, inclusive="right").all()
+    assert len({frozenset(pair) for pair in zip(edges["gene_a"], edges["gene_b"])}) == len(edges)
+    module_of = modules.set_index("gene")["module"]
+    inside = edges[module_of[edges["gene_a"]].to_numpy() == module_of[edges["gene_b"]].to_numpy()]
+    degree = pd.concat([inside.groupby("gene_a")["weight"].sum(), inside.groupby("gene_b")["weight"].sum()])
+    degree = degree.groupby(level=0).sum().reindex(modules["gene"], fill_value=0).to_numpy()
+    assigned = modules[modules["module"] != "unassigned"].assign(degree=degree[modules["module"] != "unassigned"])
+    hub = assigned["degree"] / assigned.groupby("module")["degree"].transform("max")
+    np.testing.assert_allclose(assigned["hub_score"], hub, rtol=1e-5)
+    sizes = assigned["module"].value_counts()
+    assert list(sizes.index) == [f"M{i + 1}" for i in range(len(sizes))] and sizes.is_monotonic_decreasing
+    assert list(eigengenes.index) == list(adata.obs_names) and list(eigengenes.columns) == list(sizes.index)
+    assert np.isfinite(eigengenes.to_numpy()).all() and (eigengenes.std() > 0).all()
+    assert provenance["backend"] == "cpu"
+    assert provenance["summary"] == {"edges": len(edges), "genes": len(modules), "genes_skipped":
+                                     provenance["summary"]["genes_skipped"], "modules": len(sizes),
+                                     "samples": adata.n_obs}
+    per_cluster = pd.read_csv(results / "coexpression" / "modules_per_cluster.tsv", sep="\t")
+    assert list(per_cluster.columns) == ["cluster", "gene", "module", "hub_score"] and per_cluster.empty
+
+    # Figures are images with something drawn; benchmarks hold one measured run.
+    for name in [name for name in OUTPUTS if name.endswith(".png")]:
+        image = matplotlib.image.imread(results / name)
+        assert min(image.shape[:2]) > 100 and image[..., :3].std() > 0.05, name
+    for rule in ("qc", "cluster", "coexpression"):
+        benchmark = pd.read_csv(cpu_run / "benchmarks" / rule / f"{sample}.tsv", sep="\t")
+        assert len(benchmark) == 1 and benchmark.loc[0, "s"] > 0 and benchmark.loc[0, "max_rss"] > 0, rule
 
 
 def test_full_run_results(cpu_run):
