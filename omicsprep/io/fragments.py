@@ -75,7 +75,7 @@ def _fragment_chunks_cudf(path: Path, block_bytes: int) -> Iterator:
         yield frame
 
 
-def _skip_comment_rows(row) -> str:  # noqa: ANN001
+def _skip_comment_rows(row) -> str:
     """Skip ``#`` header lines; refuse any other malformed row."""
     return "skip" if row.text.startswith("#") else "error"
 
