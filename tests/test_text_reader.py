@@ -146,18 +146,7 @@ def test_fragment_and_molecule_readers_on_the_gpu_share_the_reader(tmp_path, cud
     cudf_stand_in.calls.clear()
     table = tmp_path / "molecules.tsv"
     table.write_text("cell\tumi\tgene\n" + "".join(f"CELL{i}\tACGT\tG{i % 4}\n" for i in range(30)))
-    skipped = Counter()
-    reads = list(
-        usable_reads(
-            table,
-            fmt="molecules",
-            bam=BamOptions(),
-            table=TableOptions(),
-            skip_gene_regex="",
-            chunk_rows=10,
-            skipped=skipped,
-            backend="gpu",
-        )
-    )
+    where = {"bam": BamOptions(), "table": TableOptions(), "skip_gene_regex": "", "chunk_rows": 10}
+    reads = list(usable_reads(table, fmt="molecules", skipped=Counter(), backend="gpu", **where))
     assert sum(batch.num_rows for batch in reads) == 30
     assert cudf_stand_in.calls == [("block", None)]
