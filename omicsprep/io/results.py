@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any, cast
 
 import anndata as ad
 import pandas as pd
@@ -23,12 +24,13 @@ def read_table(path: str | Path) -> pd.DataFrame:
     return pd.read_csv(path, sep="\t")
 
 
-def read_provenance(path: str | Path, *, rule: str) -> dict:
+def read_provenance(path: str | Path, *, rule: str) -> dict[str, Any]:
     """A rule's provenance record (backend, versions, parameters, step timings): from an
     AnnData's ``uns["omicsprep"][rule]``, or a JSON file written by :func:`omicsprep.io.write_json`."""
     if Path(path).suffix == ".json":
         return json.loads(Path(path).read_text())
-    return read_h5ad_elements(path, [f"uns/omicsprep/{rule}"])[f"uns/omicsprep/{rule}"]
+    key = f"uns/omicsprep/{rule}"
+    return cast(dict[str, Any], read_h5ad_elements(path, [key])[key])
 
 
 def read_h5ad_elements(path: str | Path, keys: list[str]) -> dict[str, object]:

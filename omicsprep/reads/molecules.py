@@ -153,10 +153,10 @@ def _bam_reads(path: Path, *, bam: BamOptions, skip_gene_regex: str, skipped: Co
     fields = ["flag", "mapq"] + (["qname"] if bam.umi_source != "tag" else [])
     tags = [(bam.gene_tag, "Z")] + ([(bam.cell_tag, "Z"), (bam.umi_tag, "Z")] if bam.umi_source == "tag" else [])
     if path.suffix.lower() == ".sam":
-        source = oxbow.from_sam(str(path), compression=None, fields=fields, tag_defs=tags)
+        batches = oxbow.from_sam(str(path), compression=None, fields=fields, tag_defs=tags).batches()
     else:
-        source = oxbow.from_bam(str(path), fields=fields, tag_defs=tags)
-    for arrow_batch in source.batches():
+        batches = oxbow.from_bam(str(path), fields=fields, tag_defs=tags).batches()
+    for arrow_batch in batches:
         batch = pa.record_batch(arrow_batch)
         gene = batch.column("tags").field(bam.gene_tag)
         if bam.umi_source == "tag":
@@ -216,6 +216,7 @@ def _table_reads(
     (:func:`_cudf_chunks`), by pyarrow on the CPU, and filtered by the same Arrow code."""
     columns = [table.cell_column, table.umi_column, table.gene_column]
     wanted = columns + ([table.count_column] if table.count_column else [])
+    chunks: Iterator[pa.RecordBatch]
     if backend == "gpu":
         chunks = (batch for chunk in _cudf_chunks(path, columns=wanted, text_columns=columns, chunk_rows=chunk_rows)
                   for batch in chunk[wanted].to_arrow(preserve_index=False).to_batches())  # as pyarrow's
