@@ -56,21 +56,27 @@ def snakemake_command(workdir: Path, *args: str) -> list[str]:
             "--directory", str(workdir)]
 
 
-def run_cancelling_first_qc_job(command: list[str]) -> tuple[subprocess.CompletedProcess, str]:
-    """Run the workflow and cancel (scancel) the first job of rule qc, so that it fails once
-    and the profile's retry takes over. Returns the run and the cancelled job's id."""
-    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def run_cancelling_first_qc_job(command: list[str], workdir: Path) -> tuple[subprocess.CompletedProcess, str]:
+    """Run the workflow and cancel (scancel) the first job of rule qc that it submits from
+    ``workdir``, so that it fails once and the profile's retry takes over. Returns the run
+    and the cancelled job's id."""
+    stdout, stderr = (open(workdir / f"snakemake.{name}", "w+") for name in ("out", "err"))  # noqa: SIM115
+    process = subprocess.Popen(command, cwd=REPO, stdout=stdout, stderr=stderr, text=True)
     cancelled = ""
     deadline = time.monotonic() + 600
     while not cancelled and process.poll() is None and time.monotonic() < deadline:
-        queue = subprocess.run(["squeue", "-h", "-o", "%i|%k"], capture_output=True, text=True).stdout
-        first_qc = [line.split("|")[0] for line in queue.splitlines() if line.split("|")[1].startswith("rule_qc_")]
+        queue = subprocess.run(["squeue", "-h", "-o", "%i|%k|%Z"], capture_output=True, text=True).stdout
+        first_qc = [job for job, comment, where in (line.split("|") for line in queue.splitlines())
+                    if comment.startswith("rule_qc_") and Path(where) == workdir]
         if first_qc:
             cancelled = first_qc[0]
             subprocess.run(["scancel", cancelled], check=True)
         time.sleep(0.5)
-    stdout, stderr = process.communicate(timeout=1200)
-    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr), cancelled
+    process.wait(timeout=1200)
+    with stdout, stderr:
+        stdout.seek(0)
+        stderr.seek(0)
+        return subprocess.CompletedProcess(command, process.returncode, stdout.read(), stderr.read()), cancelled
 
 
 def scontrol_jobs(job_ids: list[str]) -> pd.DataFrame:
@@ -155,7 +161,7 @@ def test_workflow_through_shipped_slurm_profile(slurm_cluster, tmp_path):
     (tmp_path / "slurm").mkdir()
     (tmp_path / "local").mkdir()
     runs["slurm"], cancelled = run_cancelling_first_qc_job(
-        snakemake_command(tmp_path / "slurm", *documented_slurm_arguments(), *NO_ACCOUNTING))
+        snakemake_command(tmp_path / "slurm", *documented_slurm_arguments(), *NO_ACCOUNTING), tmp_path / "slurm")
     runs["local"] = subprocess.run(snakemake_command(tmp_path / "local", "--cores", "2"), cwd=REPO,
                                    capture_output=True, text=True, timeout=1200)
     for mode, run in runs.items():
