@@ -43,10 +43,11 @@ INFLATERS = {
 def inflate_rate(
     blocks: list[tuple[bytes, int]], name: str, n_reads: int, *, keep: bool
 ) -> tuple[float | None, list[bytes]]:
-    """Reads/s inflating every block with library ``name`` (``None`` where it is not
-    installed), and the inflated blocks. ``keep``: the output of every block is kept in
-    memory; else each is dropped at once (it stays in cache, as in a reader that inflates
-    into one reused buffer)."""
+    """Reads/s inflating every block with library ``name`` (``None`` where it is not installed), and the blocks.
+
+    ``keep``: the output of every block is kept in memory; else each is dropped at once (it
+    stays in cache, as in a reader that inflates into one reused buffer).
+    """
     module_name, make = INFLATERS[name]
     try:
         inflate = make(importlib.import_module(module_name))
@@ -63,12 +64,12 @@ def inflate_rate(
 
 
 @njit(cache=True)
-def _int32(buf, at):  # noqa: ANN001, ANN202
+def _int32(buf, at):
     return np.int32(buf[at] | (buf[at + 1] << 8) | (buf[at + 2] << 16) | (np.int64(buf[at + 3]) << 24))
 
 
 @njit(cache=True)
-def _fnv1a(buf, start, length):  # noqa: ANN001, ANN202
+def _fnv1a(buf, start, length):
     value = np.uint64(14695981039346656037)
     for i in range(start, start + length):
         value = (value ^ np.uint64(buf[i])) * np.uint64(1099511628211)
@@ -76,9 +77,11 @@ def _fnv1a(buf, start, length):  # noqa: ANN001, ANN202
 
 
 @njit(cache=True)
-def scan_records(buf, start, tags):  # noqa: ANN001, ANN201
-    """Flag, MAPQ, cell and gene hashes and the packed UMI of every record from ``start``
-    (-1 / 0 where a tag is missing or a UMI base is not ACGT)."""
+def scan_records(buf, start, tags):
+    """Flag, MAPQ, cell and gene hashes and the packed UMI of every record from ``start``.
+
+    -1 / 0 where a tag is missing or a UMI base is not ACGT.
+    """
     n_max = (len(buf) - start) // 36
     flags = np.empty(n_max, np.int32)
     mapqs = np.empty(n_max, np.int32)

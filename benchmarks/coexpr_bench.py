@@ -38,8 +38,8 @@ def measure(n_genes: int, n_cells: int, backend: str, top_k: int) -> dict:
     from scipy import sparse
     from sklearn.metrics import adjusted_rand_score
 
-    from omicsprep.network import coexpression
     from omicsprep.backend import array_module, resolve_backend, synchronize
+    from omicsprep.network import coexpression
     from omicsprep.rna.preprocessing import normalize
 
     resolve_backend(backend)

@@ -62,28 +62,21 @@ def compare_modalities(run_a: Path, run_b: Path, sample: str) -> list[dict]:
             continue
         obs = [_modality_obs(run / sample / name) for run in (run_a, run_b)]
         common = obs[0].index.intersection(obs[1].index)
-        for key in [c for c in obs[0] if c.startswith(("leiden_", "wnn_leiden_")) and c in obs[1]]:
-            rows.append(
-                {
-                    "sample": sample,
-                    "output": name,
-                    "column": key,
-                    "cells_common": len(common),
-                    "value": round(adjusted_rand_score(obs[0].loc[common, key], obs[1].loc[common, key]), 4),
-                    "measure": "ARI",
-                }
-            )
-        for key in [c for c in obs[0] if c.endswith(":mod_weight") and c in obs[1]]:
-            rows.append(
-                {
-                    "sample": sample,
-                    "output": name,
-                    "column": key,
-                    "cells_common": len(common),
-                    "value": round(obs[0].loc[common, key].corr(obs[1].loc[common, key]), 4),
-                    "measure": "Pearson r",
-                }
-            )
+        clusterings = [c for c in obs[0] if c.startswith(("leiden_", "wnn_leiden_")) and c in obs[1]]
+        weights = [c for c in obs[0] if c.endswith(":mod_weight") and c in obs[1]]
+        measures = [(key, "ARI", adjusted_rand_score) for key in clusterings]
+        measures += [(key, "Pearson r", pd.Series.corr) for key in weights]
+        rows.extend(
+            {
+                "sample": sample,
+                "output": name,
+                "column": key,
+                "cells_common": len(common),
+                "value": round(measure(obs[0].loc[common, key], obs[1].loc[common, key]), 4),
+                "measure": label,
+            }
+            for key, label, measure in measures
+        )
     return rows
 
 

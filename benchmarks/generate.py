@@ -62,8 +62,10 @@ def profiles(n_genes: int, rng: np.random.Generator) -> np.ndarray:
 def chunk_counts(
     n_cells: int, n_genes: int, cdfs: np.ndarray, rng: np.random.Generator
 ) -> tuple[sparse.csr_matrix, np.ndarray]:
-    """Counts of ``n_cells`` cells as CSR, every cell's UMIs drawn from its profile(s), and
-    each cell's cluster (a doublet's first)."""
+    """Counts of ``n_cells`` cells as CSR, and each cell's cluster (a doublet's first).
+
+    Every cell's UMIs are drawn from its profile(s).
+    """
     n_profiles = len(cdfs)
     sizes = np.maximum(rng.gamma(shape=2.0, scale=750.0, size=n_cells).astype(np.int64), 50)
     damaged = rng.random(n_cells) < 0.08
@@ -188,9 +190,11 @@ def generate_coexpression(
     return sparse.vstack(chunks, format="csr"), module
 
 
-def _molecules(n_reads: int, *, n_cells: int, n_genes: int, rng: np.random.Generator):  # noqa: ANN202
-    """Gene and cell of each molecule (log-normal expression), and each read's molecule
-    (a geometric number of reads per molecule: PCR duplicates)."""
+def _molecules(n_reads: int, *, n_cells: int, n_genes: int, rng: np.random.Generator):
+    """Gene and cell of each molecule (log-normal expression), and each read's molecule.
+
+    Each molecule has a geometric number of reads (PCR duplicates).
+    """
     n_molecules = max(1, n_reads // 4)
     expression = rng.lognormal(0, 1.5, n_genes)
     gene = rng.choice(n_genes, size=n_molecules, p=expression / expression.sum())
@@ -263,9 +267,10 @@ def generate_reads(
 
 
 def write_bam(reads: pd.DataFrame, path: Path, *, unsorted: bool = False) -> None:
-    """Write reads (from :func:`generate_reads`) as a coordinate-sorted, indexed BAM with
-    Cell Ranger's tags (``CB``, ``UB``, ``GX``); or, ``unsorted``, in the given order and
-    without an index."""
+    """Write reads (from :func:`generate_reads`) as a BAM with Cell Ranger's tags (``CB``, ``UB``, ``GX``).
+
+    Coordinate-sorted and indexed; or, ``unsorted``, in the given order and without an index.
+    """
     import pysam
 
     from omicsprep.io import atomic_path
@@ -274,19 +279,18 @@ def write_bam(reads: pd.DataFrame, path: Path, *, unsorted: bool = False) -> Non
         "HD": {"VN": "1.6", "SO": "unsorted" if unsorted else "coordinate"},
         "SQ": [{"SN": "chr1", "LN": int(reads["position"].max()) + 1000}],
     }
-    with atomic_path(path) as tmp:
-        with pysam.AlignmentFile(str(tmp), "wb", header=header) as bam:
-            read = pysam.AlignedSegment(bam.header)
-            read.query_sequence = "A" * 50
-            read.reference_id = 0
-            read.mapping_quality = 60
-            read.cigarstring = "50M"
-            for i, row in enumerate(reads.itertuples(index=False)):
-                read.query_name = f"r{i}"
-                read.flag = 0x100 if row.secondary else 0
-                read.reference_start = int(row.position)
-                read.set_tags([("CB", row.cell), ("UB", row.umi), ("GX", row.gene)])
-                bam.write(read)
+    with atomic_path(path) as tmp, pysam.AlignmentFile(str(tmp), "wb", header=header) as bam:
+        read = pysam.AlignedSegment(bam.header)
+        read.query_sequence = "A" * 50
+        read.reference_id = 0
+        read.mapping_quality = 60
+        read.cigarstring = "50M"
+        for i, row in enumerate(reads.itertuples(index=False)):
+            read.query_name = f"r{i}"
+            read.flag = 0x100 if row.secondary else 0
+            read.reference_start = int(row.position)
+            read.set_tags([("CB", row.cell), ("UB", row.umi), ("GX", row.gene)])
+            bam.write(read)
     if not unsorted:
         pysam.index(str(path))
 

@@ -35,8 +35,11 @@ BATCH_SIGMA = 0.5
 
 
 def batches(counts: sparse.csr_matrix, n_samples: int) -> list[sparse.csr_matrix]:
-    """``counts`` split into ``n_samples`` equal samples, each with its own per-gene
-    technical scale (log-normal, sigma :data:`BATCH_SIGMA`) as a batch effect."""
+    """``counts`` split into ``n_samples`` equal samples, each with a batch effect.
+
+    The batch effect is a per-gene technical scale of the sample's own (log-normal, sigma
+    :data:`BATCH_SIGMA`).
+    """
     n_cells = counts.shape[0] // n_samples
     rng = np.random.default_rng(1)
     samples = []

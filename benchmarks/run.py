@@ -14,6 +14,7 @@ benchmarks/scaling/ from which the scaling plot (cells vs seconds, per backend) 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -102,8 +103,10 @@ def run_snakemake(
     cores: int,
     extra: Sequence[str] = ("--resources", "gpu=1"),
 ) -> float:
-    """Run the whole workflow in ``rundir`` (every job, quietly), with ``extra`` arguments
-    (by default one GPU); its wall seconds."""
+    """Run the whole workflow in ``rundir`` (every job, quietly); its wall seconds.
+
+    ``extra`` arguments are passed on (by default one GPU).
+    """
     command = [
         sys.executable,
         "-m",
@@ -166,7 +169,7 @@ def agreement(result: dict, reference: dict | None) -> dict:
 
 def machine() -> str:
     gpu = ""
-    try:
+    with contextlib.suppress(OSError, subprocess.CalledProcessError, IndexError):
         gpu = (
             subprocess.run(
                 ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, check=True
@@ -174,17 +177,17 @@ def machine() -> str:
             .stdout.strip()
             .splitlines()[0]
         )
-    except (OSError, subprocess.CalledProcessError, IndexError):
-        pass
     return f"{platform.node()}: {os.cpu_count()} CPU cores, {platform.processor() or platform.machine()}" + (
         f", {gpu}" if gpu else ""
     )
 
 
 def append_results(path: Path, *, title: str, note: str, table: pd.DataFrame, level: str = "###") -> str:
-    """Append ``table`` to RESULTS.md under a heading naming the date and the command that
-    made it, with this machine and ``note``; return the date stamp."""
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    """Append ``table`` to RESULTS.md; return the date stamp.
+
+    Under a heading naming the date and the command that made it, with this machine and ``note``.
+    """
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     command = f"python benchmarks/{Path(sys.argv[0]).name} " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     with path.open("a") as handle:
         handle.write(
@@ -196,8 +199,10 @@ def append_results(path: Path, *, title: str, note: str, table: pd.DataFrame, le
 
 
 def measure_in_child(script: str, *args: str) -> dict | None:
-    """Run ``script`` with ``args`` in a fresh Python process; its last line of output is
-    a JSON row, printed and returned (``None``, with its error printed, on failure)."""
+    """Run ``script`` with ``args`` in a fresh Python process; return its JSON row.
+
+    The row is its last line of output, printed too (``None``, with its error printed, on failure).
+    """
     result = subprocess.run([sys.executable, script, *args], capture_output=True, text=True)
     if result.returncode != 0:
         print(result.stderr[-3000:], flush=True)
@@ -207,9 +212,11 @@ def measure_in_child(script: str, *args: str) -> dict | None:
     return row
 
 
-def device_statistics():  # noqa: ANN201
-    """RMM's allocation statistics, switched on (CuPy allocates through RMM once RAPIDS is
-    imported), or ``None`` where this RMM lacks them."""
+def device_statistics():
+    """RMM's allocation statistics, switched on, or ``None`` where this RMM lacks them.
+
+    CuPy allocates through RMM once RAPIDS is imported.
+    """
     try:
         import rmm.statistics
 
@@ -225,17 +232,15 @@ def versions() -> str:
     names = ["scanpy", "anndata", "snakemake", "rapids-singlecell", "cuml-cu13", "cugraph-cu13"]
     found = []
     for name in names:
-        try:
+        with contextlib.suppress(md.PackageNotFoundError):
             found.append(f"{name} {md.version(name)}")
-        except md.PackageNotFoundError:
-            pass
     return f"Python {platform.python_version()}, " + ", ".join(found)
 
 
 def plot(scaling_dir: Path, path: Path) -> None:
-    import matplotlib
+    import matplotlib as mpl
 
-    matplotlib.use("Agg")
+    mpl.use("Agg")
     import matplotlib.pyplot as plt
 
     frames = [pd.read_csv(p, sep="\t") for p in sorted(scaling_dir.glob("*.tsv"))]
@@ -302,8 +307,10 @@ def main() -> None:
 def benchmark_size(
     args: argparse.Namespace, n_cells: int, config: Path, host: str
 ) -> tuple[pd.DataFrame, pd.DataFrame | None]:
-    """Run every backend (and the peer) on one generated dataset: one row each, and the
-    workflow runs' seconds per rule and step (``None`` without a workflow run)."""
+    """Run every backend (and the peer) on one generated dataset: one row each, and the timings.
+
+    The timings are the workflow runs' seconds per rule and step (``None`` without a workflow run).
+    """
     counts = dataset(args.workdir, n_cells, args.genes, jobs=args.cores)
     on_cpu = args.cpu_max_cells is None or n_cells <= args.cpu_max_cells
     backends = [b for b in args.backends if b == "gpu" or on_cpu]

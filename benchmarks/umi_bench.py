@@ -59,8 +59,10 @@ def bgzf_blocks(data: bytes) -> list[tuple[bytes, int]]:
 
 
 def inflate_seconds(bam: Path) -> float:
-    """Seconds to decompress every BGZF block of ``bam`` with zlib on one core: a floor
-    under any BAM reader's time, whatever it does next."""
+    """Seconds to decompress every BGZF block of ``bam`` with zlib on one core.
+
+    A floor under any BAM reader's time, whatever it does next.
+    """
     data = bam.read_bytes()
     start = time.perf_counter()
     for raw, size in bgzf_blocks(data):
@@ -69,8 +71,10 @@ def inflate_seconds(bam: Path) -> float:
 
 
 def decode_seconds(bam: Path, reader: str) -> float:
-    """Seconds to decode flag, MAPQ and the CB/UB/GX tags of every read: oxbow (Rust,
-    Arrow batches, what omicsprep uses) or pysam (htslib with 2 threads, a Python loop)."""
+    """Seconds to decode flag, MAPQ and the CB/UB/GX tags of every read, with oxbow or pysam.
+
+    oxbow: Rust, Arrow batches, what omicsprep uses; pysam: htslib with 2 threads, a Python loop.
+    """
     start = time.perf_counter()
     if reader == "oxbow":
         import oxbow

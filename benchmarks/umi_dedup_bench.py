@@ -1,5 +1,4 @@
-"""UMI deduplication alone, with the reads already in memory: CPU (pandas + Numba) against
-GPU (cuDF + CUDA).
+"""UMI deduplication alone, reads already in memory: CPU (pandas + Numba) against GPU (cuDF + CUDA).
 
     python benchmarks/umi_dedup_bench.py --reads 10000000 100000000 --backends cpu gpu \
         [--cpu-max-reads 10000000] [--methods directional unique] [--results benchmarks/RESULTS.md]
@@ -45,12 +44,12 @@ class Device:
         else:
             self.xp = np
 
-    def place(self, reads: pd.DataFrame):  # noqa: ANN201
+    def place(self, reads: pd.DataFrame):
         if self.backend == "cpu":
             return reads
         return self._cudf.DataFrame({name: self.xp.asarray(reads[name].to_numpy()) for name in reads.columns})
 
-    def count(self, umis, counts, starts, method: int):  # noqa: ANN001, ANN201
+    def count(self, umis, counts, starts, method: int):
         if self.backend == "gpu":
             return self._kernel(umis, counts, starts, method, 1, xp=self.xp)
         return count_groups(umis, counts, starts, method, 1)
@@ -59,11 +58,11 @@ class Device:
         if self.backend == "gpu":
             self.xp.cuda.get_current_stream().synchronize()
 
-    def to_host(self, array):  # noqa: ANN001, ANN201
+    def to_host(self, array):
         return array.get() if self.backend == "gpu" else array
 
 
-def dedup(device: Device, frame, method: int) -> tuple[dict, np.ndarray]:  # noqa: ANN001
+def dedup(device: Device, frame, method: int) -> tuple[dict, np.ndarray]:
     """Collapse and count once; seconds of each part and the molecules per group."""
     start = time.perf_counter()
     _, _, umis, counts, starts = molecule_groups(collapse_reads(frame), xp=device.xp)

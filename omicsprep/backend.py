@@ -104,8 +104,10 @@ def rapids_singlecell() -> ModuleType:
 
 
 def rapids_scrublet_class() -> type:
-    """rapids-singlecell's (private) ``Scrublet`` class, whose neighbour classifier
-    :func:`omicsprep.rna.qc.score_doublets` replaces while it runs."""
+    """rapids-singlecell's (private) ``Scrublet`` class.
+
+    :func:`omicsprep.rna.qc.score_doublets` replaces its neighbour classifier while it runs.
+    """
     return importlib.import_module("rapids_singlecell.preprocessing._scrublet.core").Scrublet
 
 
@@ -118,14 +120,13 @@ def array_module(backend: Backend) -> ModuleType:
     """NumPy on the CPU, CuPy on the GPU: array code written once runs on either."""
     if backend == "gpu":
         return cupy()
-    import numpy
+    import numpy as np
 
-    return numpy
+    return np
 
 
 def asnumpy(array: Any) -> Any:
-    """``array`` in host memory: a CuPy array or sparse matrix is copied back (to NumPy or
-    SciPy); anything else is returned as it is."""
+    """``array`` in host memory: a CuPy array or sparse matrix copied back, anything else as it is."""
     if "cupy" not in sys.modules:
         return array
     cp = sys.modules["cupy"]
@@ -136,17 +137,19 @@ def asnumpy(array: Any) -> Any:
 
 @contextmanager
 def tf32_products() -> Iterator[None]:
-    """CuPy's float32 matrix products on TF32 tensor cores inside the ``with`` block (the
-    setting is process-wide: it is restored on leaving)."""
-    import numpy
+    """CuPy's float32 matrix products on TF32 tensor cores inside the ``with`` block.
+
+    The setting is process-wide: it is restored on leaving.
+    """
+    import numpy as np
 
     linalg = importlib.import_module("cupy._core._routines_linalg")
-    previous = linalg.get_compute_type(numpy.float32)
-    linalg.set_compute_type(numpy.float32, linalg.COMPUTE_TYPE_TF32)
+    previous = linalg.get_compute_type(np.float32)
+    linalg.set_compute_type(np.float32, linalg.COMPUTE_TYPE_TF32)
     try:
         yield
     finally:
-        linalg.set_compute_type(numpy.float32, previous)
+        linalg.set_compute_type(np.float32, previous)
 
 
 def cupyx_sparse() -> ModuleType:
@@ -196,8 +199,7 @@ SHARD_ROWS = 50_000
 
 @contextmanager
 def gpu_workers(n_gpus: int) -> Iterator[Any]:
-    """A Dask cluster of one worker per GPU on this node (dask-cuda), for the duration of
-    the ``with`` block; yields its client.
+    """A Dask cluster of one worker per GPU on this node (dask-cuda) for the ``with`` block; yields its client.
 
     The GPUs are the first ``n_gpus`` of ``CUDA_VISIBLE_DEVICES`` (SLURM sets it to the
     job's GPUs). This process keeps using its own current GPU for what is not sharded.
@@ -241,8 +243,9 @@ def _csr_to_device(block: Any) -> Any:
 
 
 def shard_to_gpus(adata: AnnData, *, client: Any) -> None:
-    """Spread ``X`` (CSR, host memory) over the client's GPU workers as a Dask array of
-    CuPy CSR blocks of :data:`SHARD_ROWS` rows, in place; held in the workers' memory.
+    """Spread ``X`` (CSR, host memory) over the client's GPU workers, in place.
+
+    ``X`` becomes a Dask array of CuPy CSR blocks of :data:`SHARD_ROWS` rows, held in the workers' memory.
 
     Parameters
     ----------
@@ -280,10 +283,12 @@ def _copy_block(block: Any) -> Any:
 
 
 def copy_blocks(array: Any) -> Any:
-    """A copy of ``array``; for a Dask array, one whose blocks are copies (Dask's own
-    ``copy`` shares them, and rapids-singlecell scales blocks in place)."""
+    """A copy of ``array``; for a Dask array, one whose blocks are copies.
+
+    Dask's own ``copy`` shares them, and rapids-singlecell scales blocks in place.
+    """
     if is_dask_array(array):
-        return array.map_blocks(_copy_block, meta=array._meta)  # Dask: the block type
+        return array.map_blocks(_copy_block, meta=array._meta)  # noqa: SLF001 - Dask's block type, as Dask passes it
     return array.copy()
 
 
@@ -294,14 +299,18 @@ def _persisted(array: Any) -> Any:
 
 
 def materialize(array: Any) -> Any:
-    """Run a lazy Dask array's graph and keep the blocks in the workers' memory (so later
-    steps do not repeat it), waiting for it; any other array is returned as it is."""
+    """Run a lazy Dask array's graph, waiting for it; any other array is returned as it is.
+
+    The blocks are kept in the workers' memory, so later steps do not repeat the graph.
+    """
     return _persisted(array) if is_dask_array(array) else array
 
 
 def gather(array: Any) -> Any:
-    """A Dask array's blocks brought into this process and joined (CuPy arrays land on this
-    process's GPU); any other array is returned as it is."""
+    """A Dask array's blocks brought into this process and joined; any other array as it is.
+
+    CuPy blocks land on this process's GPU.
+    """
     return array.compute() if is_dask_array(array) else array
 
 
@@ -310,13 +319,13 @@ def _to_host_value(value: Any) -> Any:
         return {k: _to_host_value(v) for k, v in value.items()}
     if is_dask_array(value):
         import dask
-        import numpy
+        import numpy as np
         from scipy import sparse
 
         if len(value.chunks) > 1 and len(value.chunks[1]) > 1:
             value = value.rechunk({1: -1})  # blocks of whole rows, stacked below
         blocks = dask.compute(*(dask.delayed(asnumpy)(block) for block in value.to_delayed().ravel()))
-        return sparse.vstack(blocks, format="csr") if sparse.issparse(blocks[0]) else numpy.concatenate(blocks)
+        return sparse.vstack(blocks, format="csr") if sparse.issparse(blocks[0]) else np.concatenate(blocks)
     return asnumpy(value)
 
 
@@ -362,7 +371,7 @@ def module_versions() -> dict[str, str]:
         try:
             props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
             versions["gpu"] = props["name"].decode()
-        except Exception:  # noqa: BLE001, S110 - only informative
+        except Exception:  # noqa: BLE001 - only informative
             pass
     return versions
 

@@ -16,8 +16,8 @@ log = logging.getLogger("omicsprep")
 def count_umis(args: argparse.Namespace) -> None:
     """Deduplicate UMIs of a BAM/SAM file and write the cell x gene counts."""
     from omicsprep import io
-    from omicsprep.reads import counting
     from omicsprep.backend import resolve_backend
+    from omicsprep.reads import counting
     from omicsprep.reads.molecules import BamOptions, TableOptions
 
     adata = counting.count_umis(
@@ -55,10 +55,10 @@ def coexpr(args: argparse.Namespace) -> None:
     import numpy as np
 
     from omicsprep import io, plotting
-    from omicsprep.network import coexpression
-    from omicsprep.rna import preprocessing
     from omicsprep.backend import resolve_backend
+    from omicsprep.network import coexpression
     from omicsprep.pipeline import run_coexpression
+    from omicsprep.rna import preprocessing
 
     backend = resolve_backend(args.backend)
     adata = io.read_h5ad(args.input)
@@ -96,6 +96,7 @@ def coexpr(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Run the ``omicsprep`` command named in ``argv`` (the process's arguments by default)."""
     parser = argparse.ArgumentParser(prog="omicsprep")
     commands = parser.add_subparsers(dest="command", required=True)
     umis = commands.add_parser(

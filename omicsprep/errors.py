@@ -68,7 +68,7 @@ class OutOfSpaceError(OSError):
 
     def __init__(self, path: str | Path, *, needed_bytes: int) -> None:
         self.path = Path(path)
-        folder = next((parent for parent in [self.path.parent, *self.path.parents] if parent.exists()), Path("."))
+        folder = next((parent for parent in [self.path.parent, *self.path.parents] if parent.exists()), Path())
         self.free_bytes = shutil.disk_usage(folder).free
         self.mount = mount_point(folder)
         self.needed_bytes = needed_bytes

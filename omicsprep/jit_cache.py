@@ -23,7 +23,7 @@ def cache_umap_kernels() -> int:
     enabled = 0
     for name in UMAP_MODULES:
         for kernel in vars(importlib.import_module(name)).values():
-            if isinstance(kernel, Dispatcher) and type(kernel._cache).__name__ == "NullCache":
+            if isinstance(kernel, Dispatcher) and type(kernel._cache).__name__ == "NullCache":  # noqa: SLF001 - Numba offers no public test
                 kernel.enable_caching()
                 enabled += 1
     return enabled

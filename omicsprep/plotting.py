@@ -39,7 +39,7 @@ def qc_histograms(metrics: pd.DataFrame, *, title: str) -> Figure:
     fig = Figure(figsize=(12, 3.2 * n_rows))
     axes = fig.subplots(n_rows, n_cols)
     axes = np.atleast_1d(axes).ravel()
-    for ax, name in zip(axes, panels):
+    for ax, name in zip(axes, panels, strict=False):  # spare axes are turned off below
         label, log_scale = QC_PANELS[name]
         values = metrics[name].astype(float)
         shown = np.log10(values.clip(lower=1)) if log_scale else values
@@ -98,7 +98,7 @@ def embedding_panels(coords: np.ndarray, obs: pd.DataFrame, *, keys: list[str], 
     axes = fig.subplots(n_rows, n_cols, squeeze=False)
     size = max(0.5, min(8.0, 30000 / max(len(obs), 1)))
     cmap = colormaps["tab20"]
-    for ax, key in zip(axes.ravel(), keys):
+    for ax, key in zip(axes.ravel(), keys, strict=False):  # spare axes are turned off below
         values = obs[key]
         if isinstance(values.dtype, pd.CategoricalDtype):
             for i, category in enumerate(values.cat.categories):
@@ -123,8 +123,9 @@ COLOUR_LEVELS = 64
 
 
 def _numeric_scatter(ax: Axes, coords: np.ndarray, values: np.ndarray, *, size: float, label: str = "") -> None:
-    """Points coloured by ``values`` (viridis, with a colour bar), higher values on top
-    as scanpy draws them; NaN in grey underneath.
+    """Points coloured by ``values`` (viridis, colour bar), higher on top as scanpy draws them.
+
+    NaN values are drawn in grey underneath.
 
     The values are drawn in :data:`COLOUR_LEVELS` single-colour layers: Matplotlib draws
     a layer of one colour as repeated markers, while a colour per point took a minute
@@ -175,8 +176,10 @@ def module_scores(coords: np.ndarray, eigengenes: pd.DataFrame, *, title: str, m
 
 
 def coexpression_figures(coords: np.ndarray, eigengenes: pd.DataFrame, *, title: str) -> dict[str, Figure]:
-    """The co-expression rule's figures: ``correlation`` (modules x modules) and ``umap``
-    (module scores on the embedding ``coords``)."""
+    """The co-expression rule's figures: ``correlation`` (modules x modules) and ``umap``.
+
+    ``umap`` shows the module scores on the embedding ``coords``.
+    """
     return {
         "correlation": module_correlation(eigengenes, title=title),
         "umap": module_scores(coords, eigengenes, title=title),

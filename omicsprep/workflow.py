@@ -36,14 +36,14 @@ def run_script(main: Callable[[], None], *, log_path: str | Path, sample: str | 
         The rule's threads: BLAS/OpenMP pools and Numba use no more.
     """
     console = os.fdopen(os.dup(2), "w", buffering=1)
-    log_file = open(log_path, "w", buffering=1)  # noqa: SIM115 - lives as long as the process
+    log_file = Path(log_path).open("w", buffering=1)  # noqa: SIM115 - lives as long as the process
     os.dup2(log_file.fileno(), 2)
     sys.stderr = log_file
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     logging.basicConfig(
         stream=log_file, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True
     )
-    logging.captureWarnings(True)
+    logging.captureWarnings(capture=True)
     limit_threads(threads)
     return_freed_memory()
     try:
@@ -81,8 +81,9 @@ M_MMAP_THRESHOLD = -3
 
 
 def return_freed_memory() -> None:
-    """Give large freed buffers back to the system at once, so that a rule's memory
-    follows what it holds (chunked steps keep one chunk, not the largest ever seen).
+    """Give large freed buffers back to the system at once, so that a rule's memory follows what it holds.
+
+    Chunked steps then keep one chunk, not the largest ever seen.
 
     glibc serves every allocation of 4 MB or more by its own mapping (by default the
     threshold rises to 32 MB as buffers are freed, and smaller ones then fragment the

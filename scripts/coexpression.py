@@ -1,6 +1,8 @@
-"""Rule coexpression: gene co-expression network, modules, hub genes and eigengenes (and,
-when configured, modules of each cluster's own network). A sample whose network cannot be
-built (too few cells or usable genes) gets empty tables and the reason in provenance.json."""
+"""Rule coexpression: gene co-expression network, modules, hub genes and eigengenes.
+
+When configured, also the modules of each cluster's own network. A sample whose network cannot
+be built (too few cells or usable genes) gets empty tables and the reason in provenance.json.
+"""
 
 import pandas as pd
 
@@ -10,7 +12,7 @@ from omicsprep.errors import InputError
 from omicsprep.pipeline import run_coexpression, run_coexpression_per_cluster, skipped_coexpression
 from omicsprep.workflow import run_script
 
-snakemake = snakemake  # noqa: F821, PLW0127 - injected by Snakemake
+snakemake = snakemake  # noqa: F821 - injected by Snakemake
 
 
 def main() -> None:

@@ -3,11 +3,11 @@
 import logging
 
 from omicsprep import io
-from omicsprep.reads import counting
 from omicsprep.backend import resolve_backend
+from omicsprep.reads import counting
 from omicsprep.workflow import run_script
 
-snakemake = snakemake  # noqa: F821, PLW0127 - injected by Snakemake
+snakemake = snakemake  # noqa: F821 - injected by Snakemake
 
 
 def main() -> None:

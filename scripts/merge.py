@@ -1,5 +1,4 @@
-"""Rule merge: all samples concatenated, Harmony-corrected, clustered, with integration
-metrics."""
+"""Rule merge: all samples concatenated, Harmony-corrected, clustered, with integration metrics."""
 
 from omicsprep import io, plotting
 from omicsprep.backend import resolve_backend
@@ -30,5 +29,5 @@ def main() -> None:
 # Dask's GPU workers (merge.dask) are spawned processes that first re-run this file as
 # it is, without the `snakemake` object Snakemake injects: only the imports may run then.
 if __name__ == "__main__":
-    snakemake = snakemake  # noqa: F821, PLW0127 - injected by Snakemake
+    snakemake = snakemake  # noqa: F821 - injected by Snakemake
     run_script(main, log_path=snakemake.log[0], sample="merged", threads=snakemake.threads)

@@ -3,7 +3,7 @@
 from omicsprep import io, plotting
 from omicsprep.workflow import run_script
 
-snakemake = snakemake  # noqa: F821, PLW0127 - injected by Snakemake
+snakemake = snakemake  # noqa: F821 - injected by Snakemake
 
 
 def main() -> None:

@@ -5,14 +5,14 @@ from omicsprep.backend import resolve_backend
 from omicsprep.pipeline import run_protein
 from omicsprep.workflow import run_script
 
-snakemake = snakemake  # noqa: F821, PLW0127 - injected by Snakemake
+snakemake = snakemake  # noqa: F821 - injected by Snakemake
 
 
 def main() -> None:
     backend = resolve_backend(snakemake.params.backend)
     duplicates = snakemake.params.duplicate_barcodes
     adata = io.read_counts(snakemake.input.adt, feature_type="Antibody Capture", duplicate_barcodes=duplicates)
-    has_empty = "empty" in snakemake.input.keys()
+    has_empty = "empty" in snakemake.input.keys()  # noqa: SIM118 - a Namedlist: `in` alone tests its files
     empty = (
         io.read_counts(snakemake.input.empty, feature_type="Antibody Capture", duplicate_barcodes=duplicates)
         if has_empty

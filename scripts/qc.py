@@ -5,7 +5,7 @@ from omicsprep.backend import resolve_backend
 from omicsprep.pipeline import run_qc
 from omicsprep.workflow import run_script
 
-snakemake = snakemake  # noqa: F821, PLW0127 - injected by Snakemake
+snakemake = snakemake  # noqa: F821 - injected by Snakemake
 
 
 def main() -> None:

@@ -4,13 +4,15 @@ from omicsprep import io
 from omicsprep.timings import run_time_table
 from omicsprep.workflow import run_script
 
-snakemake = snakemake  # noqa: F821, PLW0127 - injected by Snakemake
+snakemake = snakemake  # noqa: F821 - injected by Snakemake
 
 
 def main() -> None:
-    keys = list(zip(snakemake.params.samples, snakemake.params.rules))
-    benchmarks = {key: io.read_table(path) for key, path in zip(keys, snakemake.input.benchmarks)}
-    provenance = {key: io.read_provenance(path, rule=key[1]) for key, path in zip(keys, snakemake.input.provenance)}
+    keys = list(zip(snakemake.params.samples, snakemake.params.rules, strict=True))
+    benchmarks = {key: io.read_table(path) for key, path in zip(keys, snakemake.input.benchmarks, strict=True)}
+    provenance = {
+        key: io.read_provenance(path, rule=key[1]) for key, path in zip(keys, snakemake.input.provenance, strict=True)
+    }
     io.write_table(run_time_table(benchmarks, provenance), snakemake.output.table)
 
 

@@ -1,5 +1,8 @@
-"""Shared fixtures: the bundled real datasets, and GPU detection for the `gpu` marker (skipped
-without a usable GPU; failed instead under `--require-gpu` or `OMICSPREP_REQUIRE_GPU=1`)."""
+"""Shared fixtures: the bundled real datasets, and GPU detection for the `gpu` marker.
+
+GPU tests are skipped without a usable GPU; failed instead under `--require-gpu` or
+`OMICSPREP_REQUIRE_GPU=1`.
+"""
 
 from __future__ import annotations
 
@@ -47,8 +50,10 @@ CLUSTER_PARAMS = {
 
 
 def distinct_profiles(counts: AnnData) -> np.ndarray:
-    """Cells with counts whose profile (counts over their total) no other cell shares:
-    identical embeddings make ties that neighbour searches break arbitrarily."""
+    """Cells with counts whose profile (counts over their total) no other cell shares.
+
+    Identical embeddings make ties that neighbour searches break arbitrarily.
+    """
     values = counts.X.toarray()
     totals = values.sum(axis=1, keepdims=True)
     profile = pd.DataFrame(np.round(values / np.maximum(totals, 1), 6))
@@ -56,8 +61,7 @@ def distinct_profiles(counts: AnnData) -> np.ndarray:
 
 
 def multiome_rna() -> AnnData:
-    """The demo Multiome cells' RNA with at least 5 of its 45 genes: log-normalized,
-    scaled, 20 PCs."""
+    """The demo Multiome cells' RNA with at least 5 of its 45 genes: log-normalized, scaled, 20 PCs."""
     import scanpy as sc
 
     rna = io.read_counts(MULTIOME / "rna.h5ad")
@@ -88,8 +92,10 @@ def gpu_required(config: pytest.Config) -> bool:
 
 
 def import_for_gpu_test(config: pytest.Config, module: str) -> ModuleType:
-    """Import a module a GPU test needs: skip the test without it, unless the GPU tests are
-    required, where a missing module is a failure."""
+    """Import a module a GPU test needs: skip the test without it, unless the GPU tests are required.
+
+    Where they are required, a missing module is a failure.
+    """
     if not gpu_required(config):
         return pytest.importorskip(module)
     try:
@@ -110,8 +116,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Under --require-gpu, a GPU test without a usable GPU fails (pytest counts it as an
-    error, since it fails before its fixtures are set up), giving the reason."""
+    """Under --require-gpu, a GPU test without a usable GPU fails, giving the reason.
+
+    pytest counts it as an error, since it fails before its fixtures are set up.
+    """
     if "gpu" in item.keywords and gpu_required(item.config):
         reason = gpu_unavailable_reason()
         if reason is not None:

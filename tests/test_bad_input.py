@@ -1,5 +1,7 @@
-"""Hostile input and conditions: each problem is named on one line, and nothing partial
-or temporary is left behind (a killed write, a full disk)."""
+"""Hostile input and conditions: each problem is named on one line, and nothing partial is left.
+
+Nor anything temporary, after a killed write or on a full disk.
+"""
 
 from __future__ import annotations
 
@@ -57,8 +59,11 @@ def test_repeated_barcodes_are_renamed_and_logged_when_asked(repeated_barcodes, 
 
 @pytest.fixture(scope="module")
 def spreadsheet_run(tmp_path_factory, repeated_barcodes):
-    """One workflow run (qc only) over a sheet as a spreadsheet exports it (byte-order mark,
-    tab-only trailing rows, a metadata column), with a sample whose barcodes repeat."""
+    """One workflow run (qc only) over a sheet as a spreadsheet exports it, with repeated barcodes.
+
+    The sheet has a byte-order mark, tab-only trailing rows and a metadata column; one
+    sample's barcodes repeat.
+    """
     workdir = tmp_path_factory.mktemp("spreadsheet")
     sheet = workdir / "samples.tsv"
     rows = ["sample\tinput\tcondition", f"pbmc\t{PBMC_H5}\tstimulated", f"repeats\t{repeated_barcodes}\tcontrol"]
@@ -82,9 +87,11 @@ def test_repeated_barcodes_stop_their_sample_with_one_line(spreadsheet_run, repe
     assert result.returncode != 0
     errors = [line for line in (result.stdout + result.stderr).splitlines() if "omicsprep error" in line]
     assert errors == [
-        f"omicsprep error: sample 'repeats': file '{repeated_barcodes}': 4 barcode(s) name more than "
-        f"one cell ('{sorted(REPEATED)[0]}', '{sorted(REPEATED)[1]}', '{sorted(REPEATED)[2]}', ...); "
-        "set duplicate_barcodes: rename in the config to rename the repeats"
+        (
+            f"omicsprep error: sample 'repeats': file '{repeated_barcodes}': 4 barcode(s) name more than "
+            f"one cell ('{sorted(REPEATED)[0]}', '{sorted(REPEATED)[1]}', '{sorted(REPEATED)[2]}', ...); "
+            "set duplicate_barcodes: rename in the config to rename the repeats"
+        )
     ]
     assert not any((workdir / "results" / "repeats").rglob("*"))
 
@@ -104,8 +111,10 @@ def dry_run_error(tmp_path: Path, *config: str) -> str:
         (
             "sample\tinput\tformat",
             f"a\t{PBMC_H5}\th5",
-            "line 3 (sample 'a'): column 'format': 'h5' is not one of ['', '10x_h5', '10x_mtx', 'h5ad', 'zarr', 'bam', "
-            "'sam', 'molecules']",
+            (
+                "line 3 (sample 'a'): column 'format': 'h5' is not one of ['', '10x_h5', '10x_mtx', 'h5ad', 'zarr', "
+                "'bam', 'sam', 'molecules']"
+            ),
         ),
         ("sample\tinput", f"a b\t{PBMC_H5}", "line 3 (sample 'a b'): column 'sample': 'a b' does not match"),
         ("sample\tinput", f"a\t{PBMC_H5}\textra", "line 3 has 3 fields, the header 2"),
@@ -116,7 +125,9 @@ def test_sheet_problems_name_the_line_sample_and_column(tmp_path, header, row, m
     sheet = write_sheet(tmp_path / "s.tsv", ["# a comment line", row], header=header)
     stderr = dry_run_error(tmp_path, f"samples={sheet}")
     assert f"sample sheet '{sheet}': {message}" in stderr
-    assert "row 0" not in stderr and "properties" not in stderr  # no schema dump
+    # no schema dump
+    assert "row 0" not in stderr
+    assert "properties" not in stderr
 
 
 def test_nested_command_line_values_are_read_as_yaml(tmp_path):
@@ -150,7 +161,8 @@ def test_the_shipped_config_is_for_real_samples_and_the_demo_has_its_own():
     assert "sample sheet 'config/samples.tsv' lists no samples: add one row per sample" in result.stdout
     demo = yaml.safe_load((REPO / "resources" / "demo" / "config.yaml").read_text())
     assert demo["qc"]["filter"]["min_genes"] == 10
-    assert (REPO / demo["samples"]).is_file() and (REPO / demo["chromatin"]["genes"]).is_file()
+    assert (REPO / demo["samples"]).is_file()
+    assert (REPO / demo["chromatin"]["genes"]).is_file()
 
 
 def leaves(mapping: dict) -> list:
@@ -173,7 +185,8 @@ with io.atomic_path(sys.argv[1]) as tmp:
 def stalled_writer(output: Path) -> tuple[subprocess.Popen, Path]:
     writer = subprocess.Popen([sys.executable, "-c", STALLED_WRITER, str(output)], stdout=subprocess.PIPE, text=True)
     temporary = Path(writer.stdout.readline().strip())
-    assert temporary.is_file() and temporary.parent == output.parent
+    assert temporary.is_file()
+    assert temporary.parent == output.parent
     return writer, temporary
 
 
@@ -182,7 +195,9 @@ def test_a_write_killed_by_sigkill_leaves_nothing_after_the_rerun(tmp_path, pbmc
     writer, temporary = stalled_writer(output)
     writer.send_signal(signal.SIGKILL)
     writer.wait(timeout=30)
-    assert temporary.is_file() and not output.exists()  # SIGKILL runs no clean-up
+    # SIGKILL runs no clean-up
+    assert temporary.is_file()
+    assert not output.exists()
     io.write_h5ad(pbmc, output)  # the rule's next run
     assert sorted(output.parent.iterdir()) == [output]
 
@@ -241,9 +256,11 @@ def test_a_full_disk_is_one_line_and_the_traceback_goes_to_the_log(small_disk):
         "omicsprep error: sample 'pbmc': results/pbmc/qc.h5ad: no space left on the device: about "
     )
     assert f"free on {small_disk / 'results'} (tmpfs)" in errors[0]
-    assert "Traceback" not in console and "HDF5" not in console
+    assert "Traceback" not in console
+    assert "HDF5" not in console
     log = (small_disk / "logs" / "qc" / "pbmc.log").read_text()
-    assert "Traceback" in log and "No space left on device" in log
+    assert "Traceback" in log
+    assert "No space left on device" in log
     assert not any((small_disk / "results").rglob("*.*"))  # no temporary or partial output
 
 

@@ -11,7 +11,7 @@ import pytest
 from conftest import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))
-import generate  # noqa: E402
+import generate
 
 
 def test_generator_is_deterministic_and_realistic(monkeypatch):
@@ -58,7 +58,8 @@ def test_quick_benchmark_runs_and_agrees_with_scanpy(tmp_path):
 def test_clusters_come_with_the_same_counts():
     counts, clusters = generate.generate_with_clusters(3000, 2_000, seed=1)
     assert (counts != generate.generate(3000, 2_000, seed=1)).nnz == 0
-    assert clusters.shape == (3000,) and set(np.unique(clusters)) == set(range(generate.N_CLUSTERS))
+    assert clusters.shape == (3000,)
+    assert set(np.unique(clusters)) == set(range(generate.N_CLUSTERS))
 
 
 def test_merge_step_benchmark_runs_on_the_cpu(tmp_path):
@@ -81,4 +82,6 @@ def test_merge_step_benchmark_runs_on_the_cpu(tmp_path):
     ]
     subprocess.run(command, check=True, capture_output=True, text=True, timeout=600)
     table = results.read_text()
-    assert "The merge step alone" in table and "| mixing_after" in table and " cpu |" in table
+    assert "The merge step alone" in table
+    assert "| mixing_after" in table
+    assert " cpu |" in table

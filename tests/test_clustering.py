@@ -10,8 +10,8 @@ from conftest import CLUSTER_PARAMS, NO_DOUBLETS, QC_PARAMS
 from sklearn.metrics import adjusted_rand_score
 
 from omicsprep import io
-from omicsprep.rna import clustering
 from omicsprep.pipeline import run_clustering, run_qc
+from omicsprep.rna import clustering
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +71,10 @@ def test_outputs_of_the_chain(mouse_clustered):
 
 
 def test_markers_equal_scanpys_rank_genes_groups(mouse_qc, mouse_clustered):
-    """The markers table against scanpy's Wilcoxon test run by hand on the same cells:
-    log-normalized counts, the same Leiden clusters, scanpy's defaults otherwise."""
+    """The markers table against scanpy's Wilcoxon test run by hand on the same cells.
+
+    Log-normalized counts, the same Leiden clusters, scanpy's defaults otherwise.
+    """
     ours, markers = mouse_clustered
     n_genes = CLUSTER_PARAMS["markers"]["n_genes"]
     peer = mouse_qc.copy()

@@ -1,6 +1,8 @@
-"""Gene co-expression networks: planted modules are recovered (Leiden and Louvain), block-wise
-correlation is exact, hub scores, module sizes and eigengenes follow their definitions, the
-written files hold the computed values, bad input is refused clearly."""
+"""Gene co-expression networks: planted modules are recovered (Leiden and Louvain).
+
+Block-wise correlation is exact, hub scores, module sizes and eigengenes follow their
+definitions, the written files hold the computed values, bad input is refused clearly.
+"""
 
 from __future__ import annotations
 
@@ -18,13 +20,13 @@ from conftest import REPO, repeated_entries
 from scipy import sparse, stats
 from sklearn.metrics import adjusted_rand_score
 
-from omicsprep.network import coexpression
 from omicsprep.errors import InputError
+from omicsprep.network import coexpression
 from omicsprep.pipeline import run_coexpression, run_coexpression_per_cluster
 from omicsprep.rna.preprocessing import normalize
 
 sys.path.insert(0, str(REPO / "benchmarks"))
-import generate  # noqa: E402
+import generate
 
 PARAMS = {**coexpression.DEFAULTS, "top_k": 20, "metacells": {"method": "none", "n_metacells": 200}}
 
@@ -93,7 +95,8 @@ def test_outputs_are_well_formed(planted):
     assert modules["hub_score"].between(0, 1).all()
     assigned = modules[modules["module"] != coexpression.UNASSIGNED]
     assert (assigned.groupby("module", observed=True)["hub_score"].max() == 1).all()
-    assert not edges.duplicated(["gene_a", "gene_b"]).any() and (edges["gene_a"] != edges["gene_b"]).all()
+    assert not edges.duplicated(["gene_a", "gene_b"]).any()
+    assert (edges["gene_a"] != edges["gene_b"]).all()
     assert edges["weight"].between(0.1, 1).all()
     assert list(eigengenes.columns) == [f"M{i}" for i in range(1, 6)]
     assert eigengenes.index.equals(adata.obs_names)
@@ -134,8 +137,11 @@ def test_repeated_sparse_entries_are_summed():
 
 
 def hub_scores_from_edges(edges: pd.DataFrame, modules: pd.DataFrame) -> pd.Series:
-    """The README's hub score, from an edge list: a gene's summed edge weight to genes of its
-    own module over the largest such sum in the module; 0 for unassigned genes."""
+    """The README's hub score, from an edge list.
+
+    A gene's summed edge weight to genes of its own module over the largest such sum in the
+    module; 0 for unassigned genes.
+    """
     module_of = modules.set_index("gene")["module"].astype(str)
     both = pd.concat(
         [
@@ -150,8 +156,10 @@ def hub_scores_from_edges(edges: pd.DataFrame, modules: pd.DataFrame) -> pd.Seri
 
 
 def pc1_eigengenes(log_expression: np.ndarray, modules: pd.DataFrame, genes: pd.Index) -> pd.DataFrame:
-    """Each module's first principal component over the cells (SVD of its genes' z-scores),
-    at unit variance, its sign left as the SVD gives it."""
+    """Each module's first principal component over the cells (SVD of its genes' z-scores).
+
+    At unit variance, its sign left as the SVD gives it.
+    """
     scores = {}
     for name, members in modules[modules["module"] != coexpression.UNASSIGNED].groupby("module", observed=True):
         values = log_expression[:, genes.get_indexer(members["gene"])].astype(np.float64)

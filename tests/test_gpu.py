@@ -1,5 +1,7 @@
-"""GPU backend against the CPU backend on real data (runs only where a GPU is usable; with
-``--require-gpu`` they fail instead of skipping there).
+"""GPU backend against the CPU backend on real data.
+
+The tests run only where a GPU is usable; with ``--require-gpu`` they fail instead of
+skipping elsewhere.
 
 Each comparison prints its measured agreement on one line starting with ``MEASURE`` (run
 with ``-s``; ``benchmarks/gpu_check.sh tests`` collects them), before asserting, so that a
@@ -63,7 +65,9 @@ def test_qc_agrees(qc_both):
     assert list(gpu.var_names) == list(cpu.var_names)
     for column in ("total_counts", "n_genes_by_counts", "pct_counts_ribo"):
         np.testing.assert_allclose(gpu_metrics[column], cpu_metrics[column], rtol=1e-5, atol=1e-5)
-    assert sparse.issparse(gpu.X) and not hasattr(gpu.X, "device")  # back in host memory
+    # back in host memory
+    assert sparse.issparse(gpu.X)
+    assert not hasattr(gpu.X, "device")
     assert gpu.uns["omicsprep"]["qc"]["backend"] == "gpu"
     assert "rapids_singlecell" in gpu.uns["omicsprep"]["qc"]["versions"]
 
@@ -157,15 +161,17 @@ def test_clustering_agrees(clustered_both):
     assert shared > 0.999  # 0.9999 on the H200 (2026-11-30)
     assert q_gpu > 0.95 * q_cpu
     assert ari > 0.45
-    assert gpu.obsm["X_umap"].shape == (gpu.n_obs, 2) and np.isfinite(gpu.obsm["X_umap"]).all()
+    assert gpu.obsm["X_umap"].shape == (gpu.n_obs, 2)
+    assert np.isfinite(gpu.obsm["X_umap"]).all()
     assert set(gpu_markers.columns) == set(cpu_markers.columns)
     assert gpu.uns["omicsprep"]["cluster"]["backend"] == "gpu"
 
 
 def neighbour_sets(distances: sparse.spmatrix) -> list[np.ndarray]:
-    """Each cell's neighbours other than itself: the stored entries of its row of a kNN
-    distance matrix (explicit zeros included; rapids-singlecell keeps the cell itself,
-    scanpy drops it)."""
+    """Each cell's neighbours other than itself: the stored entries of its row of a kNN distance matrix.
+
+    Explicit zeros included; rapids-singlecell keeps the cell itself, scanpy drops it.
+    """
     distances = sparse.csr_matrix(distances)
     return [
         np.setdiff1d(distances.indices[start:stop], [cell])
@@ -174,10 +180,12 @@ def neighbour_sets(distances: sparse.spmatrix) -> list[np.ndarray]:
 
 
 def worst_neighbour_excess(embedding: np.ndarray, neighbours: list[np.ndarray], k: int) -> np.ndarray:
-    """Per cell, how much farther its farthest listed neighbour is than its true k-th
-    nearest other cell (squared distances in float64, relative to the two cells' squared
-    norms, the scale of float32 rounding in a distance): at most about 1e-7 for an exact
-    search, up to ties within float32 rounding."""
+    """Per cell, how much farther its farthest listed neighbour is than its true k-th nearest other cell.
+
+    Squared distances in float64, relative to the two cells' squared norms (the scale of
+    float32 rounding in a distance): at most about 1e-7 for an exact search, up to ties
+    within float32 rounding.
+    """
     x = embedding.astype(np.float64)
     norms = (x**2).sum(axis=1)
     kth = np.empty(len(x))
@@ -193,9 +201,11 @@ def worst_neighbour_excess(embedding: np.ndarray, neighbours: list[np.ndarray], 
 
 
 def test_knn_graphs_are_the_same_on_the_same_embedding(clustered_both):
-    """README: exact kNN on both backends, the GPU's kNN graph equals the CPU's. On the CPU
-    run's PCs, cuML's brute-force search lists each cell's exact nearest neighbours, as
-    scikit-learn does: where the two lists differ, only by cells tied within float32 rounding."""
+    """README: exact kNN on both backends, the GPU's kNN graph equals the CPU's.
+
+    On the CPU run's PCs, cuML's brute-force search lists each cell's exact nearest neighbours, as
+    scikit-learn does: where the two lists differ, only by cells tied within float32 rounding.
+    """
     from anndata import AnnData
 
     from omicsprep.rna import clustering
@@ -224,10 +234,12 @@ def test_knn_graphs_are_the_same_on_the_same_embedding(clustered_both):
 
 
 def test_highly_variable_genes_are_identical(qc_both):
-    """README: HVGs are identical on both backends. 200 of the 613 genes, ranked by
-    seurat_v3 (the configured flavour) on each backend from the same counts."""
-    from omicsprep.rna import preprocessing
+    """README: HVGs are identical on both backends.
+
+    200 of the 613 genes, ranked by seurat_v3 (the configured flavour) on each backend from the same counts.
+    """
     from omicsprep.backend import to_device
+    from omicsprep.rna import preprocessing
 
     var = {}
     for backend in ("cpu", "gpu"):
@@ -252,7 +264,8 @@ def test_highly_variable_genes_are_identical(qc_both):
 def assert_same_values(read, written, what: str) -> None:
     """Two matrices hold the same values exactly (sparse or dense)."""
     assert sparse.issparse(read) == sparse.issparse(written), what
-    assert read.shape == written.shape and read.dtype == written.dtype, what
+    assert read.shape == written.shape, what
+    assert read.dtype == written.dtype, what
     if sparse.issparse(read):
         assert (read != written).nnz == 0, what
     else:
@@ -260,12 +273,15 @@ def assert_same_values(read, written, what: str) -> None:
 
 
 def test_gpu_result_writes_as_h5ad(clustered_both, tmp_path):
-    """The GPU run's result (back in host memory) is written whole and reads back equal:
-    counts, normalized values, QC metrics, clusters, embeddings, graphs and provenance."""
+    """The GPU run's result (back in host memory) is written whole and reads back equal.
+
+    Counts, normalized values, QC metrics, clusters, embeddings, graphs and provenance.
+    """
     gpu, _ = clustered_both["gpu"]
     io.write_h5ad(gpu, tmp_path / "gpu.h5ad")
     back = io.read_h5ad(tmp_path / "gpu.h5ad")
-    assert list(back.obs_names) == list(gpu.obs_names) and list(back.var_names) == list(gpu.var_names)
+    assert list(back.obs_names) == list(gpu.obs_names)
+    assert list(back.var_names) == list(gpu.var_names)
     assert_same_values(back.X, gpu.X, "X")
     # anndata 0.13 lists X among a read file's layers under the key None.
     assert {key for key in back.layers if key is not None} == set(gpu.layers) == {"counts"}
@@ -282,8 +298,10 @@ def test_gpu_result_writes_as_h5ad(clustered_both, tmp_path):
     for key in gpu.obsp:
         assert_same_values(back.obsp[key], gpu.obsp[key], f"obsp {key}")
     written, read = gpu.uns["omicsprep"]["cluster"], back.uns["omicsprep"]["cluster"]
-    assert read["backend"] == "gpu" and read["params"] == written["params"]
-    assert dict(read["versions"]) == dict(written["versions"]) and "rapids_singlecell" in read["versions"]
+    assert read["backend"] == "gpu"
+    assert read["params"] == written["params"]
+    assert dict(read["versions"]) == dict(written["versions"])
+    assert "rapids_singlecell" in read["versions"]
 
 
 @pytest.fixture(scope="module")
@@ -302,8 +320,10 @@ def molecule_table(tmp_path_factory):
 
 @pytest.mark.parametrize("suffix", [".parquet", ".tsv.gz", ".csv"])
 def test_molecule_tables_are_read_by_cudf_as_by_pyarrow(tmp_path, suffix):
-    """The GPU backend parses and filters tables with cuDF: the same usable reads and the
-    same skipped reads as pyarrow, missing values, "NA" and digit-only names included."""
+    """The GPU backend parses and filters tables with cuDF: the same reads used and skipped as pyarrow.
+
+    Missing values, "NA" and digit-only names included.
+    """
     import csv
     from collections import Counter
 
@@ -345,7 +365,8 @@ def test_molecule_tables_are_read_by_cudf_as_by_pyarrow(tmp_path, suffix):
         )
         frame = pa.concat_tables(list(tables)).to_pandas()
         got[backend] = (frame.sort_values(list(frame.columns)).reset_index(drop=True), dict(skipped))
-    assert got["gpu"][1] == got["cpu"][1] and got["cpu"][1]["missing cell, UMI or gene"] > 0
+    assert got["gpu"][1] == got["cpu"][1]
+    assert got["cpu"][1]["missing cell, UMI or gene"] > 0
     pd.testing.assert_frame_equal(got["gpu"][0], got["cpu"][0])
 
 
@@ -390,9 +411,12 @@ def test_count_umis_cli_on_the_gpu_counts_as_on_the_cpu(molecule_table, tmp_path
         )
         counts[backend] = ad.read_h5ad(out)
     cpu, gpu = counts["cpu"], counts["gpu"]
-    assert gpu.uns["umi_dedup"]["backend"] == "gpu" and cpu.uns["umi_dedup"]["backend"] == "cpu"
-    assert cpu.n_obs == 300 and cpu.X.sum() > 10_000
-    assert sorted(gpu.obs_names) == sorted(cpu.obs_names) and sorted(gpu.var_names) == sorted(cpu.var_names)
+    assert gpu.uns["umi_dedup"]["backend"] == "gpu"
+    assert cpu.uns["umi_dedup"]["backend"] == "cpu"
+    assert cpu.n_obs == 300
+    assert cpu.X.sum() > 10_000
+    assert sorted(gpu.obs_names) == sorted(cpu.obs_names)
+    assert sorted(gpu.var_names) == sorted(cpu.var_names)
     aligned = gpu[cpu.obs_names, cpu.var_names].X  # the order of cells and genes may differ
     assert (sparse.csr_matrix(aligned) != sparse.csr_matrix(cpu.X)).nnz == 0
     for key in ("method", "reads_used", "reads_skipped"):
@@ -424,8 +448,10 @@ def test_coexpression_agrees_on_cpu_and_gpu(metacells):
 
 
 def test_split_tf32_correlations_are_as_accurate_as_float32():
-    """The GPU's correlation products (TF32 tensor cores on split factors) against float64:
-    within twice the error of plain float32 products, whole-matrix and blocked."""
+    """The GPU's correlation products (TF32 tensor cores on split factors) against float64.
+
+    Within twice the error of plain float32 products, whole-matrix and blocked.
+    """
     from contextlib import nullcontext
     from unittest.mock import patch
 
@@ -454,7 +480,9 @@ def test_split_tf32_correlations_are_as_accurate_as_float32():
         f"plain TF32 {tf32:.3g} (diagonal {exact.diagonal().max():.3g})"
     )
     assert standardized.nbytes <= coexpression.SPLIT_MAX_BYTES
-    assert whole <= 2 * float32 and blocked <= 2 * float32 and tf32 > 10 * float32
+    assert whole <= 2 * float32
+    assert blocked <= 2 * float32
+    assert tf32 > 10 * float32
 
 
 def test_protein_normalization_agrees_on_cpu_and_gpu():
@@ -555,12 +583,14 @@ def _shipped_config() -> dict:
 
 
 def test_protein_rule_chain_agrees_on_cpu_and_gpu():
-    """The shipped config's ``normalization: auto`` with empty droplets: dsb on both
-    backends (README), then PCA, neighbours and Leiden agreeing across backends."""
+    """The shipped config's ``normalization: auto`` with empty droplets: dsb on both backends (README).
+
+    Then PCA, neighbours and Leiden agree across backends.
+    """
     import json
 
-    from omicsprep.protein import normalization
     from omicsprep.pipeline import run_protein
+    from omicsprep.protein import normalization
 
     config = _shipped_config()
     assert config["protein"]["normalization"] == "auto"
@@ -647,7 +677,8 @@ def test_chromatin_rule_chain_and_wnn_agree_on_cpu_and_gpu():
     )
     # README: "the weights are within 0.004 of the CPU's and the joint neighbours are the same".
     for difference in differences.values():
-        assert difference.max() < 0.004 and difference.mean() < 1e-3
+        assert difference.max() < 0.004
+        assert difference.mean() < 1e-3
     assert edges_differing == 0
 
 
@@ -673,8 +704,11 @@ def test_merge_with_harmony_on_the_gpu(pbmc_batches):
 
 
 def test_merge_spread_over_gpus_with_dask_equals_one_gpu(pbmc_batches, pytestconfig):
-    """merge.dask: rapids-singlecell's Dask-backed normalization, HVGs and PCA over two GPUs
-    (one where the machine has one) give the one-GPU merge's values, genes and PCs."""
+    """merge.dask over two GPUs gives the one-GPU merge's values, genes and PCs.
+
+    rapids-singlecell's Dask-backed normalization, HVGs and PCA, on one GPU where the
+    machine has one.
+    """
     import_for_gpu_test(pytestconfig, "dask_cuda")
     n_gpus = min(2, cupy().cuda.runtime.getDeviceCount())
     merged = {
@@ -729,7 +763,7 @@ def test_shards_sit_on_every_gpu_and_come_back_whole(pbmc, pytestconfig):
         assert len(set(devices.values())) == n_gpus
         assert len(holders) == n_gpus
         to_host(adata)
-    assert (adata.X != counts).nnz == 0
+    assert (counts != adata.X).nnz == 0
     with pytest.raises(BackendUnavailableError, match=f"{n_gpus + 1} GPUs were asked for"), gpu_workers(n_gpus + 1):
         pass
 

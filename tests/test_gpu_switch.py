@@ -1,5 +1,6 @@
-"""The required-GPU switch (``--require-gpu`` or ``OMICSPREP_REQUIRE_GPU=1``): where no GPU
-is usable, the GPU tests fail, with the reason, instead of being skipped.
+"""The required-GPU switch (``--require-gpu`` or ``OMICSPREP_REQUIRE_GPU=1``).
+
+Where no GPU is usable, the GPU tests fail, with the reason, instead of being skipped.
 
 One real GPU test runs in a pytest subprocess with ``CUDA_VISIBLE_DEVICES`` empty, so that
 no GPU is usable there even on a GPU machine.
@@ -20,8 +21,10 @@ GPU_TEST = "tests/test_gpu.py::test_auto_and_gpu_resolve_to_the_gpu"
 
 
 def run_gpu_test(*options: str, env: dict[str, str] | None = None) -> tuple[int, dict[str, int], str]:
-    """Run the one GPU test without a visible GPU: pytest's exit code, its summary counts
-    (``{"skipped": 1}``) and its output."""
+    """Run the one GPU test without a visible GPU.
+
+    Returns pytest's exit code, its summary counts (``{"skipped": 1}``) and its output.
+    """
     environment = {key: value for key, value in os.environ.items() if key not in (REQUIRE_GPU_ENV, "PYTEST_ADDOPTS")}
     environment.update({"CUDA_VISIBLE_DEVICES": "", **(env or {})})
     result = subprocess.run(

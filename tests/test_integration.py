@@ -1,6 +1,8 @@
-"""Many samples as one: concatenation, Harmony and the integration metrics, on the real
-PBMCs split into two batches, one given a technical (per-gene) batch effect; the metrics
-also on hand-built neighbour graphs and clusters with values computed by hand."""
+"""Many samples as one: concatenation, Harmony and the integration metrics.
+
+On the real PBMCs split into two batches, one given a technical (per-gene) batch effect; the
+metrics also on hand-built neighbour graphs and clusters with values computed by hand.
+"""
 
 from __future__ import annotations
 
@@ -13,19 +15,20 @@ from anndata import AnnData
 from conftest import CLUSTER_PARAMS, MERGE_PARAMS
 from scipy import sparse
 
-from omicsprep.rna import integration
 from omicsprep.pipeline import run_merge
+from omicsprep.rna import integration
 
 
 def test_concatenation_keeps_every_cell_and_gene(pbmc_batches):
     merged = integration.concatenate_samples(pbmc_batches, labels="leiden_1.0")
     assert merged.n_obs == sum(a.n_obs for a in pbmc_batches.values())
     assert set(merged.var_names) == set(pbmc_batches["first"].var_names) | set(pbmc_batches["second"].var_names)
-    assert merged.obs_names.is_unique and merged.obs_names[0].startswith("first:")
+    assert merged.obs_names.is_unique
+    assert merged.obs_names[0].startswith("first:")
     missing = merged.uns["merge"]["genes_missing"]
     assert missing["first"] == merged.n_vars - pbmc_batches["first"].n_vars
     first = merged[merged.obs["sample"] == "first", list(pbmc_batches["first"].var_names)]
-    assert (first.X != pbmc_batches["first"].layers["counts"]).nnz == 0  # counts unchanged, zero where absent
+    assert (pbmc_batches["first"].layers["counts"] != first.X).nnz == 0  # counts unchanged, zero where absent
 
 
 def test_harmony_mixes_the_pbmc_batches_and_keeps_the_clusters(pbmc_batches):
@@ -42,8 +45,10 @@ def test_harmony_mixes_the_pbmc_batches_and_keeps_the_clusters(pbmc_batches):
 
 
 def neighbour_graph(batches: list[str], neighbours: dict[int, list[int]]) -> AnnData:
-    """Cells with a batch each and a kNN graph in obsp["distances"]: row i holds cell i's
-    neighbours (distances arbitrary: the metric counts neighbours)."""
+    """Cells with a batch each and a kNN graph in obsp["distances"].
+
+    Row i holds cell i's neighbours (distances arbitrary: the metric counts neighbours).
+    """
     rows = [cell for cell, partners in neighbours.items() for _ in partners]
     cols = [partner for partners in neighbours.values() for partner in partners]
     distances = sparse.csr_matrix((np.linspace(0.5, 2.0, len(rows)), (rows, cols)), shape=(len(batches),) * 2)

@@ -28,7 +28,8 @@ def test_join_keeps_the_common_cells(atac):
     half = atac[::2].copy()  # a second modality with every other cell
     joined, overlap = join_modalities({"atac": atac, "prot": half}, min_overlap=0.4)
     assert overlap == {"atac": 0.5, "prot": 1.0}
-    assert joined.n_obs == 500 and list(joined.mod) == ["atac", "prot"]
+    assert joined.n_obs == 500
+    assert list(joined.mod) == ["atac", "prot"]
     assert list(joined["atac"].obs_names) == list(half.obs_names)
 
 
@@ -40,11 +41,13 @@ def test_barcodes_that_do_not_overlap_are_refused(atac):
 
 @pytest.fixture(scope="module")
 def rna_and_atac(atac):
-    """The Multiome cells' RNA (PCA) and ATAC (LSI of the peaks) embeddings, joined. Cells
-    with fewer than 5 of the 45 genes are left out, and so are cells without fragments
+    """The Multiome cells' RNA (PCA) and ATAC (LSI of the peaks) embeddings, joined.
+
+    Cells with fewer than 5 of the 45 genes are left out, and so are cells without fragments
     in peaks or whose peak counts are proportional to another cell's: identical
     embeddings make ties that neighbour searches break arbitrarily (and muon, which
-    finds neighbours through non-zero stored distances, loses them)."""
+    finds neighbours through non-zero stored distances, loses them).
+    """
     rna = multiome_rna()
     atac = atac[distinct_profiles(atac)].copy()
     tfidf(atac, backend="cpu")
@@ -53,9 +56,12 @@ def rna_and_atac(atac):
     return joined
 
 
-def _exact_nearest_neighbors(X, n_neighbors, metric, metric_kwds, random_state, angular=False, low_memory=True):  # noqa: ANN001, ANN202, ARG001
-    """umap's ``nearest_neighbors`` as muon calls it, searched exhaustively instead of by
-    NN-descent: muon's Jaccard-Euclidean width criterion, or Euclidean distance."""
+def _exact_nearest_neighbors(X, n_neighbors, metric, metric_kwds, random_state, angular=False, low_memory=True):  # noqa: FBT002 - umap's signature
+    """Exhaustive stand-in for umap's ``nearest_neighbors``, as muon calls it.
+
+    Searches by muon's Jaccard-Euclidean width criterion, or by Euclidean distance, where
+    umap would use NN-descent.
+    """
     from scipy import sparse
     from scipy.spatial.distance import cdist
     from sklearn.neighbors import NearestNeighbors
@@ -78,9 +84,11 @@ def _exact_nearest_neighbors(X, n_neighbors, metric, metric_kwds, random_state, 
 
 
 def test_wnn_equals_muon_with_exhaustive_searches(rna_and_atac, monkeypatch):
-    """muon searches its neighbours approximately (NN-descent; its kernel widths correlate
-    0.26 with an exhaustive search of its own criterion on these cells); with every
-    search made exhaustive, its WNN and ours agree."""
+    """With every neighbour search made exhaustive, muon's WNN and ours agree.
+
+    Muon itself searches approximately (NN-descent; its kernel widths correlate 0.26 with an
+    exhaustive search of its own criterion on these cells).
+    """
     import muon
     import muon._core.preproc
     import scanpy as sc

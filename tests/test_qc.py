@@ -9,9 +9,9 @@ import scanpy as sc
 from conftest import NO_DOUBLETS, QC_PARAMS
 
 from omicsprep import io
-from omicsprep.rna import qc
 from omicsprep.errors import InputError
 from omicsprep.pipeline import run_qc
+from omicsprep.rna import qc
 
 
 def test_gene_groups_match_human_and_mouse_names():

@@ -14,13 +14,13 @@ import pyarrow as pa
 import pytest
 from conftest import REPO
 
-from omicsprep.reads import counting
 from omicsprep.errors import InputError
+from omicsprep.reads import counting
 from omicsprep.reads.molecules import BamOptions, estimated_reads
 from omicsprep.reads.umi import METHODS, pack_umis
 
 sys.path.insert(0, str(REPO / "benchmarks"))
-import generate  # noqa: E402
+import generate
 
 UMI_DATA = REPO / "tests" / "data" / "umi_tools"
 UMI_TOOLS_BAM = UMI_DATA / "chr19_gene_tags.bam"
@@ -106,8 +106,11 @@ def under_ci() -> bool:
 
 @pytest.fixture(scope="module")
 def umi_tools() -> str:
-    """UMI-tools' command, the reference of the live tests. Where it is missing the tests
-    skip, except under ``CI=true``, where they fail: a CI without its reference is not green."""
+    """UMI-tools' command, the reference of the live tests.
+
+    Where it is missing the tests skip, except under ``CI=true``, where they fail: a CI
+    without its reference is not green.
+    """
     beside_python = Path(sys.executable).parent / "umi_tools"  # the venv's, when pytest runs without activating it
     found = str(beside_python) if beside_python.exists() else shutil.which("umi_tools")
     if found is None:
@@ -220,8 +223,10 @@ def handbuilt_expected(method: str) -> pd.DataFrame:
 
 @pytest.fixture(scope="module")
 def handbuilt_bam(tmp_path_factory) -> Path:
-    """The hand-built cases as one BAM, each gene at its own position (reads in shuffled order
-    within a gene, so no count is an artefact of file order)."""
+    """The hand-built cases as one BAM, each gene at its own position.
+
+    Reads are in shuffled order within a gene, so no count is an artefact of file order.
+    """
     rows = []
     for index, (gene, (umis, _)) in enumerate(HANDBUILT_CASES.items()):
         for umi, n_reads in umis.items():
@@ -253,8 +258,10 @@ def test_handbuilt_cases_count_like_live_umi_tools(handbuilt_bam, umi_tools, tmp
 
 
 def test_sam_counts_like_the_bam(tmp_path):
-    """UMI-tools' test BAM written out as text SAM: the same reads used and skipped, the same
-    counts, and those are UMI-tools' expected ones."""
+    """UMI-tools' test BAM written out as text SAM: the same reads used and skipped, the same counts.
+
+    And those are UMI-tools' expected ones.
+    """
     import pysam
 
     from omicsprep.io import detect_format
@@ -265,7 +272,8 @@ def test_sam_counts_like_the_bam(tmp_path):
         for read in bam.fetch(until_eof=True):
             out.write(read)
             n_reads += 1
-    assert n_reads > 1000 and sam.read_bytes().startswith(b"@HD")  # text, with its header
+    assert n_reads > 1000
+    assert sam.read_bytes().startswith(b"@HD")  # text, with its header
     assert detect_format(sam) == "sam"
     options = {"method": "directional", "bam": REFERENCE_BAM, "skip_gene_regex": "^[__|Unassigned]"}
     from_sam = counting.count_umis(sam, fmt="sam", **options)
@@ -445,8 +453,10 @@ def test_missing_or_undecodable_input_is_one_clear_error(tmp_path, name, content
 
 
 def test_chunks_without_a_usable_read_are_passed_over(tmp_path):
-    """A chunk of only skipped reads (the unmapped reads that end a sorted BAM, a block of
-    unassigned rows) between partitioned chunks."""
+    """A chunk of only skipped reads between partitioned chunks.
+
+    As the unmapped reads that end a sorted BAM, or a block of unassigned rows.
+    """
     reads = generate.generate_reads(40_000, n_cells=50, n_genes=500, seed=7)[["cell", "umi", "gene"]]
     unassigned = reads.assign(gene="__no_feature")
     path = tmp_path / "molecules.parquet"
@@ -473,5 +483,6 @@ def test_names_in_a_text_table_stay_as_written(tmp_path):
     path = tmp_path / "molecules.csv"
     path.write_text("cell,umi,gene\n0001,ACGT,00123\n0001,ACGA,00123\n0002,ACGT,7\n")
     adata = counting.count_umis(path, fmt="molecules", method="unique")
-    assert list(adata.obs_names) == ["0001", "0002"] and sorted(adata.var_names) == ["00123", "7"]
+    assert list(adata.obs_names) == ["0001", "0002"]
+    assert sorted(adata.var_names) == ["00123", "7"]
     assert adata.X.sum() == 3

@@ -1,5 +1,4 @@
-"""Modalities of one sample joined by cell barcode into a MuData, and their weighted
-nearest neighbours (WNN)."""
+"""Modalities of one sample joined by cell barcode into a MuData, and their weighted nearest neighbours (WNN)."""
 
 from __future__ import annotations
 
@@ -160,14 +159,13 @@ def weighted_nearest_neighbors(
     mdata.uns["neighbors"]["params"]["use_rep"] = "X_wnn_input"
 
 
-def _unit_rows(values, *, xp: ModuleType):  # noqa: ANN001, ANN202
+def _unit_rows(values, *, xp: ModuleType):
     norms = xp.linalg.norm(values, axis=1, keepdims=True)
     return values / xp.where(norms > 0, norms, 1)
 
 
-def _nearest(embedding, k: int, *, backend: Backend):  # noqa: ANN001, ANN202
-    """Each cell's ``k`` nearest other cells, exact: (indices, Euclidean distances),
-    nearest first."""
+def _nearest(embedding, k: int, *, backend: Backend):
+    """Each cell's ``k`` nearest other cells, exact: (indices, Euclidean distances), nearest first."""
     if backend == "gpu":
         model = cuml().neighbors.NearestNeighbors(n_neighbors=k + 1, algorithm="brute").fit(embedding)
     else:
@@ -190,9 +188,11 @@ def _row_blocks(n_rows: int, row_bytes: int) -> list[slice]:
     return [slice(start, min(start + step, n_rows)) for start in range(0, n_rows, step)]
 
 
-def _distances_to(embedding, cells, others, *, xp: ModuleType):  # noqa: ANN001, ANN202
-    """Euclidean distances from cell ``cells[i]`` to each of ``others[i, :]`` (unit rows:
-    ``sqrt(2 - 2 cos)``), a block of rows at a time."""
+def _distances_to(embedding, cells, others, *, xp: ModuleType):
+    """Euclidean distances from cell ``cells[i]`` to each of ``others[i, :]``, a block of rows at a time.
+
+    The rows are of unit length: the distance is ``sqrt(2 - 2 cos)``.
+    """
     out = xp.empty(others.shape, dtype=xp.float32)
     for rows in _row_blocks(others.shape[0], 4 * others.shape[1] * embedding.shape[1]):
         cosine = xp.einsum("rcd,rd->rc", embedding[others[rows]], embedding[cells[rows]])
@@ -200,9 +200,11 @@ def _distances_to(embedding, cells, others, *, xp: ModuleType):  # noqa: ANN001,
     return out
 
 
-def _kernel_width(embedding, neighbors, n_bandwidth: int, *, xp: ModuleType):  # noqa: ANN001, ANN202
-    """Mean distance to the ``n_bandwidth`` cells whose neighbour sets overlap a cell's
-    own least (Jaccard index, above zero), the farther first among equals."""
+def _kernel_width(embedding, neighbors, n_bandwidth: int, *, xp: ModuleType):
+    """Mean distance to the ``n_bandwidth`` cells whose neighbour sets overlap a cell's own least.
+
+    The overlap is the Jaccard index, above zero; among equals the farther cell comes first.
+    """
     sp = cupyx_sparse() if xp.__name__ == "cupy" else sparse
     n_cells, k = neighbors.shape
     membership = sp.csr_matrix(
@@ -226,10 +228,12 @@ def _kernel_width(embedding, neighbors, n_bandwidth: int, *, xp: ModuleType):  #
     return (total / xp.maximum(xp.bincount(row[chosen], minlength=n_cells), 1)).astype(xp.float32)
 
 
-def _affinity(embedding, neighbors, closest, width, *, xp: ModuleType):  # noqa: ANN001, ANN202
-    """How well each cell is predicted by the mean of its ``neighbors`` (in some
-    modality) in this modality's embedding: ``exp(-max(d - d_nearest, 0) / (width -
-    d_nearest))``."""
+def _affinity(embedding, neighbors, closest, width, *, xp: ModuleType):
+    """How well each cell is predicted by the mean of its ``neighbors`` in this modality's embedding.
+
+    The ``neighbors`` are of some modality; the affinity is
+    ``exp(-max(d - d_nearest, 0) / (width - d_nearest))``.
+    """
     predicted = xp.empty_like(embedding)
     for rows in _row_blocks(neighbors.shape[0], 4 * neighbors.shape[1] * embedding.shape[1]):
         predicted[rows] = embedding[neighbors[rows]].mean(axis=1)
@@ -237,7 +241,7 @@ def _affinity(embedding, neighbors, closest, width, *, xp: ModuleType):  # noqa:
     return xp.exp(-xp.maximum(distance - closest, 0) / xp.maximum(width - closest, 1e-12))
 
 
-def _joint_neighbors(embeddings, nearest, weights, widths, *, k: int, xp: ModuleType):  # noqa: ANN001, ANN202
+def _joint_neighbors(embeddings, nearest, weights, widths, *, k: int, xp: ModuleType):
     """The ``k`` candidates of highest weighted similarity per cell: (indices, distances)."""
     candidates = xp.sort(xp.concatenate([nearest[name][0] for name in embeddings], axis=1), axis=1)
     repeated = xp.zeros(candidates.shape, dtype=bool)

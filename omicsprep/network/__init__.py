@@ -1,1 +1,1 @@
-"""network"""
+"""Gene co-expression networks: correlations, modules, eigengenes and hub genes."""

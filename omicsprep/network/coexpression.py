@@ -20,8 +20,8 @@ from anndata import AnnData
 from scipy import sparse
 
 from omicsprep.backend import BLOCK_BYTES, Backend, array_module, asnumpy, cuml, tf32_products
-from omicsprep.rna.clustering import Algorithm, partition_graph
 from omicsprep.errors import InputError
+from omicsprep.rna.clustering import Algorithm, partition_graph
 from omicsprep.rna.preprocessing import normalize
 
 Correlation = Literal["pearson", "spearman"]
@@ -119,7 +119,7 @@ def pool_metacells(adata: AnnData, *, method: Pooling, n_metacells: int, seed: i
     """
     if method == "none":
         return adata
-    counts = sparse.csr_matrix(adata.layers["counts"] if "counts" in adata.layers else adata.X)
+    counts = sparse.csr_matrix(adata.layers.get("counts", adata.X))
     if method == "knn":
         pooling = (adata.obsp["connectivities"] > 0).astype(np.float32) + sparse.identity(adata.n_obs, format="csr")
     else:
@@ -139,9 +139,10 @@ def _kmeans(points: np.ndarray, *, n_clusters: int, seed: int, backend: Backend)
     return KMeans(n_clusters=n_clusters, random_state=seed, n_init=1).fit_predict(points)
 
 
-def standardize(expression: np.ndarray | sparse.spmatrix, *, method: Correlation, backend: Backend):  # noqa: ANN201
-    """Samples x genes on the device, each gene centred and scaled to unit variance, so
-    that correlations are matrix products (:func:`correlation_graph`).
+def standardize(expression: np.ndarray | sparse.spmatrix, *, method: Correlation, backend: Backend):
+    """Samples x genes on the device, each gene centred and scaled to unit variance.
+
+    Correlations are then matrix products (:func:`correlation_graph`).
 
     Parameters
     ----------
@@ -175,7 +176,7 @@ def correlation_graph(
     top_k: int,
     min_correlation: float,
     power: float,
-    backend: Backend,  # noqa: ANN001
+    backend: Backend,
 ) -> sparse.csr_matrix:
     """Sparse gene-gene graph: each gene joined to its ``top_k`` most correlated partners.
 
@@ -220,9 +221,12 @@ def correlation_graph(
 
 
 def _split_tf32(values: Any, *, xp: ModuleType) -> tuple[Any, Any]:
-    """``values`` (float32) as ``high + low``: ``high`` rounded to TF32's 10 mantissa bits
-    (exact on TF32 tensor cores), ``low`` the exact remainder (at most 2^-11 of the value).
-    For finite values below about 3.4e38 (standardized expression is far below)."""
+    """``values`` (float32) as ``high + low``, ``high`` exact on TF32 tensor cores.
+
+    ``high`` is rounded to TF32's 10 mantissa bits, ``low`` is the exact remainder (at most
+    2^-11 of the value). For finite values below about 3.4e38 (standardized expression is
+    far below).
+    """
     bits = values.view(xp.uint32).copy()  # rounded in place: no temporaries beyond the two parts
     bits += xp.uint32(1 << 12)
     bits &= xp.uint32(0xFFFFE000)
@@ -231,8 +235,7 @@ def _split_tf32(values: Any, *, xp: ModuleType) -> tuple[Any, Any]:
 
 
 def _gram_blocks(standardized: Any, *, backend: Backend) -> Iterator[tuple[int, int, Any]]:
-    """Row blocks ``start:stop`` of ``standardized.T @ standardized`` (genes x genes), one at
-    a time, as ``(start, stop, block)``.
+    """Row blocks of ``standardized.T @ standardized`` (genes x genes) as ``(start, stop, block)``.
 
     On the GPU (when the second copy fits :data:`SPLIT_MAX_BYTES`) each factor is split as
     ``high + low`` (:func:`_split_tf32`) and the products of the parts run on TF32 tensor
@@ -258,11 +261,14 @@ def _gram_blocks(standardized: Any, *, backend: Backend) -> Iterator[tuple[int, 
         yield start, stop, block
 
 
-def _densified(matrix: sparse.csr_matrix, *, backend: Backend):  # noqa: ANN202
-    """The dense matrix on the device. On the GPU only the sparse arrays cross and are
-    added into place (CuPy's ``toarray`` sorts a copy and makes a second, column-major,
-    dense copy); on the CPU SciPy adds straight into the output. Both sum repeated
-    entries, so the matrix need not be canonical (checking costs a pass over it)."""
+def _densified(matrix: sparse.csr_matrix, *, backend: Backend):
+    """The dense matrix on the device.
+
+    On the GPU only the sparse arrays cross and are added into place (CuPy's ``toarray``
+    sorts a copy and makes a second, column-major, dense copy); on the CPU SciPy adds
+    straight into the output. Both sum repeated entries, so the matrix need not be
+    canonical (checking costs a pass over it).
+    """
     xp = array_module(backend)
     dense = xp.zeros(matrix.shape, dtype=xp.float32)
     if backend == "cpu":
@@ -274,9 +280,10 @@ def _densified(matrix: sparse.csr_matrix, *, backend: Backend):  # noqa: ANN202
     return dense
 
 
-def _standardize_in_place(values, *, xp: ModuleType) -> None:  # noqa: ANN001
-    """Centre each column and scale it to unit variance; a constant column becomes zeros
-    (it correlates with nothing).
+def _standardize_in_place(values, *, xp: ModuleType) -> None:
+    """Centre each column and scale it to unit variance; a constant column becomes zeros.
+
+    A constant column correlates with nothing.
 
     Column sums are products with a vector of ones: BLAS reads the row-major matrix in
     order, where a column-wise reduction would stride through it (slow on the GPU). Only
@@ -295,7 +302,7 @@ def _standardize_in_place(values, *, xp: ModuleType) -> None:  # noqa: ANN001
     values /= scale
 
 
-def _ranks(values, *, xp: ModuleType):  # noqa: ANN001, ANN202
+def _ranks(values, *, xp: ModuleType):
     """Column ranks, ties sharing their mean rank."""
     ranks = xp.empty_like(values)
     for j in range(values.shape[1]):

@@ -1,1 +1,1 @@
-"""protein"""
+"""Antibody-derived tags (CITE-seq): QC, CLR and dsb normalization."""

@@ -21,7 +21,7 @@ from omicsprep.errors import InputError
 ISOTYPE_PATTERN = r"(?i)isotype|^(mouse|rat|hamster|armenian)[ _-]?ig"
 
 
-def _dense(matrix, xp: ModuleType):  # noqa: ANN001, ANN202
+def _dense(matrix, xp: ModuleType):
     values = matrix.toarray() if sparse.issparse(matrix) else np.asarray(matrix)
     return xp.asarray(values, dtype=xp.float64)
 
@@ -32,8 +32,11 @@ def isotype_controls(adata: AnnData, *, pattern: str = ISOTYPE_PATTERN) -> list[
 
 
 def protein_qc(adata: AnnData, *, isotypes: list[str]) -> None:
-    """Per-cell ADT metrics in ``obs``: ``total_adt`` (all tags), ``isotype_adt`` (isotype
-    controls) and ``pct_isotype`` (their share, %)."""
+    """Per-cell ADT metrics in ``obs``: ``total_adt``, ``isotype_adt`` and ``pct_isotype``.
+
+    ``total_adt`` counts all tags, ``isotype_adt`` the isotype controls, and ``pct_isotype``
+    is their share (%).
+    """
     counts = adata.X
     total = np.asarray(counts.sum(axis=1)).ravel()
     isotype = np.asarray(adata[:, isotypes].X.sum(axis=1)).ravel() if isotypes else np.zeros(adata.n_obs)
@@ -130,16 +133,15 @@ def dsb(
     adata.X = asnumpy(scaled).astype(np.float32)
 
 
-def _first_component(values, *, xp: ModuleType):  # noqa: ANN001, ANN202
-    """Scores on the first principal component of the centred columns, oriented to rise
-    with the columns' mean."""
+def _first_component(values, *, xp: ModuleType):
+    """Scores on the first principal component of the centred columns, rising with the columns' mean."""
     centred = values - values.mean(axis=0)
     _, vectors = xp.linalg.eigh(centred.T @ centred)
     scores = centred @ vectors[:, -1]
     return -scores if float((scores * centred.mean(axis=1)).sum()) < 0 else scores
 
 
-def _two_component_low_means(values, *, xp: ModuleType, n_iterations: int = 200):  # noqa: ANN001, ANN202
+def _two_component_low_means(values, *, xp: ModuleType, n_iterations: int = 200):
     """Mean of the lower component of a two-component 1-D Gaussian mixture, per row.
 
     EM for every row at once, each component with its own variance, started from the

@@ -18,9 +18,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from omicsprep.reads import umi_kernels
 from omicsprep.backend import Backend, cudf, cupy
 from omicsprep.errors import InputError
+from omicsprep.reads import umi_kernels
 
 if TYPE_CHECKING:
     from pandas import DataFrame  # or cudf.DataFrame
@@ -66,7 +66,7 @@ def pack_umis(umis: pa.Array) -> tuple[np.ndarray, np.ndarray]:
 
 
 @numba.njit(cache=True, parallel=True)
-def _pack_equal_length(data, n, length, base_codes):  # noqa: ANN001, ANN202
+def _pack_equal_length(data, n, length, base_codes):
     """:func:`pack_umis` on the contiguous bytes of ``n`` UMIs of ``length`` bases."""
     packed = np.zeros(n, dtype=np.uint64)
     valid = np.ones(n, dtype=np.bool_)
@@ -85,7 +85,7 @@ _count_group = umi_kernels.build(numba.njit(cache=True))
 
 
 @numba.njit(cache=True, parallel=True)
-def count_groups(umis, counts, starts, method, threshold):  # noqa: ANN001, ANN201
+def count_groups(umis, counts, starts, method, threshold):
     """Molecules in every group (one cell and gene), on the CPU's cores.
 
     Group g spans ``starts[g]:starts[g + 1]`` of the sorted molecules; ``method`` indexes

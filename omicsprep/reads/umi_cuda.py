@@ -19,7 +19,7 @@ THREADS_PER_BLOCK = 128
 
 
 @cuda.jit(cache=True)
-def _count_groups_kernel(umis, counts, starts, order, method, threshold, component, stack, mark, covered, molecules):  # noqa: ANN001, ANN202
+def _count_groups_kernel(umis, counts, starts, order, method, threshold, component, stack, mark, covered, molecules):
     k = cuda.grid(1)
     if k < order.size:
         g = order[k]

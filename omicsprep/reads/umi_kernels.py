@@ -22,15 +22,15 @@ _EVEN_BITS = np.uint64(0x5555555555555555)
 
 
 def build(jit: Callable) -> Callable:
-    """``count_group(umis, counts, lo, hi, method, threshold, component, stack, mark,
-    covered) -> molecules``, compiled with ``jit``.
+    """The kernel ``count_group``, compiled with ``jit``.
 
+    ``count_group(umis, counts, lo, hi, method, threshold, component, stack, mark, covered) -> molecules``.
     Scratch arrays (length of ``umis``): ``component``, ``stack`` and ``mark`` int32,
     ``covered`` uint8.
     """
 
     @jit
-    def popcount(x):  # noqa: ANN001, ANN202
+    def popcount(x):
         n = 0
         while x:
             x &= x - np.uint64(1)
@@ -38,12 +38,12 @@ def build(jit: Callable) -> Callable:
         return n
 
     @jit
-    def hamming(a, b):  # noqa: ANN001, ANN202
+    def hamming(a, b):
         diff = a ^ b
         return popcount((diff | (diff >> np.uint64(1))) & _EVEN_BITS)
 
     @jit
-    def components(umis, counts, lo, n, threshold, directional, component, stack, mark):  # noqa: ANN001, ANN202
+    def components(umis, counts, lo, n, threshold, directional, component, stack, mark):
         """Component of every UMI, from searches started in count order (UMI-tools').
 
         A search may pass through UMIs found by earlier ones (UMI-tools' does), but only
@@ -80,7 +80,7 @@ def build(jit: Callable) -> Callable:
         return n_components
 
     @jit
-    def min_account(umis, lo, members, m_lo, m_hi, threshold, covered):  # noqa: ANN001, ANN202
+    def min_account(umis, lo, members, m_lo, m_hi, threshold, covered):
         """Fewest top UMIs of one component whose neighbourhoods cover it (adjacency).
 
         ``members[m_lo:m_hi]`` are the component's UMIs (group-local), in count order.
@@ -101,7 +101,7 @@ def build(jit: Callable) -> Callable:
         return size
 
     @jit
-    def adjacency_count(umis, lo, n, n_components, threshold, component, members, ends, covered):  # noqa: ANN001, ANN202
+    def adjacency_count(umis, lo, n, n_components, threshold, component, members, ends, covered):
         """Sum of :func:`min_account` over components, members bucketed by component."""
         # Counting sort of the UMIs by component (stable: count order kept in each).
         for c in range(n_components):
@@ -123,7 +123,7 @@ def build(jit: Callable) -> Callable:
         return molecules
 
     @jit
-    def count_group(umis, counts, lo, hi, method, threshold, component, stack, mark, covered):  # noqa: ANN001, ANN202
+    def count_group(umis, counts, lo, hi, method, threshold, component, stack, mark, covered):
         n = hi - lo
         if method == UNIQUE or n == 1:
             return n

@@ -18,9 +18,10 @@ log = logging.getLogger(__name__)
 
 
 def concatenate_samples(samples: Mapping[str, AnnData], *, labels: str | None = None) -> AnnData:
-    """One AnnData of every sample's cells: raw counts, genes joined outer (a gene absent
-    from a sample counts zero there), ``obs["sample"]`` and barcodes ``<sample>:<barcode>``
-    (unique across samples).
+    """One AnnData of every sample's cells: raw counts, genes joined outer, ``obs["sample"]``.
+
+    A gene absent from a sample counts zero there. Barcodes become ``<sample>:<barcode>``,
+    unique across samples.
 
     Parameters
     ----------
@@ -38,7 +39,7 @@ def concatenate_samples(samples: Mapping[str, AnnData], *, labels: str | None = 
     """
     parts = {}
     for name, adata in samples.items():
-        counts = adata.layers["counts"] if "counts" in adata.layers else adata.X
+        counts = adata.layers.get("counts", adata.X)
         obs = adata.obs[[c for c in ("batch",) if c in adata.obs]].copy()
         if labels is not None:
             obs["sample_clusters"] = name + ":" + adata.obs[labels].astype(str)
@@ -101,9 +102,11 @@ def harmony(adata: AnnData, *, key: str, theta: float, max_iter: int, seed: int,
 
 
 def batch_mixing(adata: AnnData, *, key: str) -> float:
-    """Mean over cells of the entropy of the batches among each cell's neighbours
-    (``obsp["distances"]``), relative to the entropy of the batches' overall shares: 1
-    when every neighbourhood mixes the batches as the whole data does, 0 when none mixes."""
+    """Mean entropy of the batches among each cell's neighbours, relative to the batches' overall shares.
+
+    The neighbours are those of ``obsp["distances"]``. 1 when every neighbourhood mixes the
+    batches as the whole data does, 0 when none mixes.
+    """
     batches = pd.Categorical(adata.obs[key])
     graph = sparse.csr_matrix(adata.obsp["distances"])
     rows = np.repeat(np.arange(adata.n_obs), np.diff(graph.indptr))
@@ -118,8 +121,10 @@ def batch_mixing(adata: AnnData, *, key: str) -> float:
 
 
 def label_conservation(adata: AnnData, *, clusters: str, labels: str = "sample_clusters") -> float:
-    """Mean over samples of the adjusted Rand index between the merged clusters and the
-    sample's own clusters: how much of each sample's structure survives integration."""
+    """Mean over samples of the adjusted Rand index between the merged clusters and the sample's own.
+
+    How much of each sample's structure survives integration.
+    """
     scores = [
         adjusted_rand_score(group[labels], group[clusters]) for _, group in adata.obs.groupby("sample", observed=True)
     ]

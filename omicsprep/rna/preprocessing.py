@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 HvgFlavor = Literal["seurat_v3", "seurat", "cell_ranger"]
 
 
-def _api(backend: Backend):  # noqa: ANN202 - scanpy or rapids_singlecell
+def _api(backend: Backend):  # scanpy or rapids_singlecell
     if backend == "gpu":
         return rapids_singlecell()
     import scanpy as sc

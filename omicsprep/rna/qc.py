@@ -218,8 +218,7 @@ def _classify_on_gpu(
     stdev_doub_rate: float = 0.03,
     get_neighbor_parents: bool = False,
 ) -> None:
-    """rapids-singlecell's Scrublet neighbour classifier, with the same arithmetic, its
-    neighbour table kept on the device.
+    """rapids-singlecell's Scrublet neighbour classifier (same arithmetic), its neighbour table kept on the device.
 
     rapids-singlecell (0.18) copies the k-neighbour table to the host and labels it with
     Python strings: at 300,000 cells (k = 822 among 900,000) that took most of a
