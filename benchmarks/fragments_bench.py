@@ -50,12 +50,18 @@ def measure(path: Path, backend: str, chunk_rows: int | None) -> dict:
     before = resident_mb()
     Path("/proc/self/clear_refs").write_text("5")  # the peak (VmHWM) from here on
     start = time.perf_counter()
-    adata = count_fragments(io.fragment_chunks(path, chunk_rows=chunk_rows, backend=backend),
-                            barcodes=barcodes, backend=backend)
+    adata = count_fragments(
+        io.fragment_chunks(path, chunk_rows=chunk_rows, backend=backend), barcodes=barcodes, backend=backend
+    )
     seconds = time.perf_counter() - start
     n_fragments = int(adata.obs["n_fragments"].sum()) + adata.uns["fragments"]["outside_cells"]
-    row = {"fragments": n_fragments, "backend": backend, "chunk_rows": chunk_rows, "seconds": round(seconds, 2),
-           "fragments_per_s_M": round(n_fragments / seconds / 1e6, 1)}
+    row = {
+        "fragments": n_fragments,
+        "backend": backend,
+        "chunk_rows": chunk_rows,
+        "seconds": round(seconds, 2),
+        "fragments_per_s_M": round(n_fragments / seconds / 1e6, 1),
+    }
     if backend == "gpu":  # the counting alone: chunks parsed into GPU memory first
         chunks = list(io.fragment_chunks(path, chunk_rows=chunk_rows, backend=backend))
         synchronize(backend=backend)
@@ -106,17 +112,23 @@ def main() -> None:
             start = time.perf_counter()
             write_fragments(path.with_suffix(".part"), n, n_cells=N_CELLS, jobs=os.cpu_count() or 1)
             path.with_suffix(".part").rename(path)
-            print(f"wrote {path} ({path.stat().st_size / 2**30:.1f} GB) in {time.perf_counter() - start:.0f} s",
-                  flush=True)
+            print(
+                f"wrote {path} ({path.stat().st_size / 2**30:.1f} GB) in {time.perf_counter() - start:.0f} s",
+                flush=True,
+            )
         for backend in args.backends:
             rows = ["--chunk-rows", str(args.chunk_rows)] if args.chunk_rows else []
             row = measure_in_child(__file__, "--one", str(path), backend, *rows)
             rows += [row] if row else []
     table = pd.DataFrame(rows)
     print(table.to_string(index=False))
-    append_results(args.results, title="Fragments to tiles", table=table,
-                   note=f"Generated 10x fragments (plain TSV, {N_CELLS:,} cells + background barcodes), 5 kb tiles; "
-                        "seconds after a warm-up call.")
+    append_results(
+        args.results,
+        title="Fragments to tiles",
+        table=table,
+        note=f"Generated 10x fragments (plain TSV, {N_CELLS:,} cells + background barcodes), 5 kb tiles; "
+        "seconds after a warm-up call.",
+    )
 
 
 if __name__ == "__main__":

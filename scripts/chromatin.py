@@ -1,5 +1,7 @@
-"""Rule chromatin: fragments counted into peaks or tiles for the QC'd cells, then TF-IDF,
-LSI, neighbours, UMAP and clusters."""
+"""Rule chromatin: fragments counted into peaks or tiles for the QC'd cells.
+
+Then TF-IDF, LSI, neighbours, UMAP and clusters.
+"""
 
 from omicsprep import io
 from omicsprep.atac.fragments import count_fragments
@@ -19,10 +21,19 @@ def main() -> None:
     tss = io.read_tss(snakemake.input.genes) if "genes" in given else None
     chrom_sizes = io.read_chrom_sizes(snakemake.input.chrom_sizes) if "chrom_sizes" in given else None
     chunks = io.fragment_chunks(snakemake.input.fragments, chunk_rows=params["chunk_rows"], backend=backend)
-    adata = count_fragments(chunks, barcodes=cells, peaks=peaks, tile_width=params["tile_width"],
-                            chrom_sizes=chrom_sizes, tss=tss, source=snakemake.input.fragments, backend=backend)
-    run_chromatin(adata, params=params, clustering_params=snakemake.params.clustering, seed=snakemake.params.seed,
-                  backend=backend)
+    adata = count_fragments(
+        chunks,
+        barcodes=cells,
+        peaks=peaks,
+        tile_width=params["tile_width"],
+        chrom_sizes=chrom_sizes,
+        tss=tss,
+        source=snakemake.input.fragments,
+        backend=backend,
+    )
+    run_chromatin(
+        adata, params=params, clustering_params=snakemake.params.clustering, seed=snakemake.params.seed, backend=backend
+    )
     io.write_h5ad(adata, snakemake.output.h5ad, compression=snakemake.config["h5ad_compression"])
 
 

@@ -1,5 +1,6 @@
 """scATAC on the 10x Multiome subset: fragments counted into peaks and tiles (checked against
-a plain count), QC, and TF-IDF and LSI against muon."""
+a plain count), QC, and TF-IDF and LSI against muon.
+"""
 
 from __future__ import annotations
 
@@ -34,8 +35,9 @@ def fragments(barcodes):
 
 @pytest.fixture(scope="module")
 def peak_counts(barcodes):
-    return count_fragments(io.fragment_chunks(FRAGMENTS, chunk_rows=20_000), barcodes=barcodes,
-                           peaks=io.read_peaks(MULTIOME / "peaks.bed"))
+    return count_fragments(
+        io.fragment_chunks(FRAGMENTS, chunk_rows=20_000), barcodes=barcodes, peaks=io.read_peaks(MULTIOME / "peaks.bed")
+    )
 
 
 def plain_count(fragments: pd.DataFrame, barcodes: pd.Index, intervals: list[tuple[str, int, int]]) -> np.ndarray:
@@ -64,8 +66,7 @@ def test_peak_counts_equal_a_plain_count(peak_counts, fragments, barcodes):
 
 
 def test_tile_counts_equal_a_plain_count(fragments, barcodes):
-    tiles = count_fragments(io.fragment_chunks(FRAGMENTS, chunk_rows=30_000), barcodes=barcodes,
-                            tile_width=5000)
+    tiles = count_fragments(io.fragment_chunks(FRAGMENTS, chunk_rows=30_000), barcodes=barcodes, tile_width=5000)
     names = tiles.var_names.str.extract(r"(.+):(\d+)-(\d+)").astype({1: int, 2: int})
     assert (names[2] - names[1] == 5000).all() and (names[1] % 5000 == 0).all()
     expected = plain_count(fragments, barcodes, list(names.itertuples(index=False, name=None)))
@@ -82,8 +83,9 @@ def test_qc_metrics(peak_counts, fragments, barcodes):
     mono = fragments[(length >= 147) & (length <= 294)]["barcode"].value_counts().reindex(barcodes, fill_value=0)
     np.testing.assert_allclose(peak_counts.obs["nucleosome_signal"], mono / np.maximum(free, 1))
     # FRiP: a cell's fragments that overlap any peak (once, even if they touch two), over all its fragments.
-    peaks = pd.read_csv(MULTIOME / "peaks.bed", sep="\t", header=None, usecols=[0, 1, 2],
-                        names=["chrom", "start", "end"])
+    peaks = pd.read_csv(
+        MULTIOME / "peaks.bed", sep="\t", header=None, usecols=[0, 1, 2], names=["chrom", "start", "end"]
+    )
     in_peaks = np.zeros(len(fragments), dtype=bool)
     for chrom, start, end in peaks.itertuples(index=False, name=None):
         in_peaks |= ((fragments["chrom"] == chrom) & (fragments["start"] < end) & (fragments["end"] > start)).to_numpy()
@@ -136,14 +138,18 @@ def test_bad_fragments_are_one_clear_error(tmp_path, barcodes):
     sizes = tmp_path / "genome.fa.fai"
     sizes.write_text("chr1\t248956422\t112\t60\t61\nchr4\t190214555\t253105752\t60\t61\n")
     with pytest.raises(InputError, match=r"fragments on chromosomes not in the genome's sizes: chr2$"):
-        count_fragments(io.fragment_chunks(FRAGMENTS), barcodes=barcodes,
-                        chrom_sizes=io.read_chrom_sizes(sizes))
+        count_fragments(io.fragment_chunks(FRAGMENTS), barcodes=barcodes, chrom_sizes=io.read_chrom_sizes(sizes))
     bad.write_text("chr1\t248956400\t248956500\tAAACAGCCAGCATGTC-1\t1\n")
-    with pytest.raises(InputError, match=r"1 fragments end past their chromosome, e.g. chr1:...-248956500 "
-                                         r"\(chr1 is 248,956,422 bp\)"):
+    with pytest.raises(
+        InputError,
+        match=r"1 fragments end past their chromosome, e.g. chr1:...-248956500 "
+        r"\(chr1 is 248,956,422 bp\)",
+    ):
         count_fragments(io.fragment_chunks(bad), barcodes=barcodes, chrom_sizes=io.read_chrom_sizes(sizes))
-    for unsorted in ("chr1\t500\t600\tA-1\t1\nchr1\t100\t200\tA-1\t1\n",
-                     "chr1\t500\t600\tA-1\t1\nchr2\t100\t200\tA-1\t1\nchr1\t700\t800\tA-1\t1\n"):
+    for unsorted in (
+        "chr1\t500\t600\tA-1\t1\nchr1\t100\t200\tA-1\t1\n",
+        "chr1\t500\t600\tA-1\t1\nchr2\t100\t200\tA-1\t1\nchr1\t700\t800\tA-1\t1\n",
+    ):
         bad.write_text(unsorted)
         with pytest.raises(InputError, match=r"not sorted by chromosome and start .*e.g. chr1:(100|700) "):
             count_fragments(io.fragment_chunks(bad), barcodes=barcodes)
@@ -158,9 +164,12 @@ def test_bad_fragments_are_one_clear_error(tmp_path, barcodes):
 def test_counts_within_the_genome_are_unchanged_by_its_check(tmp_path, peak_counts, barcodes):
     sizes = tmp_path / "chrom.sizes"
     sizes.write_text("chr1\t248956422\nchr2\t242193529\nchr4\t190214555\n")
-    checked = count_fragments(io.fragment_chunks(FRAGMENTS, chunk_rows=20_000), barcodes=barcodes,
-                              peaks=io.read_peaks(MULTIOME / "peaks.bed"),
-                              chrom_sizes=io.read_chrom_sizes(sizes))
+    checked = count_fragments(
+        io.fragment_chunks(FRAGMENTS, chunk_rows=20_000),
+        barcodes=barcodes,
+        peaks=io.read_peaks(MULTIOME / "peaks.bed"),
+        chrom_sizes=io.read_chrom_sizes(sizes),
+    )
     assert (checked.X != peak_counts.X).nnz == 0
 
 
@@ -179,8 +188,9 @@ def test_tss_enrichment_equals_muons(tmp_path, barcodes):
     ours = count_fragments(io.fragment_chunks(FRAGMENTS, chunk_rows=20_000), barcodes=barcodes, tss=tss)
     reference = ours.copy()
     reference.uns["files"] = {"fragments": indexed}
-    genes = io.read_peaks(MULTIOME / "genes.bed").rename(columns={"chrom": "Chromosome", "start": "Start",
-                                                                   "end": "End"})
+    genes = io.read_peaks(MULTIOME / "genes.bed").rename(
+        columns={"chrom": "Chromosome", "start": "Start", "end": "End"}
+    )
     muon.atac.tl.tss_enrichment(reference, features=genes, n_tss=len(genes), return_tss=False)
     assert (ours.obs["tss_enrichment"] > 0).sum() > 50
     np.testing.assert_allclose(ours.obs["tss_enrichment"], reference.obs["tss_score"], rtol=1e-9)
@@ -188,19 +198,25 @@ def test_tss_enrichment_equals_muons(tmp_path, barcodes):
 
 def test_tss_near_a_chromosome_start_and_many_contigs(tmp_path):
     """TSS windows that start before bp 0 (chrM genes), and 300 contigs counted into
-    tiles: both checked against a plain per-fragment count."""
+    tiles: both checked against a plain per-fragment count.
+    """
     rng = np.random.default_rng(1)
     cells = pd.Index(["A-1", "B-1"])
-    rows = [(f"contig{i}", s, s + int(rng.integers(50, 400)), cells[i % 2], int(rng.integers(1, 4)))
-            for i in range(300) for s in rng.integers(0, 20_000, 5)]
-    rows += [(chrom, s, s + int(rng.integers(50, 400)), cells[int(rng.integers(2))], int(rng.integers(1, 4)))
-             for chrom in ("chrM", "chr1") for s in rng.integers(0, 7_000, 400)]
+    rows = [
+        (f"contig{i}", s, s + int(rng.integers(50, 400)), cells[i % 2], int(rng.integers(1, 4)))
+        for i in range(300)
+        for s in rng.integers(0, 20_000, 5)
+    ]
+    rows += [
+        (chrom, s, s + int(rng.integers(50, 400)), cells[int(rng.integers(2))], int(rng.integers(1, 4)))
+        for chrom in ("chrM", "chr1")
+        for s in rng.integers(0, 7_000, 400)
+    ]
     frame = pd.DataFrame(rows, columns=["chrom", "start", "end", "barcode", "count"])
     path = tmp_path / "fragments.tsv"
     frame.sort_values(["chrom", "start"]).to_csv(path, sep="\t", header=False, index=False)
     tss = pd.DataFrame({"chrom": ["chrM", "chr1", "chr1"], "position": [600, 5000, 5500]})
-    counted = count_fragments(io.fragment_chunks(path, chunk_rows=1000), barcodes=cells, tile_width=5000,
-                              tss=tss)
+    counted = count_fragments(io.fragment_chunks(path, chunk_rows=1000), barcodes=cells, tile_width=5000, tss=tss)
     names = counted.var_names.str.extract(r"(.+):(\d+)-(\d+)").astype({1: int, 2: int})
     expected = plain_count(frame, cells, list(names.itertuples(index=False, name=None)))
     np.testing.assert_array_equal(counted.X.toarray(), expected)
@@ -227,10 +243,10 @@ def test_compressed_fragments_and_empty_peaks(tmp_path, peak_counts, barcodes):
     pysam.tabix_compress(str(tmp_path / "fragments.tsv"), str(tmp_path / "fragments.tsv.gz"))  # bgzip: many members
     peaks = io.read_peaks(MULTIOME / "peaks.bed")
     for name in ("fragments.tsv.bz2", "fragments.tsv.gz"):
-        counted = count_fragments(io.fragment_chunks(tmp_path / name, chunk_rows=20_000),
-                                  barcodes=barcodes, peaks=peaks)
+        counted = count_fragments(
+            io.fragment_chunks(tmp_path / name, chunk_rows=20_000), barcodes=barcodes, peaks=peaks
+        )
         assert (counted.X != peak_counts.X).nnz == 0
     none = count_fragments(io.fragment_chunks(FRAGMENTS), barcodes=barcodes, peaks=peaks.iloc[:0])
     assert none.shape == (len(barcodes), 0)
     assert (none.obs["n_fragments"] == peak_counts.obs["n_fragments"]).all()
-

@@ -1,1 +1,1 @@
-"""atac"""
+"""Chromatin accessibility (scATAC): fragments counted into peaks or tiles, TF-IDF and LSI."""

@@ -1,5 +1,7 @@
-"""The output matrix of fragment counts, assembled in feature-major (CSC) order from
-sorted ``feature << CELL_BITS | cell`` keys, on either backend."""
+"""The output matrix of fragment counts, on either backend.
+
+It is assembled in feature-major (CSC) order from sorted ``feature << CELL_BITS | cell`` keys.
+"""
 
 from __future__ import annotations
 
@@ -17,9 +19,11 @@ HOST_GROWTH = 1.25  # spare room of the growing host output: realloc grows it in
 
 
 class FeatureColumns:
-    """The output matrix in feature-major (CSC) order, a block of finished features at a
-    time: the fragments are sorted, so once they have passed a feature its counts are
-    final. Only the unfinished features' (feature, cell) counts wait for the next chunk."""
+    """The output matrix in feature-major (CSC) order, a block of finished features at a time.
+
+    The fragments are sorted, so once they have passed a feature its counts are final. Only
+    the unfinished features' (feature, cell) counts wait for the next chunk.
+    """
 
     def __init__(self, xp: ModuleType) -> None:
         self.xp = xp
@@ -29,8 +33,10 @@ class FeatureColumns:
         self.waiting_keys, self.waiting_counts = xp.zeros(0, xp.int64), xp.zeros(0, xp.int64)
 
     def add(self, keys, *, finished_below: int | None) -> None:
-        """Count a chunk's ``feature << CELL_BITS | cell`` keys; features below
-        ``finished_below`` (all when ``None``) are final after it."""
+        """Count a chunk's ``feature << CELL_BITS | cell`` keys.
+
+        Features below ``finished_below`` (all when ``None``) are final after it.
+        """
         xp = self.xp
         keys, counts = xp.unique(keys, return_counts=True)
         keys, counts = _merged(self.waiting_keys, self.waiting_counts, keys, counts.astype(xp.int64), xp=xp)
@@ -45,12 +51,17 @@ class FeatureColumns:
         self.size += keys.size
 
     def csc(self, *, n_cells: int, n_features: int | None):
-        """The counts as a SciPy CSC matrix, and its features; with ``n_features``, every
-        feature number below it is a column (peaks), else only those with counts (tiles)."""
+        """The counts as a SciPy CSC matrix, and its features.
+
+        With ``n_features``, every feature number below it is a column (peaks), else only
+        those with counts (tiles).
+        """
         if self.size >= 1 << 31:  # indices are int32 (the only kind cupyx has)
             raise InputError(f"{self.size:,} non-zero (cell, feature) counts: more than a sparse matrix holds here")
-        features, lengths = np.concatenate([np.zeros(0, np.int64), *self.features]), np.concatenate(
-            [np.zeros(0, np.int64), *self.lengths])
+        features, lengths = (
+            np.concatenate([np.zeros(0, np.int64), *self.features]),
+            np.concatenate([np.zeros(0, np.int64), *self.lengths]),
+        )
         columns = np.arange(n_features) if n_features is not None else features
         per_column = np.zeros(columns.size, dtype=np.int64)
         per_column[np.searchsorted(columns, features)] = lengths
@@ -62,8 +73,10 @@ class FeatureColumns:
 
 
 def _merged(keys_a, counts_a, keys_b, counts_b, *, xp: ModuleType):
-    """Two sorted arrays of unique keys as one, the counts of keys in both summed; by
-    positions, without sorting again."""
+    """Two sorted arrays of unique keys as one, the counts of keys in both summed.
+
+    Merged by positions, without sorting again.
+    """
     if keys_a.size == 0 or keys_b.size == 0:
         return (keys_b, counts_b) if keys_a.size == 0 else (keys_a, counts_a)
     keys = xp.empty(keys_a.size + keys_b.size, dtype=xp.int64)
@@ -89,9 +102,11 @@ def runs(values, *, xp: ModuleType):
 
 
 def _appended(buffer, size: int, values, *, xp: ModuleType):
-    """``buffer[:size]`` followed by ``values``, in a buffer with room to grow: on the
-    host resized in place (realloc moves no pages), so the output never exists twice;
-    on the device doubled."""
+    """``buffer[:size]`` followed by ``values``, in a buffer with room to grow.
+
+    On the host the buffer is resized in place (realloc moves no pages), so the output never
+    exists twice; on the device it is doubled.
+    """
     needed = size + values.size
     if needed > buffer.size:
         capacity = max(needed, int(buffer.size * (HOST_GROWTH if xp is np else 2)))

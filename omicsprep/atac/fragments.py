@@ -1,5 +1,6 @@
-"""Chromatin fragments counted into peaks or genome tiles, with QC per cell (fragment
-lengths, fraction in features, TSS enrichment), on either backend.
+"""Chromatin fragments counted into peaks or genome tiles, with QC per cell, on either backend.
+
+The QC per cell: fragment lengths, the fraction in features and TSS enrichment.
 
 Fragments arrive in chunks (:func:`omicsprep.io.fragment_chunks`), so memory follows the
 chunk size and the output matrix, not the file.
@@ -112,8 +113,10 @@ def _check_barcodes(barcodes: pd.Index) -> None:
 
 
 class _FragmentCounter:
-    """Sorted fragments counted chunk by chunk: into the features' columns, and into the
-    QC counts per cell (a row per name in ``PER_CELL``)."""
+    """Sorted fragments counted chunk by chunk.
+
+    Into the features' columns, and into the QC counts per cell (a row per name in ``PER_CELL``).
+    """
 
     def __init__(
         self,
@@ -167,8 +170,9 @@ class _FragmentCounter:
 
     def _chromosome_codes(self, chunk):
         """The chunk's chromosomes as codes into the fragments' chromosomes, new ones added."""
-        self.chromosomes += _new_chromosomes(chunk["chrom"], known=self.chromosomes, index_type=self.index_type,
-                                             xp=self.xp)
+        self.chromosomes += _new_chromosomes(
+            chunk["chrom"], known=self.chromosomes, index_type=self.index_type, xp=self.xp
+        )
         self.features.reach(self.chromosomes)
         return self.xp.asarray(self.index_type(self.chromosomes).get_indexer(chunk["chrom"]), dtype=self.xp.int64)
 
@@ -180,21 +184,30 @@ class _FragmentCounter:
 
     def _count(self, name: str, cell, *, weights=None) -> None:
         """Add the fragments of ``cell`` (or their ``weights``) to the per-cell counts ``name``."""
-        self.per_cell[PER_CELL.index(name)] += _bincount(cell, weights=weights, minlength=len(self.barcodes),
-                                                         xp=self.xp)
+        self.per_cell[PER_CELL.index(name)] += _bincount(
+            cell, weights=weights, minlength=len(self.barcodes), xp=self.xp
+        )
 
     def to_anndata(self) -> AnnData:
         """The counts (all features finished) and the QC per cell, as :func:`count_fragments` returns them."""
         self.columns.add(self.xp.zeros(0, dtype=self.xp.int64), finished_below=None)
         matrix, names = self.features.matrix(self.columns, n_cells=len(self.barcodes), chromosomes=self.chromosomes)
         per_cell = self.per_cell if self.tss is not None else self.per_cell[: len(PER_CELL) - 2]
-        return _to_anndata(matrix, names, dict(zip(PER_CELL, asnumpy(per_cell), strict=False)), barcodes=self.barcodes,
-                           outside_cells=self.outside_cells, features=self.features.description)
+        return _to_anndata(
+            matrix,
+            names,
+            dict(zip(PER_CELL, asnumpy(per_cell), strict=False)),
+            barcodes=self.barcodes,
+            outside_cells=self.outside_cells,
+            features=self.features.description,
+        )
 
 
 class _Peaks:
-    """Peaks numbered as the sorted fragments reach their chromosome, so that the numbers
-    ascend with the fragments; peaks on chromosomes without fragments come last."""
+    """Peaks numbered as the sorted fragments reach their chromosome.
+
+    The numbers thus ascend with the fragments; peaks on chromosomes without fragments come last.
+    """
 
     def __init__(self, peaks: pd.DataFrame, xp: ModuleType) -> None:
         self.xp, self.peaks = xp, peaks
@@ -215,8 +228,7 @@ class _Peaks:
                 self.assigned += last - first
 
     def first_reachable(self, chromosome: str, start: int) -> int:
-        """The first peak number a fragment starting at ``start`` (or later) on
-        ``chromosome`` can overlap."""
+        """The first peak number a fragment starting at ``start`` (or later) on ``chromosome`` can overlap."""
         if chromosome not in self.chromosomes:
             return self.assigned
         code = self.chromosomes.index(chromosome)
@@ -231,8 +243,10 @@ class _Peaks:
     description = "peaks"
 
     def finished_below(self, chromosomes: list[str], code: int, start: int) -> int:
-        """The first peak number that fragments after one at ``start`` on chromosome
-        ``code`` (into ``chromosomes``) can still reach."""
+        """The first peak number that fragments after one at ``start`` can still reach.
+
+        The fragment is on chromosome ``code`` (into ``chromosomes``).
+        """
         return self.first_reachable(chromosomes[code], start)
 
     def overlaps(self, chrom, start, end, *, chromosomes: list[str]):
@@ -249,8 +263,7 @@ class _Peaks:
 
 
 class _Tiles:
-    """Genome tiles of ``width`` bp, numbered ``chromosome << bits | tile``: they ascend with
-    the sorted fragments."""
+    """Genome tiles of ``width`` bp, numbered ``chromosome << bits | tile`` to ascend with the fragments."""
 
     def __init__(self, width: int, xp: ModuleType) -> None:
         self.width, self.xp = width, xp
@@ -260,13 +273,14 @@ class _Tiles:
     def reach(self, chromosomes: list[str]) -> None:
         """Check that the tile numbers can key the chromosomes the fragments have reached."""
         if len(chromosomes) >= 1 << (FEATURE_BITS - self.bits):
-            raise InputError(f"fragments on {len(chromosomes):,} chromosomes or contigs: at most "
-                             f"{(1 << (FEATURE_BITS - self.bits)) - 1:,} with {self.width} bp tiles; use larger "
-                             "tiles or peaks")
+            raise InputError(
+                f"fragments on {len(chromosomes):,} chromosomes or contigs: at most "
+                f"{(1 << (FEATURE_BITS - self.bits)) - 1:,} with {self.width} bp tiles; use larger "
+                "tiles or peaks"
+            )
 
     def finished_below(self, chromosomes: list[str], code: int, start: int) -> int:
-        """The tile of a fragment at ``start`` on chromosome ``code``: later fragments reach
-        no tile below it."""
+        """The tile of a fragment at ``start`` on chromosome ``code``: later ones reach no tile below it."""
         return (code << self.bits) | (start // self.width)
 
     def overlaps(self, chrom, start, end, *, chromosomes: list[str]):
@@ -275,16 +289,17 @@ class _Tiles:
         return fragment, (chrom[fragment] << self.bits) | tile
 
     def matrix(self, columns: FeatureColumns, *, n_cells: int, chromosomes: list[str]):
-        """The counts (CSC) with a column per tile with counts, in number order, and the
-        tiles' names."""
+        """The counts (CSC) with a column per tile with counts, in number order, and the tiles' names."""
         matrix, tiles = columns.csc(n_cells=n_cells, n_features=None)
         first = (tiles & ((1 << self.bits) - 1)) * self.width
         return matrix, _interval_names(np.array(chromosomes, dtype=str)[tiles >> self.bits], first, first + self.width)
 
 
 class _TssWindows:
-    """Windows of +-``TSS_EXTEND`` bp around transcription start sites, keyed by their first
-    bp (:func:`_position_keys`; they may start below 0) in sorted order."""
+    """Windows of +-``TSS_EXTEND`` bp around transcription start sites, in sorted order.
+
+    Keyed by their first bp (:func:`_position_keys`; they may start below 0).
+    """
 
     def __init__(self, tss: pd.DataFrame, xp: ModuleType) -> None:
         tss = tss.sort_values(["chrom", "position"], ignore_index=True)
@@ -311,8 +326,10 @@ def _checked_peaks(peaks: pd.DataFrame) -> pd.DataFrame:
     overlapping = same_chrom & (peaks["start"].to_numpy()[1:] < peaks["end"].to_numpy()[:-1])
     if overlapping.any():
         first = peaks.iloc[int(np.flatnonzero(overlapping)[0])]
-        raise InputError(f"{int(overlapping.sum())} peaks overlap the previous one (e.g. after "
-                         f"{first['chrom']}:{first['start']}-{first['end']}); merge them first")
+        raise InputError(
+            f"{int(overlapping.sum())} peaks overlap the previous one (e.g. after "
+            f"{first['chrom']}:{first['start']}-{first['end']}); merge them first"
+        )
     return peaks
 
 
@@ -321,8 +338,9 @@ def _check_coordinates(chunk, *, start, end, xp: ModuleType) -> None:
     n_bad = int(bad.sum())
     if n_bad:
         i = int(xp.argmax(bad))
-        raise InputError(f"{n_bad} fragments with bad coordinates, e.g. "
-                         f"{chunk['chrom'].iloc[i]}:{int(start[i])}-{int(end[i])}")
+        raise InputError(
+            f"{n_bad} fragments with bad coordinates, e.g. {chunk['chrom'].iloc[i]}:{int(start[i])}-{int(end[i])}"
+        )
 
 
 def _check_genome(chunk, *, end, chrom_sizes: Mapping[str, int], index_type, xp: ModuleType) -> None:
@@ -330,14 +348,18 @@ def _check_genome(chunk, *, end, chrom_sizes: Mapping[str, int], index_type, xp:
     unknown = code < 0
     if bool(unknown.any()):
         names = sorted(_host(chunk["chrom"][unknown].unique()))
-        raise InputError(f"{int(unknown.sum())} fragments on chromosomes not in the genome's sizes: "
-                         f"{', '.join(names[:5])}{' ...' if len(names) > 5 else ''}")
+        raise InputError(
+            f"{int(unknown.sum())} fragments on chromosomes not in the genome's sizes: "
+            f"{', '.join(names[:5])}{' ...' if len(names) > 5 else ''}"
+        )
     past = end > xp.asarray(list(chrom_sizes.values()), dtype=xp.int64)[code]
     if bool(past.any()):
         i = int(xp.argmax(past))
         name = chunk["chrom"].iloc[i]
-        raise InputError(f"{int(past.sum())} fragments end past their chromosome, e.g. {name}:...-{int(end[i])} "
-                         f"({name} is {chrom_sizes[name]:,} bp)")
+        raise InputError(
+            f"{int(past.sum())} fragments end past their chromosome, e.g. {name}:...-{int(end[i])} "
+            f"({name} is {chrom_sizes[name]:,} bp)"
+        )
 
 
 def _expanded(first, n, *, xp: ModuleType):
@@ -353,19 +375,24 @@ def _expanded(first, n, *, xp: ModuleType):
 
 
 def _host(values):
-    """pandas values of a cuDF object; pandas and NumPy ones as they are."""
+    """The pandas values of a cuDF object; pandas and NumPy ones as they are."""
     return values.to_pandas() if hasattr(values, "to_pandas") else values
 
 
 def _position_keys(code, position):
-    """Positions keyed by chromosome, ``code << 32 + bp``: sorted by chromosome, then
-    position, so one sorted search over all chromosomes stays within each."""
+    """Positions keyed by chromosome, ``code << 32 + bp``.
+
+    Sorted by chromosome, then position, so one sorted search over all chromosomes stays
+    within each.
+    """
     return (code << 32) + position
 
 
 def _keyed(chrom: pd.Series, *positions: pd.Series, xp: ModuleType):
-    """The chromosomes in order of appearance, and each positions column keyed by them
-    (:func:`_position_keys`) on the device."""
+    """The chromosomes in order of appearance, and each positions column keyed by them.
+
+    The keys (:func:`_position_keys`) are on the device.
+    """
     chromosomes = list(dict.fromkeys(chrom))
     code = pd.Index(chromosomes).get_indexer(chrom).astype(np.int64)
     return chromosomes, [xp.asarray(_position_keys(code, p.to_numpy(np.int64))) for p in positions]
@@ -377,18 +404,20 @@ def _in_sorted_range(code, first, last, *, xp: ModuleType):
 
 
 def _overlapped_peaks(chrom, start, end, peak_starts, peak_ends, *, xp: ModuleType):
-    """(fragment, peak) pairs that overlap; peaks do not overlap, so their ends are sorted
-    too."""
+    """(fragment, peak) pairs that overlap; peaks do not overlap, so their ends are sorted too."""
     first = xp.searchsorted(peak_ends, _position_keys(chrom, start), side="right")
     last = xp.searchsorted(peak_starts, _position_keys(chrom, end), side="left")
     return _in_sorted_range(chrom, first, last, xp=xp)
 
 
 def _tss_coverage(code, start, end, windows, *, xp: ModuleType):
-    """Each (fragment, TSS window) overlap: the fragment, and how many of the window's
-    central and flank positions it covers. Windows (keyed by their first bp) are sorted
-    and equally long, so a fragment's windows are one sorted range. As muon fetches them,
-    a window takes fragments that start before TSS + 1 kb."""
+    """Each (fragment, TSS window) overlap.
+
+    The fragment, and how many of the window's central and flank positions it covers.
+    Windows (keyed by their first bp) are sorted and equally long, so a fragment's windows
+    are one sorted range. As muon fetches them, a window takes fragments that start before
+    TSS + 1 kb.
+    """
     width = 2 * TSS_EXTEND
     key_start, key_end = _position_keys(code, start), _position_keys(code, end)
     first = xp.searchsorted(windows, key_start - width, side="right")
@@ -436,8 +465,10 @@ def _new_chromosomes(chrom, *, known: list[str], index_type, xp: ModuleType) -> 
 
 
 def _recoded(code, *, source: list[str], target: list[str], xp: ModuleType):
-    """Chromosome codes into ``source`` as codes into ``target`` (-1: not there); the
-    chunk's names are looked up once, in ``source``."""
+    """Chromosome codes into ``source`` as codes into ``target`` (-1: not there).
+
+    The chunk's names are looked up once, in ``source``.
+    """
     return xp.asarray(pd.Index(target).get_indexer(source), dtype=xp.int64)[code]
 
 
@@ -447,9 +478,11 @@ def _check_sorted(chunk, position, *, after: int, xp: ModuleType) -> int:
     unsorted = position < earlier
     if bool(unsorted.any()):
         i = int(xp.argmax(unsorted))
-        raise InputError(f"fragments are not sorted by chromosome and start as 10x writes them (e.g. "
-                         f"{chunk['chrom'].iloc[i]}:{int(position[i]) & (MAX_POSITION - 1)} comes after a later "
-                         "position or another chromosome); sort them first (sort -k1,1 -k2,2n)")
+        raise InputError(
+            f"fragments are not sorted by chromosome and start as 10x writes them (e.g. "
+            f"{chunk['chrom'].iloc[i]}:{int(position[i]) & (MAX_POSITION - 1)} comes after a later "
+            "position or another chromosome); sort them first (sort -k1,1 -k2,2n)"
+        )
     return int(position[-1])
 
 
@@ -463,11 +496,14 @@ def _to_anndata(
     features: str,
 ) -> AnnData:
     """The counts, the features' names and the QC metrics as an AnnData."""
-    obs = pd.DataFrame({
-        "n_fragments": per_cell["n_fragments"],
-        "nucleosome_signal": per_cell["mono_nucleosome"] / np.maximum(per_cell["nucleosome_free"], 1),
-        "frac_in_features": per_cell["in_features"] / np.maximum(per_cell["n_fragments"], 1),
-    }, index=pd.Index(barcodes, dtype=str))
+    obs = pd.DataFrame(
+        {
+            "n_fragments": per_cell["n_fragments"],
+            "nucleosome_signal": per_cell["mono_nucleosome"] / np.maximum(per_cell["nucleosome_free"], 1),
+            "frac_in_features": per_cell["in_features"] / np.maximum(per_cell["n_fragments"], 1),
+        },
+        index=pd.Index(barcodes, dtype=str),
+    )
     if "tss_center" in per_cell:
         obs["tss_enrichment"] = _tss_enrichment(per_cell["tss_center"], per_cell["tss_flank"])
     adata = AnnData(matrix, obs=obs, var=pd.DataFrame(index=pd.Index(names, dtype=object)))
@@ -476,19 +512,21 @@ def _to_anndata(
 
 
 def _tss_enrichment(center: np.ndarray, flank: np.ndarray) -> np.ndarray:
-    """Mean coverage per central position over mean per flank position; a cell without
-    flank coverage gets the cells' mean flank instead (as muon does)."""
+    """Mean coverage per central position over mean per flank position.
+
+    A cell without flank coverage gets the cells' mean flank instead (as muon does).
+    """
     flank_mean = flank / (2 * TSS_FLANK)
     flank_mean = np.where(flank_mean == 0, flank_mean.mean(), flank_mean)
     return (center / TSS_CENTER) / flank_mean
 
 
 def _interval_names(chrom: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """``chrom:start-end`` for each interval (built by Arrow: hundreds of thousands of
-    tiles are common)."""
+    """``chrom:start-end`` for each interval (built by Arrow: hundreds of thousands of tiles are common)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    position = pc.binary_join_element_wise(pc.cast(pa.array(start), pa.string()), pc.cast(pa.array(end), pa.string()),
-                                           "-")
+    position = pc.binary_join_element_wise(
+        pc.cast(pa.array(start), pa.string()), pc.cast(pa.array(end), pa.string()), "-"
+    )
     return pc.binary_join_element_wise(pa.array(chrom, type=pa.string()), position, ":").to_numpy(zero_copy_only=False)

@@ -15,7 +15,8 @@ from omicsprep.backend import Backend, array_module, asnumpy, cupyx_sparse
 
 
 def tfidf(adata: AnnData, *, scale_factor: float = 1e4, backend: Backend) -> None:
-    """TF-IDF of counts in ``X``, as muon's defaults (and Signac's method 1 with logs):
+    """TF-IDF of counts in ``X``, as muon's defaults (and Signac's method 1 with logs).
+
     ``log1p(x / cell total * scale_factor) * log1p(n_cells / feature total)``.
 
     Raw counts are kept in ``layers["counts"]``; features without counts get zeros. On the
@@ -54,7 +55,7 @@ def lsi(adata: AnnData, *, n_comps: int = 50, max_depth_correlation: float = 0.9
     order = xp.argsort(-singular)
     embedding = embedding[:, order]
     embedding = (embedding - embedding.mean(axis=0)) / embedding.std(axis=0)
-    counts = adata.layers["counts"] if "counts" in adata.layers else adata.X
+    counts = adata.layers.get("counts", adata.X)
     depth = np.log1p(np.asarray(asnumpy(counts.sum(axis=1))).ravel())  # a number per cell, to the host
     host = asnumpy(embedding)
     correlation = np.array([np.corrcoef(host[:, k], depth)[0, 1] for k in range(host.shape[1])])

@@ -1,5 +1,7 @@
-"""Reading raw count matrices: format detection, 10x HDF5 and MatrixMarket, h5ad and zarr,
-with checks that the values are counts."""
+"""Reading raw count matrices, with checks that the values are counts.
+
+Formats are detected from the path: 10x HDF5 and MatrixMarket, h5ad and zarr.
+"""
 
 from __future__ import annotations
 
@@ -194,13 +196,16 @@ def _unique_barcodes(adata: AnnData, *, path: Path, duplicate_barcodes: Duplicat
 
 
 def _compact_csr(matrix: sparse.spmatrix | np.ndarray) -> sparse.csr_matrix:
-    """``matrix`` as CSR with 32-bit indices where they fit: 10x HDF5 files store 64-bit
-    indices, which would make every later copy half as large again."""
+    """``matrix`` as CSR with 32-bit indices where they fit.
+
+    10x HDF5 files store 64-bit indices, which would make every later copy half as large again.
+    """
     matrix = sparse.csr_matrix(matrix)
     if matrix.indices.dtype != np.int32 and max(matrix.nnz, matrix.shape[1]) < np.iinfo(np.int32).max:
         indices = matrix.indices.astype(np.int32)
-        matrix = sparse.csr_matrix((matrix.data, indices, matrix.indptr.astype(np.int32)), shape=matrix.shape,
-                                   copy=False)
+        matrix = sparse.csr_matrix(
+            (matrix.data, indices, matrix.indptr.astype(np.int32)), shape=matrix.shape, copy=False
+        )
     return matrix
 
 

@@ -1,5 +1,4 @@
-"""Reading chromatin inputs: 10x fragment files in chunks, peaks and genes (BED) and
-chromosome sizes."""
+"""Reading chromatin inputs: 10x fragment files in chunks, peaks and genes (BED), chromosome sizes."""
 
 from __future__ import annotations
 
@@ -23,9 +22,10 @@ FRAGMENT_CHUNK_ROWS = {"cpu": 1_000_000, "gpu": 20_000_000}
 
 
 def fragment_chunks(path: str | Path, *, chunk_rows: int | None = None, backend: Backend = "cpu") -> Iterator:
-    """Stream a 10x ``fragments.tsv[.gz|.bz2|.zst|.lz4]`` (chrom, start, end, barcode, reads; ``#``
-    header lines skipped) in chunks of about ``chunk_rows`` fragments (by default
-    ``FRAGMENT_CHUNK_ROWS[backend]``).
+    """Stream a 10x ``fragments.tsv[.gz|.bz2|.zst|.lz4]`` in chunks of about ``chunk_rows`` fragments.
+
+    Columns chrom, start, end, barcode, reads; ``#`` header lines are skipped. The chunks hold
+    ``FRAGMENT_CHUNK_ROWS[backend]`` fragments by default.
 
     On the CPU the chunks are pandas DataFrames parsed by pyarrow; on the GPU, cuDF
     DataFrames parsed on the device (:func:`omicsprep.io.text.cudf_text_chunks`).
@@ -48,9 +48,11 @@ def fragment_chunks(path: str | Path, *, chunk_rows: int | None = None, backend:
 
 
 def _fragment_chunks_arrow(path: Path, block_bytes: int) -> Iterator[pd.DataFrame]:
-    """Chunks parsed by pyarrow from blocks of whole lines, one block in memory at a time
-    (Arrow's streaming reader reads ahead several); chromosomes and barcodes
-    dictionary-encoded (categorical), a few bytes a fragment."""
+    """Chunks parsed by pyarrow from blocks of whole lines, one block in memory at a time.
+
+    (Arrow's streaming reader reads ahead several.) Chromosomes and barcodes are
+    dictionary-encoded (categorical), a few bytes a fragment.
+    """
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
@@ -66,10 +68,17 @@ def _fragment_chunks_arrow(path: Path, block_bytes: int) -> Iterator[pd.DataFram
 
 
 def _fragment_chunks_cudf(path: Path, block_bytes: int) -> Iterator:
-    """Chunks parsed by cuDF on the GPU, their coordinates checked (cuDF reads a
-    non-integer one as missing)."""
-    for frame in cudf_text_chunks(path, names=FRAGMENT_COLUMNS, block_bytes=block_bytes, what=FRAGMENTS, sep="\t",
-                                  usecols=list(FRAGMENT_TYPES), dtype=FRAGMENT_TYPES, comment="#"):
+    """Chunks parsed by cuDF on the GPU, their coordinates checked (cuDF reads a non-integer as missing)."""
+    for frame in cudf_text_chunks(
+        path,
+        names=FRAGMENT_COLUMNS,
+        block_bytes=block_bytes,
+        what=FRAGMENTS,
+        sep="\t",
+        usecols=list(FRAGMENT_TYPES),
+        dtype=FRAGMENT_TYPES,
+        comment="#",
+    ):
         if frame["start"].isnull().any() or frame["end"].isnull().any():
             raise unparsable("non-integer or missing coordinates", path=path, what=FRAGMENTS)
         yield frame
@@ -81,8 +90,9 @@ def _skip_comment_rows(row) -> str:
 
 
 def read_peaks(path: str | Path) -> pd.DataFrame:
-    """Intervals from a BED file: ``chrom``, ``start``, ``end``, and ``strand`` when the
-    file has a sixth column (``#``, ``track`` and ``browser`` lines skipped).
+    """Intervals from a BED file: ``chrom``, ``start``, ``end``, and ``strand`` from a sixth column.
+
+    ``#``, ``track`` and ``browser`` lines are skipped.
 
     Raises
     ------
@@ -104,8 +114,9 @@ def read_peaks(path: str | Path) -> pd.DataFrame:
 
 
 def read_tss(path: str | Path) -> pd.DataFrame:
-    """Transcription start sites of the genes in a BED file: ``chrom`` and ``position``,
-    the start, or the last base for genes on the ``-`` strand (sixth column).
+    """Transcription start sites of the genes in a BED file: ``chrom`` and ``position``.
+
+    The position is the start, or the last base for genes on the ``-`` strand (sixth column).
 
     Raises
     ------
@@ -118,8 +129,9 @@ def read_tss(path: str | Path) -> pd.DataFrame:
 
 
 def read_chrom_sizes(path: str | Path) -> dict[str, int]:
-    """Chromosome lengths from a two-column ``name<TAB>length`` file (UCSC ``chrom.sizes``;
-    a FASTA index ``.fai`` works too: its first two columns are these).
+    """Chromosome lengths from a two-column ``name<TAB>length`` file (UCSC ``chrom.sizes``).
+
+    A FASTA index ``.fai`` works too: its first two columns are these.
 
     Raises
     ------
@@ -128,8 +140,15 @@ def read_chrom_sizes(path: str | Path) -> dict[str, int]:
     """
     path = existing_file(path)
     try:
-        sizes = pd.read_csv(path, sep="\t", header=None, usecols=[0, 1], names=["chrom", "length"], comment="#",
-                            dtype={"chrom": str, "length": np.int64})
+        sizes = pd.read_csv(
+            path,
+            sep="\t",
+            header=None,
+            usecols=[0, 1],
+            names=["chrom", "length"],
+            comment="#",
+            dtype={"chrom": str, "length": np.int64},
+        )
     except ValueError as exc:
         raise InputError(f"cannot be read as chromosome sizes (name, length) ({exc})", path=path) from exc
     return dict(zip(sizes["chrom"], sizes["length"].astype(int), strict=True))

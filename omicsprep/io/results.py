@@ -1,5 +1,4 @@
-"""Reading back what earlier rules wrote: h5ad files, whole or by element, tables and
-provenance records."""
+"""Reading back what earlier rules wrote: h5ad files (whole or by element), tables, provenance."""
 
 from __future__ import annotations
 
@@ -25,8 +24,11 @@ def read_table(path: str | Path) -> pd.DataFrame:
 
 
 def read_provenance(path: str | Path, *, rule: str) -> dict[str, Any]:
-    """A rule's provenance record (backend, versions, parameters, step timings): from an
-    AnnData's ``uns["omicsprep"][rule]``, or a JSON file written by :func:`omicsprep.io.write_json`."""
+    """A rule's provenance record: backend, versions, parameters, step timings.
+
+    Read from an AnnData's ``uns["omicsprep"][rule]``, or a JSON file written by
+    :func:`omicsprep.io.write_json`.
+    """
     if Path(path).suffix == ".json":
         return json.loads(Path(path).read_text())
     key = f"uns/omicsprep/{rule}"

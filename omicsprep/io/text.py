@@ -43,19 +43,20 @@ def unparsable(problem: object, *, path: Path, what: str) -> InputError:
 
 @contextmanager
 def cudf_parse_errors(*, path: Path, what: str) -> Iterator[None]:
-    """cuDF's parse errors (its readers raise ``RuntimeError``) as :func:`unparsable`; other
-    GPU errors (``MemoryError`` from RMM) pass through."""
+    """Parse errors of cuDF's readers (a ``RuntimeError``) raised as :func:`unparsable`.
+
+    Other GPU errors (``MemoryError`` from RMM) pass through.
+    """
     try:
         yield
     except RuntimeError as exc:
         raise unparsable(exc, path=path, what=what) from exc
 
 
-def cudf_text_chunks(
-    path: Path, *, names: list[str] | None, block_bytes: int, what: str, **options: Any
-) -> Iterator:
-    """cuDF DataFrames parsed on the device from the text of ``path``, about ``block_bytes``
-    at a time, by ``cudf.read_csv(..., **options)``.
+def cudf_text_chunks(path: Path, *, names: list[str] | None, block_bytes: int, what: str, **options: Any) -> Iterator:
+    """The text of ``path`` as DataFrames parsed on the device, about ``block_bytes`` at a time.
+
+    Each is parsed by ``cudf.read_csv(..., **options)``.
 
     A plain file without header is parsed in byte ranges (cuDF reads the rows that start
     in each); any other in blocks of whole lines decompressed on the host.
@@ -82,8 +83,9 @@ def cudf_text_chunks(
     if names is not None and path.suffix not in STREAM_CODECS:
         for offset in range(0, path.stat().st_size, block_bytes):
             with cudf_parse_errors(path=path, what=what):
-                frame = cudf().read_csv(path, header=None, names=names, compression=None,
-                                        byte_range=(offset, block_bytes), **options)
+                frame = cudf().read_csv(
+                    path, header=None, names=names, compression=None, byte_range=(offset, block_bytes), **options
+                )
             yield frame
         return
     for text in line_blocks(path, block_bytes):

@@ -1,5 +1,7 @@
-"""Writing outputs atomically: a temporary file renamed into place on success, and a full
-disk reported as :class:`~omicsprep.errors.OutOfSpaceError`."""
+"""Writing outputs atomically: a temporary file is renamed into place on success.
+
+A full disk is reported as :class:`~omicsprep.errors.OutOfSpaceError`.
+"""
 
 from __future__ import annotations
 
@@ -63,8 +65,8 @@ def atomic_path(path: str | Path, *, expected_bytes: int | None = None) -> Itera
     try:
         yield tmp
         # mkstemp creates the file private (0600); give it the permissions of a normal file.
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
+        tmp.chmod(0o666 & ~_umask())
+        tmp.replace(path)
     except Exception as exc:
         if out_of_space(exc):
             written = tmp.stat().st_size if tmp.is_file() else 0
@@ -81,8 +83,10 @@ def glob_escape(text: str) -> str:
 
 
 def out_of_space(exc: BaseException) -> bool:
-    """Whether ``exc`` (or an exception it was raised from) is a full file system; h5py
-    reports it only in the message of an ``OSError`` without ``errno``."""
+    """Whether ``exc`` (or an exception it was raised from) is a full file system.
+
+    h5py reports it only in the message of an ``OSError`` without ``errno``.
+    """
     seen: BaseException | None = exc
     while seen is not None:
         if isinstance(seen, OSError) and (seen.errno == errno.ENOSPC or "No space left on device" in str(seen)):
@@ -92,8 +96,7 @@ def out_of_space(exc: BaseException) -> bool:
 
 
 def stored_bytes(adata: AnnData) -> int:
-    """About how many bytes ``adata`` takes uncompressed on disk: its matrices' and
-    tables' buffers."""
+    """About how many bytes ``adata`` takes uncompressed on disk: its matrices' and tables' buffers."""
     total = 0
     arrays = [adata.X, *adata.layers.values(), *adata.obsm.values(), *adata.varm.values(), *adata.obsp.values()]
     for array in arrays:
@@ -107,8 +110,11 @@ def stored_bytes(adata: AnnData) -> int:
 
 
 def write_h5ad(adata: AnnData, path: str | Path, *, compression: Literal["lzf", "gzip"] | None = None) -> None:
-    """Write ``adata`` to ``path`` atomically; uncompressed by default (anndata's default,
-    and the fastest to write), or with one of HDF5's filters that every h5ad reader has."""
+    """Write ``adata`` to ``path`` atomically.
+
+    Uncompressed by default (anndata's default, and the fastest to write), or with one of
+    HDF5's filters that every h5ad reader has.
+    """
     with atomic_path(path, expected_bytes=stored_bytes(adata)) as tmp:
         adata.write_h5ad(tmp, compression=compression)
 

@@ -64,8 +64,11 @@ class TableOptions:
 
 @dataclass
 class ReadTable:
-    """Reads as codes: ``reads`` has ``cell``, ``gene`` (int codes), ``umi`` (packed) and,
-    for aggregated tables, ``reads``."""
+    """Reads as codes.
+
+    ``reads`` has ``cell``, ``gene`` (int codes), ``umi`` (packed) and, for aggregated
+    tables, ``reads``.
+    """
 
     reads: pd.DataFrame
     cells: pd.Index
@@ -76,9 +79,12 @@ SAMPLE_BYTES = 16 << 20  # of text, to estimate a compressed table's rows
 
 
 def estimated_reads(path: str | Path, *, fmt: str) -> int:
-    """Reads (rows) in the input: exact for Parquet, a guess for BAM, and for text from the
-    lines in its first 16 MB (all its lines for a smaller file): a pass over a compressed
-    file just to count its lines would cost as much as reading it."""
+    """Reads (rows) in the input: exact for Parquet, estimated for BAM and text.
+
+    A text table's rows are estimated from the lines in its first 16 MB (all its lines for a
+    smaller file): a pass over a compressed file just to count its lines would cost as much
+    as reading it.
+    """
     import pyarrow.parquet as pq
 
     path = existing_file(path)
@@ -129,8 +135,14 @@ def usable_reads(
     path = existing_file(path)
     try:
         if fmt == "molecules":
-            yield from _table_reads(path, table=table, skip_gene_regex=skip_gene_regex, chunk_rows=chunk_rows,
-                                    skipped=skipped, backend=backend)
+            yield from _table_reads(
+                path,
+                table=table,
+                skip_gene_regex=skip_gene_regex,
+                chunk_rows=chunk_rows,
+                skipped=skipped,
+                backend=backend,
+            )
         else:
             yield from _bam_reads(path, bam=bam, skip_gene_regex=skip_gene_regex, skipped=skipped)
     except InputError:
@@ -167,7 +179,11 @@ def _bam_reads(path: Path, *, bam: BamOptions, skip_gene_regex: str, skipped: Co
             cell = pc.extract_regex(names, cell_pattern).field("cell")
             umi = pc.extract_regex(names, umi_pattern).field("umi")
         usable = _usable(
-            gene, cell, umi, skipped=skipped, skip_gene_regex=skip_gene_regex,
+            gene,
+            cell,
+            umi,
+            skipped=skipped,
+            skip_gene_regex=skip_gene_regex,
             unusable_alignment=pc.not_equal(pc.bit_wise_and(batch.column("flag"), UNUSABLE_FLAGS), 0),
             low_mapq=pc.less(batch.column("mapq"), bam.min_mapq),
         )
@@ -202,8 +218,9 @@ def _table_batches(
             path,
             read_options=pacsv.ReadOptions(block_size=max(1 << 20, chunk_rows * TABLE_BYTES_PER_ROW)),
             parse_options=pacsv.ParseOptions(delimiter=_delimiter(path)),
-            convert_options=pacsv.ConvertOptions(include_columns=columns, strings_can_be_null=True,
-                                                 column_types=dict.fromkeys(text_columns, pa.string())),
+            convert_options=pacsv.ConvertOptions(
+                include_columns=columns, strings_can_be_null=True, column_types=dict.fromkeys(text_columns, pa.string())
+            ),
         )
     except (pa.ArrowInvalid, KeyError) as exc:
         raise unparsable(exc, path=path, what=_molecule_table(columns)) from exc
@@ -212,14 +229,20 @@ def _table_batches(
 def _table_reads(
     path: Path, *, table: TableOptions, skip_gene_regex: str, chunk_rows: int, skipped: Counter, backend: Backend
 ) -> Iterator[pa.Table]:
-    """Usable reads of a molecule table, chunk by chunk: parsed by cuDF on the GPU backend
-    (:func:`_cudf_chunks`), by pyarrow on the CPU, and filtered by the same Arrow code."""
+    """Usable reads of a molecule table, chunk by chunk.
+
+    Parsed by cuDF on the GPU backend (:func:`_cudf_chunks`), by pyarrow on the CPU, and
+    filtered by the same Arrow code.
+    """
     columns = [table.cell_column, table.umi_column, table.gene_column]
     wanted = columns + ([table.count_column] if table.count_column else [])
     chunks: Iterator[pa.RecordBatch]
     if backend == "gpu":
-        chunks = (batch for chunk in _cudf_chunks(path, columns=wanted, text_columns=columns, chunk_rows=chunk_rows)
-                  for batch in chunk[wanted].to_arrow(preserve_index=False).to_batches())  # as pyarrow's
+        chunks = (
+            batch
+            for chunk in _cudf_chunks(path, columns=wanted, text_columns=columns, chunk_rows=chunk_rows)
+            for batch in chunk[wanted].to_arrow(preserve_index=False).to_batches()
+        )  # as pyarrow's
     else:
         chunks = _table_batches(path, columns=wanted, chunk_rows=chunk_rows, text_columns=tuple(columns))
     for batch in chunks:
@@ -230,8 +253,9 @@ def _table_reads(
 
 
 def _cudf_chunks(path: Path, *, columns: list[str], text_columns: list[str], chunk_rows: int) -> Iterator:
-    """cuDF DataFrames of about ``chunk_rows`` rows: Parquet row groups, or blocks of whole
-    lines of the (decompressed) text, parsed on the device.
+    """DataFrames of about ``chunk_rows`` rows parsed by cuDF on the device.
+
+    Parquet row groups, or blocks of whole lines of the (decompressed) text.
 
     Raises
     ------
@@ -255,10 +279,17 @@ def _cudf_chunks(path: Path, *, columns: list[str], text_columns: list[str], chu
                 group, rows = [], 0
         return
     na_values = list(pacsv.ConvertOptions().null_values)  # as pyarrow reads them on the CPU
-    for frame in cudf_text_chunks(path, names=None, block_bytes=max(1 << 20, chunk_rows * TABLE_BYTES_PER_ROW),
-                                  what=what, sep=_delimiter(path), usecols=columns,
-                                  dtype=dict.fromkeys(text_columns, "str"), na_values=na_values,
-                                  keep_default_na=False):
+    for frame in cudf_text_chunks(
+        path,
+        names=None,
+        block_bytes=max(1 << 20, chunk_rows * TABLE_BYTES_PER_ROW),
+        what=what,
+        sep=_delimiter(path),
+        usecols=columns,
+        dtype=dict.fromkeys(text_columns, "str"),
+        na_values=na_values,
+        keep_default_na=False,
+    ):
         for column in text_columns:  # quoted ones too ("NA"), as pyarrow reads them
             frame[column] = frame[column].where(~frame[column].isin(na_values))
         yield frame
@@ -284,15 +315,16 @@ def _usable(
         "unmapped, secondary or supplementary": unusable_alignment,
         "below min_mapq": low_mapq,
         "missing cell, UMI or gene": pc.or_(pc.or_(pc.is_null(gene), pc.is_null(cell)), pc.is_null(umi)),
-        "gene matches skip_gene_regex": pc.take(pc.match_substring_regex(genes.dictionary, skip_gene_regex or "$^"),
-                                                genes.indices),
+        "gene matches skip_gene_regex": pc.take(
+            pc.match_substring_regex(genes.dictionary, skip_gene_regex or "$^"), genes.indices
+        ),
         "several genes": pc.take(pc.match_substring_regex(genes.dictionary, "[;,]"), genes.indices),
     }
     usable = pa.array(np.ones(len(gene), dtype=bool))
     for reason, failed in checks.items():
         if failed is None:
             continue
-        failed = pc.and_(usable, pc.fill_null(failed, False))
+        failed = pc.and_(usable, pc.fill_null(failed, fill_value=False))
         skipped[reason] += pc.sum(failed).as_py() or 0
         usable = pc.and_(usable, pc.invert(failed))
     return usable
