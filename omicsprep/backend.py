@@ -14,7 +14,7 @@ import importlib.metadata
 import logging
 import math
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from functools import cache
 from itertools import pairwise
@@ -340,7 +340,7 @@ def to_host(adata: AnnData) -> None:
 
 
 @cache
-def _distributions() -> dict[str, list[str]]:
+def _distributions() -> Mapping[str, list[str]]:
     return importlib.metadata.packages_distributions()
 
 

@@ -79,7 +79,7 @@ class OutOfSpaceError(OSError):
         )
 
     def __str__(self) -> str:
-        return self.strerror
+        return self.strerror or ""  # always set by __init__; OSError types it optional
 
 
 def mount_point(path: Path) -> str:

@@ -23,7 +23,8 @@ def cache_umap_kernels() -> int:
     enabled = 0
     for name in UMAP_MODULES:
         for kernel in vars(importlib.import_module(name)).values():
-            if isinstance(kernel, Dispatcher) and type(kernel._cache).__name__ == "NullCache":  # noqa: SLF001 - Numba offers no public test
+            # Numba offers no public test of whether a kernel caches (and its stubs omit _cache).
+            if isinstance(kernel, Dispatcher) and type(kernel._cache).__name__ == "NullCache":  # type: ignore[attr-defined]  # noqa: SLF001
                 kernel.enable_caching()
                 enabled += 1
     return enabled

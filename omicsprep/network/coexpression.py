@@ -32,7 +32,7 @@ UNASSIGNED = "unassigned"
 SPLIT_MAX_BYTES = 1 << 31
 # The config schema's defaults (config/schemas/config.schema.yaml; a test keeps them equal),
 # for callers outside the workflow.
-DEFAULTS = {
+DEFAULTS: dict[str, Any] = {
     "n_genes": 2000,
     "correlation": "pearson",
     "metacells": {"method": "knn", "n_metacells": 500},

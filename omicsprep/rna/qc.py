@@ -112,7 +112,7 @@ def qc_pass_mask(
     """
     obs = adata.obs
     checks: list[tuple[str, np.ndarray]] = []
-    limits = [
+    limits: list[tuple[str, float | None, pd.Series]] = [
         ("min_genes", min_genes, obs["n_genes_by_counts"] < (min_genes or 0)),
         ("max_genes", max_genes, obs["n_genes_by_counts"] > (max_genes or 0)),
         ("min_counts", min_counts, obs["total_counts"] < (min_counts or 0)),
