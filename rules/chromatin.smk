@@ -6,18 +6,18 @@ rule chromatin:
         unpack(chromatin_inputs),
     output:
         h5ad="results/{sample}/atac.h5ad",
-    params:
-        backend=backend_for("chromatin"),
-        chromatin=config["chromatin"],
-        clustering=modality_clustering_params(),
-        seed=config["seed"],
-    resources:
-        gpu=gpus_for("chromatin"),
     log:
         "logs/chromatin/{sample}.log",
     benchmark:
         "benchmarks/chromatin/{sample}.tsv"
     conda:
         conda_env_for("chromatin")
+    resources:
+        gpu=gpus_for("chromatin"),
+    params:
+        backend=backend_for("chromatin"),
+        chromatin=config["chromatin"],
+        clustering=modality_clustering_params(),
+        seed=config["seed"],
     script:
         "../scripts/chromatin.py"

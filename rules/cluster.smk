@@ -12,17 +12,17 @@ rule cluster:
             caption="../report/markers.rst",
             labels={"sample": "{sample}"},
         ),
-    params:
-        backend=backend_for("cluster"),
-        steps=cluster_params(),
-        seed=config["seed"],
-    resources:
-        gpu=gpus_for("cluster"),
     log:
         "logs/cluster/{sample}.log",
     benchmark:
         "benchmarks/cluster/{sample}.tsv"
     conda:
         conda_env_for("cluster")
+    resources:
+        gpu=gpus_for("cluster"),
+    params:
+        backend=backend_for("cluster"),
+        steps=cluster_params(),
+        seed=config["seed"],
     script:
         "../scripts/cluster.py"

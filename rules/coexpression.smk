@@ -26,18 +26,18 @@ rule coexpression:
             caption="../report/coexpression_umap.rst",
             labels={"sample": "{sample}", "figure": "module scores"},
         ),
-    params:
-        backend=backend_for("coexpression"),
-        coexpression=config["coexpression"],
-        clusters=markers_cluster_key(),
-        seed=config["seed"],
-    resources:
-        gpu=gpus_for("coexpression"),
     log:
         "logs/coexpression/{sample}.log",
     benchmark:
         "benchmarks/coexpression/{sample}.tsv"
     conda:
         conda_env_for("coexpression")
+    resources:
+        gpu=gpus_for("coexpression"),
+    params:
+        backend=backend_for("coexpression"),
+        coexpression=config["coexpression"],
+        clusters=markers_cluster_key(),
+        seed=config["seed"],
     script:
         "../scripts/coexpression.py"

@@ -45,7 +45,9 @@ def validated_config(config):
         for error in sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
     ]
     if problems:
-        raise WorkflowError("config: " + "; ".join(problems) + " (keys and defaults: config/schemas/config.schema.yaml)")
+        raise WorkflowError(
+            "config: " + "; ".join(problems) + " (keys and defaults: config/schemas/config.schema.yaml)"
+        )
     validate(config, schema=str(CONFIG_SCHEMA), set_default=True)
     return config
 
@@ -77,8 +79,11 @@ def load_sample_sheet(path):
     if not sheet.is_file():
         raise WorkflowError(f"{where} does not exist (config key 'samples')")
     with sheet.open(newline="", encoding="utf-8-sig") as handle:
-        lines = [(number, fields) for number, fields in enumerate(csv.reader(handle, delimiter="\t"), start=1)
-                 if any(field.strip() for field in fields) and not fields[0].startswith("#")]
+        lines = [
+            (number, fields)
+            for number, fields in enumerate(csv.reader(handle, delimiter="\t"), start=1)
+            if any(field.strip() for field in fields) and not fields[0].startswith("#")
+        ]
     if not lines:
         raise WorkflowError(f"{where} is empty")
     (_, header), rows = lines[0], lines[1:]
@@ -86,11 +91,12 @@ def load_sample_sheet(path):
     if not rows:
         raise WorkflowError(f"{where} lists no samples: add one row per sample")
     for number, fields in rows:
-        if any(field.strip() for field in fields[len(header):]):
+        if any(field.strip() for field in fields[len(header) :]):
             raise WorkflowError(f"{where}: line {number} has {len(fields)} fields, the header {len(header)}")
     # Short rows (trailing empty fields left out) are padded.
-    samples = pd.DataFrame([(fields + [""] * len(header))[: len(header)] for _, fields in rows], columns=header,
-                           dtype=str)
+    samples = pd.DataFrame(
+        [(fields + [""] * len(header))[: len(header)] for _, fields in rows], columns=header, dtype=str
+    )
     samples.index = [number for number, _ in rows]
     if "merged" in set(samples["sample"]):
         raise WorkflowError(f"{where}: 'merged' is reserved (results/merged/ holds all samples)")
@@ -102,8 +108,9 @@ def load_sample_sheet(path):
         for error in validator.iter_errors({column: row[column] for column in KNOWN_COLUMNS if column in row}):
             column = error.absolute_path[0] if error.absolute_path else None
             described = f" ({error.schema['description']})" if error.validator == "pattern" else ""
-            raise WorkflowError(f"{where}: line {number} (sample {row['sample']!r}): column {column!r}: "
-                                f"{error.message}{described}")
+            raise WorkflowError(
+                f"{where}: line {number} (sample {row['sample']!r}): column {column!r}: " f"{error.message}{described}"
+            )
     for column in OPTIONAL_COLUMNS:
         if column not in samples:
             samples[column] = ""
@@ -130,11 +137,15 @@ def check_columns(header, where):
         near = [known for known in KNOWN_COLUMNS if known == name.strip().lower().replace("-", "_")]
         near = near or difflib.get_close_matches(name.lower(), KNOWN_COLUMNS, n=1, cutoff=0.75)
         if near:
-            raise WorkflowError(f"{where}: unknown column {name!r}: did you mean {near[0]!r}? (known columns: "
-                                f"{', '.join(KNOWN_COLUMNS)}; others are sample metadata, copied into obs)")
+            raise WorkflowError(
+                f"{where}: unknown column {name!r}: did you mean {near[0]!r}? (known columns: "
+                f"{', '.join(KNOWN_COLUMNS)}; others are sample metadata, copied into obs)"
+            )
         if not METADATA_NAME.fullmatch(name):
-            raise WorkflowError(f"{where}: column name {name!r}: metadata columns are named with letters, digits "
-                                "and '_', starting with a letter")
+            raise WorkflowError(
+                f"{where}: column name {name!r}: metadata columns are named with letters, digits "
+                "and '_', starting with a letter"
+            )
     missing = [name for name in REQUIRED_COLUMNS if name not in header]
     if missing:
         raise WorkflowError(f"{where}: missing columns {missing} (found {header})")
@@ -245,10 +256,16 @@ def chromatin_inputs(wildcards):
     """Fragments, the QC'd RNA cells (the cells counted), and peaks, genes (TSS) and
     chromosome sizes when given."""
     row = SAMPLE_SHEET.loc[wildcards.sample]
-    optional = {"peaks": row["peaks"], "genes": config["chromatin"]["genes"],
-                "chrom_sizes": config["chromatin"]["chrom_sizes"]}
-    return {"fragments": row["fragments"], "cells": f"results/{wildcards.sample}/qc.h5ad",
-            **{name: path for name, path in optional.items() if path}}
+    optional = {
+        "peaks": row["peaks"],
+        "genes": config["chromatin"]["genes"],
+        "chrom_sizes": config["chromatin"]["chrom_sizes"],
+    }
+    return {
+        "fragments": row["fragments"],
+        "cells": f"results/{wildcards.sample}/qc.h5ad",
+        **{name: path for name, path in optional.items() if path},
+    }
 
 
 def merge_inputs(wildcards):
@@ -259,8 +276,10 @@ def merge_inputs(wildcards):
         return paths
     missing = sorted(sample for sample, path in paths.items() if not Path(path).exists())
     if len(paths) - len(missing) < 2:
-        raise WorkflowError(f"merge.allow_partial: {len(paths) - len(missing)} sample(s) have results, fewer than "
-                            "the two a merge needs; run without it first (with --keep-going)")
+        raise WorkflowError(
+            f"merge.allow_partial: {len(paths) - len(missing)} sample(s) have results, fewer than "
+            "the two a merge needs; run without it first (with --keep-going)"
+        )
     if missing:
         print(f"merge: leaving out samples without results: {', '.join(missing)}", file=sys.stderr)
     return {sample: path for sample, path in paths.items() if sample not in missing}
@@ -271,8 +290,9 @@ MODALITY_OUTPUTS = {"rna": "processed.h5ad", "prot": "protein.h5ad", "atac": "at
 
 def multiome_inputs(wildcards):
     """Each modality's processed AnnData, keyed by modality."""
-    return {name: f"results/{wildcards.sample}/{MODALITY_OUTPUTS[name]}"
-            for name in sample_modalities(wildcards.sample)}
+    return {
+        name: f"results/{wildcards.sample}/{MODALITY_OUTPUTS[name]}" for name in sample_modalities(wildcards.sample)
+    }
 
 
 def modality_clustering_params():

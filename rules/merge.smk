@@ -17,19 +17,19 @@ rule merge:
             caption="../report/umap_merged.rst",
             labels={"sample": "merged", "figure": "UMAP"},
         ),
-    params:
-        backend=backend_for("merge"),
-        merge=config["merge"],
-        clustering=cluster_params(),
-        labels=markers_cluster_key(),
-        seed=config["seed"],
-    resources:
-        gpu=gpus_for("merge"),
     log:
         "logs/merge/merged.log",
     benchmark:
         "benchmarks/merge/merged.tsv"
     conda:
         conda_env_for("merge")
+    resources:
+        gpu=gpus_for("merge"),
+    params:
+        backend=backend_for("merge"),
+        merge=config["merge"],
+        clustering=cluster_params(),
+        labels=markers_cluster_key(),
+        seed=config["seed"],
     script:
         "../scripts/merge.py"

@@ -12,18 +12,18 @@ rule multiome:
             caption="../report/umap_joint.rst",
             labels={"sample": "{sample}", "figure": "joint UMAP"},
         ),
-    params:
-        backend=backend_for("multiome"),
-        multiome=config["multiome"],
-        clustering=modality_clustering_params(),
-        seed=config["seed"],
-    resources:
-        gpu=gpus_for("multiome"),
     log:
         "logs/multiome/{sample}.log",
     benchmark:
         "benchmarks/multiome/{sample}.tsv"
     conda:
         conda_env_for("multiome")
+    resources:
+        gpu=gpus_for("multiome"),
+    params:
+        backend=backend_for("multiome"),
+        multiome=config["multiome"],
+        clustering=modality_clustering_params(),
+        seed=config["seed"],
     script:
         "../scripts/multiome.py"

@@ -38,12 +38,12 @@ rule plot_umap:
             caption="../report/umap_qc.rst",
             labels={"sample": "{sample}", "figure": "QC metrics"},
         ),
-    params:
-        clusters=cluster_keys(),
-        metrics=QC_METRIC_COLUMNS,
     log:
         "logs/plot_umap/{sample}.log",
     conda:
         "../envs/cpu.yaml"
+    params:
+        clusters=cluster_keys(),
+        metrics=QC_METRIC_COLUMNS,
     script:
         "../scripts/plot_umap.py"

@@ -5,19 +5,19 @@ rule protein:
         unpack(protein_inputs),
     output:
         h5ad="results/{sample}/protein.h5ad",
-    params:
-        backend=backend_for("protein"),
-        protein=config["protein"],
-        duplicate_barcodes=config["duplicate_barcodes"],
-        clustering=modality_clustering_params(),
-        seed=config["seed"],
-    resources:
-        gpu=gpus_for("protein"),
     log:
         "logs/protein/{sample}.log",
     benchmark:
         "benchmarks/protein/{sample}.tsv"
     conda:
         conda_env_for("protein")
+    resources:
+        gpu=gpus_for("protein"),
+    params:
+        backend=backend_for("protein"),
+        protein=config["protein"],
+        duplicate_barcodes=config["duplicate_barcodes"],
+        clustering=modality_clustering_params(),
+        seed=config["seed"],
     script:
         "../scripts/protein.py"

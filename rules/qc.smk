@@ -4,6 +4,14 @@ rule qc:
     output:
         h5ad="results/{sample}/qc.h5ad",
         metrics="results/{sample}/qc/cell_metrics.parquet",
+    log:
+        "logs/qc/{sample}.log",
+    benchmark:
+        "benchmarks/qc/{sample}.tsv"
+    conda:
+        conda_env_for("qc")
+    resources:
+        gpu=gpus_for("qc"),
     params:
         backend=backend_for("qc"),
         format=counts_format,
@@ -12,13 +20,5 @@ rule qc:
         qc=config["qc"],
         doublets=config["doublets"],
         seed=config["seed"],
-    resources:
-        gpu=gpus_for("qc"),
-    log:
-        "logs/qc/{sample}.log",
-    benchmark:
-        "benchmarks/qc/{sample}.tsv"
-    conda:
-        conda_env_for("qc")
     script:
         "../scripts/qc.py"

@@ -8,12 +8,12 @@ rule run_times:
             category="Run times",
             caption="../report/run_times.rst",
         ),
-    params:
-        samples=timed_samples(),
-        rules=timed_rules(),
     log:
         "logs/run_times/all.log",
     conda:
         "../envs/cpu.yaml"
+    params:
+        samples=timed_samples(),
+        rules=timed_rules(),
     script:
         "../scripts/run_times.py"

@@ -6,17 +6,17 @@ rule count_umis:
     output:
         h5ad="results/{sample}/umi_counts.h5ad",
         table="results/{sample}/umi_counts.tsv",
-    params:
-        backend=backend_for("count_umis"),
-        umi=config["umi"],
-        format=reads_format,
-    resources:
-        gpu=gpus_for("count_umis"),
     log:
         "logs/count_umis/{sample}.log",
     benchmark:
         "benchmarks/count_umis/{sample}.tsv"
     conda:
         conda_env_for("count_umis")
+    resources:
+        gpu=gpus_for("count_umis"),
+    params:
+        backend=backend_for("count_umis"),
+        umi=config["umi"],
+        format=reads_format,
     script:
         "../scripts/count_umis.py"
