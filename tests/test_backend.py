@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from omicsprep.backend import gpu_unavailable_reason, gpu_workers, module_versions, resolve_backend
@@ -26,8 +28,10 @@ def test_explicit_gpu_without_one_fails_and_auto_falls_to_cpu():
 
 @pytest.mark.skipif(gpu_unavailable_reason() is None, reason="a GPU is present")
 def test_multi_gpu_without_gpus_fails():
-    with pytest.raises(BackendUnavailableError, match="multi-GPU .Dask. was requested but cannot be used"), \
-            gpu_workers(2):
+    with (
+        pytest.raises(BackendUnavailableError, match=re.escape("multi-GPU (Dask) was requested but cannot be used")),
+        gpu_workers(2),
+    ):
         pass
 
 
@@ -94,9 +98,10 @@ print(json.dumps({"cpu_path": cpu_path, "control": asked[len(cpu_path):], "reaso
 
 
 def test_cpu_path_asks_for_no_gpu_library(tmp_path):
-    """The CPU chain of rules qc and cluster, run for real, never tries to import a GPU
-    library from omicsprep's code, whether or not one is installed (anndata and zarr probe
-    for CuPy themselves; that is theirs)."""
+    """The CPU chain of rules qc and cluster, run for real, never imports a GPU library from omicsprep's code.
+
+    Whether or not one is installed (anndata and zarr probe for CuPy themselves; that is theirs).
+    """
     import json
     import subprocess
     import sys
@@ -105,12 +110,15 @@ def test_cpu_path_asks_for_no_gpu_library(tmp_path):
     import omicsprep
 
     tests = Path(__file__).parent
-    run = subprocess.run([sys.executable, "-c", GPU_IMPORT_PROBE, str(tests), str(tmp_path)], capture_output=True,
-                         text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-c", GPU_IMPORT_PROBE, str(tests), str(tmp_path)], capture_output=True, text=True, timeout=300
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     seen = json.loads(run.stdout.strip().splitlines()[-1])
     package = str(Path(omicsprep.__file__).parent) + "/"
-    assert 250 < seen["cells"] <= 300 and seen["clusters"] >= 2  # the chain really ran
+    # the chain really ran
+    assert 250 < seen["cells"] <= 300
+    assert seen["clusters"] >= 2
     assert [[name, where] for name, where in seen["cpu_path"] if where.startswith(package)] == []
     # The recorder catches omicsprep asking for CuPy even where CuPy is absent.
     assert [name for name, where in seen["control"] if where.startswith(package + "backend.py")][:1] == ["cupy"]
