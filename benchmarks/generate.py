@@ -295,6 +295,12 @@ def write_bam(reads: pd.DataFrame, path: Path, *, unsorted: bool = False) -> Non
         pysam.index(str(path))
 
 
+def umi_tools_count_command(umi_tools: str, bam: Path, out: Path, *, method: str) -> list[str]:
+    """The ``umi_tools count`` command per cell and gene of a BAM tagged as :func:`write_bam` tags it."""
+    tags = ["--gene-tag=GX", "--extract-umi-method=tag", "--umi-tag=UB", "--cell-tag=CB"]
+    return [umi_tools, "count", "--per-gene", "--per-cell", *tags, f"--method={method}", "-I", str(bam), "-S", str(out)]
+
+
 # Human chromosome lengths (GRCh38, Mb), for generated fragments.
 CHROMOSOME_MB = [248, 242, 198, 190, 181, 171, 159, 145, 138, 134, 135, 133, 114, 107, 102, 90, 83, 80, 59, 64, 47, 51]
 

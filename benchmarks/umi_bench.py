@@ -27,7 +27,7 @@ import pandas as pd
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from generate import generate_reads, write_bam  # noqa: E402
+from generate import generate_reads, umi_tools_count_command, write_bam  # noqa: E402
 from run import append_results  # noqa: E402
 
 
@@ -127,22 +127,9 @@ def main() -> None:
             },
         }
         if args.skip_umi_tools_above is None or n_reads <= args.skip_umi_tools_above:
+            umi_tools = str(bin_dir / "umi_tools")
             theirs = timed(
-                [
-                    str(bin_dir / "umi_tools"),
-                    "count",
-                    "--per-gene",
-                    "--per-cell",
-                    "--gene-tag=GX",
-                    "--extract-umi-method=tag",
-                    "--umi-tag=UB",
-                    "--cell-tag=CB",
-                    "--method=directional",
-                    "-I",
-                    str(bam),
-                    "-S",
-                    str(args.workdir / "umi_tools.tsv"),
-                ]
+                umi_tools_count_command(umi_tools, bam, args.workdir / "umi_tools.tsv", method="directional")
             )
             row |= {
                 "umi_tools_s": round(theirs, 2),

@@ -124,23 +124,7 @@ def umi_tools() -> str:
 def live_umi_tools_counts(umi_tools: str, bam: Path, method: str, out: Path) -> pd.DataFrame:
     """``umi_tools count`` per cell and gene (tags CB, UB, GX), as a gene, cell, count table."""
     subprocess.run(
-        [
-            umi_tools,
-            "count",
-            "--per-gene",
-            "--per-cell",
-            "--gene-tag=GX",
-            "--extract-umi-method=tag",
-            "--umi-tag=UB",
-            "--cell-tag=CB",
-            f"--method={method}",
-            "-I",
-            str(bam),
-            "-S",
-            str(out),
-        ],
-        check=True,
-        capture_output=True,
+        generate.umi_tools_count_command(umi_tools, bam, out, method=method), check=True, capture_output=True
     )
     return pd.read_csv(out, sep="\t")
 
@@ -299,30 +283,17 @@ def test_skipped_reads_are_counted(tmp_path):
     assert adata.uns["umi_dedup"]["reads_used"] + skipped["UMI with N"] == len(usable)
 
 
+def count_umis_cli(*args: str, check: bool = False) -> subprocess.CompletedProcess:
+    """Run ``omicsprep count-umis`` with ``args`` in a fresh process, its output captured."""
+    command = [sys.executable, "-m", "omicsprep.cli", "count-umis", *args]
+    return subprocess.run(command, check=check, capture_output=True, text=True)
+
+
 def test_cli_writes_counts_and_the_umi_tools_table(tmp_path):
     out = tmp_path / "counts.h5ad"
     tsv = tmp_path / "counts.tsv"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "omicsprep.cli",
-            "count-umis",
-            str(UMI_TOOLS_BAM),
-            "-o",
-            str(out),
-            "--tsv",
-            str(tsv),
-            "--gene-tag",
-            "XF",
-            "--extract-umi-method",
-            "umis",
-            "--skip-tags-regex",
-            "^[__|Unassigned]",
-        ],
-        check=True,
-        capture_output=True,
-    )
+    options = ["--gene-tag", "XF", "--extract-umi-method", "umis", "--skip-tags-regex", "^[__|Unassigned]"]
+    count_umis_cli(str(UMI_TOOLS_BAM), "-o", str(out), "--tsv", str(tsv), *options, check=True)
     table = pd.read_csv(tsv, sep="\t")
     assert list(table.columns) == ["gene", "cell", "count"]
     assert_same_counts(table, pd.read_csv(UMI_DATA / "expected" / "count_per_cell_directional.tsv", sep="\t"))
@@ -336,11 +307,7 @@ def test_cli_writes_counts_and_the_umi_tools_table(tmp_path):
 def test_cli_bad_input_is_one_clear_error(tmp_path):
     bad = tmp_path / "broken.bam"
     bad.write_bytes(UMI_TOOLS_BAM.read_bytes()[:5000])  # truncated
-    result = subprocess.run(
-        [sys.executable, "-m", "omicsprep.cli", "count-umis", str(bad), "-o", str(tmp_path / "x.h5ad")],
-        capture_output=True,
-        text=True,
-    )
+    result = count_umis_cli(str(bad), "-o", str(tmp_path / "x.h5ad"))
     assert result.returncode == 1
     assert f"omicsprep error: file '{bad}'" in result.stderr
     assert not (tmp_path / "x.h5ad").exists()
@@ -351,21 +318,7 @@ def test_cli_gpu_without_a_gpu_is_one_clear_error(tmp_path):
 
     if gpu_unavailable_reason() is None:
         pytest.skip("a GPU is usable here")
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "omicsprep.cli",
-            "count-umis",
-            str(UMI_TOOLS_BAM),
-            "-o",
-            str(tmp_path / "x.h5ad"),
-            "--backend",
-            "gpu",
-        ],
-        capture_output=True,
-        text=True,
-    )
+    result = count_umis_cli(str(UMI_TOOLS_BAM), "-o", str(tmp_path / "x.h5ad"), "--backend", "gpu")
     assert result.returncode == 1
     assert result.stderr.startswith("omicsprep error: backend 'gpu' was requested but cannot be used")
     assert not (tmp_path / "x.h5ad").exists()
