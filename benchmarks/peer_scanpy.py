@@ -72,14 +72,9 @@ sc.pp.neighbors(
 )
 lap("neighbors")
 for resolution in config["leiden"]["resolutions"]:
+    key = f"leiden_{float(resolution)}"
     sc.tl.leiden(
-        adata,
-        resolution=resolution,
-        flavor="igraph",
-        n_iterations=-1,
-        directed=False,
-        random_state=seed,
-        key_added=f"leiden_{float(resolution)}",
+        adata, resolution=resolution, flavor="igraph", n_iterations=-1, directed=False, random_state=seed, key_added=key
     )
 lap("leiden")
 sc.tl.umap(adata, min_dist=config["umap"]["min_dist"], random_state=seed)
