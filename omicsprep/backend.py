@@ -347,7 +347,7 @@ def _distributions() -> Mapping[str, list[str]]:
 def _version_of(module_name: str) -> str:
     # Distribution metadata first (some packages deprecate __version__), then __version__
     # for modules whose distribution is named otherwise (sklearn, cudf-cu13); the scan of
-    # every installed distribution (2.6 s where RAPIDS is installed) only as a last resort.
+    # every installed distribution (slow where RAPIDS is installed) only as a last resort.
     try:
         return importlib.metadata.version(module_name)
     except importlib.metadata.PackageNotFoundError:

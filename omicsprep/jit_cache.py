@@ -2,7 +2,7 @@
 
 umap-learn compiles its Numba kernels (connectivities, layout optimisation) in every new
 process because they are not declared ``cache=True``; a workflow rule is a new process, so
-that cost (about 10 s on 2 cores) would recur in every run. Turning caching on before
+that cost would recur in every run. Turning caching on before
 their first call stores the machine code in Numba's cache directory (``NUMBA_CACHE_DIR``
 or ``__pycache__``), where later processes find it.
 """

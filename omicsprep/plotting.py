@@ -128,8 +128,7 @@ def _numeric_scatter(ax: Axes, coords: np.ndarray, values: np.ndarray, *, size: 
     NaN values are drawn in grey underneath.
 
     The values are drawn in :data:`COLOUR_LEVELS` single-colour layers: Matplotlib draws
-    a layer of one colour as repeated markers, while a colour per point took a minute
-    for five panels of 840,000 cells.
+    a layer of one colour as repeated markers, and a colour per point far more slowly.
     """
     finite = np.isfinite(values)
     ax.scatter(coords[~finite, 0], coords[~finite, 1], s=size, color="lightgrey", rasterized=True)

@@ -240,8 +240,8 @@ def _gram_blocks(standardized: Any, *, backend: Backend) -> Iterator[tuple[int, 
     On the GPU (when the second copy fits :data:`SPLIT_MAX_BYTES`) each factor is split as
     ``high + low`` (:func:`_split_tf32`) and the products of the parts run on TF32 tensor
     cores: ``high·high + high·low + low·high`` keeps float32's accuracy (the dropped
-    ``low·low`` is 2^-22 of the whole; CUTLASS's "3xTF32") at about twice the speed of
-    float32 products. Over all genes at once, ``low·high`` is the transpose of ``high·low``.
+    ``low·low`` is 2^-22 of the whole; CUTLASS's "3xTF32") faster than float32 products.
+    Over all genes at once, ``low·high`` is the transpose of ``high·low``.
     """
     n_genes = standardized.shape[1]
     block_size = max(1, BLOCK_BYTES // (4 * n_genes))

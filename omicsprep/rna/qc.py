@@ -221,9 +221,8 @@ def _classify_on_gpu(
     """rapids-singlecell's Scrublet neighbour classifier (same arithmetic), its neighbour table kept on the device.
 
     rapids-singlecell (0.18) copies the k-neighbour table to the host and labels it with
-    Python strings: at 300,000 cells (k = 822 among 900,000) that took most of a
-    two-minute run. Here the table stays in GPU memory and simulated neighbours are
-    counted by index.
+    Python strings, which dominates the run on large samples. Here the table stays in GPU
+    memory and simulated neighbours are counted by index.
     """
     if get_neighbor_parents:
         msg = "doublet neighbour parents are not computed on the GPU"
