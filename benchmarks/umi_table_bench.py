@@ -27,8 +27,8 @@ sys.path.insert(0, str(HERE))
 from generate import generate_reads  # noqa: E402
 from run import append_results  # noqa: E402
 
-from omicsprep.reads import counting  # noqa: E402
 from omicsprep.backend import resolve_backend  # noqa: E402
+from omicsprep.reads import counting  # noqa: E402
 
 
 def molecule_table(workdir: Path, n_reads: int, fmt: str) -> Path:
@@ -68,24 +68,39 @@ def main() -> None:
             results = {}
             for backend in args.backends:
                 start = time.perf_counter()
-                adata = counting.count_umis(path, fmt="molecules", chunk_rows=args.chunk_rows,
-                                            backend=resolve_backend(backend))
+                adata = counting.count_umis(
+                    path, fmt="molecules", chunk_rows=args.chunk_rows, backend=resolve_backend(backend)
+                )
                 seconds = time.perf_counter() - start
                 results[backend] = adata
-                rows.append({"reads": n_reads, "format": fmt, "backend": backend, "seconds": round(seconds, 2),
-                             "reads_per_s": round(n_reads / seconds), "molecules": int(adata.X.sum()),
-                             "partitions": adata.uns["umi_dedup"]["partitions"]})
+                rows.append(
+                    {
+                        "reads": n_reads,
+                        "format": fmt,
+                        "backend": backend,
+                        "seconds": round(seconds, 2),
+                        "reads_per_s": round(n_reads / seconds),
+                        "molecules": int(adata.X.sum()),
+                        "partitions": adata.uns["umi_dedup"]["partitions"],
+                    }
+                )
                 print(rows[-1], flush=True)
             if len(results) == 2:
-                tables = [counting.long_table(adata).sort_values(["gene", "cell"]).reset_index(drop=True)
-                          for adata in results.values()]
+                tables = [
+                    counting.long_table(adata).sort_values(["gene", "cell"]).reset_index(drop=True)
+                    for adata in results.values()
+                ]
                 skipped = [adata.uns["umi_dedup"]["reads_skipped"] for adata in results.values()]
                 rows[-1]["same_as_cpu"] = tables[0].equals(tables[1]) and skipped[0] == skipped[1]
     table = pd.DataFrame(rows)
     print(table.to_string(index=False))
-    append_results(args.results, title="Molecule tables to counts", table=table,
-                   note=f"generate.py's reads, directional, --chunk-rows {args.chunk_rows}, in one process after a "
-                        f"warm-up per backend (compilation not counted).")
+    append_results(
+        args.results,
+        title="Molecule tables to counts",
+        table=table,
+        note=f"generate.py's reads, directional, --chunk-rows {args.chunk_rows}, in one process after a "
+        f"warm-up per backend (compilation not counted).",
+    )
 
 
 if __name__ == "__main__":

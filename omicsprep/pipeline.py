@@ -18,13 +18,13 @@ from anndata import AnnData
 from scipy import sparse
 
 from omicsprep.atac import lsi
+from omicsprep.backend import Backend, gpu_workers, shard_to_gpus, to_device, to_host
+from omicsprep.errors import InputError
 from omicsprep.multiome import wnn
 from omicsprep.network import coexpression
 from omicsprep.protein import normalization
-from omicsprep.rna import clustering, integration, preprocessing, qc
-from omicsprep.backend import Backend, gpu_workers, shard_to_gpus, to_device, to_host
-from omicsprep.errors import InputError
 from omicsprep.provenance import StepTimer, record_provenance
+from omicsprep.rna import clustering, integration, preprocessing, qc
 
 if TYPE_CHECKING:
     from mudata import MuData
@@ -34,7 +34,11 @@ log = logging.getLogger(__name__)
 # The configuration sections that run_clustering reads.
 CLUSTER_SECTIONS = ("normalize", "hvg", "pca", "neighbors", "umap", "leiden", "louvain", "markers")
 CELL_METRICS = (
-    "total_counts", "n_genes_by_counts", "pct_counts_mt", "pct_counts_ribo", "pct_counts_hb",
+    "total_counts",
+    "n_genes_by_counts",
+    "pct_counts_mt",
+    "pct_counts_ribo",
+    "pct_counts_hb",
 )
 
 
@@ -85,8 +89,13 @@ def run_qc(
         qc.filter_genes(adata, min_cells=qc_params["min_cells_per_gene"], backend=backend)
     if doublet_params["enabled"]:
         with timer.step("doublets"):
-            qc.score_doublets(adata, expected_rate=doublet_params["expected_rate"],
-                             max_cells_per_run=doublet_params["max_cells_per_run"], seed=seed, backend=backend)
+            qc.score_doublets(
+                adata,
+                expected_rate=doublet_params["expected_rate"],
+                max_cells_per_run=doublet_params["max_cells_per_run"],
+                seed=seed,
+                backend=backend,
+            )
             metrics["doublet_score"] = adata.obs["doublet_score"].reindex(metrics.index)
             doublets = adata.obs["predicted_doublet"].to_numpy()
             if doublet_params["remove"]:
@@ -102,9 +111,7 @@ def run_qc(
     return adata, metrics
 
 
-def run_clustering(
-    adata: AnnData, *, params: Mapping[str, Any], seed: int, backend: Backend
-) -> pd.DataFrame:
+def run_clustering(adata: AnnData, *, params: Mapping[str, Any], seed: int, backend: Backend) -> pd.DataFrame:
     """Normalization, HVG, PCA, neighbours, UMAP, Leiden, Louvain and markers, in place.
 
     Parameters
@@ -147,9 +154,7 @@ def run_clustering(
         clustering.rank_markers(adata, groupby=groupby, method=markers["method"], backend=backend)
     with timer.step("to_host"):
         to_host(adata)
-    record_provenance(
-        adata, rule="cluster", backend=backend, params={**params, "seed": seed}, timings=timer.seconds
-    )
+    record_provenance(adata, rule="cluster", backend=backend, params={**params, "seed": seed}, timings=timer.seconds)
     return clustering.markers_table(adata, n_genes=markers["n_genes"])
 
 
@@ -187,22 +192,33 @@ def run_coexpression(
     graph, genes = network.graph, network.genes
     upper = graph.tocoo()
     upper_edges = upper.row < upper.col
-    edges = pd.DataFrame({"gene_a": genes[upper.row[upper_edges]], "gene_b": genes[upper.col[upper_edges]],
-                          "weight": upper.data[upper_edges]})
+    edges = pd.DataFrame(
+        {
+            "gene_a": genes[upper.row[upper_edges]],
+            "gene_b": genes[upper.col[upper_edges]],
+            "weight": upper.data[upper_edges],
+        }
+    )
     adata.uns["coexpression"] = {
-        "genes": len(genes), "genes_skipped": network.genes_skipped, "samples": network.samples,
-        "edges": len(edges), "modules": adata.obsm["module_eigengenes"].shape[1],
+        "genes": len(genes),
+        "genes_skipped": network.genes_skipped,
+        "samples": network.samples,
+        "edges": len(edges),
+        "modules": adata.obsm["module_eigengenes"].shape[1],
     }
     log.info("coexpression: %s", adata.uns["coexpression"])
-    record_provenance(adata, rule="coexpression", backend=backend, params={**params, "seed": seed},
-                      timings=timer.seconds)
+    record_provenance(
+        adata, rule="coexpression", backend=backend, params={**params, "seed": seed}, timings=timer.seconds
+    )
     return {"edges": edges, "modules": network.modules, "eigengenes": adata.obsm["module_eigengenes"]}
 
 
-def skipped_coexpression(adata: AnnData, *, reason: str, params: Mapping[str, Any], seed: int,
-                         backend: Backend) -> dict[str, pd.DataFrame]:
-    """Empty co-expression results for a sample whose network cannot be built; the reason
-    goes to ``uns["coexpression"]["skipped"]`` and the rule's provenance.
+def skipped_coexpression(
+    adata: AnnData, *, reason: str, params: Mapping[str, Any], seed: int, backend: Backend
+) -> dict[str, pd.DataFrame]:
+    """Empty co-expression results for a sample whose network cannot be built.
+
+    The reason goes to ``uns["coexpression"]["skipped"]`` and the rule's provenance.
 
     Returns
     -------
@@ -213,14 +229,19 @@ def skipped_coexpression(adata: AnnData, *, reason: str, params: Mapping[str, An
     adata.obsm["module_eigengenes"] = pd.DataFrame(index=adata.obs_names)
     adata.uns["coexpression"] = {"skipped": reason}
     record_provenance(adata, rule="coexpression", backend=backend, params={**params, "seed": seed}, timings={})
-    return {"edges": pd.DataFrame(columns=["gene_a", "gene_b", "weight"]),
-            "modules": pd.DataFrame(columns=["gene", "module", "hub_score"]),
-            "eigengenes": adata.obsm["module_eigengenes"]}
+    return {
+        "edges": pd.DataFrame(columns=["gene_a", "gene_b", "weight"]),
+        "modules": pd.DataFrame(columns=["gene", "module", "hub_score"]),
+        "eigengenes": adata.obsm["module_eigengenes"],
+    }
 
 
 class GeneNetwork(NamedTuple):
-    """A co-expression network: its genes, how many selected genes were left out, the
-    samples (cells or metacells) correlated, the graph and its modules."""
+    """A co-expression network.
+
+    Its genes, how many selected genes were left out, the samples (cells or metacells)
+    correlated, the graph and its modules.
+    """
 
     genes: pd.Index
     genes_skipped: int
@@ -235,22 +256,35 @@ def _gene_network(
     """Genes, metacells, correlation graph and modules (the eigengenes are the caller's)."""
     with timer.step("select_genes"):
         selected = coexpression.select_genes(adata, n_genes=params["n_genes"])
-        genes = coexpression.check_expression(adata, genes=selected, top_k=params["top_k"],
-                                              min_cells=params["min_cells"],
-                                              min_expressing_cells=params["min_expressing_cells"])
+        genes = coexpression.check_expression(
+            adata,
+            genes=selected,
+            top_k=params["top_k"],
+            min_cells=params["min_cells"],
+            min_expressing_cells=params["min_expressing_cells"],
+        )
     with timer.step("metacells"):
         pooled = coexpression.pool_metacells(adata, **params["metacells"], seed=seed, backend=backend)
     with timer.step("standardize"):
         standardized = coexpression.standardize(pooled[:, genes].X, method=params["correlation"], backend=backend)
     with timer.step("correlation"):
-        graph = coexpression.correlation_graph(standardized, top_k=params["top_k"],
-                                               min_correlation=params["min_correlation"], power=params["power"],
-                                               backend=backend)
+        graph = coexpression.correlation_graph(
+            standardized,
+            top_k=params["top_k"],
+            min_correlation=params["min_correlation"],
+            power=params["power"],
+            backend=backend,
+        )
         del standardized  # the device copy, before the community search
     with timer.step("modules"):
         modules = coexpression.find_modules(
-            graph, genes=genes, algorithm=params["algorithm"], resolution=params["resolution"],
-            min_module_size=params["min_module_size"], seed=seed, backend=backend,
+            graph,
+            genes=genes,
+            algorithm=params["algorithm"],
+            resolution=params["resolution"],
+            min_module_size=params["min_module_size"],
+            seed=seed,
+            backend=backend,
         )
     return GeneNetwork(genes, len(selected) - len(genes), pooled.n_obs, graph, modules)
 
@@ -286,8 +320,9 @@ def run_coexpression_per_cluster(
             skipped[str(cluster)] = f"{cells.n_obs} cells"
             continue
         try:
-            modules = _gene_network(cells, params=params, seed=seed, backend=backend,
-                                    timer=StepTimer(backend=backend)).modules
+            modules = _gene_network(
+                cells, params=params, seed=seed, backend=backend, timer=StepTimer(backend=backend)
+            ).modules
         except InputError as exc:
             skipped[str(cluster)] = exc.problem
             continue
@@ -314,8 +349,9 @@ def _umap_and_leiden(
     with timer.step("umap"):
         clustering.umap(adata, min_dist=params["umap"]["min_dist"], seed=seed, backend=backend)
     with timer.step("leiden"):
-        clustering.cluster_graph(adata, algorithm="leiden", resolutions=params["leiden"]["resolutions"], seed=seed,
-                                 backend=backend)
+        clustering.cluster_graph(
+            adata, algorithm="leiden", resolutions=params["leiden"]["resolutions"], seed=seed, backend=backend
+        )
 
 
 def run_protein(
@@ -363,8 +399,10 @@ def run_protein(
         elif empty is None:
             raise InputError("protein.normalization is dsb, which needs empty droplets (sample sheet column adt_empty)")
         elif params["dsb"]["denoise"] and not isotypes:
-            raise InputError(f"dsb's denoising asks for isotype controls, and none of the {adata.n_vars} antibodies "
-                             f"matches protein.isotype_pattern {params['isotype_pattern']!r}")
+            raise InputError(
+                f"dsb's denoising asks for isotype controls, and none of the {adata.n_vars} antibodies "
+                f"matches protein.isotype_pattern {params['isotype_pattern']!r}"
+            )
         else:
             normalization.dsb(adata, empty=empty, isotypes=isotypes, **params["dsb"], backend=backend)
     adata.var["isotype_control"] = adata.var_names.isin(isotypes)
@@ -376,8 +414,13 @@ def run_protein(
     _embed_and_cluster(adata, use_rep="X_pca", params=clustering_params, seed=seed, backend=backend, timer=timer)
     with timer.step("to_host"):
         to_host(adata)
-    record_provenance(adata, rule="protein", backend=backend,
-                      params={**params, "normalization": method, "seed": seed}, timings=timer.seconds)
+    record_provenance(
+        adata,
+        rule="protein",
+        backend=backend,
+        params={**params, "normalization": method, "seed": seed},
+        timings=timer.seconds,
+    )
 
 
 def run_chromatin(
@@ -411,9 +454,11 @@ def run_chromatin(
         in_cells = np.asarray((adata.X > 0).sum(axis=0)).ravel()
         kept = in_cells >= params["min_cells_per_feature"]
         if kept.sum() < 2:
-            raise InputError(f"{int(kept.sum())} of {adata.n_vars} chromatin features are seen in "
-                             f"{params['min_cells_per_feature']} cells or more: too few for LSI")
-        adata._inplace_subset_var(kept)
+            raise InputError(
+                f"{int(kept.sum())} of {adata.n_vars} chromatin features are seen in "
+                f"{params['min_cells_per_feature']} cells or more: too few for LSI"
+            )
+        adata._inplace_subset_var(kept)  # noqa: SLF001 - anndata's in-place subset, no copy of X
     with timer.step("to_device"):
         to_device(adata, backend=backend)
     with timer.step("lsi"):
@@ -422,8 +467,7 @@ def run_chromatin(
     _embed_and_cluster(adata, use_rep="X_lsi", params=clustering_params, seed=seed, backend=backend, timer=timer)
     with timer.step("to_host"):
         to_host(adata)
-    record_provenance(adata, rule="chromatin", backend=backend, params={**params, "seed": seed},
-                      timings=timer.seconds)
+    record_provenance(adata, rule="chromatin", backend=backend, params={**params, "seed": seed}, timings=timer.seconds)
 
 
 EMBEDDINGS = {"rna": "X_pca", "prot": "X_pca", "atac": "X_lsi"}
@@ -437,8 +481,9 @@ def run_multiome(
     seed: int,
     backend: Backend,
 ) -> MuData:
-    """Modalities joined by barcode, their weighted nearest neighbours, a joint UMAP and
-    joint Leiden clusters.
+    """Modalities joined by barcode, with a joint graph, UMAP and clusters.
+
+    Weighted nearest neighbours, a joint UMAP and joint Leiden clusters.
 
     Parameters
     ----------
@@ -469,11 +514,18 @@ def run_multiome(
     mdata, _ = wnn.join_modalities(dict(modalities), min_overlap=params["min_overlap"])
     with timer.step("wnn"):
         wnn.weighted_nearest_neighbors(
-            mdata, representations={name: EMBEDDINGS[name] for name in mdata.mod},
-            n_dims={"rna": clustering_params["neighbors"]["n_pcs"]}, **params["wnn"], backend=backend)
-    joint = AnnData(obs=pd.DataFrame(index=mdata.obs_names), obsm={"X_wnn_input": mdata.obsm["X_wnn_input"]},
-                    obsp={key: mdata.obsp[key] for key in ("connectivities", "distances")},
-                    uns={"neighbors": mdata.uns["neighbors"]})
+            mdata,
+            representations={name: EMBEDDINGS[name] for name in mdata.mod},
+            n_dims={"rna": clustering_params["neighbors"]["n_pcs"]},
+            **params["wnn"],
+            backend=backend,
+        )
+    joint = AnnData(
+        obs=pd.DataFrame(index=mdata.obs_names),
+        obsm={"X_wnn_input": mdata.obsm["X_wnn_input"]},
+        obsp={key: mdata.obsp[key] for key in ("connectivities", "distances")},
+        uns={"neighbors": mdata.uns["neighbors"]},
+    )
     _umap_and_leiden(joint, params=clustering_params, seed=seed, backend=backend, timer=timer)
     to_host(joint)
     mdata.obsm["X_umap"] = joint.obsm["X_umap"]
@@ -493,8 +545,10 @@ def run_merge(
     backend: Backend,
     n_gpus: int = 1,
 ) -> tuple[AnnData, pd.DataFrame]:
-    """Samples merged, normalized, batch-aware HVGs, PCA, Harmony, neighbours, UMAP and
-    Leiden on the corrected embedding, with integration metrics before and after Harmony.
+    """Samples merged and integrated with Harmony.
+
+    Normalized, batch-aware HVGs, PCA, Harmony, neighbours, UMAP and Leiden on the
+    corrected embedding, with integration metrics before and after Harmony.
 
     With ``params["dask"]`` on the GPU backend, the merged counts are spread over
     ``n_gpus`` GPUs (a Dask worker each) for normalization, HVGs and PCA; Harmony,
@@ -539,8 +593,10 @@ def run_merge(
     if params.get("dask", False) and not sharded:
         log.warning("merge.dask applies to the GPU backend; the CPU backend runs in this process")
     if sharded and n_gpus < 2:
-        log.warning("merge.dask with one GPU (the rule's gpu resource is 1): one Dask worker, slower than none; "
-                    "give the rule more, e.g. --set-resources merge:gpu=2")
+        log.warning(
+            "merge.dask with one GPU (the rule's gpu resource is 1): one Dask worker, slower than none; "
+            "give the rule more, e.g. --set-resources merge:gpu=2"
+        )
     with timer.step("concatenate"):
         adata = integration.concatenate_samples(samples, labels=labels)
         if key != "sample":
@@ -574,10 +630,16 @@ def run_merge(
         with timer.step(f"neighbors_{stage}"):
             clustering.neighbors(adata, **clustering_params["neighbors"], use_rep=embedding, backend=backend)
             clustering.cluster_graph(adata, algorithm="leiden", resolutions=[resolution], seed=seed, backend=backend)
-        rows.append({"stage": stage, "embedding": embedding,
-                     "batch_mixing": round(integration.batch_mixing(adata, key=key), 4),
-                     "label_conservation": round(integration.label_conservation(
-                         adata, clusters=clustering.cluster_key("leiden", resolution)), 4)})
+        rows.append(
+            {
+                "stage": stage,
+                "embedding": embedding,
+                "batch_mixing": round(integration.batch_mixing(adata, key=key), 4),
+                "label_conservation": round(
+                    integration.label_conservation(adata, clusters=clustering.cluster_key("leiden", resolution)), 4
+                ),
+            }
+        )
     _umap_and_leiden(adata, params=clustering_params, seed=seed, backend=backend, timer=timer)
     with timer.step("to_host"):
         to_host(adata)

@@ -68,7 +68,8 @@ def test_peak_counts_equal_a_plain_count(peak_counts, fragments, barcodes):
 def test_tile_counts_equal_a_plain_count(fragments, barcodes):
     tiles = count_fragments(io.fragment_chunks(FRAGMENTS, chunk_rows=30_000), barcodes=barcodes, tile_width=5000)
     names = tiles.var_names.str.extract(r"(.+):(\d+)-(\d+)").astype({1: int, 2: int})
-    assert (names[2] - names[1] == 5000).all() and (names[1] % 5000 == 0).all()
+    assert (names[2] - names[1] == 5000).all()
+    assert (names[1] % 5000 == 0).all()
     expected = plain_count(fragments, barcodes, list(names.itertuples(index=False, name=None)))
     np.testing.assert_array_equal(tiles.X.toarray(), expected)
     # Every fragment lies in one tile or spans two: tile counts sum to at least the fragments.
@@ -133,7 +134,7 @@ def test_bad_fragments_are_one_clear_error(tmp_path, barcodes):
     with pytest.raises(InputError, match=rf"^file '{bad}': 1 fragments with bad coordinates, e.g. chr1:200-100"):
         count_fragments(io.fragment_chunks(bad), barcodes=barcodes, source=bad)
     overlapping = pd.DataFrame({"chrom": ["chr1", "chr1"], "start": [100, 150], "end": [200, 300]})
-    with pytest.raises(InputError, match="1 peaks overlap the previous one .e.g. after chr1:100-200."):
+    with pytest.raises(InputError, match=r"1 peaks overlap the previous one .e.g. after chr1:100-200."):
         count_fragments(io.fragment_chunks(bad), barcodes=barcodes, peaks=overlapping)
     sizes = tmp_path / "genome.fa.fai"
     sizes.write_text("chr1\t248956422\t112\t60\t61\nchr4\t190214555\t253105752\t60\t61\n")
@@ -237,7 +238,8 @@ def test_compressed_fragments_and_empty_peaks(tmp_path, peak_counts, barcodes):
 
     import pysam
 
-    text = gzip.open(FRAGMENTS, "rb").read()
+    with gzip.open(FRAGMENTS, "rb") as handle:
+        text = handle.read()
     (tmp_path / "fragments.tsv").write_bytes(text)
     (tmp_path / "fragments.tsv.bz2").write_bytes(bz2.compress(text))
     pysam.tabix_compress(str(tmp_path / "fragments.tsv"), str(tmp_path / "fragments.tsv.gz"))  # bgzip: many members

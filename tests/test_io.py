@@ -41,7 +41,7 @@ def test_v2_mtx_folder_with_genes_tsv(tmp_path):
     folder.mkdir()
     scipy.io.mmwrite(folder / "matrix.mtx", adata.X.T.tocoo())
     (folder / "genes.tsv").write_text(
-        "".join(f"{gid}\t{name}\n" for gid, name in zip(adata.var["gene_ids"], adata.var_names))
+        "".join(f"{gid}\t{name}\n" for gid, name in zip(adata.var["gene_ids"], adata.var_names, strict=False))
     )
     (folder / "barcodes.tsv").write_text("".join(f"{b}\n" for b in adata.obs_names))
     v2 = io.read_counts(folder)
@@ -61,7 +61,7 @@ def test_zarr_and_h5ad_read_with_unique_names(tmp_path):
 
 
 def test_missing_file_is_named(tmp_path):
-    with pytest.raises(InputError, match="nope.h5.*does not exist"):
+    with pytest.raises(InputError, match=r"nope.h5.*does not exist"):
         io.read_counts(tmp_path / "nope.h5")
 
 

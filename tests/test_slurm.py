@@ -2,7 +2,8 @@
 (tests/slurm/start.sh; `make test` installs Debian's slurm-wlm where it can): what each job
 asked SLURM for (partition, GPUs, memory, CPUs), read back with scontrol and sacct, is what
 the profile and the config say; a failed job is retried with more memory; and the outputs
-equal a local run's."""
+equal a local run's.
+"""
 
 from __future__ import annotations
 
@@ -30,8 +31,13 @@ TARGETS = ["results/pbmc/obs.parquet", "results/pbmc/markers.tsv", "results/pbmc
 # pinned to the CPU; plot_qc never uses the GPU.
 CONFIG = ["backend_per_rule={cluster: cpu}"]
 # No accounting database here: job states come from squeue, and SLURM guesses no account.
-NO_ACCOUNTING = ["--slurm-no-account", "--slurm-status-command", "squeue",
-                 "--slurm-init-seconds-before-status-checks", "5"]
+NO_ACCOUNTING = [
+    "--slurm-no-account",
+    "--slurm-status-command",
+    "squeue",
+    "--slurm-init-seconds-before-status-checks",
+    "5",
+]
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +47,9 @@ def slurm_cluster() -> Path:
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI must run the SLURM test: {reason}")
         pytest.skip(reason)
-    started = subprocess.run(["bash", str(REPO / "tests" / "slurm" / "start.sh")], capture_output=True, text=True,
-                             timeout=180)
+    started = subprocess.run(
+        ["bash", str(REPO / "tests" / "slurm" / "start.sh")], capture_output=True, text=True, timeout=180
+    )
     assert started.returncode == 0, started.stderr
     return Path(started.stdout.strip().splitlines()[-1])
 
@@ -51,23 +58,41 @@ def snakemake_command(workdir: Path, *args: str) -> list[str]:
     sheet = write_sheet(workdir / "samples.tsv", [f"pbmc\t{PBMC_H5}"])
     demo = workdir / "demo.yaml"  # the demo matrix holds chromosome 21's genes only
     demo.write_text("qc:\n  filter:\n    min_genes: 10\n")
-    return [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), *TARGETS, *args,
-            "--configfile", str(REPO / "config" / "config.yaml"), str(demo), "--config", f"samples={sheet}", *CONFIG,
-            "--directory", str(workdir)]
+    return [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "-s",
+        str(REPO / "Snakefile"),
+        *TARGETS,
+        *args,
+        "--configfile",
+        str(REPO / "config" / "config.yaml"),
+        str(demo),
+        "--config",
+        f"samples={sheet}",
+        *CONFIG,
+        "--directory",
+        str(workdir),
+    ]
 
 
 def run_cancelling_first_qc_job(command: list[str], workdir: Path) -> tuple[subprocess.CompletedProcess, str]:
     """Run the workflow and cancel (scancel) the first job of rule qc that it submits from
     ``workdir``, so that it fails once and the profile's retry takes over. Returns the run
-    and the cancelled job's id."""
-    stdout, stderr = (open(workdir / f"snakemake.{name}", "w+") for name in ("out", "err"))  # noqa: SIM115
+    and the cancelled job's id.
+    """
+    stdout, stderr = ((workdir / f"snakemake.{name}").open("w+") for name in ("out", "err"))
     process = subprocess.Popen(command, cwd=REPO, stdout=stdout, stderr=stderr, text=True)
     cancelled = ""
     deadline = time.monotonic() + 600
     while not cancelled and process.poll() is None and time.monotonic() < deadline:
         queue = subprocess.run(["squeue", "-h", "-o", "%i|%k|%Z"], capture_output=True, text=True).stdout
-        first_qc = [job for job, comment, where in (line.split("|") for line in queue.splitlines())
-                    if comment.startswith("rule_qc_") and Path(where) == workdir]
+        first_qc = [
+            job
+            for job, comment, where in (line.split("|") for line in queue.splitlines())
+            if comment.startswith("rule_qc_") and Path(where) == workdir
+        ]
         if first_qc:
             cancelled = first_qc[0]
             subprocess.run(["scancel", cancelled], check=True)
@@ -83,8 +108,9 @@ def scontrol_jobs(job_ids: list[str]) -> pd.DataFrame:
     """``scontrol show job``'s fields of each job (finished jobs stay listed: MinJobAge)."""
     rows = []
     for job_id in job_ids:
-        line = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True,
-                              check=True).stdout
+        line = subprocess.run(
+            ["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, check=True
+        ).stdout
         rows.append(dict(field.split("=", 1) for field in line.split() if "=" in field))
     return pd.DataFrame(rows).set_index("JobId")
 
@@ -104,15 +130,19 @@ def minutes(limit: str) -> int:
 
 def profile_resource(profile: dict, rule: str, name: str, attempt: int):
     """A rule's resource as the profile sets it (its own entry, else the default),
-    evaluated for ``attempt``."""
+    evaluated for ``attempt``.
+    """
     value = profile["set-resources"].get(rule, {}).get(name, profile["default-resources"][name])
-    return eval(value, {"attempt": attempt}) if isinstance(value, str) and "attempt" in value else value  # noqa: S307
+    return eval(value, {"attempt": attempt}) if isinstance(value, str) and "attempt" in value else value
 
 
 def documented_slurm_arguments() -> list[str]:
     """The README's command line for SLURM, less ``snakemake``."""
-    line = next(line for line in (REPO / "README.md").read_text().splitlines()
-                if line.strip().startswith("snakemake --profile profiles/slurm"))
+    line = next(
+        line
+        for line in (REPO / "README.md").read_text().splitlines()
+        if line.strip().startswith("snakemake --profile profiles/slurm")
+    )
     return shlex.split(line.split("#")[0])[1:]
 
 
@@ -122,21 +152,27 @@ def dry_run_jobs(output: str) -> list[dict]:
     for block in re.split(r"\n(?=rule \w+:\n)", output)[1:]:
         threads = re.search(r"^\s+threads: (\d+)$", block, flags=re.MULTILINE)
         resources = re.search(r"^\s+resources: (.*)$", block, flags=re.MULTILINE)
-        jobs.append({"rule": re.match(r"rule (\w+):", block).group(1),
-                     "threads": int(threads.group(1)) if threads else 1,
-                     **dict(item.split("=", 1) for item in (resources.group(1).split(", ") if resources else []))})
+        jobs.append(
+            {
+                "rule": re.match(r"rule (\w+):", block).group(1),
+                "threads": int(threads.group(1)) if threads else 1,
+                **dict(item.split("=", 1) for item in (resources.group(1).split(", ") if resources else [])),
+            }
+        )
     return jobs
 
 
 def test_documented_slurm_command_applies_the_slurm_profile(tmp_path):
     """The README's SLURM command line gives every job the threads, partition, memory and
     run time that profiles/slurm sets (first attempt), and a GPU to each rule that may use
-    one: no other profile (such as the local one, profiles/default) overrides them."""
+    one: no other profile (such as the local one, profiles/default) overrides them.
+    """
     arguments = documented_slurm_arguments()
     assert arguments[:2] == ["--profile", "profiles/slurm"]
     command = snakemake_command(tmp_path, *arguments, "-n", "--forceall", "--cores", "64")
-    result = subprocess.run([part for part in command if part not in TARGETS], cwd=REPO, capture_output=True,
-                            text=True, timeout=300)
+    result = subprocess.run(
+        [part for part in command if part not in TARGETS], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     jobs = dry_run_jobs(result.stdout + result.stderr)
     profile = yaml.safe_load((PROFILE / "config.yaml").read_text())
@@ -149,10 +185,13 @@ def test_documented_slurm_command_applies_the_slurm_profile(tmp_path):
         # CPUs when it is set, and for the threads otherwise.
         assert job.get("cpus_per_task") in (None, str(job["threads"])), rule
         asked = {name: job.get(name) for name in ("threads", "slurm_partition", "mem_mb", "runtime", "gpu")}
-        expected = {"threads": profile["set-threads"].get(rule, 1),
-                    **{name: str(profile_resource(profile, rule, name, 1))
-                       for name in ("slurm_partition", "mem_mb", "runtime")},
-                    "gpu": None if rule in ("plot_qc", "plot_umap", "run_times") else "0" if rule == "cluster" else "1"}
+        expected = {
+            "threads": profile["set-threads"].get(rule, 1),
+            **{
+                name: str(profile_resource(profile, rule, name, 1)) for name in ("slurm_partition", "mem_mb", "runtime")
+            },
+            "gpu": None if rule in ("plot_qc", "plot_umap", "run_times") else "0" if rule == "cluster" else "1",
+        }
         assert asked == expected, rule
 
 
@@ -161,9 +200,11 @@ def test_workflow_through_shipped_slurm_profile(slurm_cluster, tmp_path):
     (tmp_path / "slurm").mkdir()
     (tmp_path / "local").mkdir()
     runs["slurm"], cancelled = run_cancelling_first_qc_job(
-        snakemake_command(tmp_path / "slurm", *documented_slurm_arguments(), *NO_ACCOUNTING), tmp_path / "slurm")
-    runs["local"] = subprocess.run(snakemake_command(tmp_path / "local", "--cores", "2"), cwd=REPO,
-                                   capture_output=True, text=True, timeout=1200)
+        snakemake_command(tmp_path / "slurm", *documented_slurm_arguments(), *NO_ACCOUNTING), tmp_path / "slurm"
+    )
+    runs["local"] = subprocess.run(
+        snakemake_command(tmp_path / "local", "--cores", "2"), cwd=REPO, capture_output=True, text=True, timeout=1200
+    )
     for mode, run in runs.items():
         assert run.returncode == 0, f"{mode}: {run.stderr[-4000:]}"
     assert cancelled, "no job of rule qc was seen in the queue"
@@ -173,7 +214,8 @@ def test_workflow_through_shipped_slurm_profile(slurm_cluster, tmp_path):
     jobs["rule"] = jobs["Comment"].str.extract(r"^rule_(\w+?)_wildcards", expand=False)
     jobs["attempt"] = jobs.groupby("rule").cumcount() + 1
     assert sorted(jobs["rule"]) == ["cluster", "plot_qc", "qc", "qc"]  # qc cancelled once, then retried
-    assert jobs.loc[cancelled, "rule"] == "qc" and jobs.loc[cancelled, "attempt"] == 1
+    assert jobs.loc[cancelled, "rule"] == "qc"
+    assert jobs.loc[cancelled, "attempt"] == 1
 
     # What each job asked for is what the shipped profile and the config say.
     profile = yaml.safe_load((PROFILE / "config.yaml").read_text())
@@ -186,16 +228,19 @@ def test_workflow_through_shipped_slurm_profile(slurm_cluster, tmp_path):
     qc, cluster, plot_qc = (jobs[jobs["rule"] == rule] for rule in ("qc", "cluster", "plot_qc"))
     # A rule that may use the GPU goes to the gpu partition and asks for one GPU; the rule
     # pinned to the CPU and the CPU-only rule ask for none.
-    assert (qc["Partition"] == "gpu").all() and (qc["TresPerJob"] == "gres:gpu:1").all()
-    assert cluster["TresPerJob"].isna().all() and plot_qc["TresPerJob"].isna().all()
+    assert (qc["Partition"] == "gpu").all()
+    assert (qc["TresPerJob"] == "gres:gpu:1").all()
+    assert cluster["TresPerJob"].isna().all()
+    assert plot_qc["TresPerJob"].isna().all()
     assert (plot_qc["Partition"] == "cpu").all()
     # The retry asked for more memory than the cancelled attempt.
     memory = qc.sort_values("attempt")["MinMemoryNode"].map(megabytes).tolist()
     assert memory[1] > memory[0]
 
     # The jobs' final states, from the job completion records.
-    completions = subprocess.run(["sacct", "--completion", "-P", "-o", "JobID,Partition,State"], capture_output=True,
-                                 text=True, check=True).stdout
+    completions = subprocess.run(
+        ["sacct", "--completion", "-P", "-o", "JobID,Partition,State"], capture_output=True, text=True, check=True
+    ).stdout
     states = pd.read_csv(io.StringIO(completions), sep="|", dtype=str).set_index("JobID")["State"]
     assert states[cancelled] == "CANCELLED"
     assert (states[[job_id for job_id in job_ids if job_id != cancelled]] == "COMPLETED").all()

@@ -40,10 +40,20 @@ DEMO_CONFIG = REPO / "resources" / "demo" / "config.yaml"
 
 def snakemake(*args: str, workdir: Path | None = None, overlay: Path | None = None) -> subprocess.CompletedProcess:
     """Run the workflow with the shipped config and the demo's settings over it (and
-    ``overlay``'s over those); with ``workdir``, there."""
-    command = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), *args,
-               "--configfile", str(REPO / "config" / "config.yaml"), str(DEMO_CONFIG),
-               *([str(overlay)] if overlay else [])]
+    ``overlay``'s over those); with ``workdir``, there.
+    """
+    command = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "-s",
+        str(REPO / "Snakefile"),
+        *args,
+        "--configfile",
+        str(REPO / "config" / "config.yaml"),
+        str(DEMO_CONFIG),
+        *([str(overlay)] if overlay else []),
+    ]
     if workdir is not None:
         command += ["--directory", str(workdir)]
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1200)
@@ -64,13 +74,15 @@ def test_dry_run_of_shipped_config_and_profiles(profile):
 
 
 # The rules that may use the GPU: those whose backend the config chooses.
-GPU_RULES = sorted(set(re.findall(r'backend_for\("(\w+)"\)', "".join(
-    path.read_text() for path in (REPO / "rules").glob("*.smk")))))
+GPU_RULES = sorted(
+    set(re.findall(r'backend_for\("(\w+)"\)', "".join(path.read_text() for path in (REPO / "rules").glob("*.smk"))))
+)
 
 
 def dry_run_gpu_requests(output: str) -> dict[str, set[int]]:
     """The ``gpu`` resource each rule's jobs request, from a dry run's job listing
-    (``rule NAME:`` then an indented ``resources: ..., gpu=N`` line; no entry counts as 0)."""
+    (``rule NAME:`` then an indented ``resources: ..., gpu=N`` line; no entry counts as 0).
+    """
     requests: dict[str, set[int]] = {}
     for block in re.split(r"\n(?=rule \w+:\n)", output)[1:]:
         rule = re.match(r"rule (\w+):", block).group(1)
@@ -82,28 +94,43 @@ def dry_run_gpu_requests(output: str) -> dict[str, set[int]]:
 
 def every_rule_sheet(path: Path) -> Path:
     """Samples that between them need every rule: reads (count_umis), RNA with fragments
-    (chromatin, multiome) and antibody tags alone (protein)."""
-    return write_sheet(path, [
-        f"reads\t{REPO / 'tests' / 'data' / 'umi_tools' / 'chr19_gene_tags.bam'}\tbam\t\t\t",
-        f"multiome\t{MULTIOME / 'rna.h5ad'}\t\t\t{MULTIOME / 'fragments.tsv.gz'}\t{MULTIOME / 'peaks.bed'}",
-        f"citeseq\t\t\t{CITESEQ / 'cells'}\t\t",
-    ], header="sample\tinput\tformat\tadt\tfragments\tpeaks")
+    (chromatin, multiome) and antibody tags alone (protein).
+    """
+    return write_sheet(
+        path,
+        [
+            f"reads\t{REPO / 'tests' / 'data' / 'umi_tools' / 'chr19_gene_tags.bam'}\tbam\t\t\t",
+            f"multiome\t{MULTIOME / 'rna.h5ad'}\t\t\t{MULTIOME / 'fragments.tsv.gz'}\t{MULTIOME / 'peaks.bed'}",
+            f"citeseq\t\t\t{CITESEQ / 'cells'}\t\t",
+        ],
+        header="sample\tinput\tformat\tadt\tfragments\tpeaks",
+    )
 
 
 def test_gpu_rules_are_the_documented_ones():
-    assert GPU_RULES == sorted(["count_umis", "qc", "cluster", "coexpression", "protein", "chromatin", "multiome",
-                                "merge"])
+    assert (
+        sorted(["count_umis", "qc", "cluster", "coexpression", "protein", "chromatin", "multiome", "merge"])
+        == GPU_RULES
+    )
 
 
 @pytest.mark.parametrize("pinned", GPU_RULES)
 def test_backend_per_rule_pins_one_rule_to_the_cpu(tmp_path, pinned):
     """Each rule that may use the GPU can be pinned to the CPU: the config validates, the
-    pinned rule's jobs request no GPU, and every other such rule's jobs request one."""
+    pinned rule's jobs request no GPU, and every other such rule's jobs request one.
+    """
     sheet = every_rule_sheet(tmp_path / "s.tsv")
     overlay = tmp_path / "merge.yaml"
     overlay.write_text(f"merge:\n  enabled: true\nchromatin:\n  genes: {MULTIOME / 'genes.bed'}\n")
-    result = snakemake("-n", "--forceall", "--config", f"samples={sheet}", f"backend_per_rule={{{pinned}: cpu}}",
-                       workdir=tmp_path, overlay=overlay)
+    result = snakemake(
+        "-n",
+        "--forceall",
+        "--config",
+        f"samples={sheet}",
+        f"backend_per_rule={{{pinned}: cpu}}",
+        workdir=tmp_path,
+        overlay=overlay,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     requests = dry_run_gpu_requests(result.stdout + result.stderr)
     assert set(GPU_RULES) <= set(requests), requests  # the sheet needs every such rule
@@ -138,7 +165,8 @@ def cpu_run(tmp_path_factory):
 @pytest.mark.parametrize(("sample", "source"), [("pbmc_h5", PBMC_H5), ("pbmc_mtx", PBMC_MTX)])
 def test_full_run_writes_every_output(cpu_run, sample, source):
     """Every output of a sample, read back: each agrees with the input matrix, with the
-    other outputs and with the shipped config."""
+    other outputs and with the shipped config.
+    """
     import json
 
     import matplotlib.image
@@ -166,7 +194,8 @@ def test_full_run_writes_every_output(cpu_run, sample, source):
         np.testing.assert_allclose(adata.obs[column], metrics.loc[metrics["passed"], column], rtol=1e-6)
     log = (cpu_run / "logs" / "qc" / f"{sample}.log").read_text()
     kept = re.search(r"qc: kept (\d+) of (\d+) cells, (\d+) genes", log)
-    assert kept and tuple(map(int, kept.groups())) == (adata.n_obs, raw.n_obs, adata.n_vars)
+    assert kept
+    assert tuple(map(int, kept.groups())) == (adata.n_obs, raw.n_obs, adata.n_vars)
 
     # processed.h5ad: qc.h5ad's counts kept in a layer, log-normalized X (10,000 per cell),
     # embeddings and graph of every cell; obs.parquet is its obs.
@@ -174,15 +203,24 @@ def test_full_run_writes_every_output(cpu_run, sample, source):
     assert (abs(adata.layers["counts"] - qc.X)).max() == 0
     np.testing.assert_allclose(np.expm1(adata.X.toarray()).sum(axis=1), 1e4, rtol=1e-4)
     assert adata.var["highly_variable"].sum() == min(2000, adata.n_vars)
-    assert adata.obsm["X_pca"].shape == (adata.n_obs, 50) and adata.obsm["X_umap"].shape == (adata.n_obs, 2)
+    assert adata.obsm["X_pca"].shape == (adata.n_obs, 50)
+    assert adata.obsm["X_umap"].shape == (adata.n_obs, 2)
     assert adata.obsp["connectivities"].shape == (adata.n_obs, adata.n_obs)
     pd.testing.assert_frame_equal(pd.read_parquet(results / "obs.parquet"), adata.obs)
 
     # markers.tsv: scanpy's ranking stored in processed.h5ad, 25 genes per Leiden 1.0
     # cluster, with expressing fractions recomputed from the counts.
     markers = pd.read_csv(results / "markers.tsv", sep="\t", dtype={"group": str})
-    assert list(markers.columns) == ["group", "gene", "scores", "logfoldchanges", "pvals", "pvals_adj",
-                                     "pct_nz_group", "pct_nz_reference"]
+    assert list(markers.columns) == [
+        "group",
+        "gene",
+        "scores",
+        "logfoldchanges",
+        "pvals",
+        "pvals_adj",
+        "pct_nz_group",
+        "pct_nz_reference",
+    ]
     clusters = adata.obs["leiden_1.0"].astype(str)
     assert set(markers["group"]) == set(clusters)
     ranked = adata.uns["rank_genes_groups"]["names"]
@@ -192,7 +230,8 @@ def test_full_run_writes_every_output(cpu_run, sample, source):
         assert table["scores"].is_monotonic_decreasing
         np.testing.assert_allclose(table["pct_nz_group"], expressed[clusters == group][table["gene"]].mean())
         np.testing.assert_allclose(table["pct_nz_reference"], expressed[clusters != group][table["gene"]].mean())
-    assert markers["pvals_adj"].between(0, 1).all() and (markers["pvals_adj"] >= markers["pvals"]).all()
+    assert markers["pvals_adj"].between(0, 1).all()
+    assert (markers["pvals_adj"] >= markers["pvals"]).all()
 
     # Co-expression: modules of the network's genes, hub scores recomputed from the edges
     # (weighted degree within the module over the module's largest), a finite eigengene
@@ -201,10 +240,12 @@ def test_full_run_writes_every_output(cpu_run, sample, source):
     modules = pd.read_csv(results / "coexpression" / "modules.tsv", sep="\t")
     eigengenes = pd.read_parquet(results / "coexpression" / "eigengenes.parquet")
     provenance = json.loads((results / "coexpression" / "provenance.json").read_text())
-    assert modules["gene"].is_unique and set(modules["gene"]) <= set(adata.var_names)
+    assert modules["gene"].is_unique
+    assert set(modules["gene"]) <= set(adata.var_names)
     assert set(edges["gene_a"]) | set(edges["gene_b"]) <= set(modules["gene"])
-    assert (edges["gene_a"] != edges["gene_b"]).all() and edges["weight"].between(0, 1, inclusive="right").all()
-    assert len({frozenset(pair) for pair in zip(edges["gene_a"], edges["gene_b"])}) == len(edges)
+    assert (edges["gene_a"] != edges["gene_b"]).all()
+    assert edges["weight"].between(0, 1, inclusive="right").all()
+    assert len({frozenset(pair) for pair in zip(edges["gene_a"], edges["gene_b"], strict=False)}) == len(edges)
     module_of = modules.set_index("gene")["module"]
     inside = edges[module_of[edges["gene_a"]].to_numpy() == module_of[edges["gene_b"]].to_numpy()]
     degree = pd.concat([inside.groupby("gene_a")["weight"].sum(), inside.groupby("gene_b")["weight"].sum()])
@@ -213,15 +254,23 @@ def test_full_run_writes_every_output(cpu_run, sample, source):
     hub = assigned["degree"] / assigned.groupby("module")["degree"].transform("max")
     np.testing.assert_allclose(assigned["hub_score"], hub, rtol=1e-5)
     sizes = assigned["module"].value_counts()
-    assert list(sizes.index) == [f"M{i + 1}" for i in range(len(sizes))] and sizes.is_monotonic_decreasing
-    assert list(eigengenes.index) == list(adata.obs_names) and list(eigengenes.columns) == list(sizes.index)
-    assert np.isfinite(eigengenes.to_numpy()).all() and (eigengenes.std() > 0).all()
+    assert list(sizes.index) == [f"M{i + 1}" for i in range(len(sizes))]
+    assert sizes.is_monotonic_decreasing
+    assert list(eigengenes.index) == list(adata.obs_names)
+    assert list(eigengenes.columns) == list(sizes.index)
+    assert np.isfinite(eigengenes.to_numpy()).all()
+    assert (eigengenes.std() > 0).all()
     assert provenance["backend"] == "cpu"
-    assert provenance["summary"] == {"edges": len(edges), "genes": len(modules), "genes_skipped":
-                                     provenance["summary"]["genes_skipped"], "modules": len(sizes),
-                                     "samples": adata.n_obs}
+    assert provenance["summary"] == {
+        "edges": len(edges),
+        "genes": len(modules),
+        "genes_skipped": provenance["summary"]["genes_skipped"],
+        "modules": len(sizes),
+        "samples": adata.n_obs,
+    }
     per_cluster = pd.read_csv(results / "coexpression" / "modules_per_cluster.tsv", sep="\t")
-    assert list(per_cluster.columns) == ["cluster", "gene", "module", "hub_score"] and per_cluster.empty
+    assert list(per_cluster.columns) == ["cluster", "gene", "module", "hub_score"]
+    assert per_cluster.empty
 
     # Figures are images with something drawn; benchmarks hold one measured run.
     for name in [name for name in OUTPUTS if name.endswith(".png")]:
@@ -283,7 +332,10 @@ def expect_failure(result: subprocess.CompletedProcess, *fragments: str) -> None
 def test_missing_input_file(tmp_path):
     sheet = write_sheet(tmp_path / "s.tsv", [f"ghost\t{tmp_path / 'ghost.h5'}"])
     expect_failure(
-        snakemake("-n", "--config", f"samples={sheet}", workdir=tmp_path), "sample 'ghost'", "ghost.h5", "does not exist"
+        snakemake("-n", "--config", f"samples={sheet}", workdir=tmp_path),
+        "sample 'ghost'",
+        "ghost.h5",
+        "does not exist",
     )
 
 
@@ -320,9 +372,7 @@ def test_empty_matrix_fails_its_sample_and_leaves_nothing(tmp_path):
     assert not (tmp_path / "results" / "empty").exists() or not any((tmp_path / "results" / "empty").rglob("*"))
 
 
-@pytest.mark.skipif(
-    __import__("omicsprep.backend").backend.gpu_unavailable_reason() is None, reason="a GPU is present"
-)
+@pytest.mark.skipif(__import__("omicsprep.backend").backend.gpu_unavailable_reason() is None, reason="a GPU is present")
 def test_explicit_gpu_without_one_fails_clearly(tmp_path):
     sheet = write_sheet(tmp_path / "s.tsv", [f"pbmc\t{PBMC_H5}"])
     result = snakemake("--cores", "1", "--config", f"samples={sheet}", "backend=gpu", workdir=tmp_path)
@@ -344,41 +394,53 @@ def test_a_sample_given_as_reads_is_counted_then_qcd(tmp_path):
     adata = ad.read_h5ad(tmp_path / "results" / "reads" / "qc.h5ad")
     assert 100 <= adata.n_obs <= 200
     skipped = adata.uns["umi_dedup"]["reads_skipped"]
-    assert skipped["several genes"] > 0 and skipped["UMI with N"] > 0
+    assert skipped["several genes"] > 0
+    assert skipped["UMI with N"] > 0
     assert (tmp_path / "benchmarks" / "count_umis" / "reads.tsv").is_file()
 
 
 def test_multiome_and_citeseq_samples(tmp_path):
     """The demo's Multiome sample (RNA + ATAC fragments and peaks) and CITE-seq sample
-    (antibody tags and empty droplets, no RNA) through their rules, on the CPU."""
+    (antibody tags and empty droplets, no RNA) through their rules, on the CPU.
+    """
     sheet = write_sheet(
         tmp_path / "samples.tsv",
-        [f"multiome\t{MULTIOME / 'rna.h5ad'}\t\t{MULTIOME / 'fragments.tsv.gz'}\t{MULTIOME / 'peaks.bed'}",
-         f"citeseq\t\t{CITESEQ / 'cells'}\t\t"],
+        [
+            f"multiome\t{MULTIOME / 'rna.h5ad'}\t\t{MULTIOME / 'fragments.tsv.gz'}\t{MULTIOME / 'peaks.bed'}",
+            f"citeseq\t\t{CITESEQ / 'cells'}\t\t",
+        ],
         header="sample\tinput\tadt\tfragments\tpeaks",
     )
-    targets = ["results/multiome/multiome.h5mu", "results/multiome/plots/umap_joint.png",
-               "results/citeseq/protein.h5ad", "results/multiome/coexpression/modules.tsv"]
+    targets = [
+        "results/multiome/multiome.h5mu",
+        "results/multiome/plots/umap_joint.png",
+        "results/citeseq/protein.h5ad",
+        "results/multiome/coexpression/modules.tsv",
+    ]
     genes = f"chromatin={{genes: {MULTIOME / 'genes.bed'}}}"
-    result = snakemake(*targets, "--cores", "2", "--config", f"samples={sheet}", "backend=cpu", genes,
-                       workdir=tmp_path)
+    result = snakemake(*targets, "--cores", "2", "--config", f"samples={sheet}", "backend=cpu", genes, workdir=tmp_path)
     assert result.returncode == 0, result.stderr[-5000:]
     import mudata
 
     joined = mudata.read_h5mu(tmp_path / "results" / "multiome" / "multiome.h5mu")
-    assert list(joined.mod) == ["rna", "atac"] and 700 < joined.n_obs <= 1000
-    assert joined.mod["atac"].n_vars <= 174 and "X_lsi" in joined.mod["atac"].obsm
+    assert list(joined.mod) == ["rna", "atac"]
+    assert 700 < joined.n_obs <= 1000
+    assert joined.mod["atac"].n_vars <= 174
+    assert "X_lsi" in joined.mod["atac"].obsm
     assert joined.mod["atac"].obs["n_fragments"].sum() > 0
     assert (joined.mod["atac"].obs["tss_enrichment"] > 0).sum() > 50
     weights = joined.obs[["rna:mod_weight", "atac:mod_weight"]].to_numpy()
     np.testing.assert_allclose(weights.sum(axis=1), 1, atol=1e-5)
     assert joined.obsm["X_umap"].shape == (joined.n_obs, 2)
-    assert joined.obs["wnn_leiden_1.0"].dtype == "category" and joined.obs["wnn_leiden_1.0"].nunique() >= 2
+    assert joined.obs["wnn_leiden_1.0"].dtype == "category"
+    assert joined.obs["wnn_leiden_1.0"].nunique() >= 2
     assert joined.uns["omicsprep"]["multiome"]["backend"] == "cpu"
     prot = ad.read_h5ad(tmp_path / "results" / "citeseq" / "protein.h5ad")
-    assert prot.n_obs == 2872 and prot.uns["omicsprep"]["protein"]["backend"] == "cpu"
+    assert prot.n_obs == 2872
+    assert prot.uns["omicsprep"]["protein"]["backend"] == "cpu"
     assert '"normalization": "clr"' in prot.uns["omicsprep"]["protein"]["params"]  # no empty droplets: CLR
-    assert prot.var["isotype_control"].sum() >= 1 and "X_umap" in prot.obsm
+    assert prot.var["isotype_control"].sum() >= 1
+    assert "X_umap" in prot.obsm
     # 45 genes cannot carry a 50-partner co-expression network: a documented skip.
     provenance = (tmp_path / "results" / "multiome" / "coexpression" / "provenance.json").read_text()
     assert "too few for top_k" in provenance
@@ -399,10 +461,12 @@ def test_bad_modality_columns(tmp_path, rows, message):
 
 
 def test_multiome_refuses_modalities_without_shared_cells(tmp_path):
-    sheet = write_sheet(tmp_path / "s.tsv", [f"mixed\t{MULTIOME / 'rna.h5ad'}\t{CITESEQ / 'cells'}"],
-                        header="sample\tinput\tadt")
-    result = snakemake("results/mixed/multiome.h5mu", "--cores", "2", "--config", f"samples={sheet}", "backend=cpu",
-                       workdir=tmp_path)
+    sheet = write_sheet(
+        tmp_path / "s.tsv", [f"mixed\t{MULTIOME / 'rna.h5ad'}\t{CITESEQ / 'cells'}"], header="sample\tinput\tadt"
+    )
+    result = snakemake(
+        "results/mixed/multiome.h5mu", "--cores", "2", "--config", f"samples={sheet}", "backend=cpu", workdir=tmp_path
+    )
     expect_failure(result, "sample 'mixed'", "modalities share 0 cell barcodes")
     assert not (tmp_path / "results" / "mixed" / "multiome.h5mu").exists()
 
@@ -411,7 +475,8 @@ def test_merge_with_harmony_and_keep_going(tmp_path):
     """Two batches of the same PBMCs (their barcodes collide) and one broken sample: with
     --keep-going the good samples finish and the merge waits for every sample; with
     merge.allow_partial it merges the two, names the missing one, and reports the
-    integration."""
+    integration.
+    """
     empty = tmp_path / "empty.h5ad"
     ad.AnnData(sparse.csr_matrix((0, 5), dtype=np.float32)).write_h5ad(empty)
     rows = [f"pbmc_a\t{PBMC_H5}\tb1", f"pbmc_b\t{PBMC_MTX}\tb2", f"broken\t{empty}\tb3"]
@@ -429,9 +494,11 @@ def test_merge_with_harmony_and_keep_going(tmp_path):
     assert second.returncode == 0, second.stderr[-3000:]
     assert "merge: leaving out samples without results: broken" in second.stderr
     merged = ad.read_h5ad(tmp_path / "results" / "merged" / "merged.h5ad")
-    assert set(merged.obs["sample"]) == {"pbmc_a", "pbmc_b"} and merged.obs_names.is_unique
+    assert set(merged.obs["sample"]) == {"pbmc_a", "pbmc_b"}
+    assert merged.obs_names.is_unique
     assert merged.n_obs == 2 * ad.read_h5ad(tmp_path / "results" / "pbmc_a" / "processed.h5ad").n_obs
-    assert "X_pca_harmony" in merged.obsm and merged.obs["leiden_1.0"].nunique() >= 3
+    assert "X_pca_harmony" in merged.obsm
+    assert merged.obs["leiden_1.0"].nunique() >= 3
     metrics = pd.read_csv(tmp_path / target, sep="\t").set_index("stage")
     assert metrics.loc["after", "batch_mixing"] > 0.9  # identical batches mix fully
     assert metrics.loc["after", "label_conservation"] > 0.5

@@ -83,8 +83,16 @@ def count_umis(
     bam, table = bam or BamOptions(), table or TableOptions()
     skipped: Counter = Counter()
     n_partitions = max(1, int(np.ceil(estimated_reads(path, fmt=fmt) / chunk_rows)))
-    batches = usable_reads(path, fmt=fmt, bam=bam, table=table, skip_gene_regex=skip_gene_regex,
-                           chunk_rows=chunk_rows, skipped=skipped, backend=backend)
+    batches = usable_reads(
+        path,
+        fmt=fmt,
+        bam=bam,
+        table=table,
+        skip_gene_regex=skip_gene_regex,
+        chunk_rows=chunk_rows,
+        skipped=skipped,
+        backend=backend,
+    )
     matrix, n_reads = _CountMatrix(), 0
     with tempfile.TemporaryDirectory(dir=spill_dir, prefix="omicsprep-umi-") as tmp:
         for reads in _cell_partitions(batches, n_partitions=n_partitions, spill_dir=Path(tmp)):
@@ -97,8 +105,11 @@ def count_umis(
         raise InputError(f"no usable read (skipped: {reasons or 'none'})", path=path)
     adata = matrix.to_anndata()
     adata.uns["umi_dedup"] = {
-        "backend": backend, "method": method, "edit_distance_threshold": edit_distance_threshold,
-        "reads_used": n_reads, "partitions": matrix.partitions,
+        "backend": backend,
+        "method": method,
+        "edit_distance_threshold": edit_distance_threshold,
+        "reads_used": n_reads,
+        "partitions": matrix.partitions,
         "reads_skipped": {reason: int(n) for reason, n in skipped.items()},
     }
     return adata
@@ -152,8 +163,9 @@ def _partition_of(cells: pa.Array, n_partitions: int) -> np.ndarray:
 
 
 class _CountMatrix:
-    """Deduplicated counts gathered partition by partition as integer triplets, so memory
-    grows by 12 bytes a non-zero count rather than by a row of names.
+    """Deduplicated counts gathered partition by partition as integer triplets.
+
+    Memory grows by 12 bytes a non-zero count rather than by a row of names.
 
     Partitions hold disjoint cells, so each one's cells are appended; genes are numbered
     in order of first appearance. Cells and genes come out in the order of the partitions'
@@ -197,8 +209,10 @@ class _CountMatrix:
 
 
 def count_umis_with_settings(path: str | Path, *, fmt: str, settings: dict[str, Any], backend: Backend) -> AnnData:
-    """:func:`count_umis` with the workflow's ``umi`` config section (``bam`` and
-    ``table`` sub-sections as dicts)."""
+    """:func:`count_umis` with the workflow's ``umi`` config section.
+
+    The ``bam`` and ``table`` sub-sections are given as dicts.
+    """
     options = dict(settings)
     bam, table = BamOptions(**options.pop("bam", {})), TableOptions(**options.pop("table", {}))
     return count_umis(path, fmt=fmt, bam=bam, table=table, backend=backend, **options)
