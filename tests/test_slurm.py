@@ -13,7 +13,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import pandas as pd
 import pytest
 import yaml
 from conftest import PBMC_H5, REPO
-from test_workflow import write_sheet
+from test_workflow import workflow_command, write_sheet
 
 pytestmark = pytest.mark.workflow
 
@@ -56,25 +55,7 @@ def slurm_cluster() -> Path:
 
 def snakemake_command(workdir: Path, *args: str) -> list[str]:
     sheet = write_sheet(workdir / "samples.tsv", [f"pbmc\t{PBMC_H5}"])
-    demo = workdir / "demo.yaml"  # the demo matrix holds chromosome 21's genes only
-    demo.write_text("qc:\n  filter:\n    min_genes: 10\n")
-    return [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "-s",
-        str(REPO / "Snakefile"),
-        *TARGETS,
-        *args,
-        "--configfile",
-        str(REPO / "config" / "config.yaml"),
-        str(demo),
-        "--config",
-        f"samples={sheet}",
-        *CONFIG,
-        "--directory",
-        str(workdir),
-    ]
+    return workflow_command(*TARGETS, *args, "--config", f"samples={sheet}", *CONFIG, workdir=workdir)
 
 
 def run_cancelling_first_qc_job(command: list[str], workdir: Path) -> tuple[subprocess.CompletedProcess, str]:

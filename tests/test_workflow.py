@@ -38,9 +38,9 @@ OUTPUTS = [
 DEMO_CONFIG = REPO / "resources" / "demo" / "config.yaml"
 
 
-def snakemake(*args: str, workdir: Path | None = None, overlay: Path | None = None) -> subprocess.CompletedProcess:
-    """Run the workflow with the shipped config and the demo's settings over it (and
-    ``overlay``'s over those); with ``workdir``, there.
+def workflow_command(*args: str, workdir: Path | None = None, overlay: Path | None = None) -> list[str]:
+    """The command that runs the workflow with the shipped config and the demo's settings
+    over it (and ``overlay``'s over those); with ``workdir``, there.
     """
     command = [
         sys.executable,
@@ -56,6 +56,12 @@ def snakemake(*args: str, workdir: Path | None = None, overlay: Path | None = No
     ]
     if workdir is not None:
         command += ["--directory", str(workdir)]
+    return command
+
+
+def snakemake(*args: str, workdir: Path | None = None, overlay: Path | None = None) -> subprocess.CompletedProcess:
+    """Run :func:`workflow_command`."""
+    command = workflow_command(*args, workdir=workdir, overlay=overlay)
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1200)
 
 
