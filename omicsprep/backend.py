@@ -103,12 +103,11 @@ def rapids_singlecell() -> ModuleType:
     return importlib.import_module("rapids_singlecell")
 
 
-def rapids_scrublet_class() -> type:
-    """rapids-singlecell's (private) ``Scrublet`` class.
-
-    :func:`omicsprep.rna.qc.score_doublets` replaces its neighbour classifier while it runs.
-    """
-    return importlib.import_module("rapids_singlecell.preprocessing._scrublet.core").Scrublet
+def single_cell_api(backend: Backend) -> ModuleType:
+    """Scanpy on the CPU, rapids-singlecell on the GPU: the ``pp``/``tl`` calls both spell alike."""
+    if backend == "gpu":
+        return rapids_singlecell()
+    return importlib.import_module("scanpy")
 
 
 def cupy() -> ModuleType:

@@ -21,7 +21,16 @@ from scipy import sparse
 from sklearn.metrics import adjusted_rand_score
 
 from omicsprep import io
-from omicsprep.backend import asnumpy, cupy, gpu_workers, resolve_backend, shard_to_gpus, tf32_products, to_host
+from omicsprep.backend import (
+    asnumpy,
+    cupy,
+    gpu_workers,
+    resolve_backend,
+    shard_to_gpus,
+    tf32_products,
+    to_device,
+    to_host,
+)
 from omicsprep.errors import BackendUnavailableError, InputError
 from omicsprep.pipeline import run_clustering, run_merge, run_qc
 
@@ -72,48 +81,38 @@ def test_qc_agrees(qc_both):
     assert "rapids_singlecell" in gpu.uns["omicsprep"]["qc"]["versions"]
 
 
-def test_doublet_scores_agree(pbmc):
-    doublets = {"enabled": True, "expected_rate": 0.06, "remove": False, "max_cells_per_run": 100_000}
-    scores = {
-        backend: run_qc(pbmc.copy(), qc_params=QC_PARAMS, doublet_params=doublets, seed=0, backend=backend)[0]
-        .obs["doublet_score"]
-        .to_numpy()
-        for backend in ("cpu", "gpu")
-    }
-    # scanpy's Scrublet and rapids-singlecell's simulate different doublets: no README claim.
-    correlation = np.corrcoef(scores["cpu"], scores["gpu"])[0, 1]
-    measure("test_doublet_scores_agree", doublet_score_correlation=correlation)
-    assert correlation > 0.85  # 0.89 on the H200 (2026-11-30): each backend simulates its own doublets
-
-
-def test_doublet_classifier_on_the_device_equals_rapids_singlecells(pbmc):
-    import rapids_singlecell as rsc
-
+@pytest.mark.parametrize(
+    ("dataset", "max_cells_per_run"), [("pbmc", 100_000), ("mouse_qc", 4_000), ("multiome_rna", 100_000)]
+)
+def test_doublet_calls_agree(dataset, max_cells_per_run, pbmc, qc_both):
     from omicsprep.rna import qc
 
-    theirs, ours = pbmc.copy(), pbmc.copy()
-    rsc.get.anndata_to_GPU(theirs)
-    rsc.get.anndata_to_GPU(ours)
-    rsc.pp.scrublet(theirs, expected_doublet_rate=0.06, n_prin_comps=30, rng=0, verbose=False)
-    qc.score_doublets(ours, expected_rate=0.06, max_cells_per_run=100_000, seed=0, backend="gpu")
-    np.testing.assert_allclose(ours.obs["doublet_score"], theirs.obs["doublet_score"], rtol=1e-6)
-    assert (ours.obs["predicted_doublet"] == theirs.obs["predicted_doublet"].astype(bool)).all()
-
-
-def test_grouped_doublet_scores_agree(mouse_path):
-    adata = run_qc(io.read_counts(mouse_path), qc_params=QC_PARAMS, doublet_params=NO_DOUBLETS, seed=0, backend="cpu")[
-        0
-    ]
-    doublets = {"enabled": True, "expected_rate": 0.06, "remove": False, "max_cells_per_run": 4_000}
-    scores = {
-        backend: run_qc(adata.copy(), qc_params=QC_PARAMS, doublet_params=doublets, seed=0, backend=backend)[0]
-        .obs["doublet_score"]
-        .to_numpy()
-        for backend in ("cpu", "gpu")
-    }
-    correlation = np.corrcoef(scores["cpu"], scores["gpu"])[0, 1]
-    measure("test_grouped_doublet_scores_agree", doublet_score_correlation=correlation)
-    assert correlation > 0.9  # 0.94 on the H200 (2026-11-30)
+    cells = {
+        "pbmc": pbmc,  # 1,107 cells scored whole
+        "mouse_qc": qc_both["cpu"][0],  # 9,912 QC'd cells in three groups
+        "multiome_rna": io.read_counts(MULTIOME / "rna.h5ad"),
+    }[dataset]
+    scored = {}
+    for backend in ("cpu", "gpu"):
+        adata = cells.copy()
+        to_device(adata, backend=backend)
+        qc.score_doublets(adata, expected_rate=0.06, max_cells_per_run=max_cells_per_run, seed=0, backend=backend)
+        to_host(adata)
+        scored[backend] = adata.obs
+    # Both backends score the same simulated doublets (drawn on the host), in float64.
+    cpu_scores, gpu_scores = (scored[b]["doublet_score"].to_numpy() for b in ("cpu", "gpu"))
+    calls_agree = (scored["cpu"]["predicted_doublet"] == scored["gpu"]["predicted_doublet"]).mean()
+    measure(
+        f"test_doublet_calls_agree[{dataset}]",
+        calls_agree=calls_agree,
+        scores_identical=np.mean(cpu_scores == gpu_scores),
+        score_correlation=np.corrcoef(cpu_scores, gpu_scores)[0, 1],
+        doublets_cpu=scored["cpu"]["predicted_doublet"].sum(),
+        doublets_gpu=scored["gpu"]["predicted_doublet"].sum(),
+    )
+    # The same doublets, calls and scores on the H200 (2026-12-01): all cells, all three sets.
+    assert calls_agree >= 0.995
+    assert np.corrcoef(cpu_scores, gpu_scores)[0, 1] > 0.999
 
 
 def modularity(adata, labels, *, resolution):
@@ -238,7 +237,6 @@ def test_highly_variable_genes_are_identical(qc_both):
 
     200 of the 613 genes, ranked by seurat_v3 (the configured flavour) on each backend from the same counts.
     """
-    from omicsprep.backend import to_device
     from omicsprep.rna import preprocessing
 
     var = {}

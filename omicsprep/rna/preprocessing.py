@@ -9,19 +9,11 @@ import numpy as np
 from anndata import AnnData
 from scipy import sparse
 
-from omicsprep.backend import Backend, copy_blocks, gather, materialize, rapids_singlecell
+from omicsprep.backend import Backend, copy_blocks, gather, materialize, rapids_singlecell, single_cell_api
 
 log = logging.getLogger(__name__)
 
 HvgFlavor = Literal["seurat_v3", "seurat", "cell_ranger"]
-
-
-def _api(backend: Backend):  # scanpy or rapids_singlecell
-    if backend == "gpu":
-        return rapids_singlecell()
-    import scanpy as sc
-
-    return sc
 
 
 def holds_counts(adata: AnnData) -> bool:
@@ -43,7 +35,7 @@ def normalize(adata: AnnData, *, target_sum: float | None, backend: Backend) -> 
     backend
         ``"cpu"`` or ``"gpu"``.
     """
-    api = _api(backend)
+    api = single_cell_api(backend)
     adata.layers["counts"] = adata.X
     adata.X = copy_blocks(adata.X)  # normalized in place
     api.pp.normalize_total(adata, target_sum=target_sum)
@@ -73,7 +65,9 @@ def highly_variable_genes(
     """
     n_top = min(n_top_genes, adata.n_vars)
     layer = "counts" if flavor == "seurat_v3" else None
-    _api(backend).pp.highly_variable_genes(adata, flavor=flavor, n_top_genes=n_top, layer=layer, batch_key=batch_key)
+    single_cell_api(backend).pp.highly_variable_genes(
+        adata, flavor=flavor, n_top_genes=n_top, layer=layer, batch_key=batch_key
+    )
     log.info("highly variable genes: %d of %d", int(adata.var["highly_variable"].sum()), adata.n_vars)
 
 

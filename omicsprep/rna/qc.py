@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Literal
-from unittest.mock import patch
+from typing import Literal
 
 import numpy as np
 import pandas as pd
 from anndata import AnnData
 
-from omicsprep.backend import Backend, cuml, cupy, rapids_scrublet_class, rapids_singlecell
+from omicsprep.backend import Backend, array_module, rapids_singlecell
 from omicsprep.errors import InputError
+from omicsprep.rna import doublets
 
 log = logging.getLogger(__name__)
 
@@ -134,9 +134,6 @@ def qc_pass_mask(
     return reasons
 
 
-DOUBLET_GROUP = "_doublet_group"
-
-
 def score_doublets(
     adata: AnnData, *, expected_rate: float, max_cells_per_run: int, seed: int, backend: Backend
 ) -> None:
@@ -146,12 +143,14 @@ def score_doublets(
     simulated doublets: its exact search costs about n^2 distances and its neighbour table
     grows as n^1.5. A sample of more than ``max_cells_per_run`` cells is therefore split at
     random into equal groups, each scored on its own, as Scrublet advises for separate
-    lanes.
+    lanes. Both backends score the same simulated doublets (:mod:`omicsprep.rna.doublets`).
 
     Parameters
     ----------
     adata
-        Raw counts of cells that passed QC; ``obs`` gains only the two columns.
+        Raw counts of cells that passed QC; ``obs`` gains only the two columns (cells with
+        fewer than 3 genes are not scored: NaN, not called), ``uns["scrublet"]`` Scrublet's
+        record (one per group under ``"batches"`` when grouped).
     expected_rate
         Expected doublet rate of the assay.
     max_cells_per_run
@@ -159,99 +158,34 @@ def score_doublets(
     seed
         Seed for the groups and for simulating doublets.
     backend
-        ``"cpu"`` (scanpy) or ``"gpu"`` (rapids-singlecell, with the neighbour
-        classifier kept on the device: :func:`_classify_on_gpu`).
+        ``"cpu"`` or ``"gpu"``.
     """
     # Scrublet keeps only its most variable genes (about the top 15%), so a small gene
     # panel leaves fewer genes than 30 components.
     n_comps = max(2, min(30, adata.n_obs - 1, adata.n_vars // 10))
     n_groups = -(-adata.n_obs // int(max_cells_per_run))
-    # scanpy replaces obs with its own per-group copies (which gain `n_genes`): the
-    # original obs is restored with the two scores only.
-    obs = adata.obs.copy()
-    batch_key = None
+    group = np.zeros(adata.n_obs, dtype=np.int64)
     if n_groups > 1:
-        batch_key = DOUBLET_GROUP
-        order = np.random.default_rng(seed).permutation(adata.n_obs)
-        adata.obs[batch_key] = pd.Categorical((order % n_groups).astype(str))
+        group = np.random.default_rng(seed).permutation(adata.n_obs) % n_groups
         log.info("doublets: %d cells scored in %d groups", adata.n_obs, n_groups)
-    try:
-        if backend == "gpu":
-            with patch.object(rapids_scrublet_class(), "_nearest_neighbor_classifier", _classify_on_gpu):
-                rapids_singlecell().pp.scrublet(
-                    adata,
-                    expected_doublet_rate=expected_rate,
-                    n_prin_comps=n_comps,
-                    batch_key=batch_key,
-                    rng=seed,
-                    verbose=False,
-                )
-        else:
-            import scanpy as sc
-
-            # Exact neighbours: no pynndescent compilation, and the same graph as on the GPU.
-            sc.pp.scrublet(
-                adata,
-                expected_doublet_rate=expected_rate,
-                n_prin_comps=n_comps,
-                batch_key=batch_key,
-                use_approx_neighbors=False,
-                random_state=seed,
-                verbose=False,
-            )
-        scores = adata.obs.loc[obs.index]
-        obs["doublet_score"] = scores["doublet_score"].to_numpy()
-        obs["predicted_doublet"] = scores["predicted_doublet"].to_numpy().astype(bool)
-    finally:
-        adata.obs = obs
-    # The grouping column is not kept, so the record of it would point nowhere.
-    adata.uns["scrublet"].pop("batched_by", None)
-
-
-def _classify_on_gpu(
-    self: Any,  # rapids-singlecell's Scrublet
-    k: int = 40,
-    *,
-    use_approx_nn: bool = True,  # unused: the search is exact, as in rapids-singlecell
-    distance_metric: str = "euclidean",
-    exp_doub_rate: float = 0.1,
-    stdev_doub_rate: float = 0.03,
-    get_neighbor_parents: bool = False,
-) -> None:
-    """rapids-singlecell's Scrublet neighbour classifier (same arithmetic), its neighbour table kept on the device.
-
-    rapids-singlecell (0.18) copies the k-neighbour table to the host and labels it with
-    Python strings, which dominates the run on large samples. Here the table stays in GPU
-    memory and simulated neighbours are counted by index.
-    """
-    if get_neighbor_parents:
-        msg = "doublet neighbour parents are not computed on the GPU"
-        raise NotImplementedError(msg)
-    cp = cupy()
-    observed, simulated = cp.asarray(self.manifold_obs_), cp.asarray(self.manifold_sim_)
-    n_obs, n_sim = len(observed), len(simulated)
-    manifold = cp.concatenate([observed, simulated])
-    k_adj = round(k * (1 + n_sim / n_obs))
-    search = cuml().neighbors.NearestNeighbors(n_neighbors=k_adj, metric=distance_metric, output_type="cupy")
-    search.fit(manifold)
-    _, neighbors = search.kneighbors(manifold)
-    # The first neighbour is the cell itself; simulated doublets follow the cells.
-    nd = cp.asnumpy((neighbors[:, 1:] >= n_obs).sum(axis=1)).astype(np.float64)
-    del neighbors
-    # rapids-singlecell's arithmetic, in NumPy as there, so the scores are the same.
-    rho, r, big_n = exp_doub_rate, n_sim / float(n_obs), float(k_adj)
-    q = (nd + 1) / (big_n + 2)
-    ld = q * rho / r / (1 - rho - q * (1 - rho - rho / r))
-    se_q = np.sqrt(q * (1 - q) / (big_n + 3))
-    se_ld = (
-        q
-        * rho
-        / r
-        / (1 - rho - q * (1 - rho - rho / r)) ** 2
-        * np.sqrt((se_q / q * (1 - rho)) ** 2 + (stdev_doub_rate / rho * (1 - q)) ** 2)
-    )
-    self.doublet_scores_obs_, self.doublet_scores_sim_ = ld[:n_obs], ld[n_obs:]
-    self.doublet_errors_obs_, self.doublet_errors_sim_ = se_ld[:n_obs], se_ld[n_obs:]
+    scores = np.full(adata.n_obs, np.nan)
+    predicted = np.zeros(adata.n_obs, dtype=bool)
+    records = {}
+    for label in range(n_groups):
+        cells = np.flatnonzero(group == label)
+        result = doublets.scrublet(
+            adata.X[array_module(backend).asarray(cells)],
+            expected_rate=expected_rate,
+            n_comps=n_comps,
+            seed=seed,
+            backend=backend,
+        )
+        scores[cells[result.scored]] = result.scores
+        predicted[cells[result.scored]] = result.predicted
+        records[str(label)] = result.record
+    adata.obs["doublet_score"] = scores
+    adata.obs["predicted_doublet"] = predicted
+    adata.uns["scrublet"] = records["0"] if n_groups == 1 else {"batches": records}
 
 
 def filter_genes(adata: AnnData, *, min_cells: int, backend: Backend) -> None:
