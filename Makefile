@@ -47,4 +47,4 @@ test: setup
 clean:
 	# Snakemake's benchmark folders, one per rule with a benchmark: (benchmarks/scaling stays).
 	rm -rf results logs .snakemake benchmarks/count_umis benchmarks/qc benchmarks/cluster benchmarks/coexpression \
-		benchmarks/protein benchmarks/chromatin benchmarks/multiome benchmarks/merge
+		benchmarks/protein benchmarks/atac benchmarks/multiome benchmarks/merge

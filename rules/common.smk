@@ -175,15 +175,15 @@ SAMPLES = list(SAMPLE_SHEET.index)
 
 
 def sample_modalities(sample):
-    """The sample's modalities among rna, prot and atac."""
+    """The sample's modalities among rna, protein and atac."""
     row = SAMPLE_SHEET.loc[sample]
-    present = {"rna": row["input"], "prot": row["adt"], "atac": row["fragments"]}
+    present = {"rna": row["input"], "protein": row["adt"], "atac": row["fragments"]}
     return [name for name, path in present.items() if path]
 
 
 RNA_SAMPLES = [s for s in SAMPLES if "rna" in sample_modalities(s)]
-PROTEIN_SAMPLES = [s for s in SAMPLES if "prot" in sample_modalities(s)]
-CHROMATIN_SAMPLES = [s for s in SAMPLES if "atac" in sample_modalities(s)]
+PROTEIN_SAMPLES = [s for s in SAMPLES if "protein" in sample_modalities(s)]
+ATAC_SAMPLES = [s for s in SAMPLES if "atac" in sample_modalities(s)]
 MULTIOME_SAMPLES = [s for s in SAMPLES if len(sample_modalities(s)) > 1]
 QC_METRIC_COLUMNS = ["total_counts", "n_genes_by_counts", "pct_counts_mt", "doublet_score"]
 
@@ -252,14 +252,14 @@ def protein_inputs(wildcards):
     return {"adt": row["adt"], **({"empty": row["adt_empty"]} if row["adt_empty"] else {})}
 
 
-def chromatin_inputs(wildcards):
+def atac_inputs(wildcards):
     """Fragments, the QC'd RNA cells (the cells counted), and peaks, genes (TSS) and
     chromosome sizes when given."""
     row = SAMPLE_SHEET.loc[wildcards.sample]
     optional = {
         "peaks": row["peaks"],
-        "genes": config["chromatin"]["genes"],
-        "chrom_sizes": config["chromatin"]["chrom_sizes"],
+        "genes": config["atac"]["genes"],
+        "chrom_sizes": config["atac"]["chrom_sizes"],
     }
     return {
         "fragments": row["fragments"],
@@ -285,7 +285,7 @@ def merge_inputs(wildcards):
     return {sample: path for sample, path in paths.items() if sample not in missing}
 
 
-MODALITY_OUTPUTS = {"rna": "processed.h5ad", "prot": "protein.h5ad", "atac": "atac.h5ad"}
+MODALITY_OUTPUTS = {"rna": "processed.h5ad", "protein": "protein.h5ad", "atac": "atac.h5ad"}
 
 
 def multiome_inputs(wildcards):
@@ -296,7 +296,7 @@ def multiome_inputs(wildcards):
 
 
 def modality_clustering_params():
-    """The sections the protein, chromatin and multiome rules embed and cluster with."""
+    """The sections the protein, atac and multiome rules embed and cluster with."""
     return {section: config[section] for section in ("neighbors", "umap", "leiden")}
 
 
@@ -325,7 +325,7 @@ TIMED_RULES = {
     "cluster": "results/{sample}/processed.h5ad",
     "coexpression": "results/{sample}/coexpression/provenance.json",
     "protein": "results/{sample}/protein.h5ad",
-    "chromatin": "results/{sample}/atac.h5ad",
+    "atac": "results/{sample}/atac.h5ad",
     "multiome": "results/{sample}/multiome.h5mu",
     "merge": "results/{sample}/merged.h5ad",  # sample: merged
 }
@@ -338,7 +338,7 @@ def rules_of(sample):
         "cluster": sample in RNA_SAMPLES,
         "coexpression": sample in RNA_SAMPLES and config["coexpression"]["enabled"],
         "protein": sample in PROTEIN_SAMPLES,
-        "chromatin": sample in CHROMATIN_SAMPLES,
+        "atac": sample in ATAC_SAMPLES,
         "multiome": sample in MULTIOME_SAMPLES,
         "merge": False,  # not per sample: timed_pairs adds it
     }
@@ -382,7 +382,7 @@ def final_outputs():
     return [
         *expand(per_sample, sample=RNA_SAMPLES),
         *expand("results/{sample}/protein.h5ad", sample=PROTEIN_SAMPLES),
-        *expand("results/{sample}/atac.h5ad", sample=CHROMATIN_SAMPLES),
+        *expand("results/{sample}/atac.h5ad", sample=ATAC_SAMPLES),
         *expand(["results/{sample}/multiome.h5mu", "results/{sample}/plots/umap_joint.png"], sample=MULTIOME_SAMPLES),
         *(MERGE_OUTPUTS if config["merge"]["enabled"] else []),
         "results/run_times.tsv",
