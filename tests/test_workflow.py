@@ -14,6 +14,9 @@ import pytest
 from conftest import CITESEQ, MULTIOME, PBMC_H5, PBMC_MTX, REPO
 from scipy import sparse
 
+sys.path.insert(0, str(REPO / "benchmarks"))
+from run import snakemake_command
+
 pytestmark = pytest.mark.workflow
 
 OUTPUTS = [
@@ -42,18 +45,13 @@ def workflow_command(*args: str, workdir: Path | None = None, overlay: Path | No
     """The command that runs the workflow with the shipped config and the demo's settings
     over it (and ``overlay``'s over those); with ``workdir``, there.
     """
-    command = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "-s",
-        str(REPO / "Snakefile"),
+    command = snakemake_command(
         *args,
         "--configfile",
         str(REPO / "config" / "config.yaml"),
         str(DEMO_CONFIG),
         *([str(overlay)] if overlay else []),
-    ]
+    )
     if workdir is not None:
         command += ["--directory", str(workdir)]
     return command
@@ -384,7 +382,6 @@ def test_explicit_gpu_without_one_fails_clearly(tmp_path):
 
 
 def test_a_sample_given_as_reads_is_counted_then_qcd(tmp_path):
-    sys.path.insert(0, str(REPO / "benchmarks"))
     import generate
 
     bam = tmp_path / "reads.bam"
