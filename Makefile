@@ -44,7 +44,9 @@ test: setup
 	bash tests/slurm/install.sh
 	$(BIN)/python -m pytest
 
+# Snakemake's benchmark folders, read from the rules' benchmark: paths (benchmarks/ also holds
+# the tracked scripts, RESULTS.md and scaling/, which stay).
+BENCHMARK_FOLDERS = $(sort $(shell sed -n 's|^ *"\(benchmarks/[a-z_]*\)/.*|\1|p' rules/*.smk))
+
 clean:
-	# Snakemake's benchmark folders, one per rule with a benchmark: (benchmarks/scaling stays).
-	rm -rf results logs .snakemake benchmarks/count_umis benchmarks/qc benchmarks/cluster benchmarks/coexpression \
-		benchmarks/protein benchmarks/chromatin benchmarks/multiome benchmarks/merge
+	rm -rf results logs .snakemake $(BENCHMARK_FOLDERS)

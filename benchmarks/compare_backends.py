@@ -4,7 +4,7 @@
 
 Prints, per sample: cells in each, cells in common, HVG overlap, and the adjusted Rand
 index of every cluster column (Leiden/Louvain at each resolution) on the common cells;
-then, for the protein, chromatin and multiome outputs, the ARI of their clusters (the
+then, for the protein, atac and multiome outputs, the ARI of their clusters (the
 joint WNN clusters for multiome.h5mu) and the correlation of the modality weights.
 """
 

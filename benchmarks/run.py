@@ -94,6 +94,11 @@ def run_workflow(workdir: Path, counts: Path, config: Path, backend: str, cores:
     }
 
 
+def snakemake_command(*args: str) -> list[str]:
+    """The command that runs Snakemake, in this Python, on the workflow's Snakefile with ``args``."""
+    return [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), *args]
+
+
 def run_snakemake(
     rundir: Path,
     *,
@@ -107,12 +112,7 @@ def run_snakemake(
 
     ``extra`` arguments are passed on (by default one GPU).
     """
-    command = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "-s",
-        str(REPO / "Snakefile"),
+    command = snakemake_command(
         "--directory",
         str(rundir),
         "--configfile",
@@ -125,7 +125,7 @@ def run_snakemake(
         *extra,
         "--forceall",
         "--quiet",
-    ]
+    )
     start = time.perf_counter()
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:

@@ -84,13 +84,7 @@ def coexpr(args: argparse.Namespace) -> None:
         preprocessing.pca(adata, n_comps=2, seed=args.seed, backend="cpu")
     coords = adata.obsm["X_umap"] if "X_umap" in adata.obsm else np.asarray(adata.obsm["X_pca"])[:, :2]
     figures = plotting.coexpression_figures(coords, result["eigengenes"], title=args.input.stem)
-    names = {
-        "edges": "edges.parquet",
-        "modules": "modules.tsv",
-        "eigengenes": "eigengenes.parquet",
-        "correlation": "module_correlation.png",
-        "umap": "module_scores_umap.png",
-    }
+    names = {key: io.COEXPRESSION_FILES[key] for key in ("edges", "modules", "eigengenes", *figures)}
     args.output.mkdir(parents=True, exist_ok=True)
     io.write_coexpression(result, figures, paths={key: args.output / name for key, name in names.items()})
 

@@ -423,7 +423,7 @@ def run_protein(
     )
 
 
-def run_chromatin(
+def run_atac(
     adata: AnnData, *, params: Mapping[str, Any], clustering_params: Mapping[str, Any], seed: int, backend: Backend
 ) -> None:
     """Chromatin accessibility: feature filter, TF-IDF, LSI, neighbours, UMAP and Leiden.
@@ -435,7 +435,7 @@ def run_chromatin(
         (:func:`omicsprep.atac.fragments.count_fragments`); transformed in place (counts kept
         in a layer).
     params
-        The ``chromatin`` configuration section: ``min_cells_per_feature`` and ``lsi``
+        The ``atac`` configuration section: ``min_cells_per_feature`` and ``lsi``
         (``n_comps``, ``max_depth_correlation``).
     clustering_params
         Sections ``neighbors``, ``umap`` and ``leiden``.
@@ -467,10 +467,10 @@ def run_chromatin(
     _embed_and_cluster(adata, use_rep="X_lsi", params=clustering_params, seed=seed, backend=backend, timer=timer)
     with timer.step("to_host"):
         to_host(adata)
-    record_provenance(adata, rule="chromatin", backend=backend, params={**params, "seed": seed}, timings=timer.seconds)
+    record_provenance(adata, rule="atac", backend=backend, params={**params, "seed": seed}, timings=timer.seconds)
 
 
-EMBEDDINGS = {"rna": "X_pca", "prot": "X_pca", "atac": "X_lsi"}
+EMBEDDINGS = {"rna": "X_pca", "protein": "X_pca", "atac": "X_lsi"}
 
 
 def run_multiome(
@@ -488,7 +488,7 @@ def run_multiome(
     Parameters
     ----------
     modalities
-        Two or more of ``rna`` (with ``obsm["X_pca"]``), ``prot`` (``X_pca``) and
+        Two or more of ``rna`` (with ``obsm["X_pca"]``), ``protein`` (``X_pca``) and
         ``atac`` (``X_lsi``), each already processed by its own rule.
     params
         The ``multiome`` configuration section: ``min_overlap`` and ``wnn``

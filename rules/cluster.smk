@@ -2,7 +2,7 @@
 # kernels, so normalization through markers share one process and one device transfer.
 rule cluster:
     input:
-        h5ad="results/{sample}/qc.h5ad",
+        h5ad=rules.qc.output.h5ad,
     output:
         h5ad="results/{sample}/processed.h5ad",
         obs="results/{sample}/obs.parquet",

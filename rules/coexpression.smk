@@ -2,26 +2,26 @@
 # the eigengenes (the expression moves to the GPU once), and its two figures.
 rule coexpression:
     input:
-        h5ad="results/{sample}/processed.h5ad",
+        h5ad=rules.cluster.output.h5ad,
     output:
-        edges="results/{sample}/coexpression/edges.parquet",
+        edges=coexpression_file("edges"),
         modules=report(
-            "results/{sample}/coexpression/modules.tsv",
+            coexpression_file("modules"),
             category="Co-expression",
             caption="../report/coexpression_modules.rst",
             labels={"sample": "{sample}", "figure": "modules"},
         ),
-        per_cluster="results/{sample}/coexpression/modules_per_cluster.tsv",
-        eigengenes="results/{sample}/coexpression/eigengenes.parquet",
-        provenance="results/{sample}/coexpression/provenance.json",
+        per_cluster=coexpression_file("per_cluster"),
+        eigengenes=coexpression_file("eigengenes"),
+        provenance=coexpression_file("provenance"),
         correlation=report(
-            "results/{sample}/coexpression/module_correlation.png",
+            coexpression_file("correlation"),
             category="Co-expression",
             caption="../report/coexpression_correlation.rst",
             labels={"sample": "{sample}", "figure": "module correlation"},
         ),
         umap=report(
-            "results/{sample}/coexpression/module_scores_umap.png",
+            coexpression_file("umap"),
             category="Co-expression",
             caption="../report/coexpression_umap.rst",
             labels={"sample": "{sample}", "figure": "module scores"},

@@ -14,7 +14,7 @@ from snakemake.utils import validate
 
 from omicsprep.rna.clustering import cluster_key
 from omicsprep.errors import InputError
-from omicsprep.io import READ_FORMATS, resolve_format
+from omicsprep.io import COEXPRESSION_FILES, READ_FORMATS, resolve_format
 from omicsprep.pipeline import CLUSTER_SECTIONS
 
 CONFIG_SCHEMA = Path(workflow.basedir) / "config" / "schemas" / "config.schema.yaml"
@@ -175,15 +175,15 @@ SAMPLES = list(SAMPLE_SHEET.index)
 
 
 def sample_modalities(sample):
-    """The sample's modalities among rna, prot and atac."""
+    """The sample's modalities among rna, protein and atac."""
     row = SAMPLE_SHEET.loc[sample]
-    present = {"rna": row["input"], "prot": row["adt"], "atac": row["fragments"]}
+    present = {"rna": row["input"], "protein": row["adt"], "atac": row["fragments"]}
     return [name for name, path in present.items() if path]
 
 
 RNA_SAMPLES = [s for s in SAMPLES if "rna" in sample_modalities(s)]
-PROTEIN_SAMPLES = [s for s in SAMPLES if "prot" in sample_modalities(s)]
-CHROMATIN_SAMPLES = [s for s in SAMPLES if "atac" in sample_modalities(s)]
+PROTEIN_SAMPLES = [s for s in SAMPLES if "protein" in sample_modalities(s)]
+ATAC_SAMPLES = [s for s in SAMPLES if "atac" in sample_modalities(s)]
 MULTIOME_SAMPLES = [s for s in SAMPLES if len(sample_modalities(s)) > 1]
 QC_METRIC_COLUMNS = ["total_counts", "n_genes_by_counts", "pct_counts_mt", "doublet_score"]
 
@@ -228,10 +228,15 @@ def reads_format(wildcards):
     return SAMPLE_SHEET.loc[wildcards.sample, "format"]
 
 
+def for_sample(path, sample):
+    """A rule's output or benchmark path (``rules.<rule>.output.<key>``) for one sample."""
+    return expand(path, sample=sample)[0]
+
+
 def counts_input(wildcards):
     """The count matrix: the sheet's, or the one counted from the sample's reads."""
     if is_reads(wildcards.sample):
-        return f"results/{wildcards.sample}/umi_counts.h5ad"
+        return for_sample(rules.count_umis.output.h5ad, wildcards.sample)
     return SAMPLE_SHEET.loc[wildcards.sample, "input"]
 
 
@@ -252,18 +257,18 @@ def protein_inputs(wildcards):
     return {"adt": row["adt"], **({"empty": row["adt_empty"]} if row["adt_empty"] else {})}
 
 
-def chromatin_inputs(wildcards):
+def atac_inputs(wildcards):
     """Fragments, the QC'd RNA cells (the cells counted), and peaks, genes (TSS) and
     chromosome sizes when given."""
     row = SAMPLE_SHEET.loc[wildcards.sample]
     optional = {
         "peaks": row["peaks"],
-        "genes": config["chromatin"]["genes"],
-        "chrom_sizes": config["chromatin"]["chrom_sizes"],
+        "genes": config["atac"]["genes"],
+        "chrom_sizes": config["atac"]["chrom_sizes"],
     }
     return {
         "fragments": row["fragments"],
-        "cells": f"results/{wildcards.sample}/qc.h5ad",
+        "cells": for_sample(rules.qc.output.h5ad, wildcards.sample),
         **{name: path for name, path in optional.items() if path},
     }
 
@@ -271,7 +276,7 @@ def chromatin_inputs(wildcards):
 def merge_inputs(wildcards):
     """Every RNA sample's processed AnnData, keyed by sample; with merge.allow_partial only
     those already written, the others named on the console."""
-    paths = {sample: f"results/{sample}/processed.h5ad" for sample in RNA_SAMPLES}
+    paths = {sample: for_sample(rules.cluster.output.h5ad, sample) for sample in RNA_SAMPLES}
     if not config["merge"]["allow_partial"]:
         return paths
     missing = sorted(sample for sample, path in paths.items() if not Path(path).exists())
@@ -285,18 +290,26 @@ def merge_inputs(wildcards):
     return {sample: path for sample, path in paths.items() if sample not in missing}
 
 
-MODALITY_OUTPUTS = {"rna": "processed.h5ad", "prot": "protein.h5ad", "atac": "atac.h5ad"}
+# The rule whose h5ad output is each modality's processed AnnData.
+MODALITY_RULES = {"rna": "cluster", "protein": "protein", "atac": "atac"}
 
 
 def multiome_inputs(wildcards):
     """Each modality's processed AnnData, keyed by modality."""
     return {
-        name: f"results/{wildcards.sample}/{MODALITY_OUTPUTS[name]}" for name in sample_modalities(wildcards.sample)
+        name: for_sample(getattr(rules, MODALITY_RULES[name]).output.h5ad, wildcards.sample)
+        for name in sample_modalities(wildcards.sample)
     }
 
 
+def coexpression_file(key):
+    """A sample's co-expression file by its key in omicsprep.io.COEXPRESSION_FILES (whose names
+    the omicsprep coexpr command writes too)."""
+    return f"results/{{sample}}/coexpression/{COEXPRESSION_FILES[key]}"
+
+
 def modality_clustering_params():
-    """The sections the protein, chromatin and multiome rules embed and cluster with."""
+    """The sections the protein, atac and multiome rules embed and cluster with."""
     return {section: config[section] for section in ("neighbors", "umap", "leiden")}
 
 
@@ -318,16 +331,16 @@ def cluster_keys():
     ]
 
 
-# Rules whose run times the report tabulates, with the file holding each one's provenance
-# (backend, step timings): an AnnData, or a JSON record.
+# Rules whose run times the report tabulates, with the key of the output holding each one's
+# provenance (backend, step timings): an AnnData, or a JSON record.
 TIMED_RULES = {
-    "qc": "results/{sample}/qc.h5ad",
-    "cluster": "results/{sample}/processed.h5ad",
-    "coexpression": "results/{sample}/coexpression/provenance.json",
-    "protein": "results/{sample}/protein.h5ad",
-    "chromatin": "results/{sample}/atac.h5ad",
-    "multiome": "results/{sample}/multiome.h5mu",
-    "merge": "results/{sample}/merged.h5ad",  # sample: merged
+    "qc": "h5ad",
+    "cluster": "h5ad",
+    "coexpression": "provenance",
+    "protein": "h5ad",
+    "atac": "h5ad",
+    "multiome": "h5mu",
+    "merge": "h5ad",
 }
 
 
@@ -338,7 +351,7 @@ def rules_of(sample):
         "cluster": sample in RNA_SAMPLES,
         "coexpression": sample in RNA_SAMPLES and config["coexpression"]["enabled"],
         "protein": sample in PROTEIN_SAMPLES,
-        "chromatin": sample in CHROMATIN_SAMPLES,
+        "atac": sample in ATAC_SAMPLES,
         "multiome": sample in MULTIOME_SAMPLES,
         "merge": False,  # not per sample: timed_pairs adds it
     }
@@ -358,46 +371,32 @@ def timed_rules():
     return [rule for _, rule in timed_pairs()]
 
 
+# timed_benchmarks and timed_provenance read the rules' paths, so they are called where run_times
+# is defined, after the timed rules (rules/report.smk is included last).
 def timed_benchmarks():
-    return [f"benchmarks/{rule}/{sample}.tsv" for sample, rule in timed_pairs()]
+    return [for_sample(getattr(rules, rule).benchmark, sample) for sample, rule in timed_pairs()]
 
 
 def timed_provenance():
-    return [TIMED_RULES[rule].format(sample=sample) for sample, rule in timed_pairs()]
+    return [
+        for_sample(getattr(getattr(rules, rule).output, TIMED_RULES[rule]), sample) for sample, rule in timed_pairs()
+    ]
 
 
 def final_outputs():
+    """The targets of rule all, from the rules' outputs (so read after every rule is defined)."""
     per_sample = [
-        "results/{sample}/processed.h5ad",
-        "results/{sample}/obs.parquet",
-        "results/{sample}/markers.tsv",
-        "results/{sample}/qc/cell_metrics.parquet",
-        "results/{sample}/plots/qc_histograms.png",
-        "results/{sample}/plots/qc_scatter.png",
-        "results/{sample}/plots/umap_clusters.png",
-        "results/{sample}/plots/umap_qc.png",
+        *rules.cluster.output,
+        rules.qc.output.metrics,
+        *rules.plot_qc.output,
+        *rules.plot_umap.output,
+        *(rules.coexpression.output if config["coexpression"]["enabled"] else []),
     ]
-    if config["coexpression"]["enabled"]:
-        per_sample += [f"results/{{sample}}/coexpression/{name}" for name in COEXPRESSION_OUTPUTS]
     return [
         *expand(per_sample, sample=RNA_SAMPLES),
-        *expand("results/{sample}/protein.h5ad", sample=PROTEIN_SAMPLES),
-        *expand("results/{sample}/atac.h5ad", sample=CHROMATIN_SAMPLES),
-        *expand(["results/{sample}/multiome.h5mu", "results/{sample}/plots/umap_joint.png"], sample=MULTIOME_SAMPLES),
-        *(MERGE_OUTPUTS if config["merge"]["enabled"] else []),
-        "results/run_times.tsv",
+        *expand(rules.protein.output.h5ad, sample=PROTEIN_SAMPLES),
+        *expand(rules.atac.output.h5ad, sample=ATAC_SAMPLES),
+        *expand(list(rules.multiome.output), sample=MULTIOME_SAMPLES),
+        *(rules.merge.output if config["merge"]["enabled"] else []),
+        rules.run_times.output.table,
     ]
-
-
-MERGE_OUTPUTS = ["results/merged/merged.h5ad", "results/merged/integration.tsv", "results/merged/plots/umap_merged.png"]
-
-
-COEXPRESSION_OUTPUTS = (
-    "edges.parquet",
-    "modules.tsv",
-    "modules_per_cluster.tsv",
-    "eigengenes.parquet",
-    "provenance.json",
-    "module_correlation.png",
-    "module_scores_umap.png",
-)

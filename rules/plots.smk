@@ -1,6 +1,6 @@
 rule plot_qc:
     input:
-        metrics="results/{sample}/qc/cell_metrics.parquet",
+        metrics=rules.qc.output.metrics,
     output:
         histograms=report(
             "results/{sample}/plots/qc_histograms.png",
@@ -24,7 +24,7 @@ rule plot_qc:
 
 rule plot_umap:
     input:
-        h5ad="results/{sample}/processed.h5ad",
+        h5ad=rules.cluster.output.h5ad,
     output:
         clusters=report(
             "results/{sample}/plots/umap_clusters.png",

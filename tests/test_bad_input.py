@@ -154,7 +154,7 @@ def test_the_shipped_config_is_for_real_samples_and_the_demo_has_its_own():
         == schema["properties"]["qc"]["properties"]["filter"]["properties"]["min_genes"]["default"]
         == 200
     )
-    assert shipped["chromatin"]["genes"] is None
+    assert shipped["atac"]["genes"] is None
     assert shipped["samples"] == "config/samples.tsv"
     assert not [value for value in leaves(shipped) if "resources/demo" in str(value)]
     result = subprocess.run([sys.executable, "-m", "snakemake", "-n"], cwd=REPO, capture_output=True, text=True)
@@ -162,7 +162,7 @@ def test_the_shipped_config_is_for_real_samples_and_the_demo_has_its_own():
     demo = yaml.safe_load((REPO / "resources" / "demo" / "config.yaml").read_text())
     assert demo["qc"]["filter"]["min_genes"] == 10
     assert (REPO / demo["samples"]).is_file()
-    assert (REPO / demo["chromatin"]["genes"]).is_file()
+    assert (REPO / demo["atac"]["genes"]).is_file()
 
 
 def leaves(mapping: dict) -> list:

@@ -501,7 +501,7 @@ def test_protein_normalization_agrees_on_cpu_and_gpu():
         np.testing.assert_allclose(results["gpu"], results["cpu"], atol=1e-4)
 
 
-def test_chromatin_tfidf_and_lsi_agree_on_cpu_and_gpu():
+def test_atac_tfidf_and_lsi_agree_on_cpu_and_gpu():
     import pandas as pd
 
     from omicsprep.atac.fragments import count_fragments
@@ -621,12 +621,12 @@ def test_protein_rule_chain_agrees_on_cpu_and_gpu():
     assert ari >= 0.5
 
 
-def test_chromatin_rule_chain_and_wnn_agree_on_cpu_and_gpu():
+def test_atac_rule_chain_and_wnn_agree_on_cpu_and_gpu():
     from conftest import distinct_profiles, multiome_rna
 
     from omicsprep.atac.fragments import count_fragments
     from omicsprep.multiome.wnn import join_modalities, weighted_nearest_neighbors
-    from omicsprep.pipeline import run_chromatin
+    from omicsprep.pipeline import run_atac
 
     config = _shipped_config()
     clustering = {section: config[section] for section in ("neighbors", "umap", "leiden")}
@@ -641,9 +641,9 @@ def test_chromatin_rule_chain_and_wnn_agree_on_cpu_and_gpu():
             backend=backend,
         )
         atac[backend] = counts[distinct_profiles(counts)].copy()
-        run_chromatin(
+        run_atac(
             atac[backend],
-            params={**config["chromatin"], "min_cells_per_feature": 1},
+            params={**config["atac"], "min_cells_per_feature": 1},
             clustering_params=clustering,
             seed=0,
             backend=backend,
@@ -668,7 +668,7 @@ def test_chromatin_rule_chain_and_wnn_agree_on_cpu_and_gpu():
     cpu_edges, gpu_edges = (a.obsp["distances"] > 0 for a in (cpu, gpu))
     edges_differing = (cpu_edges != gpu_edges).nnz
     measure(
-        "test_chromatin_rule_chain_and_wnn_agree_on_cpu_and_gpu",
+        "test_atac_rule_chain_and_wnn_agree_on_cpu_and_gpu",
         **{f"{name}_weight_max_diff": d.max() for name, d in differences.items()},
         **{f"{name}_weight_mean_diff": d.mean() for name, d in differences.items()},
         joint_edges_differing=edges_differing,

@@ -26,17 +26,18 @@ def atac():
 
 def test_join_keeps_the_common_cells(atac):
     half = atac[::2].copy()  # a second modality with every other cell
-    joined, overlap = join_modalities({"atac": atac, "prot": half}, min_overlap=0.4)
-    assert overlap == {"atac": 0.5, "prot": 1.0}
+    joined, overlap = join_modalities({"atac": atac, "protein": half}, min_overlap=0.4)
+    assert overlap == {"atac": 0.5, "protein": 1.0}
     assert joined.n_obs == 500
-    assert list(joined.mod) == ["atac", "prot"]
+    assert list(joined.mod) == ["atac", "protein"]
     assert list(joined["atac"].obs_names) == list(half.obs_names)
 
 
 def test_barcodes_that_do_not_overlap_are_refused(atac):
-    prot = io.read_counts(CITESEQ / "cells", feature_type="Antibody Capture")
-    with pytest.raises(InputError, match=r"modalities share 0 cell barcodes \(atac 0.0% of 1000, prot 0.0% of 2872\)"):
-        join_modalities({"atac": atac, "prot": prot}, min_overlap=0.5)
+    protein = io.read_counts(CITESEQ / "cells", feature_type="Antibody Capture")
+    shares = r"\(atac 0.0% of 1000, protein 0.0% of 2872\)"
+    with pytest.raises(InputError, match=r"modalities share 0 cell barcodes " + shares):
+        join_modalities({"atac": atac, "protein": protein}, min_overlap=0.5)
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,9 @@ import pytest
 from conftest import CITESEQ, MULTIOME, PBMC_H5, PBMC_MTX, REPO
 from scipy import sparse
 
+sys.path.insert(0, str(REPO / "benchmarks"))
+from run import snakemake_command
+
 pytestmark = pytest.mark.workflow
 
 OUTPUTS = [
@@ -42,18 +45,13 @@ def workflow_command(*args: str, workdir: Path | None = None, overlay: Path | No
     """The command that runs the workflow with the shipped config and the demo's settings
     over it (and ``overlay``'s over those); with ``workdir``, there.
     """
-    command = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "-s",
-        str(REPO / "Snakefile"),
+    command = snakemake_command(
         *args,
         "--configfile",
         str(REPO / "config" / "config.yaml"),
         str(DEMO_CONFIG),
         *([str(overlay)] if overlay else []),
-    ]
+    )
     if workdir is not None:
         command += ["--directory", str(workdir)]
     return command
@@ -100,7 +98,7 @@ def dry_run_gpu_requests(output: str) -> dict[str, set[int]]:
 
 def every_rule_sheet(path: Path) -> Path:
     """Samples that between them need every rule: reads (count_umis), RNA with fragments
-    (chromatin, multiome) and antibody tags alone (protein).
+    (atac, multiome) and antibody tags alone (protein).
     """
     return write_sheet(
         path,
@@ -114,10 +112,7 @@ def every_rule_sheet(path: Path) -> Path:
 
 
 def test_gpu_rules_are_the_documented_ones():
-    assert (
-        sorted(["count_umis", "qc", "cluster", "coexpression", "protein", "chromatin", "multiome", "merge"])
-        == GPU_RULES
-    )
+    assert sorted(["count_umis", "qc", "cluster", "coexpression", "protein", "atac", "multiome", "merge"]) == GPU_RULES
 
 
 @pytest.mark.parametrize("pinned", GPU_RULES)
@@ -127,7 +122,7 @@ def test_backend_per_rule_pins_one_rule_to_the_cpu(tmp_path, pinned):
     """
     sheet = every_rule_sheet(tmp_path / "s.tsv")
     overlay = tmp_path / "merge.yaml"
-    overlay.write_text(f"merge:\n  enabled: true\nchromatin:\n  genes: {MULTIOME / 'genes.bed'}\n")
+    overlay.write_text(f"merge:\n  enabled: true\natac:\n  genes: {MULTIOME / 'genes.bed'}\n")
     result = snakemake(
         "-n",
         "--forceall",
@@ -387,7 +382,6 @@ def test_explicit_gpu_without_one_fails_clearly(tmp_path):
 
 
 def test_a_sample_given_as_reads_is_counted_then_qcd(tmp_path):
-    sys.path.insert(0, str(REPO / "benchmarks"))
     import generate
 
     bam = tmp_path / "reads.bam"
@@ -423,7 +417,7 @@ def test_multiome_and_citeseq_samples(tmp_path):
         "results/citeseq/protein.h5ad",
         "results/multiome/coexpression/modules.tsv",
     ]
-    genes = f"chromatin={{genes: {MULTIOME / 'genes.bed'}}}"
+    genes = f"atac={{genes: {MULTIOME / 'genes.bed'}}}"
     result = snakemake(*targets, "--cores", "2", "--config", f"samples={sheet}", "backend=cpu", genes, workdir=tmp_path)
     assert result.returncode == 0, result.stderr[-5000:]
     import mudata
@@ -433,6 +427,7 @@ def test_multiome_and_citeseq_samples(tmp_path):
     assert 700 < joined.n_obs <= 1000
     assert joined.mod["atac"].n_vars <= 174
     assert "X_lsi" in joined.mod["atac"].obsm
+    assert joined.mod["atac"].uns["omicsprep"]["atac"]["backend"] == "cpu"
     assert joined.mod["atac"].obs["n_fragments"].sum() > 0
     assert (joined.mod["atac"].obs["tss_enrichment"] > 0).sum() > 50
     weights = joined.obs[["rna:mod_weight", "atac:mod_weight"]].to_numpy()
@@ -441,12 +436,12 @@ def test_multiome_and_citeseq_samples(tmp_path):
     assert joined.obs["wnn_leiden_1.0"].dtype == "category"
     assert joined.obs["wnn_leiden_1.0"].nunique() >= 2
     assert joined.uns["omicsprep"]["multiome"]["backend"] == "cpu"
-    prot = ad.read_h5ad(tmp_path / "results" / "citeseq" / "protein.h5ad")
-    assert prot.n_obs == 2872
-    assert prot.uns["omicsprep"]["protein"]["backend"] == "cpu"
-    assert '"normalization": "clr"' in prot.uns["omicsprep"]["protein"]["params"]  # no empty droplets: CLR
-    assert prot.var["isotype_control"].sum() >= 1
-    assert "X_umap" in prot.obsm
+    protein = ad.read_h5ad(tmp_path / "results" / "citeseq" / "protein.h5ad")
+    assert protein.n_obs == 2872
+    assert protein.uns["omicsprep"]["protein"]["backend"] == "cpu"
+    assert '"normalization": "clr"' in protein.uns["omicsprep"]["protein"]["params"]  # no empty droplets: CLR
+    assert protein.var["isotype_control"].sum() >= 1
+    assert "X_umap" in protein.obsm
     # 45 genes cannot carry a 50-partner co-expression network: a documented skip.
     provenance = (tmp_path / "results" / "multiome" / "coexpression" / "provenance.json").read_text()
     assert "too few for top_k" in provenance

@@ -27,6 +27,7 @@ from omicsprep.io.fragments import (
 )
 from omicsprep.io.results import read_h5ad, read_h5ad_elements, read_provenance, read_table
 from omicsprep.io.writers import (
+    COEXPRESSION_FILES,
     atomic_path,
     glob_escape,
     out_of_space,
@@ -40,6 +41,7 @@ from omicsprep.io.writers import (
 )
 
 __all__ = [
+    "COEXPRESSION_FILES",
     "FORMATS",
     "FRAGMENT_CHUNK_ROWS",
     "FRAGMENT_COLUMNS",

@@ -24,7 +24,7 @@ def join_modalities(modalities: dict[str, AnnData], *, min_overlap: float) -> tu
     Parameters
     ----------
     modalities
-        Name (``rna``, ``prot``, ``atac``) to cells x features; at least two.
+        Name (``rna``, ``protein``, ``atac``) to cells x features; at least two.
     min_overlap
         Smallest accepted share of each modality's cells found in all the others.
 

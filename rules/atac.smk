@@ -1,23 +1,23 @@
 # Chromatin accessibility of samples with a fragments column: fragments streamed in chunks
 # into a cells x peaks (or tiles) matrix for the QC'd RNA cells, then TF-IDF, LSI,
 # neighbours, UMAP and clusters, in one process.
-rule chromatin:
+rule atac:
     input:
-        unpack(chromatin_inputs),
+        unpack(atac_inputs),
     output:
         h5ad="results/{sample}/atac.h5ad",
     log:
-        "logs/chromatin/{sample}.log",
+        "logs/atac/{sample}.log",
     benchmark:
-        "benchmarks/chromatin/{sample}.tsv"
+        "benchmarks/atac/{sample}.tsv"
     conda:
-        conda_env_for("chromatin")
+        conda_env_for("atac")
     resources:
-        gpu=gpus_for("chromatin"),
+        gpu=gpus_for("atac"),
     params:
-        backend=backend_for("chromatin"),
-        chromatin=config["chromatin"],
+        backend=backend_for("atac"),
+        atac=config["atac"],
         clustering=modality_clustering_params(),
         seed=config["seed"],
     script:
-        "../scripts/chromatin.py"
+        "../scripts/atac.py"

@@ -1,4 +1,4 @@
-"""Rule chromatin: fragments counted into peaks or tiles for the QC'd cells.
+"""Rule atac: fragments counted into peaks or tiles for the QC'd cells.
 
 Then TF-IDF, LSI, neighbours, UMAP and clusters.
 """
@@ -6,7 +6,7 @@ Then TF-IDF, LSI, neighbours, UMAP and clusters.
 from omicsprep import io
 from omicsprep.atac.fragments import count_fragments
 from omicsprep.backend import resolve_backend
-from omicsprep.pipeline import run_chromatin
+from omicsprep.pipeline import run_atac
 from omicsprep.workflow import run_script
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
@@ -14,7 +14,7 @@ snakemake = snakemake  # noqa: F821 - injected by Snakemake
 
 def main() -> None:
     backend = resolve_backend(snakemake.params.backend)
-    params = snakemake.params.chromatin
+    params = snakemake.params.atac
     cells = io.read_h5ad_elements(snakemake.input.cells, ["obs"])["obs"].index
     given = snakemake.input.keys()
     peaks = io.read_peaks(snakemake.input.peaks) if "peaks" in given else None
@@ -31,7 +31,7 @@ def main() -> None:
         source=snakemake.input.fragments,
         backend=backend,
     )
-    run_chromatin(
+    run_atac(
         adata, params=params, clustering_params=snakemake.params.clustering, seed=snakemake.params.seed, backend=backend
     )
     io.write_h5ad(adata, snakemake.output.h5ad, compression=snakemake.config["h5ad_compression"])
