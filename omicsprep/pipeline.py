@@ -566,7 +566,9 @@ def run_merge(
     clustering_params
         Sections ``normalize``, ``hvg``, ``pca``, ``neighbors``, ``umap`` and ``leiden``.
     labels
-        The per-sample cluster column whose conservation is measured.
+        The per-sample cluster column whose conservation is measured (a
+        :func:`omicsprep.rna.clustering.cluster_key`); the merged cells are clustered by
+        Leiden at its resolution, before and after Harmony, to measure it.
     seed
         Seed for PCA, Harmony, UMAP and Leiden.
     backend
@@ -583,10 +585,16 @@ def run_merge(
     ------
     InputError
         ``batch_key`` is ``batch`` and some samples have none.
+    ValueError
+        ``labels`` is not a cluster column name.
     BackendUnavailableError
         ``params["dask"]`` on the GPU backend, and fewer than ``n_gpus`` GPUs or no
         dask-cuda.
     """
+    parsed_labels = clustering.parse_cluster_key(labels)
+    if parsed_labels is None:
+        raise ValueError(f"labels {labels!r} is not a cluster column name (such as leiden_1.0)")
+    _, resolution = parsed_labels
     timer = StepTimer(backend=backend)
     key = params["batch_key"]
     sharded = params.get("dask", False) and backend == "gpu"
@@ -621,7 +629,6 @@ def run_merge(
             preprocessing.pca(adata, n_comps=clustering_params["pca"]["n_comps"], seed=seed, backend=backend)
         with timer.step("matrices_to_host"):  # not needed from here on; the Dask workers stop here
             to_host(adata)
-    resolution = float(labels.rsplit("_", 1)[1])
     rows = []
     for stage, embedding in (("before", "X_pca"), ("after", "X_pca_harmony")):
         if stage == "after":

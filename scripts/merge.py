@@ -3,6 +3,7 @@
 from omicsprep import io, plotting
 from omicsprep.backend import resolve_backend
 from omicsprep.pipeline import run_merge
+from omicsprep.rna.clustering import parse_cluster_key
 from omicsprep.workflow import run_script
 
 
@@ -18,7 +19,7 @@ def main() -> None:
         backend=backend,
         n_gpus=max(int(snakemake.resources.gpu), 1),
     )
-    keys = ["sample", *(k for k in ("batch",) if k in merged.obs), *(k for k in merged.obs if k.startswith("leiden_"))]
+    keys = ["sample", *(k for k in ("batch",) if k in merged.obs), *(k for k in merged.obs if parse_cluster_key(k))]
     io.write_figure(
         plotting.embedding_panels(merged.obsm["X_umap"], merged.obs, keys=keys, title="merged"), snakemake.output.umap
     )

@@ -115,3 +115,17 @@ def test_louvain_is_seeded(mouse_clustered):
     clustering.cluster_graph(again, algorithm="louvain", resolutions=[1.0], seed=0, backend="cpu")
     assert (again.obs["louvain_1.0"] == adata.obs["louvain_1.0"]).all()
     assert list(again.obs["louvain_1.0"].value_counts().index[:1]) == ["0"]  # largest first
+
+
+@pytest.mark.parametrize("algorithm", ["leiden", "louvain"])
+@pytest.mark.parametrize("resolution", [1.0, 0.25, 2, 1e-3, 10.5])
+def test_cluster_keys_parse_back_to_algorithm_and_resolution(algorithm, resolution):
+    key = clustering.cluster_key(algorithm, resolution)
+    assert clustering.parse_cluster_key(key) == (algorithm, float(resolution))
+
+
+@pytest.mark.parametrize(
+    "name", ["sample", "leiden", "leiden_", "leiden_x", "leiden_1", "wnn_leiden_1.0", "kmeans_1.0"]
+)
+def test_other_column_names_are_not_cluster_keys(name):
+    assert clustering.parse_cluster_key(name) is None
