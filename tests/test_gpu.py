@@ -332,6 +332,7 @@ def test_molecule_tables_are_read_by_cudf_as_by_pyarrow(tmp_path, suffix):
     import pyarrow as pa
     from conftest import REPO
 
+    from omicsprep.options import UmiOptions
     from omicsprep.reads.molecules import BamOptions, TableOptions, usable_reads
 
     sys.path.insert(0, str(REPO / "benchmarks"))
@@ -359,7 +360,7 @@ def test_molecule_tables_are_read_by_cudf_as_by_pyarrow(tmp_path, suffix):
             fmt="molecules",
             bam=BamOptions(),
             table=TableOptions(),
-            skip_gene_regex="^(__|Unassigned)",
+            skip_gene_regex=UmiOptions().skip_gene_regex,
             chunk_rows=10_000,
             skipped=skipped,
             backend=backend,
@@ -373,10 +374,12 @@ def test_molecule_tables_are_read_by_cudf_as_by_pyarrow(tmp_path, suffix):
 
 @pytest.mark.parametrize("method", ["unique", "percentile", "cluster", "adjacency", "directional"])
 def test_umi_counts_are_identical_on_cpu_and_gpu(molecule_table, method):
+    from omicsprep.options import UmiOptions
     from omicsprep.reads import counting
 
+    options = UmiOptions(method=method, chunk_rows=60_000)
     counts = {
-        backend: counting.count_umis(molecule_table, fmt="molecules", method=method, chunk_rows=60_000, backend=backend)
+        backend: counting.count_umis(molecule_table, fmt="molecules", options=options, backend=backend)
         for backend in ("cpu", "gpu")
     }
     tables = {backend: counting.long_table(adata) for backend, adata in counts.items()}
