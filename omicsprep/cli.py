@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import get_type_hints
 
 from omicsprep.errors import BackendUnavailableError, InputError
-from omicsprep.options import Options, UmiOptions
+from omicsprep.options import CoexpressionOptions, MetacellOptions, NormalizeOptions, Options, UmiOptions
 from omicsprep.reads.umi import METHODS
 
 log = logging.getLogger("omicsprep")
@@ -57,27 +57,26 @@ def coexpr(args: argparse.Namespace) -> None:
 
     from omicsprep import io, plotting
     from omicsprep.backend import resolve_backend
-    from omicsprep.network import coexpression
     from omicsprep.pipeline import run_coexpression
     from omicsprep.rna import preprocessing
 
     backend = resolve_backend(args.backend)
     adata = io.read_h5ad(args.input)
     if preprocessing.holds_counts(adata):
-        log.info("X holds counts: normalizing to 10,000 per cell and log1p")
-        preprocessing.normalize(adata, target_sum=1e4, backend="cpu")
+        target_sum = NormalizeOptions().target_sum
+        log.info("X holds counts: normalizing to %s per cell and log1p", target_sum)
+        preprocessing.normalize(adata, target_sum=target_sum, backend="cpu")
     if args.metacells == "knn" and "connectivities" not in adata.obsp:
         raise InputError("--metacells knn needs a neighbour graph (obsp['connectivities'])", path=args.input)
-    params = {
-        **coexpression.DEFAULTS,
-        "n_genes": args.n_genes,
-        "top_k": args.top_k,
-        "resolution": args.resolution,
-        "correlation": args.correlation,
-        "metacells": {**coexpression.DEFAULTS["metacells"], "method": args.metacells},
-    }
+    options = CoexpressionOptions(
+        n_genes=args.n_genes,
+        top_k=args.top_k,
+        resolution=args.resolution,
+        correlation=args.correlation,
+        metacells=MetacellOptions(method=args.metacells),
+    )
     try:
-        result = run_coexpression(adata, params=params, seed=args.seed, backend=backend)
+        result = run_coexpression(adata, options=options, seed=args.seed, backend=backend)
     except InputError as exc:
         raise InputError(exc.problem, path=args.input) from exc
     if "X_umap" not in adata.obsm and "X_pca" not in adata.obsm:  # something to draw the scores on
@@ -99,7 +98,7 @@ def coexpr(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Run the ``omicsprep`` command named in ``argv`` (the process's arguments by default)."""
     parser = argparse.ArgumentParser(prog="omicsprep")
-    umi_defaults = UmiOptions()
+    umi_defaults, network_defaults = UmiOptions(), CoexpressionOptions()
     commands = parser.add_subparsers(dest="command", required=True)
     umis = commands.add_parser(
         "count-umis", help="BAM/SAM or molecule table with cell, UMI and gene -> cell x gene counts"
@@ -149,14 +148,18 @@ def main(argv: list[str] | None = None) -> None:
     network.add_argument("input", type=Path, help="cells x genes; log-normalized X (counts are normalized first)")
     network.add_argument("-o", "--output", type=Path, required=True, help="folder for the tables and figures")
     network.add_argument("--backend", choices=["auto", "cpu", "gpu"], default="auto")
-    network.add_argument("--n-genes", type=int, default=2000, help="most variable genes in the network")
-    network.add_argument("--top-k", type=int, default=50, help="partners kept per gene")
-    network.add_argument("--resolution", type=float, default=1.0, help="Leiden resolution of the modules")
-    network.add_argument("--correlation", choices=["pearson", "spearman"], default="pearson")
+    network.add_argument(
+        "--n-genes", type=int, default=network_defaults.n_genes, help="most variable genes in the network"
+    )
+    network.add_argument("--top-k", type=int, default=network_defaults.top_k, help="partners kept per gene")
+    network.add_argument(
+        "--resolution", type=float, default=network_defaults.resolution, help="Leiden resolution of the modules"
+    )
+    network.add_argument("--correlation", choices=["pearson", "spearman"], default=network_defaults.correlation)
     network.add_argument(
         "--metacells",
         choices=["none", "knn", "kmeans"],
-        default="none",
+        default="none",  # not the workflow's knn: an .h5ad given here may have no neighbour graph
         help="pool cells first (knn needs obsp['connectivities'], kmeans obsm['X_pca'])",
     )
     network.add_argument("--seed", type=int, default=0)
