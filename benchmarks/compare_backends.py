@@ -17,6 +17,7 @@ import pandas as pd
 from sklearn.metrics import adjusted_rand_score
 
 from omicsprep.io import read_h5ad_elements
+from omicsprep.rna.clustering import parse_cluster_key
 
 
 def compare_sample(run_a: Path, run_b: Path, sample: str) -> list[dict]:
@@ -31,7 +32,7 @@ def compare_sample(run_a: Path, run_b: Path, sample: str) -> list[dict]:
         "cells_common": len(common),
         "hvg_overlap": round(len(hvg[0] & hvg[1]) / max(len(hvg[0]), 1), 4),
     }
-    keys = [c for c in obs[0].columns if c.startswith(("leiden_", "louvain_")) and c in obs[1]]
+    keys = [c for c in obs[0].columns if parse_cluster_key(c) and c in obs[1]]
     return [
         {
             **base,
@@ -62,7 +63,7 @@ def compare_modalities(run_a: Path, run_b: Path, sample: str) -> list[dict]:
             continue
         obs = [_modality_obs(run / sample / name) for run in (run_a, run_b)]
         common = obs[0].index.intersection(obs[1].index)
-        clusterings = [c for c in obs[0] if c.startswith(("leiden_", "wnn_leiden_")) and c in obs[1]]
+        clusterings = [c for c in obs[0] if parse_cluster_key(c.removeprefix("wnn_")) and c in obs[1]]
         weights = [c for c in obs[0] if c.endswith(":mod_weight") and c in obs[1]]
         measures = [(key, "ARI", adjusted_rand_score) for key in clusterings]
         measures += [(key, "Pearson r", pd.Series.corr) for key in weights]

@@ -34,13 +34,15 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from generate import gene_names, generate_with_clusters  # noqa: E402
 from merge_bench import BATCH_SIGMA, batches  # noqa: E402
-from run import append_results, bench_settings  # noqa: E402
+from run import append_results, bench_settings, clustering_options  # noqa: E402
 
 from omicsprep import io, plotting  # noqa: E402
 from omicsprep.backend import resolve_backend  # noqa: E402
-from omicsprep.pipeline import CLUSTER_SECTIONS, run_merge  # noqa: E402
+from omicsprep.options import MergeOptions, from_config  # noqa: E402
+from omicsprep.pipeline import run_merge  # noqa: E402
+from omicsprep.rna.clustering import cluster_key  # noqa: E402
 
-LABELS = "leiden_1.0"
+LABELS = cluster_key("leiden", 1.0)
 
 
 class GpuMemorySampler:
@@ -90,15 +92,14 @@ def cluster_outputs(n_samples: int, n_cells: int, n_genes: int, jobs: int) -> di
 
 def run_mode(mode: str, samples: dict[str, AnnData], config: dict) -> dict:
     backend, _, gpus = mode.partition(":")
-    params = {**config["merge"], "dask": bool(gpus)}
-    clustering_params = {section: config[section] for section in CLUSTER_SECTIONS}
+    options = from_config(MergeOptions, {**config["merge"], "dask": bool(gpus)})
     backend = resolve_backend("gpu" if gpus else backend)
     start = time.perf_counter()
     with GpuMemorySampler() if backend == "gpu" else nullcontext() as sampler:
         merged, metrics = run_merge(
             samples,
-            params=params,
-            clustering_params=clustering_params,
+            options=options,
+            clustering_options=clustering_options(config),
             labels=LABELS,
             seed=config["seed"],
             backend=backend,
@@ -113,7 +114,7 @@ def run_mode(mode: str, samples: dict[str, AnnData], config: dict) -> dict:
         io.write_h5ad(merged, Path(folder) / "merged.h5ad", compression=config["h5ad_compression"])
         row["write_h5ad_s"] = round(time.perf_counter() - start, 1)
     start = time.perf_counter()
-    plotting.embedding_panels(merged.obsm["X_umap"], merged.obs, keys=["sample", "leiden_1.0"], title="merged")
+    plotting.embedding_panels(merged.obsm["X_umap"], merged.obs, keys=["sample", LABELS], title="merged")
     row["plot_s"] = round(time.perf_counter() - start, 1)
     if sampler:
         row.update({f"gpu{index}_peak_mb": peak for index, peak in sorted(sampler.peaks.items())})

@@ -22,7 +22,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from run import bench_settings, dataset  # noqa: E402 - found through sys.path, set just above
+from run import bench_settings, clustering_options, dataset  # noqa: E402 - found through sys.path, set just above
 
 
 def profiled(function, *args, top: int, **kwargs) -> tuple[object, str]:
@@ -53,7 +53,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
 
     from omicsprep import io
-    from omicsprep.pipeline import CLUSTER_SECTIONS, run_clustering, run_qc
+    from omicsprep.options import DoubletOptions, QcOptions, from_config
+    from omicsprep.pipeline import run_clustering, run_qc
 
     phases: dict[str, float] = {}
 
@@ -72,8 +73,8 @@ def main() -> None:
         profiled,
         run_qc,
         adata,
-        qc_params=config["qc"],
-        doublet_params=config["doublets"],
+        options=from_config(QcOptions, config["qc"]),
+        doublet_options=from_config(DoubletOptions, config["doublets"]),
         seed=config["seed"],
         backend=args.backend,
         top=args.top,
@@ -83,13 +84,12 @@ def main() -> None:
         timed(f"write_qc_{name}", io.write_h5ad, adata, qc_h5ad, compression=None if name == "none" else name)
     for name in args.compressions:
         adata = timed(f"read_qc_{name}", io.read_h5ad, args.workdir / f"profile_qc_{args.cells}_{name}.h5ad")
-    params = {section: config[section] for section in CLUSTER_SECTIONS}
     _, cluster_profile = timed(
         "cluster",
         profiled,
         run_clustering,
         adata,
-        params=params,
+        options=clustering_options(config),
         seed=config["seed"],
         backend=args.backend,
         top=args.top,

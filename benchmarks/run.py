@@ -66,6 +66,15 @@ def bench_settings(workdir: Path) -> dict:
     return config
 
 
+def clustering_options(config: dict):
+    """The cluster rule's options from a whole configuration: a section per field, as the workflow gives them."""
+    from dataclasses import fields
+
+    from omicsprep.options import ClusteringOptions, from_config
+
+    return from_config(ClusteringOptions, {option.name: config[option.name] for option in fields(ClusteringOptions)})
+
+
 def dataset(workdir: Path, n_cells: int, n_genes: int, jobs: int) -> Path:
     path = workdir / "data" / f"{n_cells}x{n_genes}.h5"
     if not path.exists():  # written atomically, so an existing file is whole

@@ -28,6 +28,7 @@ from generate import generate_reads  # noqa: E402
 from run import append_results  # noqa: E402
 
 from omicsprep.backend import resolve_backend  # noqa: E402
+from omicsprep.options import UmiOptions  # noqa: E402
 from omicsprep.reads import counting  # noqa: E402
 
 
@@ -53,7 +54,7 @@ def main() -> None:
     parser.add_argument("--reads", type=int, nargs="+", default=[10_000_000])
     parser.add_argument("--formats", nargs="+", default=["parquet", "tsv.gz"], choices=["parquet", "tsv", "tsv.gz"])
     parser.add_argument("--backends", nargs="+", default=["cpu", "gpu"], choices=["cpu", "gpu"])
-    parser.add_argument("--chunk-rows", type=int, default=5_000_000)
+    parser.add_argument("--chunk-rows", type=int, default=UmiOptions().chunk_rows)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/omicsprep-umi-tables"))
     parser.add_argument("--results", type=Path, default=HERE / "RESULTS.md")
     args = parser.parse_args()
@@ -69,7 +70,10 @@ def main() -> None:
             for backend in args.backends:
                 start = time.perf_counter()
                 adata = counting.count_umis(
-                    path, fmt="molecules", chunk_rows=args.chunk_rows, backend=resolve_backend(backend)
+                    path,
+                    fmt="molecules",
+                    options=UmiOptions(chunk_rows=args.chunk_rows),
+                    backend=resolve_backend(backend),
                 )
                 seconds = time.perf_counter() - start
                 results[backend] = adata

@@ -5,12 +5,30 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from dataclasses import fields, is_dataclass
 from pathlib import Path
+from typing import get_type_hints
 
 from omicsprep.errors import BackendUnavailableError, InputError
+from omicsprep.options import CoexpressionOptions, MetacellOptions, NormalizeOptions, Options, UmiOptions
 from omicsprep.reads.umi import METHODS
 
 log = logging.getLogger("omicsprep")
+
+
+def _options_from_arguments(options_class: type[Options], args: argparse.Namespace) -> Options:
+    """``options_class`` with each field, nested options' fields too, from the argument of its name."""
+    types = get_type_hints(options_class)
+    return options_class(
+        **{
+            option.name: (
+                _options_from_arguments(types[option.name], args)
+                if is_dataclass(types[option.name])
+                else getattr(args, option.name)
+            )
+            for option in fields(options_class)
+        }
+    )
 
 
 def count_umis(args: argparse.Namespace) -> None:
@@ -18,28 +36,11 @@ def count_umis(args: argparse.Namespace) -> None:
     from omicsprep import io
     from omicsprep.backend import resolve_backend
     from omicsprep.reads import counting
-    from omicsprep.reads.molecules import BamOptions, TableOptions
 
     adata = counting.count_umis(
         args.input,
         fmt=io.resolve_format(args.input),
-        method=args.method,
-        edit_distance_threshold=args.edit_distance_threshold,
-        skip_gene_regex=args.skip_tags_regex,
-        bam=BamOptions(
-            cell_tag=args.cell_tag,
-            umi_tag=args.umi_tag,
-            gene_tag=args.gene_tag,
-            umi_source=args.extract_umi_method,
-            min_mapq=args.min_mapq,
-        ),
-        table=TableOptions(
-            cell_column=args.cell_column,
-            umi_column=args.umi_column,
-            gene_column=args.gene_column,
-            count_column=args.count_column,
-        ),
-        chunk_rows=args.chunk_rows,
+        options=_options_from_arguments(UmiOptions, args),
         backend=resolve_backend(args.backend),
     )
     log.info(
@@ -56,27 +57,26 @@ def coexpr(args: argparse.Namespace) -> None:
 
     from omicsprep import io, plotting
     from omicsprep.backend import resolve_backend
-    from omicsprep.network import coexpression
     from omicsprep.pipeline import run_coexpression
     from omicsprep.rna import preprocessing
 
     backend = resolve_backend(args.backend)
     adata = io.read_h5ad(args.input)
     if preprocessing.holds_counts(adata):
-        log.info("X holds counts: normalizing to 10,000 per cell and log1p")
-        preprocessing.normalize(adata, target_sum=1e4, backend="cpu")
+        target_sum = NormalizeOptions().target_sum
+        log.info("X holds counts: normalizing to %s per cell and log1p", target_sum)
+        preprocessing.normalize(adata, target_sum=target_sum, backend="cpu")
     if args.metacells == "knn" and "connectivities" not in adata.obsp:
         raise InputError("--metacells knn needs a neighbour graph (obsp['connectivities'])", path=args.input)
-    params = {
-        **coexpression.DEFAULTS,
-        "n_genes": args.n_genes,
-        "top_k": args.top_k,
-        "resolution": args.resolution,
-        "correlation": args.correlation,
-        "metacells": {**coexpression.DEFAULTS["metacells"], "method": args.metacells},
-    }
+    options = CoexpressionOptions(
+        n_genes=args.n_genes,
+        top_k=args.top_k,
+        resolution=args.resolution,
+        correlation=args.correlation,
+        metacells=MetacellOptions(method=args.metacells),
+    )
     try:
-        result = run_coexpression(adata, params=params, seed=args.seed, backend=backend)
+        result = run_coexpression(adata, options=options, seed=args.seed, backend=backend)
     except InputError as exc:
         raise InputError(exc.problem, path=args.input) from exc
     if "X_umap" not in adata.obsm and "X_pca" not in adata.obsm:  # something to draw the scores on
@@ -92,6 +92,7 @@ def coexpr(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Run the ``omicsprep`` command named in ``argv`` (the process's arguments by default)."""
     parser = argparse.ArgumentParser(prog="omicsprep")
+    umi_defaults, network_defaults = UmiOptions(), CoexpressionOptions()
     commands = parser.add_subparsers(dest="command", required=True)
     umis = commands.add_parser(
         "count-umis", help="BAM/SAM or molecule table with cell, UMI and gene -> cell x gene counts"
@@ -99,24 +100,37 @@ def main(argv: list[str] | None = None) -> None:
     umis.add_argument("input", type=Path)
     umis.add_argument("-o", "--output", type=Path, required=True, help="counts as .h5ad")
     umis.add_argument("--tsv", type=Path, help="also the long table gene<TAB>cell<TAB>count (as umi_tools count)")
-    umis.add_argument("--cell-tag", default="CB")
-    umis.add_argument("--umi-tag", default="UB")
-    umis.add_argument("--gene-tag", default="GX")
+    # Each option's dest is its field of UmiOptions (or of its bam and table options).
+    bam, table = umi_defaults.bam, umi_defaults.table
+    umis.add_argument("--cell-tag", default=bam.cell_tag)
+    umis.add_argument("--umi-tag", default=bam.umi_tag)
+    umis.add_argument("--gene-tag", default=bam.gene_tag)
     umis.add_argument(
         "--extract-umi-method",
+        dest="umi_source",
         choices=["tag", "read_id", "umis"],
-        default="tag",
+        default=bam.umi_source,
         help="cell and UMI from tags, or from the read name (umi_tools extract / umis style)",
     )
-    umis.add_argument("--skip-tags-regex", default="^(__|Unassigned)", help="skip reads whose gene matches")
-    umis.add_argument("--method", choices=METHODS, default="directional")
-    umis.add_argument("--edit-distance-threshold", type=int, default=1)
-    umis.add_argument("--min-mapq", type=int, default=0)
-    umis.add_argument("--cell-column", default="cell", help="molecule tables (.parquet/.csv/.tsv[.gz])")
-    umis.add_argument("--umi-column", default="umi")
-    umis.add_argument("--gene-column", default="gene")
-    umis.add_argument("--count-column", default=None, help="reads per row, for aggregated tables")
-    umis.add_argument("--chunk-rows", type=int, default=5_000_000, help="reads in memory at a time (bounds memory)")
+    umis.add_argument(
+        "--skip-tags-regex",
+        dest="skip_gene_regex",
+        default=umi_defaults.skip_gene_regex,
+        help="skip reads whose gene matches",
+    )
+    umis.add_argument("--method", choices=METHODS, default=umi_defaults.method)
+    umis.add_argument("--edit-distance-threshold", type=int, default=umi_defaults.edit_distance_threshold)
+    umis.add_argument("--min-mapq", type=int, default=bam.min_mapq)
+    umis.add_argument("--cell-column", default=table.cell_column, help="molecule tables (.parquet/.csv/.tsv[.gz])")
+    umis.add_argument("--umi-column", default=table.umi_column)
+    umis.add_argument("--gene-column", default=table.gene_column)
+    umis.add_argument("--count-column", default=table.count_column, help="reads per row, for aggregated tables")
+    umis.add_argument(
+        "--chunk-rows",
+        type=int,
+        default=umi_defaults.chunk_rows,
+        help="reads in memory at a time (bounds memory)",
+    )
     umis.add_argument(
         "--backend",
         choices=["auto", "cpu", "gpu"],
@@ -128,14 +142,18 @@ def main(argv: list[str] | None = None) -> None:
     network.add_argument("input", type=Path, help="cells x genes; log-normalized X (counts are normalized first)")
     network.add_argument("-o", "--output", type=Path, required=True, help="folder for the tables and figures")
     network.add_argument("--backend", choices=["auto", "cpu", "gpu"], default="auto")
-    network.add_argument("--n-genes", type=int, default=2000, help="most variable genes in the network")
-    network.add_argument("--top-k", type=int, default=50, help="partners kept per gene")
-    network.add_argument("--resolution", type=float, default=1.0, help="Leiden resolution of the modules")
-    network.add_argument("--correlation", choices=["pearson", "spearman"], default="pearson")
+    network.add_argument(
+        "--n-genes", type=int, default=network_defaults.n_genes, help="most variable genes in the network"
+    )
+    network.add_argument("--top-k", type=int, default=network_defaults.top_k, help="partners kept per gene")
+    network.add_argument(
+        "--resolution", type=float, default=network_defaults.resolution, help="Leiden resolution of the modules"
+    )
+    network.add_argument("--correlation", choices=["pearson", "spearman"], default=network_defaults.correlation)
     network.add_argument(
         "--metacells",
         choices=["none", "knn", "kmeans"],
-        default="none",
+        default="none",  # not the workflow's knn: an .h5ad given here may have no neighbour graph
         help="pool cells first (knn needs obsp['connectivities'], kmeans obsm['X_pca'])",
     )
     network.add_argument("--seed", type=int, default=0)

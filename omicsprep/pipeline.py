@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from contextlib import ExitStack
-from typing import TYPE_CHECKING, Any, NamedTuple
+from dataclasses import asdict
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -22,6 +23,20 @@ from omicsprep.backend import Backend, gpu_workers, shard_to_gpus, to_device, to
 from omicsprep.errors import InputError
 from omicsprep.multiome import wnn
 from omicsprep.network import coexpression
+from omicsprep.options import (
+    AtacOptions,
+    ClusteringOptions,
+    CoexpressionOptions,
+    DoubletOptions,
+    EmbeddingOptions,
+    LeidenOptions,
+    MergeOptions,
+    MultiomeOptions,
+    NeighborsOptions,
+    ProteinOptions,
+    QcOptions,
+    UmapOptions,
+)
 from omicsprep.protein import normalization
 from omicsprep.provenance import StepTimer, record_provenance
 from omicsprep.rna import clustering, integration, preprocessing, qc
@@ -31,8 +46,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# The configuration sections that run_clustering reads.
-CLUSTER_SECTIONS = ("normalize", "hvg", "pca", "neighbors", "umap", "leiden", "louvain", "markers")
 CELL_METRICS = (
     "total_counts",
     "n_genes_by_counts",
@@ -45,8 +58,8 @@ CELL_METRICS = (
 def run_qc(
     adata: AnnData,
     *,
-    qc_params: Mapping[str, Any],
-    doublet_params: Mapping[str, Any],
+    options: QcOptions,
+    doublet_options: DoubletOptions,
     seed: int,
     backend: Backend,
 ) -> tuple[AnnData, pd.DataFrame]:
@@ -56,13 +69,11 @@ def run_qc(
     ----------
     adata
         Raw counts, cells x genes, in host memory.
-    qc_params
-        The ``qc`` section of the configuration: ``gene_groups``, ``filter`` (keyword
-        arguments of :func:`omicsprep.rna.qc.qc_pass_mask`), ``min_cells_per_gene`` and
-        ``min_cells_left``.
-    doublet_params
-        The ``doublets`` section: ``enabled``, ``expected_rate``, ``remove``,
-        ``max_cells_per_run``.
+    options
+        Gene groups, the cell filter (:func:`omicsprep.rna.qc.qc_pass_mask`), the gene
+        filter and the fewest cells left.
+    doublet_options
+        Whether doublets are scored (Scrublet) and removed.
     seed
         Seed for doublet simulation.
     backend
@@ -78,49 +89,59 @@ def run_qc(
     with timer.step("to_device"):
         to_device(adata, backend=backend)
     with timer.step("qc_metrics"):
-        qc.annotate_gene_groups(adata, patterns=qc_params["gene_groups"])
-        qc.calculate_qc_metrics(adata, qc_vars=list(qc_params["gene_groups"]), backend=backend)
+        qc.annotate_gene_groups(adata, patterns=dict(options.gene_groups))
+        qc.calculate_qc_metrics(adata, qc_vars=list(options.gene_groups), backend=backend)
     with timer.step("filter"):
-        reasons = qc.qc_pass_mask(adata, **qc_params["filter"])
+        limits = options.filter
+        reasons = qc.qc_pass_mask(
+            adata,
+            method=limits.method,
+            min_genes=limits.min_genes,
+            max_genes=limits.max_genes,
+            min_counts=limits.min_counts,
+            max_counts=limits.max_counts,
+            max_pct_mt=limits.max_pct_mt,
+            n_mads=limits.n_mads,
+            n_mads_mt=limits.n_mads_mt,
+        )
         metrics = adata.obs[[c for c in CELL_METRICS if c in adata.obs]].copy()
         metrics["fail_reason"] = reasons
         adata = adata[(reasons == "").to_numpy()].copy()
-        qc.require_cells(adata, minimum=qc_params["min_cells_left"], after="cell filtering")
-        qc.filter_genes(adata, min_cells=qc_params["min_cells_per_gene"], backend=backend)
-    if doublet_params["enabled"]:
+        qc.require_cells(adata, minimum=options.min_cells_left, after="cell filtering")
+        qc.filter_genes(adata, min_cells=options.min_cells_per_gene, backend=backend)
+    if doublet_options.enabled:
         with timer.step("doublets"):
             qc.score_doublets(
                 adata,
-                expected_rate=doublet_params["expected_rate"],
-                max_cells_per_run=doublet_params["max_cells_per_run"],
+                expected_rate=doublet_options.expected_rate,
+                max_cells_per_run=doublet_options.max_cells_per_run,
                 seed=seed,
                 backend=backend,
             )
             metrics["doublet_score"] = adata.obs["doublet_score"].reindex(metrics.index)
             doublets = adata.obs["predicted_doublet"].to_numpy()
-            if doublet_params["remove"]:
+            if doublet_options.remove:
                 metrics.loc[adata.obs_names[doublets], "fail_reason"] = "doublet"
                 adata = adata[~doublets].copy()
-                qc.require_cells(adata, minimum=qc_params["min_cells_left"], after="doublet removal")
+                qc.require_cells(adata, minimum=options.min_cells_left, after="doublet removal")
     metrics["passed"] = metrics["fail_reason"] == ""
     with timer.step("to_host"):
         to_host(adata)
     log.info("qc: kept %d of %d cells, %d genes", adata.n_obs, n_input, adata.n_vars)
-    params = {"qc": qc_params, "doublets": doublet_params, "seed": seed}
+    params = {"qc": asdict(options), "doublets": asdict(doublet_options), "seed": seed}
     record_provenance(adata, rule="qc", backend=backend, params=params, timings=timer.seconds)
     return adata, metrics
 
 
-def run_clustering(adata: AnnData, *, params: Mapping[str, Any], seed: int, backend: Backend) -> pd.DataFrame:
+def run_clustering(adata: AnnData, *, options: ClusteringOptions, seed: int, backend: Backend) -> pd.DataFrame:
     """Normalization, HVG, PCA, neighbours, UMAP, Leiden, Louvain and markers, in place.
 
     Parameters
     ----------
     adata
         QC'd raw counts in host memory; comes back in host memory.
-    params
-        Configuration sections ``normalize``, ``hvg``, ``pca``, ``neighbors``, ``umap``,
-        ``leiden``, ``louvain`` and ``markers``.
+    options
+        Each step's options.
     seed
         Seed for PCA, UMAP and clustering.
     backend
@@ -134,32 +155,48 @@ def run_clustering(adata: AnnData, *, params: Mapping[str, Any], seed: int, back
     with timer.step("to_device"):
         to_device(adata, backend=backend)
     with timer.step("normalize"):
-        preprocessing.normalize(adata, target_sum=params["normalize"]["target_sum"], backend=backend)
+        preprocessing.normalize(adata, target_sum=options.normalize.target_sum, backend=backend)
     with timer.step("hvg"):
-        preprocessing.highly_variable_genes(adata, **params["hvg"], backend=backend)
+        preprocessing.highly_variable_genes(
+            adata, flavor=options.hvg.flavor, n_top_genes=options.hvg.n_top_genes, backend=backend
+        )
     with timer.step("pca"):
-        preprocessing.pca(adata, n_comps=params["pca"]["n_comps"], seed=seed, backend=backend)
+        preprocessing.pca(adata, n_comps=options.pca.n_comps, seed=seed, backend=backend)
     with timer.step("neighbors"):
-        clustering.neighbors(adata, **params["neighbors"], backend=backend)
+        _neighbors(adata, options=options.neighbors, use_rep="X_pca", backend=backend)
     with timer.step("umap"):
-        clustering.umap(adata, min_dist=params["umap"]["min_dist"], seed=seed, backend=backend)
-    for algorithm in ("leiden", "louvain"):
+        clustering.umap(adata, min_dist=options.umap.min_dist, seed=seed, backend=backend)
+    clusterings: dict[clustering.Algorithm, tuple[float, ...]] = {
+        "leiden": options.leiden.resolutions,
+        "louvain": options.louvain.resolutions,
+    }
+    for algorithm, resolutions in clusterings.items():
         with timer.step(algorithm):
-            clustering.cluster_graph(
-                adata, algorithm=algorithm, resolutions=params[algorithm]["resolutions"], seed=seed, backend=backend
-            )
-    markers = params["markers"]
+            clustering.cluster_graph(adata, algorithm=algorithm, resolutions=resolutions, seed=seed, backend=backend)
+    markers = options.markers
     with timer.step("markers"):
-        groupby = clustering.cluster_key(markers["algorithm"], markers["resolution"])
-        clustering.rank_markers(adata, groupby=groupby, method=markers["method"], backend=backend)
+        groupby = clustering.cluster_key(markers.algorithm, markers.resolution)
+        clustering.rank_markers(adata, groupby=groupby, method=markers.method, backend=backend)
     with timer.step("to_host"):
         to_host(adata)
-    record_provenance(adata, rule="cluster", backend=backend, params={**params, "seed": seed}, timings=timer.seconds)
-    return clustering.markers_table(adata, n_genes=markers["n_genes"])
+    params = {**asdict(options), "seed": seed}
+    record_provenance(adata, rule="cluster", backend=backend, params=params, timings=timer.seconds)
+    return clustering.markers_table(adata, n_genes=markers.n_genes)
+
+
+def _neighbors(adata: AnnData, *, options: NeighborsOptions, use_rep: str, backend: Backend) -> None:
+    clustering.neighbors(
+        adata,
+        n_neighbors=options.n_neighbors,
+        n_pcs=options.n_pcs,
+        metric=options.metric,
+        use_rep=use_rep,
+        backend=backend,
+    )
 
 
 def run_coexpression(
-    adata: AnnData, *, params: Mapping[str, Any], seed: int, backend: Backend
+    adata: AnnData, *, options: CoexpressionOptions, seed: int, backend: Backend
 ) -> dict[str, pd.DataFrame]:
     """Gene co-expression network, modules, hub genes and per-cell module eigengenes.
 
@@ -168,8 +205,9 @@ def run_coexpression(
     adata
         Cells with log-normalized ``X`` (the ``cluster`` rule's output); gains
         ``obsm["module_eigengenes"]`` and ``uns["coexpression"]``.
-    params
-        The ``coexpression`` configuration section.
+    options
+        The network's genes, correlation and modules (``enabled`` and ``per_cluster`` are
+        not used here).
     seed
         Seed of k-means metacells and of the community search.
     backend
@@ -186,7 +224,7 @@ def run_coexpression(
         Too few cells, NaN values, or too few usable genes for ``top_k``.
     """
     timer = StepTimer(backend=backend)
-    network = _gene_network(adata, params=params, seed=seed, backend=backend, timer=timer)
+    network = _gene_network(adata, options=options, seed=seed, backend=backend, timer=timer)
     with timer.step("eigengenes"):
         coexpression.module_eigengenes(adata, modules=network.modules, backend=backend)
     graph, genes = network.graph, network.genes
@@ -208,17 +246,18 @@ def run_coexpression(
     }
     log.info("coexpression: %s", adata.uns["coexpression"])
     record_provenance(
-        adata, rule="coexpression", backend=backend, params={**params, "seed": seed}, timings=timer.seconds
+        adata, rule="coexpression", backend=backend, params={**asdict(options), "seed": seed}, timings=timer.seconds
     )
     return {"edges": edges, "modules": network.modules, "eigengenes": adata.obsm["module_eigengenes"]}
 
 
 def skipped_coexpression(
-    adata: AnnData, *, reason: str, params: Mapping[str, Any], seed: int, backend: Backend
+    adata: AnnData, *, reason: str, options: CoexpressionOptions, seed: int, backend: Backend
 ) -> dict[str, pd.DataFrame]:
     """Empty co-expression results for a sample whose network cannot be built.
 
-    The reason goes to ``uns["coexpression"]["skipped"]`` and the rule's provenance.
+    The reason goes to ``uns["coexpression"]["skipped"]`` and the rule's provenance, with
+    ``options`` and ``seed``.
 
     Returns
     -------
@@ -228,7 +267,8 @@ def skipped_coexpression(
     log.warning("coexpression skipped: %s", reason)
     adata.obsm["module_eigengenes"] = pd.DataFrame(index=adata.obs_names)
     adata.uns["coexpression"] = {"skipped": reason}
-    record_provenance(adata, rule="coexpression", backend=backend, params={**params, "seed": seed}, timings={})
+    params = {**asdict(options), "seed": seed}
+    record_provenance(adata, rule="coexpression", backend=backend, params=params, timings={})
     return {
         "edges": pd.DataFrame(columns=["gene_a", "gene_b", "weight"]),
         "modules": pd.DataFrame(columns=["gene", "module", "hub_score"]),
@@ -251,28 +291,34 @@ class GeneNetwork(NamedTuple):
 
 
 def _gene_network(
-    adata: AnnData, *, params: Mapping[str, Any], seed: int, backend: Backend, timer: StepTimer
+    adata: AnnData, *, options: CoexpressionOptions, seed: int, backend: Backend, timer: StepTimer
 ) -> GeneNetwork:
     """Genes, metacells, correlation graph and modules (the eigengenes are the caller's)."""
     with timer.step("select_genes"):
-        selected = coexpression.select_genes(adata, n_genes=params["n_genes"])
+        selected = coexpression.select_genes(adata, n_genes=options.n_genes)
         genes = coexpression.check_expression(
             adata,
             genes=selected,
-            top_k=params["top_k"],
-            min_cells=params["min_cells"],
-            min_expressing_cells=params["min_expressing_cells"],
+            top_k=options.top_k,
+            min_cells=options.min_cells,
+            min_expressing_cells=options.min_expressing_cells,
         )
     with timer.step("metacells"):
-        pooled = coexpression.pool_metacells(adata, **params["metacells"], seed=seed, backend=backend)
+        pooled = coexpression.pool_metacells(
+            adata,
+            method=options.metacells.method,
+            n_metacells=options.metacells.n_metacells,
+            seed=seed,
+            backend=backend,
+        )
     with timer.step("standardize"):
-        standardized = coexpression.standardize(pooled[:, genes].X, method=params["correlation"], backend=backend)
+        standardized = coexpression.standardize(pooled[:, genes].X, method=options.correlation, backend=backend)
     with timer.step("correlation"):
         graph = coexpression.correlation_graph(
             standardized,
-            top_k=params["top_k"],
-            min_correlation=params["min_correlation"],
-            power=params["power"],
+            top_k=options.top_k,
+            min_correlation=options.min_correlation,
+            power=options.power,
             backend=backend,
         )
         del standardized  # the device copy, before the community search
@@ -280,9 +326,9 @@ def _gene_network(
         modules = coexpression.find_modules(
             graph,
             genes=genes,
-            algorithm=params["algorithm"],
-            resolution=params["resolution"],
-            min_module_size=params["min_module_size"],
+            algorithm=options.algorithm,
+            resolution=options.resolution,
+            min_module_size=options.min_module_size,
             seed=seed,
             backend=backend,
         )
@@ -290,11 +336,11 @@ def _gene_network(
 
 
 def run_coexpression_per_cluster(
-    adata: AnnData, *, params: Mapping[str, Any], clusters: str, seed: int, backend: Backend
+    adata: AnnData, *, options: CoexpressionOptions, clusters: str, seed: int, backend: Backend
 ) -> pd.DataFrame:
     """Modules of each cluster's own co-expression network.
 
-    Clusters with fewer cells than ``params["per_cluster"]["min_cells"]``, or whose network
+    Clusters with fewer cells than ``options.per_cluster.min_cells``, or whose network
     cannot be built (e.g. too few usable genes), are skipped and listed in
     ``uns["coexpression"]["clusters_skipped"]``.
 
@@ -302,8 +348,8 @@ def run_coexpression_per_cluster(
     ----------
     adata
         As for :func:`run_coexpression`, with clusters in ``obs[clusters]``.
-    params
-        The ``coexpression`` configuration section.
+    options
+        As for :func:`run_coexpression`; ``per_cluster.min_cells`` too.
     clusters
         Column of ``obs`` with the clusters.
     seed, backend
@@ -316,12 +362,12 @@ def run_coexpression_per_cluster(
     tables, skipped = [], {}
     for cluster in adata.obs[clusters].astype("category").cat.categories:
         cells = adata[(adata.obs[clusters] == cluster).to_numpy()].copy()
-        if cells.n_obs < params["per_cluster"]["min_cells"]:
+        if cells.n_obs < options.per_cluster.min_cells:
             skipped[str(cluster)] = f"{cells.n_obs} cells"
             continue
         try:
             modules = _gene_network(
-                cells, params=params, seed=seed, backend=backend, timer=StepTimer(backend=backend)
+                cells, options=options, seed=seed, backend=backend, timer=StepTimer(backend=backend)
             ).modules
         except InputError as exc:
             skipped[str(cluster)] = exc.problem
@@ -334,32 +380,30 @@ def run_coexpression_per_cluster(
 
 
 def _embed_and_cluster(
-    adata: AnnData, *, use_rep: str, params: Mapping[str, Any], seed: int, backend: Backend, timer: StepTimer
+    adata: AnnData, *, use_rep: str, options: EmbeddingOptions, seed: int, backend: Backend, timer: StepTimer
 ) -> None:
     """Neighbours on an embedding, UMAP and Leiden at each configured resolution."""
     with timer.step("neighbors"):
-        clustering.neighbors(adata, **params["neighbors"], use_rep=use_rep, backend=backend)
-    _umap_and_leiden(adata, params=params, seed=seed, backend=backend, timer=timer)
+        _neighbors(adata, options=options.neighbors, use_rep=use_rep, backend=backend)
+    _umap_and_leiden(adata, umap=options.umap, leiden=options.leiden, seed=seed, backend=backend, timer=timer)
 
 
 def _umap_and_leiden(
-    adata: AnnData, *, params: Mapping[str, Any], seed: int, backend: Backend, timer: StepTimer
+    adata: AnnData, *, umap: UmapOptions, leiden: LeidenOptions, seed: int, backend: Backend, timer: StepTimer
 ) -> None:
     """UMAP and Leiden at each configured resolution, on the neighbour graph in ``obsp``."""
     with timer.step("umap"):
-        clustering.umap(adata, min_dist=params["umap"]["min_dist"], seed=seed, backend=backend)
+        clustering.umap(adata, min_dist=umap.min_dist, seed=seed, backend=backend)
     with timer.step("leiden"):
-        clustering.cluster_graph(
-            adata, algorithm="leiden", resolutions=params["leiden"]["resolutions"], seed=seed, backend=backend
-        )
+        clustering.cluster_graph(adata, algorithm="leiden", resolutions=leiden.resolutions, seed=seed, backend=backend)
 
 
 def run_protein(
     adata: AnnData,
     *,
     empty: AnnData | None,
-    params: Mapping[str, Any],
-    clustering_params: Mapping[str, Any],
+    options: ProteinOptions,
+    embedding_options: EmbeddingOptions,
     seed: int,
     backend: Backend,
 ) -> None:
@@ -371,12 +415,11 @@ def run_protein(
         Cells x antibodies, raw counts; normalized in place (counts kept in a layer).
     empty
         Empty droplets x antibodies, raw counts (dsb's background), or ``None``.
-    params
-        The ``protein`` configuration section: ``normalization`` (``auto``: dsb when
-        empty droplets are given, else CLR), ``isotype_pattern``, ``dsb`` and
-        ``n_comps``.
-    clustering_params
-        Sections ``neighbors``, ``umap`` and ``leiden``.
+    options
+        ``normalization`` (``auto``: dsb when empty droplets are given, else CLR),
+        ``isotype_pattern``, ``dsb`` and ``n_comps``.
+    embedding_options
+        Neighbours, UMAP and Leiden of the tags' PCs.
     seed
         Seed for PCA, UMAP and Leiden.
     backend
@@ -388,8 +431,8 @@ def run_protein(
         dsb asked for without empty droplets, or its denoising without isotype controls.
     """
     timer = StepTimer(backend=backend)
-    isotypes = normalization.isotype_controls(adata, pattern=params["isotype_pattern"])
-    method = params["normalization"]
+    isotypes = normalization.isotype_controls(adata, pattern=options.isotype_pattern)
+    method = options.normalization
     if method == "auto":
         method = "dsb" if empty is not None else "clr"
     with timer.step("normalize"):
@@ -398,33 +441,40 @@ def run_protein(
             normalization.clr(adata, backend=backend)
         elif empty is None:
             raise InputError("protein.normalization is dsb, which needs empty droplets (sample sheet column adt_empty)")
-        elif params["dsb"]["denoise"] and not isotypes:
+        elif options.dsb.denoise and not isotypes:
             raise InputError(
                 f"dsb's denoising asks for isotype controls, and none of the {adata.n_vars} antibodies "
-                f"matches protein.isotype_pattern {params['isotype_pattern']!r}"
+                f"matches protein.isotype_pattern {options.isotype_pattern!r}"
             )
         else:
-            normalization.dsb(adata, empty=empty, isotypes=isotypes, **params["dsb"], backend=backend)
+            normalization.dsb(
+                adata,
+                empty=empty,
+                isotypes=isotypes,
+                pseudocount=options.dsb.pseudocount,
+                denoise=options.dsb.denoise,
+                backend=backend,
+            )
     adata.var["isotype_control"] = adata.var_names.isin(isotypes)
     adata.var["highly_variable"] = ~adata.var["isotype_control"]  # the PCA leaves isotypes out
     with timer.step("to_device"):
         to_device(adata, backend=backend)
     with timer.step("pca"):
-        preprocessing.pca(adata, n_comps=params["n_comps"], seed=seed, backend=backend)
-    _embed_and_cluster(adata, use_rep="X_pca", params=clustering_params, seed=seed, backend=backend, timer=timer)
+        preprocessing.pca(adata, n_comps=options.n_comps, seed=seed, backend=backend)
+    _embed_and_cluster(adata, use_rep="X_pca", options=embedding_options, seed=seed, backend=backend, timer=timer)
     with timer.step("to_host"):
         to_host(adata)
     record_provenance(
         adata,
         rule="protein",
         backend=backend,
-        params={**params, "normalization": method, "seed": seed},
+        params={**asdict(options), "normalization": method, "seed": seed},
         timings=timer.seconds,
     )
 
 
 def run_atac(
-    adata: AnnData, *, params: Mapping[str, Any], clustering_params: Mapping[str, Any], seed: int, backend: Backend
+    adata: AnnData, *, options: AtacOptions, embedding_options: EmbeddingOptions, seed: int, backend: Backend
 ) -> None:
     """Chromatin accessibility: feature filter, TF-IDF, LSI, neighbours, UMAP and Leiden.
 
@@ -434,11 +484,10 @@ def run_atac(
         Cells x peaks or tiles with fragment counts and QC in ``obs``
         (:func:`omicsprep.atac.fragments.count_fragments`); transformed in place (counts kept
         in a layer).
-    params
-        The ``atac`` configuration section: ``min_cells_per_feature`` and ``lsi``
-        (``n_comps``, ``max_depth_correlation``).
-    clustering_params
-        Sections ``neighbors``, ``umap`` and ``leiden``.
+    options
+        ``min_cells_per_feature`` and ``lsi`` (its other fields are the counting's).
+    embedding_options
+        Neighbours, UMAP and Leiden of the LSI components.
     seed
         Seed for UMAP and Leiden.
     backend
@@ -452,22 +501,28 @@ def run_atac(
     timer = StepTimer(backend=backend)
     with timer.step("filter_features"):  # on the host, so that only the kept features move
         in_cells = np.asarray((adata.X > 0).sum(axis=0)).ravel()
-        kept = in_cells >= params["min_cells_per_feature"]
+        kept = in_cells >= options.min_cells_per_feature
         if kept.sum() < 2:
             raise InputError(
                 f"{int(kept.sum())} of {adata.n_vars} chromatin features are seen in "
-                f"{params['min_cells_per_feature']} cells or more: too few for LSI"
+                f"{options.min_cells_per_feature} cells or more: too few for LSI"
             )
         adata._inplace_subset_var(kept)  # noqa: SLF001 - anndata's in-place subset, no copy of X
     with timer.step("to_device"):
         to_device(adata, backend=backend)
     with timer.step("lsi"):
         lsi.tfidf(adata, backend=backend)
-        lsi.lsi(adata, **params["lsi"], backend=backend)
-    _embed_and_cluster(adata, use_rep="X_lsi", params=clustering_params, seed=seed, backend=backend, timer=timer)
+        lsi.lsi(
+            adata,
+            n_comps=options.lsi.n_comps,
+            max_depth_correlation=options.lsi.max_depth_correlation,
+            backend=backend,
+        )
+    _embed_and_cluster(adata, use_rep="X_lsi", options=embedding_options, seed=seed, backend=backend, timer=timer)
     with timer.step("to_host"):
         to_host(adata)
-    record_provenance(adata, rule="atac", backend=backend, params={**params, "seed": seed}, timings=timer.seconds)
+    params = {**asdict(options), "seed": seed}
+    record_provenance(adata, rule="atac", backend=backend, params=params, timings=timer.seconds)
 
 
 EMBEDDINGS = {"rna": "X_pca", "protein": "X_pca", "atac": "X_lsi"}
@@ -476,8 +531,8 @@ EMBEDDINGS = {"rna": "X_pca", "protein": "X_pca", "atac": "X_lsi"}
 def run_multiome(
     modalities: Mapping[str, AnnData],
     *,
-    params: Mapping[str, Any],
-    clustering_params: Mapping[str, Any],
+    options: MultiomeOptions,
+    embedding_options: EmbeddingOptions,
     seed: int,
     backend: Backend,
 ) -> MuData:
@@ -490,11 +545,11 @@ def run_multiome(
     modalities
         Two or more of ``rna`` (with ``obsm["X_pca"]``), ``protein`` (``X_pca``) and
         ``atac`` (``X_lsi``), each already processed by its own rule.
-    params
-        The ``multiome`` configuration section: ``min_overlap`` and ``wnn``
-        (``n_neighbors``, ``n_bandwidth_neighbors``, ``n_candidates``).
-    clustering_params
-        Sections ``neighbors`` (``n_pcs``: the RNA PCs used), ``umap`` and ``leiden``.
+    options
+        ``min_overlap`` and ``wnn`` (``n_neighbors``, ``n_bandwidth_neighbors``,
+        ``n_candidates``).
+    embedding_options
+        ``neighbors.n_pcs`` (the RNA PCs used), ``umap`` and ``leiden``.
     seed
         Seed for UMAP and Leiden.
     backend
@@ -511,13 +566,15 @@ def run_multiome(
         The modalities share too few cells (``min_overlap``).
     """
     timer = StepTimer(backend=backend)
-    mdata, _ = wnn.join_modalities(dict(modalities), min_overlap=params["min_overlap"])
+    mdata, _ = wnn.join_modalities(dict(modalities), min_overlap=options.min_overlap)
     with timer.step("wnn"):
         wnn.weighted_nearest_neighbors(
             mdata,
             representations={name: EMBEDDINGS[name] for name in mdata.mod},
-            n_dims={"rna": clustering_params["neighbors"]["n_pcs"]},
-            **params["wnn"],
+            n_dims={"rna": embedding_options.neighbors.n_pcs},
+            n_neighbors=options.wnn.n_neighbors,
+            n_bandwidth_neighbors=options.wnn.n_bandwidth_neighbors,
+            n_candidates=options.wnn.n_candidates,
             backend=backend,
         )
     joint = AnnData(
@@ -526,20 +583,23 @@ def run_multiome(
         obsp={key: mdata.obsp[key] for key in ("connectivities", "distances")},
         uns={"neighbors": mdata.uns["neighbors"]},
     )
-    _umap_and_leiden(joint, params=clustering_params, seed=seed, backend=backend, timer=timer)
+    _umap_and_leiden(
+        joint, umap=embedding_options.umap, leiden=embedding_options.leiden, seed=seed, backend=backend, timer=timer
+    )
     to_host(joint)
     mdata.obsm["X_umap"] = joint.obsm["X_umap"]
     for key in joint.obs:
         mdata.obs[f"wnn_{key}"] = joint.obs[key].array  # categories kept: plotted as clusters
-    record_provenance(mdata, rule="multiome", backend=backend, params={**params, "seed": seed}, timings=timer.seconds)
+    params = {**asdict(options), "seed": seed}
+    record_provenance(mdata, rule="multiome", backend=backend, params=params, timings=timer.seconds)
     return mdata
 
 
 def run_merge(
     samples: Mapping[str, AnnData],
     *,
-    params: Mapping[str, Any],
-    clustering_params: Mapping[str, Any],
+    options: MergeOptions,
+    clustering_options: ClusteringOptions,
     labels: str,
     seed: int,
     backend: Backend,
@@ -550,7 +610,7 @@ def run_merge(
     Normalized, batch-aware HVGs, PCA, Harmony, neighbours, UMAP and Leiden on the
     corrected embedding, with integration metrics before and after Harmony.
 
-    With ``params["dask"]`` on the GPU backend, the merged counts are spread over
+    With ``options.dask`` on the GPU backend, the merged counts are spread over
     ``n_gpus`` GPUs (a Dask worker each) for normalization, HVGs and PCA; Harmony,
     neighbours, UMAP and Leiden then run on this process's GPU (a million cells' PCs take
     200 MB).
@@ -560,13 +620,17 @@ def run_merge(
     samples
         Sample name to its ``cluster`` rule output (counts in ``layers["counts"]``, its
         own clusters in ``obs[labels]``).
-    params
-        The ``merge`` configuration section: ``batch_key`` (``sample``, or ``batch`` for
-        the sample sheet's column), ``harmony`` (``theta``, ``max_iter``) and ``dask``.
-    clustering_params
-        Sections ``normalize``, ``hvg``, ``pca``, ``neighbors``, ``umap`` and ``leiden``.
+    options
+        ``batch_key`` (``sample``, or ``batch`` for the sample sheet's column), ``harmony``
+        (``theta``, ``max_iter``) and ``dask`` (``enabled`` and ``allow_partial`` are the
+        workflow's).
+    clustering_options
+        ``normalize``, ``hvg``, ``pca``, ``neighbors``, ``umap`` and ``leiden`` (not
+        ``louvain`` nor ``markers``).
     labels
-        The per-sample cluster column whose conservation is measured.
+        The per-sample cluster column whose conservation is measured (a
+        :func:`omicsprep.rna.clustering.cluster_key`); the merged cells are clustered by
+        Leiden at its resolution, before and after Harmony, to measure it.
     seed
         Seed for PCA, Harmony, UMAP and Leiden.
     backend
@@ -583,14 +647,20 @@ def run_merge(
     ------
     InputError
         ``batch_key`` is ``batch`` and some samples have none.
+    ValueError
+        ``labels`` is not a cluster column name.
     BackendUnavailableError
-        ``params["dask"]`` on the GPU backend, and fewer than ``n_gpus`` GPUs or no
+        ``options.dask`` on the GPU backend, and fewer than ``n_gpus`` GPUs or no
         dask-cuda.
     """
+    parsed_labels = clustering.parse_cluster_key(labels)
+    if parsed_labels is None:
+        raise ValueError(f"labels {labels!r} is not a cluster column name (such as leiden_1.0)")
+    _, resolution = parsed_labels
     timer = StepTimer(backend=backend)
-    key = params["batch_key"]
-    sharded = params.get("dask", False) and backend == "gpu"
-    if params.get("dask", False) and not sharded:
+    key = options.batch_key
+    sharded = options.dask and backend == "gpu"
+    if options.dask and not sharded:
         log.warning("merge.dask applies to the GPU backend; the CPU backend runs in this process")
     if sharded and n_gpus < 2:
         log.warning(
@@ -614,21 +684,33 @@ def run_merge(
             else:
                 to_device(adata, backend=backend)
         with timer.step("normalize"):
-            preprocessing.normalize(adata, target_sum=clustering_params["normalize"]["target_sum"], backend=backend)
+            preprocessing.normalize(adata, target_sum=clustering_options.normalize.target_sum, backend=backend)
         with timer.step("hvg"):
-            preprocessing.highly_variable_genes(adata, **clustering_params["hvg"], batch_key=key, backend=backend)
+            preprocessing.highly_variable_genes(
+                adata,
+                flavor=clustering_options.hvg.flavor,
+                n_top_genes=clustering_options.hvg.n_top_genes,
+                batch_key=key,
+                backend=backend,
+            )
         with timer.step("pca"):
-            preprocessing.pca(adata, n_comps=clustering_params["pca"]["n_comps"], seed=seed, backend=backend)
+            preprocessing.pca(adata, n_comps=clustering_options.pca.n_comps, seed=seed, backend=backend)
         with timer.step("matrices_to_host"):  # not needed from here on; the Dask workers stop here
             to_host(adata)
-    resolution = float(labels.rsplit("_", 1)[1])
     rows = []
     for stage, embedding in (("before", "X_pca"), ("after", "X_pca_harmony")):
         if stage == "after":
             with timer.step("harmony"):
-                integration.harmony(adata, key=key, **params["harmony"], seed=seed, backend=backend)
+                integration.harmony(
+                    adata,
+                    key=key,
+                    theta=options.harmony.theta,
+                    max_iter=options.harmony.max_iter,
+                    seed=seed,
+                    backend=backend,
+                )
         with timer.step(f"neighbors_{stage}"):
-            clustering.neighbors(adata, **clustering_params["neighbors"], use_rep=embedding, backend=backend)
+            _neighbors(adata, options=clustering_options.neighbors, use_rep=embedding, backend=backend)
             clustering.cluster_graph(adata, algorithm="leiden", resolutions=[resolution], seed=seed, backend=backend)
         rows.append(
             {
@@ -640,11 +722,14 @@ def run_merge(
                 ),
             }
         )
-    _umap_and_leiden(adata, params=clustering_params, seed=seed, backend=backend, timer=timer)
+    _umap_and_leiden(
+        adata, umap=clustering_options.umap, leiden=clustering_options.leiden, seed=seed, backend=backend, timer=timer
+    )
     with timer.step("to_host"):
         to_host(adata)
     metrics = pd.DataFrame(rows)
     log.info("integration:\n%s", metrics.to_string(index=False))
     adata.uns["merge"]["integration"] = metrics.to_dict(orient="list")
-    record_provenance(adata, rule="merge", backend=backend, params={**params, "seed": seed}, timings=timer.seconds)
+    params = {**asdict(options), "seed": seed}
+    record_provenance(adata, rule="merge", backend=backend, params=params, timings=timer.seconds)
     return adata, metrics

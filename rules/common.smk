@@ -4,6 +4,7 @@ import csv
 import difflib
 import re
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 import pandas as pd
@@ -15,7 +16,7 @@ from snakemake.utils import validate
 from omicsprep.rna.clustering import cluster_key
 from omicsprep.errors import InputError
 from omicsprep.io import COEXPRESSION_FILES, READ_FORMATS, resolve_format
-from omicsprep.pipeline import CLUSTER_SECTIONS
+from omicsprep.options import ClusteringOptions, EmbeddingOptions
 
 CONFIG_SCHEMA = Path(workflow.basedir) / "config" / "schemas" / "config.schema.yaml"
 SAMPLES_SCHEMA = Path(workflow.basedir) / "config" / "schemas" / "samples.schema.yaml"
@@ -308,13 +309,19 @@ def coexpression_file(key):
     return f"results/{{sample}}/coexpression/{COEXPRESSION_FILES[key]}"
 
 
+def config_sections(options_class):
+    """The configuration sections an options class of omicsprep.options gathers, one per field."""
+    return {option.name: config[option.name] for option in fields(options_class)}
+
+
 def modality_clustering_params():
     """The sections the protein, atac and multiome rules embed and cluster with."""
-    return {section: config[section] for section in ("neighbors", "umap", "leiden")}
+    return config_sections(EmbeddingOptions)
 
 
 def cluster_params():
-    return {section: config[section] for section in CLUSTER_SECTIONS}
+    """The sections of the cluster rule's steps, normalization through markers."""
+    return config_sections(ClusteringOptions)
 
 
 def markers_cluster_key():

@@ -9,6 +9,7 @@ import pandas as pd
 from omicsprep import io, plotting
 from omicsprep.backend import resolve_backend
 from omicsprep.errors import InputError
+from omicsprep.options import CoexpressionOptions, from_config
 from omicsprep.pipeline import run_coexpression, run_coexpression_per_cluster, skipped_coexpression
 from omicsprep.workflow import run_script
 
@@ -17,15 +18,15 @@ snakemake = snakemake  # noqa: F821 - injected by Snakemake
 
 def main() -> None:
     backend = resolve_backend(snakemake.params.backend)
-    params, seed = snakemake.params.coexpression, snakemake.params.seed
+    options, seed = from_config(CoexpressionOptions, snakemake.params.coexpression), snakemake.params.seed
     adata = io.read_h5ad(snakemake.input.h5ad)
     try:
-        result = run_coexpression(adata, params=params, seed=seed, backend=backend)
+        result = run_coexpression(adata, options=options, seed=seed, backend=backend)
     except InputError as exc:  # a documented skip: empty tables, the reason in provenance.json
-        result = skipped_coexpression(adata, reason=exc.problem, params=params, seed=seed, backend=backend)
-    if params["per_cluster"]["enabled"] and "skipped" not in adata.uns["coexpression"]:
+        result = skipped_coexpression(adata, reason=exc.problem, options=options, seed=seed, backend=backend)
+    if options.per_cluster.enabled and "skipped" not in adata.uns["coexpression"]:
         per_cluster = run_coexpression_per_cluster(
-            adata, params=params, clusters=snakemake.params.clusters, seed=seed, backend=backend
+            adata, options=options, clusters=snakemake.params.clusters, seed=seed, backend=backend
         )
     else:
         per_cluster = pd.DataFrame(columns=["cluster", "gene", "module", "hub_score"])

@@ -4,6 +4,7 @@ import logging
 
 from omicsprep import io
 from omicsprep.backend import resolve_backend
+from omicsprep.options import UmiOptions, from_config
 from omicsprep.reads import counting
 from omicsprep.workflow import run_script
 
@@ -11,10 +12,10 @@ snakemake = snakemake  # noqa: F821 - injected by Snakemake
 
 
 def main() -> None:
-    adata = counting.count_umis_with_settings(
+    adata = counting.count_umis(
         snakemake.input.reads,
         fmt=snakemake.params.format,
-        settings=snakemake.params.umi,
+        options=from_config(UmiOptions, snakemake.params.umi),
         backend=resolve_backend(snakemake.params.backend),
     )
     logging.getLogger("omicsprep").info("%s", adata.uns["umi_dedup"])

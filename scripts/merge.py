@@ -2,7 +2,9 @@
 
 from omicsprep import io, plotting
 from omicsprep.backend import resolve_backend
+from omicsprep.options import ClusteringOptions, MergeOptions, from_config
 from omicsprep.pipeline import run_merge
+from omicsprep.rna.clustering import parse_cluster_key
 from omicsprep.workflow import run_script
 
 
@@ -11,14 +13,14 @@ def main() -> None:
     samples = {name: io.read_h5ad(path) for name, path in snakemake.input.items()}
     merged, metrics = run_merge(
         samples,
-        params=snakemake.params.merge,
-        clustering_params=snakemake.params.clustering,
+        options=from_config(MergeOptions, snakemake.params.merge),
+        clustering_options=from_config(ClusteringOptions, snakemake.params.clustering),
         labels=snakemake.params.labels,
         seed=snakemake.params.seed,
         backend=backend,
         n_gpus=max(int(snakemake.resources.gpu), 1),
     )
-    keys = ["sample", *(k for k in ("batch",) if k in merged.obs), *(k for k in merged.obs if k.startswith("leiden_"))]
+    keys = ["sample", *(k for k in ("batch",) if k in merged.obs), *(k for k in merged.obs if parse_cluster_key(k))]
     io.write_figure(
         plotting.embedding_panels(merged.obsm["X_umap"], merged.obs, keys=keys, title="merged"), snakemake.output.umap
     )

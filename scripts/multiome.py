@@ -2,6 +2,7 @@
 
 from omicsprep import io, plotting
 from omicsprep.backend import resolve_backend
+from omicsprep.options import EmbeddingOptions, MultiomeOptions, from_config
 from omicsprep.pipeline import run_multiome
 from omicsprep.workflow import run_script
 
@@ -13,8 +14,8 @@ def main() -> None:
     modalities = {name: io.read_h5ad(path) for name, path in snakemake.input.items()}
     mdata = run_multiome(
         modalities,
-        params=snakemake.params.multiome,
-        clustering_params=snakemake.params.clustering,
+        options=from_config(MultiomeOptions, snakemake.params.multiome),
+        embedding_options=from_config(EmbeddingOptions, snakemake.params.clustering),
         seed=snakemake.params.seed,
         backend=backend,
     )

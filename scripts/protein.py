@@ -2,6 +2,7 @@
 
 from omicsprep import io
 from omicsprep.backend import resolve_backend
+from omicsprep.options import EmbeddingOptions, ProteinOptions, from_config
 from omicsprep.pipeline import run_protein
 from omicsprep.workflow import run_script
 
@@ -21,8 +22,8 @@ def main() -> None:
     run_protein(
         adata,
         empty=empty,
-        params=snakemake.params.protein,
-        clustering_params=snakemake.params.clustering,
+        options=from_config(ProteinOptions, snakemake.params.protein),
+        embedding_options=from_config(EmbeddingOptions, snakemake.params.clustering),
         seed=snakemake.params.seed,
         backend=backend,
     )

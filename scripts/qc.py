@@ -2,6 +2,7 @@
 
 from omicsprep import io
 from omicsprep.backend import resolve_backend
+from omicsprep.options import DoubletOptions, QcOptions, from_config
 from omicsprep.pipeline import run_qc
 from omicsprep.workflow import run_script
 
@@ -18,8 +19,8 @@ def main() -> None:
         adata.obs[column] = value
     adata, metrics = run_qc(
         adata,
-        qc_params=snakemake.params.qc,
-        doublet_params=snakemake.params.doublets,
+        options=from_config(QcOptions, snakemake.params.qc),
+        doublet_options=from_config(DoubletOptions, snakemake.params.doublets),
         seed=snakemake.params.seed,
         backend=backend,
     )

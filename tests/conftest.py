@@ -19,6 +19,14 @@ from scipy import sparse
 
 from omicsprep import io
 from omicsprep.backend import gpu_unavailable_reason
+from omicsprep.options import (
+    ClusteringOptions,
+    DoubletOptions,
+    FilterOptions,
+    MarkersOptions,
+    MergeOptions,
+    QcOptions,
+)
 from omicsprep.pipeline import run_clustering, run_qc
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,24 +37,10 @@ PBMC_H5 = DEMO / "pbmc_chr21" / "filtered_feature_bc_matrix.h5"
 PBMC_MTX = DEMO / "pbmc_chr21" / "filtered_feature_bc_matrix"
 MOUSE_ZARR = DEMO / "mouse_10k.zarr"
 
-# Settings for the one-chromosome demo matrices (few genes per cell).
-QC_PARAMS = {
-    "gene_groups": {"mt": "(?i)^mt-", "ribo": "(?i)^rp[sl]", "hb": "(?i)^hb[abdegmqz]\\d?(-|$)"},
-    "filter": {"method": "thresholds", "min_genes": 10, "max_pct_mt": 20},
-    "min_cells_per_gene": 3,
-    "min_cells_left": 30,
-}
-NO_DOUBLETS = {"enabled": False, "expected_rate": 0.06, "remove": False}
-CLUSTER_PARAMS = {
-    "normalize": {"target_sum": 1e4},
-    "hvg": {"flavor": "seurat_v3", "n_top_genes": 2000},
-    "pca": {"n_comps": 50},
-    "neighbors": {"n_neighbors": 15, "n_pcs": 30, "metric": "euclidean"},
-    "umap": {"min_dist": 0.5},
-    "leiden": {"resolutions": [1.0]},
-    "louvain": {"resolutions": [1.0]},
-    "markers": {"algorithm": "leiden", "resolution": 1.0, "method": "wilcoxon", "n_genes": 10},
-}
+# Options for the one-chromosome demo matrices (few genes per cell): fixed QC limits only.
+QC_OPTIONS = QcOptions(filter=FilterOptions(method="thresholds", min_genes=10))
+NO_DOUBLETS = DoubletOptions(enabled=False, remove=False)
+CLUSTER_OPTIONS = ClusteringOptions(markers=MarkersOptions(n_genes=10))
 
 
 def distinct_profiles(counts: AnnData) -> np.ndarray:
@@ -137,7 +131,7 @@ def mouse_path() -> Path:
     return MOUSE_ZARR
 
 
-MERGE_PARAMS = {"batch_key": "sample", "dask": False, "harmony": {"theta": 2.0, "max_iter": 10}}
+MERGE_OPTIONS = MergeOptions()
 
 
 @pytest.fixture(scope="session")
@@ -153,8 +147,8 @@ def pbmc_batches():
     halves["second"].X.eliminate_zeros()
     processed = {}
     for name, adata in halves.items():
-        adata, _ = run_qc(adata, qc_params=QC_PARAMS, doublet_params=NO_DOUBLETS, seed=0, backend="cpu")
-        run_clustering(adata, params=CLUSTER_PARAMS, seed=0, backend="cpu")
+        adata, _ = run_qc(adata, options=QC_OPTIONS, doublet_options=NO_DOUBLETS, seed=0, backend="cpu")
+        run_clustering(adata, options=CLUSTER_OPTIONS, seed=0, backend="cpu")
         processed[name] = adata
     return processed
 

@@ -52,6 +52,7 @@ def test_versions_name_the_libraries_in_use():
 # outside importlib.
 GPU_IMPORT_PROBE = r"""
 import importlib, json, os, pkgutil, sys
+from dataclasses import replace
 
 CUDA_KERNEL = "omicsprep.reads.umi_cuda"  # imported by the GPU path only
 GPU = ("cupy", "cupyx", "cudf", "cuml", "cugraph", "rapids_singlecell", "dask_cuda", "numba.cuda", CUDA_KERNEL)
@@ -78,16 +79,18 @@ for module in pkgutil.walk_packages(omicsprep.__path__, prefix="omicsprep."):
 assert CUDA_KERNEL in [module.name for module in pkgutil.walk_packages(omicsprep.__path__, prefix="omicsprep.")]
 from omicsprep import io
 from omicsprep.backend import gpu_unavailable_reason, resolve_backend
+from omicsprep.options import DoubletOptions, PcaOptions
 from omicsprep.pipeline import run_clustering, run_qc
 
 sys.path.insert(0, sys.argv[1])
-from conftest import CLUSTER_PARAMS, PBMC_H5, QC_PARAMS
+from conftest import CLUSTER_OPTIONS, PBMC_H5, QC_OPTIONS
 
 backend = resolve_backend("cpu")
 adata = io.read_counts(PBMC_H5)[:300].copy()
-doublets = {"enabled": True, "expected_rate": 0.06, "remove": True, "max_cells_per_run": 20000}
-adata, metrics = run_qc(adata, qc_params=QC_PARAMS, doublet_params=doublets, seed=0, backend=backend)
-markers = run_clustering(adata, params={**CLUSTER_PARAMS, "pca": {"n_comps": 20}}, seed=0, backend=backend)
+doublets = DoubletOptions(enabled=True, expected_rate=0.06, remove=True, max_cells_per_run=20000)
+adata, metrics = run_qc(adata, options=QC_OPTIONS, doublet_options=doublets, seed=0, backend=backend)
+options = replace(CLUSTER_OPTIONS, pca=PcaOptions(n_comps=20))
+markers = run_clustering(adata, options=options, seed=0, backend=backend)
 io.write_table(markers, os.path.join(sys.argv[2], "markers.tsv"))
 io.write_h5ad(adata, os.path.join(sys.argv[2], "processed.h5ad"))
 cpu_path = list(asked)

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import scanpy as sc
-from conftest import CLUSTER_PARAMS, NO_DOUBLETS, QC_PARAMS
+from conftest import CLUSTER_OPTIONS, NO_DOUBLETS, QC_OPTIONS
 from sklearn.metrics import adjusted_rand_score
 
 from omicsprep import io
@@ -17,7 +17,7 @@ from omicsprep.rna import clustering
 @pytest.fixture(scope="module")
 def mouse_qc(mouse_path):
     adata, _ = run_qc(
-        io.read_counts(mouse_path), qc_params=QC_PARAMS, doublet_params=NO_DOUBLETS, seed=0, backend="cpu"
+        io.read_counts(mouse_path), options=QC_OPTIONS, doublet_options=NO_DOUBLETS, seed=0, backend="cpu"
     )
     return adata
 
@@ -25,7 +25,7 @@ def mouse_qc(mouse_path):
 @pytest.fixture(scope="module")
 def mouse_clustered(mouse_qc):
     adata = mouse_qc.copy()
-    markers = run_clustering(adata, params=CLUSTER_PARAMS, seed=0, backend="cpu")
+    markers = run_clustering(adata, options=CLUSTER_OPTIONS, seed=0, backend="cpu")
     return adata, markers
 
 
@@ -64,7 +64,7 @@ def test_outputs_of_the_chain(mouse_clustered):
         sizes = adata.obs[key].value_counts(sort=False).to_numpy()
         assert list(adata.obs[key].cat.categories) == [str(i) for i in range(len(sizes))]
         assert (np.diff(sizes) <= 0).all()
-    assert (markers.groupby("group").size() == CLUSTER_PARAMS["markers"]["n_genes"]).all()
+    assert (markers.groupby("group").size() == CLUSTER_OPTIONS.markers.n_genes).all()
     record = adata.uns["omicsprep"]["cluster"]
     assert record["backend"] == "cpu"
     assert set(record["timings"]) >= {"normalize", "pca", "neighbors", "umap", "leiden", "markers"}
@@ -76,7 +76,7 @@ def test_markers_equal_scanpys_rank_genes_groups(mouse_qc, mouse_clustered):
     Log-normalized counts, the same Leiden clusters, scanpy's defaults otherwise.
     """
     ours, markers = mouse_clustered
-    n_genes = CLUSTER_PARAMS["markers"]["n_genes"]
+    n_genes = CLUSTER_OPTIONS.markers.n_genes
     peer = mouse_qc.copy()
     sc.pp.normalize_total(peer, target_sum=1e4)
     sc.pp.log1p(peer)
@@ -115,3 +115,17 @@ def test_louvain_is_seeded(mouse_clustered):
     clustering.cluster_graph(again, algorithm="louvain", resolutions=[1.0], seed=0, backend="cpu")
     assert (again.obs["louvain_1.0"] == adata.obs["louvain_1.0"]).all()
     assert list(again.obs["louvain_1.0"].value_counts().index[:1]) == ["0"]  # largest first
+
+
+@pytest.mark.parametrize("algorithm", ["leiden", "louvain"])
+@pytest.mark.parametrize("resolution", [1.0, 0.25, 2, 1e-3, 10.5])
+def test_cluster_keys_parse_back_to_algorithm_and_resolution(algorithm, resolution):
+    key = clustering.cluster_key(algorithm, resolution)
+    assert clustering.parse_cluster_key(key) == (algorithm, float(resolution))
+
+
+@pytest.mark.parametrize(
+    "name", ["sample", "leiden", "leiden_", "leiden_x", "leiden_1", "wnn_leiden_1.0", "kmeans_1.0"]
+)
+def test_other_column_names_are_not_cluster_keys(name):
+    assert clustering.parse_cluster_key(name) is None

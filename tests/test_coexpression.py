@@ -9,26 +9,27 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
+from dataclasses import replace
 
 import anndata as ad
 import igraph
 import numpy as np
 import pandas as pd
 import pytest
-import yaml
 from conftest import REPO, repeated_entries
 from scipy import sparse, stats
 from sklearn.metrics import adjusted_rand_score
 
 from omicsprep.errors import InputError
 from omicsprep.network import coexpression
+from omicsprep.options import CoexpressionOptions, MetacellOptions, PerClusterOptions
 from omicsprep.pipeline import run_coexpression, run_coexpression_per_cluster
 from omicsprep.rna.preprocessing import normalize
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import generate
 
-PARAMS = {**coexpression.DEFAULTS, "top_k": 20, "metacells": {"method": "none", "n_metacells": 200}}
+OPTIONS = CoexpressionOptions(top_k=20, metacells=MetacellOptions(method="none", n_metacells=200))
 
 
 def planted_data(n_cells: int = 3000, n_genes: int = 500, seed: int = 0) -> tuple[ad.AnnData, np.ndarray]:
@@ -46,9 +47,9 @@ def planted():
 
 @pytest.fixture(scope="module")
 def planted_network(planted):
-    """The planted cells (a copy) after run_coexpression with PARAMS, and its result."""
+    """The planted cells (a copy) after run_coexpression with OPTIONS, and its result."""
     adata = planted[0].copy()
-    return adata, run_coexpression(adata, params=PARAMS, seed=0, backend="cpu")
+    return adata, run_coexpression(adata, options=OPTIONS, seed=0, backend="cpu")
 
 
 def planted_ari(modules: pd.DataFrame, adata: ad.AnnData, planted: np.ndarray) -> float:
@@ -73,8 +74,8 @@ def test_planted_modules_are_recovered(planted, correlation, metacells):
 
         sc.pp.pca(adata, n_comps=20, random_state=0)
         sc.pp.neighbors(adata, n_neighbors=10, transformer="sklearn")
-    params = {**PARAMS, "correlation": correlation, "metacells": {"method": metacells, "n_metacells": 300}}
-    result = run_coexpression(adata, params=params, seed=0, backend="cpu")
+    options = replace(OPTIONS, correlation=correlation, metacells=MetacellOptions(method=metacells, n_metacells=300))
+    result = run_coexpression(adata, options=options, seed=0, backend="cpu")
     assert planted_ari(result["modules"], adata, truth) >= 0.9
     if metacells == "none":
         # Unrelated genes stay out of modules. Pooling makes samples fewer and dependent,
@@ -88,7 +89,7 @@ def test_planted_modules_are_recovered(planted, correlation, metacells):
 def test_outputs_are_well_formed(planted):
     adata, _ = planted
     adata = adata.copy()
-    result = run_coexpression(adata, params=PARAMS, seed=0, backend="cpu")
+    result = run_coexpression(adata, options=OPTIONS, seed=0, backend="cpu")
     modules, edges, eigengenes = result["modules"], result["edges"], result["eigengenes"]
     assert list(modules.columns) == ["gene", "module", "hub_score"]
     assert list(edges.columns) == ["gene_a", "gene_b", "weight"]
@@ -212,12 +213,8 @@ def test_cli_writes_the_tables_and_figures(tmp_path):
 
     # The files hold what the package computes in memory on the same (normalized) cells
     # with the command's settings.
-    params = {
-        **coexpression.DEFAULTS,
-        "top_k": 20,
-        "metacells": {**coexpression.DEFAULTS["metacells"], "method": "none"},
-    }
-    expected = run_coexpression(adata, params=params, seed=0, backend="cpu")
+    options = CoexpressionOptions(top_k=20, metacells=MetacellOptions(method="none"))
+    expected = run_coexpression(adata, options=options, seed=0, backend="cpu")
     pd.testing.assert_frame_equal(edges, expected["edges"].reset_index(drop=True))
     pd.testing.assert_frame_equal(modules, expected["modules"].astype({"module": str}), check_exact=False, rtol=1e-12)
     pd.testing.assert_frame_equal(eigengenes, expected["eigengenes"], check_exact=False, rtol=1e-6)
@@ -255,7 +252,7 @@ def test_bad_input_is_one_clear_error(change, problem):
     else:
         adata = adata[:, :15].copy()
     with pytest.raises(InputError, match=problem):
-        run_coexpression(adata, params=PARAMS, seed=0, backend="cpu")
+        run_coexpression(adata, options=OPTIONS, seed=0, backend="cpu")
 
 
 @pytest.mark.parametrize(("change", "left_out"), [("constant", True), ("in 19 cells", True), ("in 20 cells", False)])
@@ -272,7 +269,7 @@ def test_constant_and_rare_genes_are_left_out_and_counted(planted, planted_netwo
         values[:cells, 250] = np.linspace(0.5, 2.0, cells)
     changed = adata.copy()
     changed.X = sparse.csr_matrix(values)
-    result = run_coexpression(changed, params=PARAMS, seed=0, backend="cpu")
+    result = run_coexpression(changed, options=OPTIONS, seed=0, backend="cpu")
     summary = changed.uns["coexpression"]
     assert summary["genes_skipped"] == baseline.uns["coexpression"]["genes_skipped"] + left_out
     assert summary["genes"] + summary["genes_skipped"] == adata.n_vars
@@ -386,7 +383,7 @@ def test_louvain_modules_are_igraphs_multilevel_communities():
 
 def test_louvain_recovers_the_planted_modules(planted):
     adata, truth = planted
-    result = run_coexpression(adata.copy(), params={**PARAMS, "algorithm": "louvain"}, seed=0, backend="cpu")
+    result = run_coexpression(adata.copy(), options=replace(OPTIONS, algorithm="louvain"), seed=0, backend="cpu")
     assert planted_ari(result["modules"], adata, truth) >= 0.9
     assert list(result["eigengenes"].columns) == [f"M{i}" for i in range(1, 6)]
 
@@ -411,20 +408,10 @@ def test_a_network_per_cluster():
     adata.obs["leiden_1.0"] = pd.Categorical(
         np.where(np.arange(adata.n_obs) < 2000, "0", np.where(np.arange(adata.n_obs) < 2950, "1", "2"))
     )  # the last has 50 cells: too few
-    params = {**PARAMS, "per_cluster": {"enabled": True, "min_cells": 200}}
-    table = run_coexpression_per_cluster(adata, params=params, clusters="leiden_1.0", seed=0, backend="cpu")
+    options = replace(OPTIONS, per_cluster=PerClusterOptions(enabled=True, min_cells=200))
+    table = run_coexpression_per_cluster(adata, options=options, clusters="leiden_1.0", seed=0, backend="cpu")
     assert list(table.columns) == ["cluster", "gene", "module", "hub_score"]
     assert set(table["cluster"]) == {"0", "1"}
     assert adata.uns["coexpression"]["clusters_skipped"] == {"2": "50 cells"}
     for _, modules in table.groupby("cluster"):
         assert planted_ari(modules, adata, truth) >= 0.9
-
-
-def test_package_defaults_match_the_config_schema():
-    schema = yaml.safe_load((REPO / "config" / "schemas" / "config.schema.yaml").read_text())
-    properties = schema["properties"]["coexpression"]["properties"]
-    nested = ("metacells", "per_cluster")
-    defaults = {key: spec["default"] for key, spec in properties.items() if key not in ("enabled", *nested)}
-    for key in nested:
-        defaults[key] = {name: spec["default"] for name, spec in properties[key]["properties"].items()}
-    assert defaults == coexpression.DEFAULTS

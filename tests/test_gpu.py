@@ -12,11 +12,12 @@ one (kNN graph, HVGs, WNN); the others are the agreement measured on an H200.
 from __future__ import annotations
 
 import sys
+from dataclasses import asdict, fields, replace
 
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import CITESEQ, CLUSTER_PARAMS, MERGE_PARAMS, MULTIOME, NO_DOUBLETS, QC_PARAMS, import_for_gpu_test
+from conftest import CITESEQ, CLUSTER_OPTIONS, MERGE_OPTIONS, MULTIOME, NO_DOUBLETS, QC_OPTIONS, import_for_gpu_test
 from scipy import sparse
 from sklearn.metrics import adjusted_rand_score
 
@@ -32,6 +33,7 @@ from omicsprep.backend import (
     to_host,
 )
 from omicsprep.errors import BackendUnavailableError, InputError
+from omicsprep.options import EmbeddingOptions, from_config
 from omicsprep.pipeline import run_clustering, run_merge, run_qc
 
 pytestmark = pytest.mark.gpu
@@ -46,7 +48,7 @@ def measure(test: str, **values: float) -> None:
 def qc_both(mouse_path):
     return {
         backend: run_qc(
-            io.read_counts(mouse_path), qc_params=QC_PARAMS, doublet_params=NO_DOUBLETS, seed=0, backend=backend
+            io.read_counts(mouse_path), options=QC_OPTIONS, doublet_options=NO_DOUBLETS, seed=0, backend=backend
         )
         for backend in ("cpu", "gpu")
     }
@@ -57,7 +59,7 @@ def clustered_both(qc_both):
     result = {}
     for backend in ("cpu", "gpu"):
         adata = qc_both["cpu"][0].copy()
-        markers = run_clustering(adata, params=CLUSTER_PARAMS, seed=0, backend=backend)
+        markers = run_clustering(adata, options=CLUSTER_OPTIONS, seed=0, backend=backend)
         result[backend] = (adata, markers)
     return result
 
@@ -210,12 +212,12 @@ def test_knn_graphs_are_the_same_on_the_same_embedding(clustered_both):
     from omicsprep.rna import clustering
 
     cpu, _ = clustered_both["cpu"]
-    params = CLUSTER_PARAMS["neighbors"]
+    options = CLUSTER_OPTIONS.neighbors
     same = AnnData(obs=pd.DataFrame(index=cpu.obs_names), obsm={"X_pca": cpu.obsm["X_pca"]})
-    clustering.neighbors(same, **params, backend="gpu")
-    k = params["n_neighbors"] - 1  # neighbours besides the cell itself
+    clustering.neighbors(same, **asdict(options), backend="gpu")
+    k = options.n_neighbors - 1  # neighbours besides the cell itself
     sets = {"cpu": neighbour_sets(cpu.obsp["distances"]), "gpu": neighbour_sets(same.obsp["distances"])}
-    embedding = cpu.obsm["X_pca"][:, : params["n_pcs"]]
+    embedding = cpu.obsm["X_pca"][:, : options.n_pcs]
     excess = {backend: worst_neighbour_excess(embedding, listed, k) for backend, listed in sets.items()}
     differing = sum(len(np.setdiff1d(g, c)) for g, c in zip(sets["gpu"], sets["cpu"], strict=True))
     cells_differing = sum(not np.array_equal(g, c) for g, c in zip(sets["gpu"], sets["cpu"], strict=True))
@@ -330,6 +332,7 @@ def test_molecule_tables_are_read_by_cudf_as_by_pyarrow(tmp_path, suffix):
     import pyarrow as pa
     from conftest import REPO
 
+    from omicsprep.options import UmiOptions
     from omicsprep.reads.molecules import BamOptions, TableOptions, usable_reads
 
     sys.path.insert(0, str(REPO / "benchmarks"))
@@ -357,7 +360,7 @@ def test_molecule_tables_are_read_by_cudf_as_by_pyarrow(tmp_path, suffix):
             fmt="molecules",
             bam=BamOptions(),
             table=TableOptions(),
-            skip_gene_regex="^(__|Unassigned)",
+            skip_gene_regex=UmiOptions().skip_gene_regex,
             chunk_rows=10_000,
             skipped=skipped,
             backend=backend,
@@ -371,10 +374,12 @@ def test_molecule_tables_are_read_by_cudf_as_by_pyarrow(tmp_path, suffix):
 
 @pytest.mark.parametrize("method", ["unique", "percentile", "cluster", "adjacency", "directional"])
 def test_umi_counts_are_identical_on_cpu_and_gpu(molecule_table, method):
+    from omicsprep.options import UmiOptions
     from omicsprep.reads import counting
 
+    options = UmiOptions(method=method, chunk_rows=60_000)
     counts = {
-        backend: counting.count_umis(molecule_table, fmt="molecules", method=method, chunk_rows=60_000, backend=backend)
+        backend: counting.count_umis(molecule_table, fmt="molecules", options=options, backend=backend)
         for backend in ("cpu", "gpu")
     }
     tables = {backend: counting.long_table(adata) for backend, adata in counts.items()}
@@ -425,15 +430,16 @@ def test_count_umis_cli_on_the_gpu_counts_as_on_the_cpu(molecule_table, tmp_path
 @pytest.mark.parametrize("metacells", ["none", "kmeans"])
 def test_coexpression_agrees_on_cpu_and_gpu(metacells):
     import scanpy as sc
-    from test_coexpression import PARAMS, planted_ari, planted_data
+    from test_coexpression import OPTIONS, planted_ari, planted_data
 
+    from omicsprep.options import MetacellOptions
     from omicsprep.pipeline import run_coexpression
 
     adata, truth = planted_data()
     sc.pp.pca(adata, n_comps=20, random_state=0)
-    params = {**PARAMS, "metacells": {"method": metacells, "n_metacells": 300}}
+    options = replace(OPTIONS, metacells=MetacellOptions(method=metacells, n_metacells=300))
     results = {
-        backend: run_coexpression(adata.copy(), params=params, seed=0, backend=backend) for backend in ("cpu", "gpu")
+        backend: run_coexpression(adata.copy(), options=options, seed=0, backend=backend) for backend in ("cpu", "gpu")
     }
     for result in results.values():
         assert planted_ari(result["modules"], adata, truth) >= 0.9
@@ -485,12 +491,13 @@ def test_split_tf32_correlations_are_as_accurate_as_float32():
 
 
 def test_protein_normalization_agrees_on_cpu_and_gpu():
+    from omicsprep.options import ProteinOptions
     from omicsprep.protein import normalization
 
     folder = CITESEQ
     cells = io.read_counts(folder / "cells", feature_type="Antibody Capture")
     empty = io.read_counts(folder / "empty_droplets", feature_type="Antibody Capture")
-    isotypes = normalization.isotype_controls(cells)
+    isotypes = normalization.isotype_controls(cells, pattern=ProteinOptions().isotype_pattern)
     for normalize in (normalization.clr, normalization.dsb):
         extra = {"empty": empty, "isotypes": isotypes} if normalize is normalization.dsb else {}
         results = {}
@@ -581,6 +588,11 @@ def _shipped_config() -> dict:
     return yaml.safe_load((REPO / "config" / "config.yaml").read_text())
 
 
+def _embedding(config: dict) -> EmbeddingOptions:
+    """The protein, chromatin and multiome rules' neighbours, UMAP and Leiden: their config sections."""
+    return from_config(EmbeddingOptions, {option.name: config[option.name] for option in fields(EmbeddingOptions)})
+
+
 def test_protein_rule_chain_agrees_on_cpu_and_gpu():
     """The shipped config's ``normalization: auto`` with empty droplets: dsb on both backends (README).
 
@@ -588,18 +600,19 @@ def test_protein_rule_chain_agrees_on_cpu_and_gpu():
     """
     import json
 
+    from omicsprep.options import ProteinOptions
     from omicsprep.pipeline import run_protein
     from omicsprep.protein import normalization
 
     config = _shipped_config()
     assert config["protein"]["normalization"] == "auto"
-    clustering = {section: config[section] for section in ("neighbors", "umap", "leiden")}
+    options = from_config(ProteinOptions, config["protein"])
     empty = io.read_counts(CITESEQ / "empty_droplets", feature_type="Antibody Capture")
     results, direct_dsb = {}, {}
     for backend in ("cpu", "gpu"):
         cells = io.read_counts(CITESEQ / "cells", feature_type="Antibody Capture")
         expected = cells.copy()
-        run_protein(cells, empty=empty, params=config["protein"], clustering_params=clustering, seed=0, backend=backend)
+        run_protein(cells, empty=empty, options=options, embedding_options=_embedding(config), seed=0, backend=backend)
         results[backend] = cells
         isotypes = normalization.isotype_controls(expected, pattern=config["protein"]["isotype_pattern"])
         normalization.dsb(expected, empty=empty, isotypes=isotypes, **config["protein"]["dsb"], backend=backend)
@@ -626,10 +639,11 @@ def test_atac_rule_chain_and_wnn_agree_on_cpu_and_gpu():
 
     from omicsprep.atac.fragments import count_fragments
     from omicsprep.multiome.wnn import join_modalities, weighted_nearest_neighbors
+    from omicsprep.options import AtacOptions
     from omicsprep.pipeline import run_atac
 
     config = _shipped_config()
-    clustering = {section: config[section] for section in ("neighbors", "umap", "leiden")}
+    options = replace(from_config(AtacOptions, config["atac"]), min_cells_per_feature=1)
     rna = multiome_rna()
     peaks = io.read_peaks(MULTIOME / "peaks.bed")
     atac = {}
@@ -643,8 +657,8 @@ def test_atac_rule_chain_and_wnn_agree_on_cpu_and_gpu():
         atac[backend] = counts[distinct_profiles(counts)].copy()
         run_atac(
             atac[backend],
-            params={**config["atac"], "min_cells_per_feature": 1},
-            clustering_params=clustering,
+            options=options,
+            embedding_options=_embedding(config),
             seed=0,
             backend=backend,
         )
@@ -686,8 +700,8 @@ def test_merge_with_harmony_on_the_gpu(pbmc_batches):
     metrics = {
         backend: run_merge(
             pbmc_batches,
-            params=MERGE_PARAMS,
-            clustering_params=CLUSTER_PARAMS,
+            options=MERGE_OPTIONS,
+            clustering_options=CLUSTER_OPTIONS,
             labels="leiden_1.0",
             seed=0,
             backend=backend,
@@ -713,8 +727,8 @@ def test_merge_spread_over_gpus_with_dask_equals_one_gpu(pbmc_batches, pytestcon
     merged = {
         dask: run_merge(
             pbmc_batches,
-            params={**MERGE_PARAMS, "dask": dask},
-            clustering_params=CLUSTER_PARAMS,
+            options=replace(MERGE_OPTIONS, dask=dask),
+            clustering_options=CLUSTER_OPTIONS,
             labels="leiden_1.0",
             seed=0,
             backend="gpu",

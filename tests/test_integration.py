@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from anndata import AnnData
-from conftest import CLUSTER_PARAMS, MERGE_PARAMS
+from conftest import CLUSTER_OPTIONS, MERGE_OPTIONS
 from scipy import sparse
 
 from omicsprep.pipeline import run_merge
@@ -33,7 +33,12 @@ def test_concatenation_keeps_every_cell_and_gene(pbmc_batches):
 
 def test_harmony_mixes_the_pbmc_batches_and_keeps_the_clusters(pbmc_batches):
     merged, metrics = run_merge(
-        pbmc_batches, params=MERGE_PARAMS, clustering_params=CLUSTER_PARAMS, labels="leiden_1.0", seed=0, backend="cpu"
+        pbmc_batches,
+        options=MERGE_OPTIONS,
+        clustering_options=CLUSTER_OPTIONS,
+        labels="leiden_1.0",
+        seed=0,
+        backend="cpu",
     )
     before, after = metrics.set_index("stage").loc["before"], metrics.set_index("stage").loc["after"]
     print(metrics.to_string(index=False))

@@ -7,12 +7,15 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import CITESEQ, CLUSTER_PARAMS
+from conftest import CITESEQ
 
 from omicsprep import io
 from omicsprep.errors import InputError
+from omicsprep.options import EmbeddingOptions, ProteinOptions
 from omicsprep.pipeline import run_protein
 from omicsprep.protein import normalization
+
+ISOTYPE_PATTERN = ProteinOptions().isotype_pattern
 
 
 @pytest.fixture(scope="module")
@@ -32,19 +35,19 @@ def dense(matrix) -> np.ndarray:
 def test_reads_antibody_capture_and_finds_isotypes(cells, empty):
     assert cells.shape == (2872, 87)
     assert empty.shape == (8005, 87)
-    assert len(normalization.isotype_controls(cells)) == 4
+    assert len(normalization.isotype_controls(cells, pattern=ISOTYPE_PATTERN)) == 4
     with pytest.raises(InputError, match=re.escape("no 'Gene Expression' features (found: Antibody Capture)")):
         io.read_counts(CITESEQ / "cells")
 
 
 def test_qc_metrics(cells):
     adata = cells.copy()
-    isotypes = normalization.isotype_controls(adata)
+    isotypes = normalization.isotype_controls(adata, pattern=ISOTYPE_PATTERN)
     normalization.protein_qc(adata, isotypes=isotypes)
     counts = dense(cells.X)
     np.testing.assert_allclose(adata.obs["total_adt"], counts.sum(axis=1))
     # The panel's four isotype controls (IgA, IgD and IgM are real targets, not controls).
-    is_isotype = cells.var_names.str.contains(normalization.ISOTYPE_PATTERN)
+    is_isotype = cells.var_names.str.contains(ISOTYPE_PATTERN)
     assert cells.var_names[is_isotype].tolist() == [
         "MouseIgG1kappaisotype_PROT",
         "MouseIgG2akappaisotype_PROT",
@@ -70,7 +73,7 @@ def test_clr_equals_muon(cells):
 def test_dsb_agrees_with_muon(cells, empty):
     from muon import prot
 
-    isotypes = normalization.isotype_controls(cells)
+    isotypes = normalization.isotype_controls(cells, pattern=ISOTYPE_PATTERN)
     plain_ours, plain_theirs = cells.copy(), cells.copy()
     normalization.dsb(plain_ours, empty=empty, isotypes=isotypes, denoise=False, backend="cpu")
     with warnings.catch_warnings():
@@ -99,18 +102,12 @@ def test_dsb_refuses_mismatched_input(cells, empty):
         normalization.dsb(cells.copy(), empty=empty, isotypes=["IgG_nope"], backend="cpu")
 
 
-PROTEIN_PARAMS = {
-    "normalization": "auto",
-    "isotype_pattern": normalization.ISOTYPE_PATTERN,
-    "dsb": {"pseudocount": 10, "denoise": True},
-    "n_comps": 20,
-}
-
-
 def test_dsb_without_empty_droplets_is_one_clear_error(cells):
-    params = {**PROTEIN_PARAMS, "normalization": "dsb"}
+    options = ProteinOptions(normalization="dsb")
     with pytest.raises(InputError) as error:
-        run_protein(cells.copy(), empty=None, params=params, clustering_params=CLUSTER_PARAMS, seed=0, backend="cpu")
+        run_protein(
+            cells.copy(), empty=None, options=options, embedding_options=EmbeddingOptions(), seed=0, backend="cpu"
+        )
     assert str(error.value) == (
         "protein.normalization is dsb, which needs empty droplets (sample sheet column adt_empty)"
     )
@@ -121,15 +118,20 @@ def test_dsb_denoising_without_isotype_controls_is_one_clear_error(cells, empty)
 
     It is not quietly replaced by the background alone.
     """
-    others = ~cells.var_names.isin(normalization.isotype_controls(cells))
+    others = ~cells.var_names.isin(normalization.isotype_controls(cells, pattern=ISOTYPE_PATTERN))
     no_isotypes = cells[:, others].copy()
     for method in ("auto", "dsb"):  # auto picks dsb: empty droplets are given
-        params = {**PROTEIN_PARAMS, "normalization": method}
+        options = ProteinOptions(normalization=method)
         with pytest.raises(InputError) as error:
             run_protein(
-                no_isotypes.copy(), empty=empty, params=params, clustering_params=CLUSTER_PARAMS, seed=0, backend="cpu"
+                no_isotypes.copy(),
+                empty=empty,
+                options=options,
+                embedding_options=EmbeddingOptions(),
+                seed=0,
+                backend="cpu",
             )
         assert str(error.value) == (
             "dsb's denoising asks for isotype controls, and none of the 83 antibodies matches "
-            f"protein.isotype_pattern {normalization.ISOTYPE_PATTERN!r}"
+            f"protein.isotype_pattern {ISOTYPE_PATTERN!r}"
         )

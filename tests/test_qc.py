@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 import pytest
 import scanpy as sc
-from conftest import NO_DOUBLETS, QC_PARAMS
+from conftest import NO_DOUBLETS, QC_OPTIONS
 
 from omicsprep import io
 from omicsprep.errors import InputError
+from omicsprep.options import DoubletOptions, FilterOptions
 from omicsprep.pipeline import run_qc
 from omicsprep.rna import qc
 
@@ -18,14 +21,14 @@ def test_gene_groups_match_human_and_mouse_names():
     names = ["MT-CO1", "mt-Nd1", "RPL13", "Rps2", "HBB", "Hba-a1", "HBA2", "HBEGF", "HBP1", "GAPDH", "MTOR"]
     adata = sc.AnnData(np.zeros((1, len(names)), dtype=np.float32))
     adata.var_names = names
-    qc.annotate_gene_groups(adata, patterns=QC_PARAMS["gene_groups"])
+    qc.annotate_gene_groups(adata, patterns=QC_OPTIONS.gene_groups)
     assert adata.var_names[adata.var["mt"]].tolist() == ["MT-CO1", "mt-Nd1"]
     assert adata.var_names[adata.var["ribo"]].tolist() == ["RPL13", "Rps2"]
     assert adata.var_names[adata.var["hb"]].tolist() == ["HBB", "Hba-a1", "HBA2"]
 
 
 def test_metrics_equal_scanpy(pbmc):
-    qc.annotate_gene_groups(pbmc, patterns=QC_PARAMS["gene_groups"])
+    qc.annotate_gene_groups(pbmc, patterns=QC_OPTIONS.gene_groups)
     qc.calculate_qc_metrics(pbmc, qc_vars=["mt", "ribo", "hb"], backend="cpu")
     expected = np.asarray(pbmc.X.sum(axis=1)).ravel()
     np.testing.assert_allclose(pbmc.obs["total_counts"], expected)
@@ -62,7 +65,7 @@ def test_pass_mask_records_first_failing_reason():
 def test_reference_filtering_of_the_mouse_10k(mouse_path):
     # shared/data README: min_genes=10, min_cells=3 keep 9,912 cells x 613 genes.
     adata = io.read_counts(mouse_path)
-    kept, metrics = run_qc(adata, qc_params=QC_PARAMS, doublet_params=NO_DOUBLETS, seed=0, backend="cpu")
+    kept, metrics = run_qc(adata, options=QC_OPTIONS, doublet_options=NO_DOUBLETS, seed=0, backend="cpu")
     assert kept.shape == (9912, 613)
     assert len(metrics) == 10000
     assert metrics["passed"].sum() == 9912
@@ -72,10 +75,10 @@ def test_reference_filtering_of_the_mouse_10k(mouse_path):
 
 
 def test_mad_filtering_and_doublets_are_reproducible(pbmc):
-    params = {**QC_PARAMS, "filter": {**QC_PARAMS["filter"], "method": "mad"}}
-    doublets = {"enabled": True, "expected_rate": 0.06, "remove": True, "max_cells_per_run": 100_000}
-    first, metrics = run_qc(pbmc.copy(), qc_params=params, doublet_params=doublets, seed=0, backend="cpu")
-    second, _ = run_qc(pbmc, qc_params=params, doublet_params=doublets, seed=0, backend="cpu")
+    options = replace(QC_OPTIONS, filter=replace(QC_OPTIONS.filter, method="mad"))
+    doublets = DoubletOptions(enabled=True, expected_rate=0.06, remove=True, max_cells_per_run=100_000)
+    first, metrics = run_qc(pbmc.copy(), options=options, doublet_options=doublets, seed=0, backend="cpu")
+    second, _ = run_qc(pbmc, options=options, doublet_options=doublets, seed=0, backend="cpu")
     assert list(first.obs_names) == list(second.obs_names)
     np.testing.assert_array_equal(first.obs["doublet_score"], second.obs["doublet_score"])
     assert metrics["fail_reason"].str.startswith("mad_").any()
@@ -86,7 +89,7 @@ def test_mad_filtering_and_doublets_are_reproducible(pbmc):
 
 def test_large_samples_are_scored_for_doublets_in_random_groups(mouse_path):
     adata, _ = run_qc(
-        io.read_counts(mouse_path), qc_params=QC_PARAMS, doublet_params=NO_DOUBLETS, seed=0, backend="cpu"
+        io.read_counts(mouse_path), options=QC_OPTIONS, doublet_options=NO_DOUBLETS, seed=0, backend="cpu"
     )
     grouped = adata.copy()
     qc.score_doublets(grouped, expected_rate=0.06, max_cells_per_run=4_000, seed=0, backend="cpu")
@@ -139,6 +142,6 @@ def simulated_neighbours(scores: np.ndarray, k_adj: int, expected_rate: float = 
 
 
 def test_too_few_cells_left_is_a_clear_error(pbmc):
-    params = {**QC_PARAMS, "filter": {"method": "thresholds", "min_genes": 10_000}}
+    options = replace(QC_OPTIONS, filter=FilterOptions(method="thresholds", min_genes=10_000, max_pct_mt=None))
     with pytest.raises(InputError, match="only 0 cells left after cell filtering"):
-        run_qc(pbmc, qc_params=params, doublet_params=NO_DOUBLETS, seed=0, backend="cpu")
+        run_qc(pbmc, options=options, doublet_options=NO_DOUBLETS, seed=0, backend="cpu")

@@ -15,8 +15,9 @@ import pytest
 from conftest import REPO
 
 from omicsprep.errors import InputError
+from omicsprep.options import UmiOptions
 from omicsprep.reads import counting
-from omicsprep.reads.molecules import BamOptions, estimated_reads
+from omicsprep.reads.molecules import BamOptions, TableOptions, estimated_reads
 from omicsprep.reads.umi import METHODS, pack_umis
 
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -46,8 +47,7 @@ CUDA_KERNEL_CHECK = """
 import sys
 from collections import Counter
 import numpy as np
-from omicsprep.reads.counting import BamOptions
-from omicsprep.reads.molecules import encode_reads, usable_reads
+from omicsprep.reads.molecules import BamOptions, encode_reads, usable_reads
 from omicsprep.reads.umi import collapse_reads, count_groups, molecule_groups
 from omicsprep.reads.umi_cuda import count_groups_gpu
 sys.path.insert(0, "benchmarks")
@@ -92,9 +92,8 @@ def test_mixed_umi_lengths_are_refused():
 
 @pytest.mark.parametrize("method", METHODS)
 def test_exact_to_umi_tools_reference(method):
-    adata = counting.count_umis(
-        UMI_TOOLS_BAM, fmt="bam", method=method, bam=REFERENCE_BAM, skip_gene_regex="^[__|Unassigned]"
-    )
+    options = UmiOptions(method=method, bam=REFERENCE_BAM, skip_gene_regex="^[__|Unassigned]")
+    adata = counting.count_umis(UMI_TOOLS_BAM, fmt="bam", options=options)
     assert adata.uns["umi_dedup"]["reads_skipped"]["gene matches skip_gene_regex"] == 120
     expected = pd.read_csv(UMI_DATA / "expected" / f"count_per_cell_{method}.tsv", sep="\t")
     assert_same_counts(counting.long_table(adata), expected)
@@ -140,7 +139,7 @@ def test_exact_to_live_umi_tools_on_generated_reads(tmp_path_factory, umi_tools,
             30_000, n_cells=20, n_genes=200, n_rate=0, multi_gene_rate=0, secondary_rate=0, seed=7
         )
         generate.write_bam(reads, bam)
-    counts = counting.long_table(counting.count_umis(bam, fmt="bam", method=method))
+    counts = counting.long_table(counting.count_umis(bam, fmt="bam", options=UmiOptions(method=method)))
     counts["cell"] = counts["cell"].str.split("-").str[0]  # UMI-tools drops the '-1' of CB
     expected = live_umi_tools_counts(umi_tools, bam, method, tmp_path_factory.mktemp(method) / "counts.tsv")
     assert len(expected) > 1000
@@ -229,7 +228,7 @@ def test_handbuilt_cases_tell_every_pair_of_methods_apart():
 
 @pytest.mark.parametrize("method", METHODS)
 def test_handbuilt_cases_count_as_worked_out_by_hand(handbuilt_bam, method):
-    counts = counting.long_table(counting.count_umis(handbuilt_bam, fmt="bam", method=method))
+    counts = counting.long_table(counting.count_umis(handbuilt_bam, fmt="bam", options=UmiOptions(method=method)))
     assert_same_counts(counts, handbuilt_expected(method))
 
 
@@ -238,7 +237,8 @@ def test_handbuilt_cases_count_like_live_umi_tools(handbuilt_bam, umi_tools, tmp
     """UMI-tools agrees with the hand-worked counts (so they are its semantics), and so do we."""
     reference = live_umi_tools_counts(umi_tools, handbuilt_bam, method, tmp_path / "counts.tsv")
     assert_same_counts(reference, handbuilt_expected(method))
-    assert_same_counts(counting.long_table(counting.count_umis(handbuilt_bam, fmt="bam", method=method)), reference)
+    counts = counting.long_table(counting.count_umis(handbuilt_bam, fmt="bam", options=UmiOptions(method=method)))
+    assert_same_counts(counts, reference)
 
 
 def test_sam_counts_like_the_bam(tmp_path):
@@ -259,9 +259,9 @@ def test_sam_counts_like_the_bam(tmp_path):
     assert n_reads > 1000
     assert sam.read_bytes().startswith(b"@HD")  # text, with its header
     assert detect_format(sam) == "sam"
-    options = {"method": "directional", "bam": REFERENCE_BAM, "skip_gene_regex": "^[__|Unassigned]"}
-    from_sam = counting.count_umis(sam, fmt="sam", **options)
-    from_bam = counting.count_umis(UMI_TOOLS_BAM, fmt="bam", **options)
+    options = UmiOptions(method="directional", bam=REFERENCE_BAM, skip_gene_regex="^[__|Unassigned]")
+    from_sam = counting.count_umis(sam, fmt="sam", options=options)
+    from_bam = counting.count_umis(UMI_TOOLS_BAM, fmt="bam", options=options)
     assert from_sam.uns["umi_dedup"]["reads_used"] == from_bam.uns["umi_dedup"]["reads_used"] > 0
     assert from_sam.uns["umi_dedup"]["reads_skipped"] == from_bam.uns["umi_dedup"]["reads_skipped"]
     assert_same_counts(counting.long_table(from_sam), counting.long_table(from_bam))
@@ -272,7 +272,7 @@ def test_sam_counts_like_the_bam(tmp_path):
 def test_skipped_reads_are_counted(tmp_path):
     reads = generate.generate_reads(20_000, n_cells=10, n_genes=100, n_rate=0.01, seed=2)
     generate.write_bam(reads, tmp_path / "reads.bam")
-    adata = counting.count_umis(tmp_path / "reads.bam", fmt="bam", chunk_rows=5_000)
+    adata = counting.count_umis(tmp_path / "reads.bam", fmt="bam", options=UmiOptions(chunk_rows=5_000))
     skipped = adata.uns["umi_dedup"]["reads_skipped"]
     assert skipped["unmapped, secondary or supplementary"] == reads["secondary"].sum()
     primary = reads[~reads["secondary"]]
@@ -334,7 +334,7 @@ def test_molecule_tables_count_like_the_bam(tmp_path, suffix, chunk_rows):
     else:
         reads[["cell", "umi", "gene"]].to_csv(table_path, sep="\t", index=False)
     from_bam = counting.long_table(counting.count_umis(tmp_path / "reads.bam", fmt="bam"))
-    from_table = counting.count_umis(table_path, fmt="molecules", chunk_rows=chunk_rows)
+    from_table = counting.count_umis(table_path, fmt="molecules", options=UmiOptions(chunk_rows=chunk_rows))
     assert_same_counts(counting.long_table(from_table), from_bam)
     if chunk_rows < len(reads):
         assert from_table.uns["umi_dedup"]["partitions"] > 1  # cells split, counts unchanged
@@ -348,8 +348,7 @@ def test_aggregated_molecule_table_with_read_counts(tmp_path):
     got = counting.count_umis(
         tmp_path / "aggregated.parquet",
         fmt="molecules",
-        table=counting.TableOptions(count_column="reads"),
-        chunk_rows=1_000,
+        options=UmiOptions(table=TableOptions(count_column="reads"), chunk_rows=1_000),
     )
     expected = counting.count_umis(tmp_path / "reads.bam", fmt="bam")
     assert_same_counts(counting.long_table(got), counting.long_table(expected))
@@ -359,7 +358,9 @@ def test_aggregated_molecule_table_with_read_counts(tmp_path):
 def test_bam_without_the_tags_is_one_clear_error(tmp_path):
     generate.write_bam(generate.generate_reads(2_000, n_cells=5, n_genes=10, seed=1), tmp_path / "reads.bam")
     with pytest.raises(InputError, match=r"reads\.bam.*no usable read.*missing cell, UMI or gene"):
-        counting.count_umis(tmp_path / "reads.bam", fmt="bam", bam=BamOptions(cell_tag="XC", umi_tag="XM"))
+        counting.count_umis(
+            tmp_path / "reads.bam", fmt="bam", options=UmiOptions(bam=BamOptions(cell_tag="XC", umi_tag="XM"))
+        )
 
 
 def test_unsorted_bam_counts_like_the_sorted_one(tmp_path):
@@ -414,8 +415,8 @@ def test_chunks_without_a_usable_read_are_passed_over(tmp_path):
     unassigned = reads.assign(gene="__no_feature")
     path = tmp_path / "molecules.parquet"
     pd.concat([reads, unassigned]).to_parquet(path, row_group_size=10_000)
-    whole = counting.count_umis(path, fmt="molecules", skip_gene_regex="^__")
-    chunked = counting.count_umis(path, fmt="molecules", skip_gene_regex="^__", chunk_rows=20_000)
+    whole = counting.count_umis(path, fmt="molecules", options=UmiOptions(skip_gene_regex="^__"))
+    chunked = counting.count_umis(path, fmt="molecules", options=UmiOptions(skip_gene_regex="^__", chunk_rows=20_000))
     assert chunked.uns["umi_dedup"]["partitions"] > 1
     assert chunked.uns["umi_dedup"]["reads_skipped"]["gene matches skip_gene_regex"] == len(unassigned)
     assert_same_counts(counting.long_table(chunked), counting.long_table(whole))
@@ -435,7 +436,7 @@ def test_row_estimate_of_a_compressed_table_is_close(tmp_path):
 def test_names_in_a_text_table_stay_as_written(tmp_path):
     path = tmp_path / "molecules.csv"
     path.write_text("cell,umi,gene\n0001,ACGT,00123\n0001,ACGA,00123\n0002,ACGT,7\n")
-    adata = counting.count_umis(path, fmt="molecules", method="unique")
+    adata = counting.count_umis(path, fmt="molecules", options=UmiOptions(method="unique"))
     assert list(adata.obs_names) == ["0001", "0002"]
     assert sorted(adata.var_names) == ["00123", "7"]
     assert adata.X.sum() == 3

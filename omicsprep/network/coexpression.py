@@ -30,22 +30,6 @@ UNASSIGNED = "unassigned"
 # The GPU's split products (:func:`_gram_blocks`) hold two more copies of the standardized
 # matrix; above this size the products stay in float32, so 20,000 genes fit in 8 GB.
 SPLIT_MAX_BYTES = 1 << 31
-# The config schema's defaults (config/schemas/config.schema.yaml; a test keeps them equal),
-# for callers outside the workflow.
-DEFAULTS: dict[str, Any] = {
-    "n_genes": 2000,
-    "correlation": "pearson",
-    "metacells": {"method": "knn", "n_metacells": 500},
-    "top_k": 50,
-    "min_correlation": 0.1,
-    "power": 1,
-    "algorithm": "leiden",
-    "resolution": 1.0,
-    "min_module_size": 10,
-    "min_cells": 50,
-    "min_expressing_cells": 20,
-    "per_cluster": {"enabled": False, "min_cells": 200},
-}
 
 
 def select_genes(adata: AnnData, *, n_genes: int) -> pd.Index:

@@ -18,15 +18,13 @@ from scipy import sparse
 from omicsprep.backend import Backend, array_module, asnumpy
 from omicsprep.errors import InputError
 
-ISOTYPE_PATTERN = r"(?i)isotype|^(mouse|rat|hamster|armenian)[ _-]?ig"
-
 
 def _dense(matrix, xp: ModuleType):
     values = matrix.toarray() if sparse.issparse(matrix) else np.asarray(matrix)
     return xp.asarray(values, dtype=xp.float64)
 
 
-def isotype_controls(adata: AnnData, *, pattern: str = ISOTYPE_PATTERN) -> list[str]:
+def isotype_controls(adata: AnnData, *, pattern: str) -> list[str]:
     """Names of the isotype-control antibodies (matched by ``pattern``)."""
     return [name for name in adata.var_names if re.search(pattern, name)]
 

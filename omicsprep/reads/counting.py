@@ -12,7 +12,6 @@ import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -22,20 +21,16 @@ from scipy import sparse
 
 from omicsprep.backend import Backend
 from omicsprep.errors import InputError
-from omicsprep.reads.molecules import BamOptions, TableOptions, encode_reads, estimated_reads, usable_reads
-from omicsprep.reads.umi import Method, dedup_reads
+from omicsprep.options import UmiOptions
+from omicsprep.reads.molecules import encode_reads, estimated_reads, usable_reads
+from omicsprep.reads.umi import dedup_reads
 
 
 def count_umis(
     path: str | Path,
     *,
     fmt: str,
-    method: Method = "directional",
-    edit_distance_threshold: int = 1,
-    skip_gene_regex: str = "^(__|Unassigned)",
-    bam: BamOptions | None = None,
-    table: TableOptions | None = None,
-    chunk_rows: int = 5_000_000,
+    options: UmiOptions | None = None,
     spill_dir: str | Path | None = None,
     backend: Backend = "cpu",
 ) -> AnnData:
@@ -49,17 +44,12 @@ def count_umis(
         with a read-count column).
     fmt
         ``bam``, ``sam`` or ``molecules``.
-    method
-        UMI-tools' method: ``unique``, ``percentile``, ``cluster``, ``adjacency`` or
-        ``directional``.
-    edit_distance_threshold
-        Largest Hamming distance between UMIs of one molecule.
-    skip_gene_regex
-        Reads whose gene matches are skipped (and counted).
-    bam, table
-        Where cell, UMI and gene are found; defaults when ``None``.
-    chunk_rows
-        Reads held in memory at a time, and per partition.
+    options
+        UMI-tools' method (``unique``, ``percentile``, ``cluster``, ``adjacency`` or
+        ``directional``) and ``edit_distance_threshold`` (largest Hamming distance between
+        UMIs of one molecule); ``skip_gene_regex`` (reads whose gene matches are skipped,
+        and counted); ``chunk_rows`` (reads held in memory at a time, and per partition);
+        ``bam`` and ``table`` (where cell, UMI and gene are found). Defaults when ``None``.
     spill_dir
         Where partitions are spilled (a temporary folder inside it); the system's
         temporary folder when ``None``.
@@ -80,16 +70,16 @@ def count_umis(
         Missing, truncated or unreadable input; no usable read; UMIs of mixed lengths.
     """
     path = Path(path)
-    bam, table = bam or BamOptions(), table or TableOptions()
+    options = options or UmiOptions()
     skipped: Counter = Counter()
-    n_partitions = max(1, int(np.ceil(estimated_reads(path, fmt=fmt) / chunk_rows)))
+    n_partitions = max(1, int(np.ceil(estimated_reads(path, fmt=fmt) / options.chunk_rows)))
     batches = usable_reads(
         path,
         fmt=fmt,
-        bam=bam,
-        table=table,
-        skip_gene_regex=skip_gene_regex,
-        chunk_rows=chunk_rows,
+        bam=options.bam,
+        table=options.table,
+        skip_gene_regex=options.skip_gene_regex,
+        chunk_rows=options.chunk_rows,
         skipped=skipped,
         backend=backend,
     )
@@ -98,7 +88,9 @@ def count_umis(
         for reads in _cell_partitions(batches, n_partitions=n_partitions, spill_dir=Path(tmp)):
             encoded = encode_reads(reads, skipped=skipped, path=path)
             n_reads += int(encoded.reads["reads"].sum()) if "reads" in encoded.reads else len(encoded.reads)
-            counts = dedup_reads(encoded.reads, method=method, threshold=edit_distance_threshold, backend=backend)
+            counts = dedup_reads(
+                encoded.reads, method=options.method, threshold=options.edit_distance_threshold, backend=backend
+            )
             matrix.add(counts, cells=encoded.cells, genes=encoded.genes)
     if n_reads == 0:
         reasons = {reason: n for reason, n in skipped.items() if n}
@@ -106,8 +98,8 @@ def count_umis(
     adata = matrix.to_anndata()
     adata.uns["umi_dedup"] = {
         "backend": backend,
-        "method": method,
-        "edit_distance_threshold": edit_distance_threshold,
+        "method": options.method,
+        "edit_distance_threshold": options.edit_distance_threshold,
         "reads_used": n_reads,
         "partitions": matrix.partitions,
         "reads_skipped": {reason: int(n) for reason, n in skipped.items()},
@@ -206,16 +198,6 @@ class _CountMatrix:
         )
         cells = pd.Index(np.concatenate([np.asarray(c, dtype=object) for c in self.cells]), dtype=str)
         return AnnData(matrix, obs=pd.DataFrame(index=cells), var=pd.DataFrame(index=pd.Index(self.genes, dtype=str)))
-
-
-def count_umis_with_settings(path: str | Path, *, fmt: str, settings: dict[str, Any], backend: Backend) -> AnnData:
-    """:func:`count_umis` with the workflow's ``umi`` config section.
-
-    The ``bam`` and ``table`` sub-sections are given as dicts.
-    """
-    options = dict(settings)
-    bam, table = BamOptions(**options.pop("bam", {})), TableOptions(**options.pop("table", {}))
-    return count_umis(path, fmt=fmt, bam=bam, table=table, backend=backend, **options)
 
 
 def long_table(adata: AnnData) -> pd.DataFrame:

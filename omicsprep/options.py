@@ -1,0 +1,341 @@
+"""The options of each stage, as typed values: what the :mod:`omicsprep.pipeline` steps take.
+
+Field names are the workflow's configuration keys (``config/schemas/config.schema.yaml``),
+nested where the configuration nests, and the defaults are the schema's (a test keeps them
+equal). :func:`from_config` builds options from a configuration section; the workflow's
+scripts call it on the sections their rules pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, get_origin, get_type_hints
+
+from omicsprep.network.coexpression import Correlation, Pooling
+from omicsprep.reads.molecules import BamOptions, TableOptions
+from omicsprep.reads.umi import Method
+from omicsprep.rna.clustering import Algorithm, MarkerMethod
+from omicsprep.rna.preprocessing import HvgFlavor
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+Options = TypeVar("Options", bound="DataclassInstance")
+
+
+def from_config(options_class: type[Options], section: Mapping[str, Any]) -> Options:
+    """``options_class`` from a configuration section; absent keys keep their defaults.
+
+    Sub-sections become the nested options, and lists become tuples where the field is one.
+
+    Parameters
+    ----------
+    options_class
+        An options dataclass of this module (or :class:`~omicsprep.reads.molecules.BamOptions`,
+        :class:`~omicsprep.reads.molecules.TableOptions`).
+    section
+        Its configuration section (the workflow's, validated by the schema).
+
+    Raises
+    ------
+    ValueError
+        A key that is not a field of ``options_class``.
+    """
+    names = [option.name for option in fields(options_class)]
+    unknown = sorted(set(section) - set(names))
+    if unknown:
+        raise ValueError(f"{options_class.__name__}: unknown keys {unknown} (known: {', '.join(names)})")
+    types = get_type_hints(options_class)
+    values = {}
+    for key, value in section.items():
+        if is_dataclass(types[key]):
+            values[key] = from_config(types[key], value)
+        elif get_origin(types[key]) is tuple:
+            values[key] = tuple(value)
+        else:
+            values[key] = value
+    return options_class(**values)
+
+
+@dataclass(frozen=True)
+class FilterOptions:
+    """Cell filter (:func:`omicsprep.rna.qc.qc_pass_mask`): fixed limits, and MAD outliers with ``mad``."""
+
+    method: Literal["thresholds", "mad"] = "mad"
+    min_genes: int | None = 200
+    max_genes: int | None = None
+    min_counts: int | None = None
+    max_counts: int | None = None
+    max_pct_mt: float | None = 20
+    n_mads: float = 5
+    n_mads_mt: float = 3
+
+
+@dataclass(frozen=True)
+class QcOptions:
+    """QC metrics and filters (configuration section ``qc``).
+
+    ``gene_groups`` maps a group name to a regular expression on gene names
+    (``pct_counts_<group>`` is computed for each); genes detected in fewer than
+    ``min_cells_per_gene`` cells are dropped; fewer than ``min_cells_left`` cells left fails
+    the sample.
+    """
+
+    gene_groups: Mapping[str, str] = field(
+        default_factory=lambda: {"mt": "(?i)^mt-", "ribo": "(?i)^rp[sl]", "hb": r"(?i)^hb[abdegmqz]\d?(-|$)"}
+    )
+    filter: FilterOptions = field(default_factory=FilterOptions)
+    min_cells_per_gene: int = 3
+    min_cells_left: int = 30
+
+
+@dataclass(frozen=True)
+class DoubletOptions:
+    """Doublet scoring with Scrublet (section ``doublets``).
+
+    At most ``max_cells_per_run`` cells are scored together; ``remove`` drops the predicted
+    doublets, else they are only scored.
+    """
+
+    enabled: bool = True
+    expected_rate: float = 0.06
+    remove: bool = True
+    max_cells_per_run: int = 20000
+
+
+@dataclass(frozen=True)
+class NormalizeOptions:
+    """Counts per cell after normalization (section ``normalize``); ``None``: the median."""
+
+    target_sum: float | None = 10000
+
+
+@dataclass(frozen=True)
+class HvgOptions:
+    """Highly variable genes (section ``hvg``)."""
+
+    flavor: HvgFlavor = "seurat_v3"
+    n_top_genes: int = 2000
+
+
+@dataclass(frozen=True)
+class PcaOptions:
+    """Principal components (section ``pca``)."""
+
+    n_comps: int = 50
+
+
+@dataclass(frozen=True)
+class NeighborsOptions:
+    """Neighbour graph (section ``neighbors``) on the first ``n_pcs`` components."""
+
+    n_neighbors: int = 15
+    n_pcs: int = 30
+    metric: str = "euclidean"
+
+
+@dataclass(frozen=True)
+class UmapOptions:
+    """UMAP (section ``umap``)."""
+
+    min_dist: float = 0.5
+
+
+@dataclass(frozen=True)
+class LeidenOptions:
+    """Leiden clusterings, one per resolution (section ``leiden``)."""
+
+    resolutions: tuple[float, ...] = (1.0,)
+
+
+@dataclass(frozen=True)
+class LouvainOptions:
+    """Louvain clusterings, one per resolution (section ``louvain``); none when empty."""
+
+    resolutions: tuple[float, ...] = (1.0,)
+
+
+@dataclass(frozen=True)
+class MarkersOptions:
+    """Marker genes of the clusters of one algorithm and resolution (section ``markers``)."""
+
+    algorithm: Algorithm = "leiden"
+    resolution: float = 1.0
+    method: MarkerMethod = "wilcoxon"
+    n_genes: int = 25
+
+
+@dataclass(frozen=True)
+class ClusteringOptions:
+    """Normalization through markers: one field per configuration section, each named for it."""
+
+    normalize: NormalizeOptions = field(default_factory=NormalizeOptions)
+    hvg: HvgOptions = field(default_factory=HvgOptions)
+    pca: PcaOptions = field(default_factory=PcaOptions)
+    neighbors: NeighborsOptions = field(default_factory=NeighborsOptions)
+    umap: UmapOptions = field(default_factory=UmapOptions)
+    leiden: LeidenOptions = field(default_factory=LeidenOptions)
+    louvain: LouvainOptions = field(default_factory=LouvainOptions)
+    markers: MarkersOptions = field(default_factory=MarkersOptions)
+
+
+@dataclass(frozen=True)
+class EmbeddingOptions:
+    """Neighbours, UMAP and Leiden of an embedding (the protein, atac and multiome steps).
+
+    One field per configuration section, each named for it.
+    """
+
+    neighbors: NeighborsOptions = field(default_factory=NeighborsOptions)
+    umap: UmapOptions = field(default_factory=UmapOptions)
+    leiden: LeidenOptions = field(default_factory=LeidenOptions)
+
+
+@dataclass(frozen=True)
+class MetacellOptions:
+    """Pooling of cells before correlation: ``knn`` neighbourhoods, ``kmeans`` groups, or ``none``."""
+
+    method: Pooling = "knn"
+    n_metacells: int = 500
+
+
+@dataclass(frozen=True)
+class PerClusterOptions:
+    """Also a network per cluster of at least ``min_cells`` cells."""
+
+    enabled: bool = False
+    min_cells: int = 200
+
+
+@dataclass(frozen=True)
+class CoexpressionOptions:
+    """Gene co-expression network (section ``coexpression``).
+
+    ``enabled`` is the workflow's (whether the rule runs). The network is built over the
+    ``n_genes`` most variable genes, each keeping its ``top_k`` partners correlating at
+    ``min_correlation`` or more, weighted by ``correlation ** power``; modules are
+    ``algorithm`` communities at ``resolution``, smaller than ``min_module_size`` genes
+    unassigned. Samples of fewer than ``min_cells`` cells are refused; genes expressed in
+    fewer than ``min_expressing_cells`` cells are left out.
+    """
+
+    enabled: bool = True
+    n_genes: int = 2000
+    correlation: Correlation = "pearson"
+    metacells: MetacellOptions = field(default_factory=MetacellOptions)
+    top_k: int = 50
+    min_correlation: float = 0.1
+    power: float = 1
+    algorithm: Algorithm = "leiden"
+    resolution: float = 1.0
+    min_module_size: int = 10
+    min_cells: int = 50
+    min_expressing_cells: int = 20
+    per_cluster: PerClusterOptions = field(default_factory=PerClusterOptions)
+
+
+@dataclass(frozen=True)
+class DsbOptions:
+    """dsb's pseudocount, and whether each cell's technical component is removed."""
+
+    pseudocount: float = 10
+    denoise: bool = True
+
+
+@dataclass(frozen=True)
+class ProteinOptions:
+    """Antibody tags (section ``protein``).
+
+    ``normalization``: ``auto`` is dsb when empty droplets are given, else CLR;
+    ``isotype_pattern`` names the isotype controls; ``n_comps`` PCs of the normalized tags.
+    """
+
+    normalization: Literal["auto", "clr", "dsb"] = "auto"
+    isotype_pattern: str = "(?i)isotype|^(mouse|rat|hamster|armenian)[ _-]?ig"
+    dsb: DsbOptions = field(default_factory=DsbOptions)
+    n_comps: int = 20
+
+
+@dataclass(frozen=True)
+class LsiOptions:
+    """LSI components; those correlating more than ``max_depth_correlation`` with log depth are dropped."""
+
+    n_comps: int = 30
+    max_depth_correlation: float = 0.9
+
+
+@dataclass(frozen=True)
+class AtacOptions:
+    """Chromatin accessibility (section ``chromatin``).
+
+    Counting (the workflow's script): ``tile_width`` when there are no peaks, ``genes``
+    (TSS) and ``chrom_sizes`` files, ``chunk_rows`` fragments at a time (``None``: by
+    backend). Features seen in fewer than ``min_cells_per_feature`` cells are left out
+    before TF-IDF and ``lsi``.
+    """
+
+    tile_width: int = 5000
+    genes: str | None = None
+    chrom_sizes: str | None = None
+    chunk_rows: int | None = None
+    min_cells_per_feature: int = 5
+    lsi: LsiOptions = field(default_factory=LsiOptions)
+
+
+@dataclass(frozen=True)
+class WnnOptions:
+    """Weighted nearest neighbours (:func:`omicsprep.multiome.wnn.weighted_nearest_neighbors`)."""
+
+    n_neighbors: int = 20
+    n_bandwidth_neighbors: int = 20
+    n_candidates: int = 200
+
+
+@dataclass(frozen=True)
+class MultiomeOptions:
+    """Modalities joined (section ``multiome``); each must share ``min_overlap`` of its cells."""
+
+    min_overlap: float = 0.5
+    wnn: WnnOptions = field(default_factory=WnnOptions)
+
+
+@dataclass(frozen=True)
+class HarmonyOptions:
+    """Harmony's diversity penalty and iterations."""
+
+    theta: float = 2.0
+    max_iter: int = 10
+
+
+@dataclass(frozen=True)
+class MergeOptions:
+    """Samples merged and integrated (section ``merge``).
+
+    ``enabled`` and ``allow_partial`` are the workflow's. Harmony corrects for ``batch_key``
+    (``sample``, or the sample sheet's ``batch``); ``dask`` spreads the GPU steps over
+    Dask workers.
+    """
+
+    enabled: bool = False
+    batch_key: Literal["sample", "batch"] = "sample"
+    allow_partial: bool = False
+    dask: bool = False
+    harmony: HarmonyOptions = field(default_factory=HarmonyOptions)
+
+
+@dataclass(frozen=True)
+class UmiOptions:
+    """UMI deduplication of reads (section ``umi``), with UMI-tools' semantics.
+
+    ``method`` and ``edit_distance_threshold`` are UMI-tools'; reads whose gene matches
+    ``skip_gene_regex`` are skipped; ``chunk_rows`` reads are held in memory at a time;
+    ``bam`` and ``table`` say where cell, UMI and gene are found.
+    """
+
+    method: Method = "directional"
+    edit_distance_threshold: int = 1
+    skip_gene_regex: str = "^(__|Unassigned)"
+    chunk_rows: int = 5_000_000
+    bam: BamOptions = field(default_factory=BamOptions)
+    table: TableOptions = field(default_factory=TableOptions)
