@@ -49,8 +49,11 @@ def test_quick_benchmark_runs_and_agrees_with_scanpy(tmp_path):
     table = pd.read_csv(next((tmp_path / "scaling").glob("*.tsv")), sep="\t")
     assert set(table["label"]) == {"workflow-cpu", "peer-scanpy"}
     workflow = table.set_index("label").loc["workflow-cpu"]
-    assert workflow["ari_vs_peer"] == 1.0
-    assert workflow["hvg_overlap_vs_peer"] == 1.0
+    # Not 1.0 since issue 16's doublets: a simulated doublet identical to its cell counts as a
+    # neighbour here and not in scanpy's Scrublet (omicsprep/rna/doublets.py), which can flip a
+    # call (0.9988 measured).
+    assert workflow["ari_vs_peer"] > 0.99
+    assert workflow["hvg_overlap_vs_peer"] > 0.98  # 0.987: the HVGs of one cell fewer or more
     assert "`python benchmarks/run.py --quick" in (tmp_path / "RESULTS.md").read_text()
     assert (tmp_path / "scaling.png").stat().st_size > 0
 
