@@ -25,7 +25,6 @@ from omicsprep.backend import Backend, array_module, asnumpy, cuml, single_cell_
 
 # Scrublet's defaults, as scanpy and rapids-singlecell keep them.
 SIM_DOUBLET_RATIO = 2.0
-STDEV_DOUBLET_RATE = 0.02
 MIN_CELLS_PER_GENE = 3
 MIN_GENES_PER_CELL = 3
 
@@ -96,7 +95,7 @@ def scrublet(counts: Any, *, expected_rate: float, n_comps: int, seed: int, back
         api.pp.normalize_total(cells, target_sum=1e6)
     manifold_obs, manifold_sim = _embed(observed.X, simulated.X, n_comps=n_comps, seed=seed, backend=backend)
     n_neighbors = round(0.5 * np.sqrt(observed.n_obs))
-    scores, errors = _neighbour_scores(
+    scores = _neighbour_scores(
         manifold_obs, manifold_sim, n_neighbors=n_neighbors, expected_rate=expected_rate, backend=backend
     )
     n_obs = observed.n_obs
@@ -117,7 +116,6 @@ def scrublet(counts: Any, *, expected_rate: float, n_comps: int, seed: int, back
     else:
         record["threshold"] = threshold
         predicted = scores_obs > threshold
-    del errors  # Scrublet's z-scores are not kept
     return DoubletScores(asnumpy(scored), scores_obs, predicted, record)
 
 
@@ -152,8 +150,8 @@ def _embed(observed: Any, simulated: Any, *, n_comps: int, seed: int, backend: B
 
 def _neighbour_scores(
     manifold_obs: Any, manifold_sim: Any, *, n_neighbors: int, expected_rate: float, backend: Backend
-) -> tuple[np.ndarray, np.ndarray]:
-    """Scrublet's Bayesian doublet likelihood and its standard error, observed cells first.
+) -> np.ndarray:
+    """Scrublet's Bayesian doublet likelihood, observed cells first (its error and z-scores are not kept).
 
     Each point's neighbourhood is its ``k_adj - 1`` nearest other points, ``k_adj`` being
     ``n_neighbors`` scaled by the share of simulated points (scanpy's and
@@ -179,15 +177,7 @@ def _neighbour_scores(
     rho, r, big_n = expected_rate, n_sim / float(n_obs), float(k_adj)
     q = (nd + 1) / (big_n + 2)
     ld = q * rho / r / (1 - rho - q * (1 - rho - rho / r))
-    se_q = np.sqrt(q * (1 - q) / (big_n + 3))
-    se_ld = (
-        q
-        * rho
-        / r
-        / (1 - rho - q * (1 - rho - rho / r)) ** 2
-        * np.sqrt((se_q / q * (1 - rho)) ** 2 + (STDEV_DOUBLET_RATE / rho * (1 - q)) ** 2)
-    )
-    return ld, se_ld
+    return ld
 
 
 def _threshold(scores_sim: np.ndarray) -> float | None:
