@@ -42,6 +42,7 @@ format: setup
 
 test: setup
 	bash tests/slurm/install.sh
+	bash tests/reference/install.sh
 	$(BIN)/python -m pytest
 
 # Snakemake's benchmark folders, read from the rules' benchmark: paths (benchmarks/ also holds

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import h5py
@@ -119,10 +120,13 @@ def generate_with_clusters(
     return sparse.vstack([counts for counts, _ in chunks], format="csr"), np.concatenate([c for _, c in chunks])
 
 
-def write_10x_h5(counts: sparse.csr_matrix, path: Path) -> None:
-    """Write counts in Cell Ranger's HDF5 layout (genes x cells, CSC by cell)."""
+def write_10x_h5(counts: sparse.csr_matrix, path: Path, *, barcodes: list[str] | None = None) -> None:
+    """Write counts in Cell Ranger's HDF5 layout (genes x cells, CSC by cell).
+
+    Barcodes are ``CELL00000000-1``... unless given.
+    """
     names = gene_names(counts.shape[1])
-    barcodes = [f"CELL{i:08d}-1" for i in range(counts.shape[0])]
+    barcodes = barcodes if barcodes is not None else [f"CELL{i:08d}-1" for i in range(counts.shape[0])]
     from omicsprep.io import atomic_path
 
     with atomic_path(path) as tmp, h5py.File(tmp, "w") as handle:
@@ -148,7 +152,22 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="processes (the output does not depend on it)")
     parser.add_argument("--out", type=Path, required=True, help="10x HDF5 file to write")
     parser.add_argument("--h5ad", action="store_true", help="also write OUT with suffix .h5ad")
+    parser.add_argument(
+        "--raw-barcodes",
+        type=int,
+        help="write a raw droplet matrix: the cells among this many barcodes (the rest empty droplets), "
+        "with the truth per barcode in OUT with suffix .truth.parquet",
+    )
+    parser.add_argument("--bam", type=Path, help="with --raw-barcodes, also write the droplets' reads as this BAM")
     args = parser.parse_args()
+    if args.raw_barcodes:
+        droplets = generate_raw_droplets(args.cells, args.raw_barcodes, args.genes, seed=args.seed)
+        write_10x_h5(droplets.counts, args.out, barcodes=droplets.barcodes)
+        droplets.truth.to_parquet(args.out.with_suffix(".truth.parquet"))
+        if args.bam:
+            write_bam(droplet_reads(droplets, seed=args.seed), args.bam)
+        print(f"{args.out}: {args.cells} cells among {args.raw_barcodes} barcodes x {args.genes} genes")
+        return
     counts = generate(args.cells, args.genes, seed=args.seed, jobs=args.jobs)
     write_10x_h5(counts, args.out)
     if args.h5ad:
@@ -157,10 +176,6 @@ def main() -> None:
         write_h5ad(read_counts(args.out), args.out.with_suffix(".h5ad"))
     density = counts.nnz / (counts.shape[0] * counts.shape[1])
     print(f"{args.out}: {counts.shape[0]} cells x {counts.shape[1]} genes, {density:.2%} non-zero")
-
-
-if __name__ == "__main__":
-    main()
 
 
 def generate_coexpression(
@@ -301,6 +316,140 @@ def umi_tools_count_command(umi_tools: str, bam: Path, out: Path, *, method: str
     return [umi_tools, "count", "--per-gene", "--per-cell", *tags, f"--method={method}", "-I", str(bam), "-S", str(out)]
 
 
+@dataclass(frozen=True)
+class RawDroplets:
+    """Every barcode of a droplet run, with the truth behind its counts.
+
+    ``counts`` is barcodes x genes (CSR, float32 holding integers); ``truth`` has, per
+    barcode, ``is_cell``, ``cell_type`` (-1 for an empty droplet), ``ambient_fraction`` (the
+    planted share of a cell's UMIs drawn from the ambient profile; NaN for empty droplets)
+    and ``total``; ``markers[t]`` are the genes expressed only by type ``t``.
+    """
+
+    counts: sparse.csr_matrix
+    barcodes: list[str]
+    truth: pd.DataFrame
+    markers: list[np.ndarray]
+    ambient: np.ndarray
+
+
+def _draw_droplets(
+    totals: np.ndarray, profile_of: np.ndarray, cdfs: np.ndarray, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """(droplet, gene) of every UMI: ``totals[i]`` UMIs from the profile ``cdfs[profile_of[i]]``."""
+    rows, cols = [], []
+    for profile in np.unique(profile_of):
+        droplets = np.flatnonzero(profile_of == profile)
+        row = np.repeat(droplets, totals[droplets])
+        rows.append(row)
+        cols.append(np.minimum(np.searchsorted(cdfs[profile], rng.random(row.size)), cdfs.shape[1] - 1))
+    return np.concatenate(rows), np.concatenate(cols)
+
+
+def generate_raw_droplets(
+    n_cells: int = 10_000,
+    n_barcodes: int = 500_000,
+    n_genes: int = 33_000,
+    *,
+    n_types: int = 6,
+    n_markers: int = 20,
+    seed: int = 0,
+) -> RawDroplets:
+    """A raw droplet matrix: ``n_cells`` cells among ``n_barcodes`` barcodes.
+
+    Cell types have a shared heavy-tailed baseline and ``n_markers`` exclusive marker genes
+    each (expressed by no other type); type frequencies are uneven (the largest about 8x
+    the smallest). Cells have log-normal library sizes (median 3,000 UMIs, at least 300),
+    of which a planted fraction, uniform in 5-20%, comes from the ambient profile; empty
+    droplets hold ambient UMIs only, 1 + log-normal (median about 3, a long tail past 100),
+    so the barcode-rank curve has the knee and plateau of real runs. The ambient profile is
+    the cells' pooled expression. Barcodes are random 16-mers with ``-1``, in random order.
+    """
+    rng = np.random.default_rng(seed)
+    base = rng.lognormal(mean=0.0, sigma=2.0, size=n_genes)
+    base[:N_MITO] = base[N_MITO : 2 * N_MITO]  # mitochondrial genes, moderately expressed
+    marker_genes = rng.choice(
+        np.arange(N_MITO + N_RIBO + len(HEMOGLOBIN), n_genes), size=(n_types, n_markers), replace=False
+    )
+    base[marker_genes.ravel()] = 0.0
+    weights = np.tile(base, (n_types, 1))
+    for cell_type, genes in enumerate(marker_genes):
+        weights[cell_type, genes] = np.median(base) * 200 * rng.lognormal(0, 0.5, n_markers)
+    type_profiles = weights / weights.sum(axis=1, keepdims=True)
+    frequency = np.geomspace(8, 1, n_types)
+    frequency /= frequency.sum()
+    cell_type = rng.choice(n_types, size=n_cells, p=frequency)
+    library = np.maximum(rng.lognormal(np.log(3_000), 0.6, n_cells).astype(np.int64), 300)
+    ambient_fraction = rng.uniform(0.05, 0.20, n_cells)
+    n_ambient = rng.binomial(library, ambient_fraction)
+    # The pooled expression of the cells: what lyses into the droplets' solution.
+    ambient = np.bincount(cell_type, weights=library - n_ambient, minlength=n_types) @ type_profiles
+    ambient /= ambient.sum()
+    cdfs = np.cumsum(np.vstack([type_profiles, ambient]), axis=1)
+    n_empty = n_barcodes - n_cells
+    empty_totals = 1 + rng.lognormal(np.log(2.0), 1.3, n_empty).astype(np.int64)
+    # Droplets 0..n_cells-1 are the cells' endogenous parts, then their ambient parts, then
+    # the empty droplets (all from profile n_types, the ambient one).
+    part_droplet = np.concatenate([np.arange(n_cells), np.arange(n_cells), n_cells + np.arange(n_empty)])
+    part_total = np.concatenate([library - n_ambient, n_ambient, empty_totals])
+    part_profile = np.concatenate([cell_type, np.full(n_cells + n_empty, n_types)])
+    part, gene = _draw_droplets(part_total, part_profile, cdfs, rng)
+    order = rng.permutation(n_barcodes)  # barcode position of each droplet
+    counts = sparse.csr_matrix(
+        (np.ones(part.size, dtype=np.float32), (order[part_droplet[part]], gene)), shape=(n_barcodes, n_genes)
+    )
+    codes = np.unique(rng.integers(4**16, size=int(n_barcodes * 1.01) + 10, dtype=np.int64))
+    codes = rng.permutation(codes)[:n_barcodes]
+    letters = np.frombuffer(b"ACGT", dtype=np.uint8)[(codes[:, None] >> (2 * np.arange(16))) & 3]
+    barcodes = [f"{word}-1" for word in letters.view("S16").ravel().astype(str)]
+    is_cell = np.zeros(n_barcodes, dtype=bool)
+    is_cell[order[:n_cells]] = True
+    truth = pd.DataFrame(
+        {
+            "is_cell": is_cell,
+            "cell_type": np.full(n_barcodes, -1, dtype=np.int64),
+            "ambient_fraction": np.full(n_barcodes, np.nan),
+            "total": np.asarray(counts.sum(axis=1)).ravel().astype(np.int64),
+        },
+        index=pd.Index(barcodes, name="barcode"),
+    )
+    truth.iloc[order[:n_cells], 1] = cell_type
+    truth.iloc[order[:n_cells], 2] = n_ambient / library
+    return RawDroplets(counts, barcodes, truth, list(marker_genes), ambient)
+
+
+def droplet_reads(droplets: RawDroplets, *, umi_length: int = 12, seed: int = 0) -> pd.DataFrame:
+    """Reads whose UMI deduplication gives ``droplets.counts`` back, as :func:`write_bam` takes them.
+
+    Each molecule (a distinct random UMI in its barcode and gene) has 1 + geometric(0.5)
+    reads; reads carry no sequencing errors, so any UMI-tools method recovers the counts
+    (barring two molecules of one cell and gene drawing UMIs one base apart, rare at 12 bases).
+    """
+    rng = np.random.default_rng(seed)
+    counts = droplets.counts.tocoo()
+    n_molecules = counts.data.astype(np.int64)
+    barcode = np.repeat(counts.row, n_molecules)
+    gene = np.repeat(counts.col, n_molecules)
+    reads = rng.geometric(0.5, size=barcode.size)
+    bases = np.frombuffer(b"ACGT", dtype=np.uint8)
+    umis = bases[rng.integers(4, size=(barcode.size, umi_length))].view(f"S{umi_length}").ravel().astype(str)
+    molecule = np.repeat(np.arange(barcode.size), reads)
+    names = np.array(gene_names(droplets.counts.shape[1]), dtype=object)
+    return (
+        pd.DataFrame(
+            {
+                "position": gene[molecule] * 5000 + rng.integers(0, 4000, size=molecule.size),
+                "cell": np.asarray(droplets.barcodes, dtype=object)[barcode[molecule]],
+                "umi": umis[molecule],
+                "gene": names[gene[molecule]],
+                "secondary": np.zeros(molecule.size, dtype=bool),
+            }
+        )
+        .sort_values("position", kind="stable")
+        .reset_index(drop=True)
+    )
+
+
 # Human chromosome lengths (GRCh38, Mb), for generated fragments.
 CHROMOSOME_MB = [248, 242, 198, 190, 181, 171, 159, 145, 138, 134, 135, 133, 114, 107, 102, 90, 83, 80, 59, 64, 47, 51]
 
@@ -374,3 +523,7 @@ def _write_chromosome_fragments(task: tuple[Path, int, int, int, int, int]) -> P
                 )
             )
     return path
+
+
+if __name__ == "__main__":
+    main()

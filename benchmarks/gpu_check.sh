@@ -3,7 +3,7 @@
 # unpacked (see ../shared/gpu/README.md):
 #   bash .gpu/stage.sh && source .gpu/env.sh && bash benchmarks/gpu_check.sh [SECTION ...]
 # Sections (default: all; one call of the device may run 10 minutes, so split them there):
-#   tests     the GPU tests (only those matching $GPU_TESTS_K, a pytest -k expression, if set),
+#   tests     the GPU tests (marker gpu, in every test file) (only those matching $GPU_TESTS_K, a pytest -k expression, if set),
 #             required (pytest --require-gpu: without a usable GPU, or without dask_cuda, they
 #             fail instead of skipping); prints each test's outcome, the MEASURE lines (CPU-GPU
 #             agreement), pytest's summary line (passed/failed/skipped/errors) and its exit
@@ -56,7 +56,7 @@ tests_status=0
 if wants tests; then
 echo "== GPU tests (required: --require-gpu)"
 python3 -m pytest -m gpu -v -s -p no:cacheprovider --tb=short --require-gpu ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} \
-  tests/test_gpu.py > "$out/pytest_gpu.log" 2>&1
+  tests > "$out/pytest_gpu.log" 2>&1
 tests_status=$?
 grep -E "PASSED|FAILED|ERROR|SKIPPED|^E " "$out/pytest_gpu.log" | tail -n 80
 echo "== CPU-GPU agreement measured (MEASURE lines)"

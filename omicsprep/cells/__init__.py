@@ -1,0 +1,1 @@
+"""Droplets to cells: barcode ranks, cell calling (EmptyDrops, Cell Ranger's), ambient RNA removal."""
