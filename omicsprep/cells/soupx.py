@@ -238,7 +238,7 @@ def estimate_contamination(
         RHO_PROBES[:, None], shape + observed[used], scale=scale / (1 + scale * expected[used])
     ).mean(axis=1)
     lowest, highest = contamination_range
-    in_range = (lowest <= RHO_PROBES) & (RHO_PROBES <= highest)
+    in_range = (lowest <= RHO_PROBES) & (highest >= RHO_PROBES)
     probes, density = RHO_PROBES[in_range], posterior[in_range]
     half_max = probes[density >= density.max() / 2]
     cluster_index, marker_index = np.indices(used.shape)
