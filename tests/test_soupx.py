@@ -88,7 +88,8 @@ def _read_entries(path: Path, shape: tuple[int, int]) -> sparse.csr_matrix:
 def soupx_reference(droplets: Droplets, tmp_path_factory: pytest.TempPathFactory) -> SoupxResult:
     if shutil.which("Rscript") is None:
         pytest.skip("Rscript is not installed: no SoupX parity")
-    if subprocess.run(["Rscript", "-e", "library(SoupX)"], capture_output=True, check=False).returncode != 0:
+    has_soupx = ["Rscript", "-e", "quit(status = !nzchar(system.file(package = 'SoupX')))"]
+    if subprocess.run(has_soupx, capture_output=True, check=False).returncode != 0:
         pytest.skip("the R package SoupX is not installed: no SoupX parity")
     work = tmp_path_factory.mktemp("soupx")
     io.mmwrite(work / "raw.mtx", droplets.raw)

@@ -290,8 +290,7 @@ def _water_fill(xp: Any, *, groups: Any, limits: Any, weights: Any, targets: Any
         return xp.zeros(0)
     weighted = weights > 0
     ratio = xp.where(weighted, limits / xp.where(weighted, weights, 1.0), xp.inf)
-    order = xp.argsort(ratio, kind="stable")
-    order = order[xp.argsort(groups[order], kind="stable")]
+    order = xp.lexsort(xp.stack([ratio, groups.astype(xp.float64)]))  # by group, then ratio
     group_sorted, limit, weight = groups[order], limits[order], weights[order]
     starts_group = xp.concatenate([xp.ones(1, dtype=bool), group_sorted[1:] != group_sorted[:-1]])
     group = xp.cumsum(starts_group) - 1
