@@ -44,6 +44,8 @@ entries = function(m, name) {
 }
 entries(adjustCounts(sc, verbose=0), 'by_cluster.txt')
 entries(adjustCounts(sc, clusters=FALSE, verbose=0), 'by_cell.txt')
+sc = setContaminationFraction(sc, setNames(as.numeric(readLines(file.path(dir, 'cell_rho.txt'))), colnames(toc)))
+entries(adjustCounts(sc, verbose=0), 'by_cluster_cell_rho.txt')
 """
 
 
@@ -64,6 +66,7 @@ class SoupxResult:
     markers: list[int]
     by_cluster: sparse.csr_matrix
     by_cell: sparse.csr_matrix
+    by_cluster_cell_rho: sparse.csr_matrix
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +80,11 @@ def droplets() -> Droplets:
         ambient_fraction=generated.truth["ambient_fraction"].to_numpy()[is_cell],
         markers=generated.markers,
     )
+
+
+def cell_rho(droplets: Droplets) -> np.ndarray:
+    """A contamination fraction per cell, 5% to 20%."""
+    return np.linspace(0.05, 0.2, droplets.cells.shape[0])
 
 
 def _read_entries(path: Path, shape: tuple[int, int]) -> sparse.csr_matrix:
@@ -95,6 +103,7 @@ def soupx_reference(droplets: Droplets, tmp_path_factory: pytest.TempPathFactory
     io.mmwrite(work / "raw.mtx", droplets.raw)
     io.mmwrite(work / "cells.mtx", droplets.cells)
     np.savetxt(work / "clusters.txt", droplets.cell_type, fmt="%d")
+    np.savetxt(work / "cell_rho.txt", cell_rho(droplets), fmt="%.17g")
     (work / "soupx.R").write_text(SOUPX_SCRIPT)
     subprocess.run(["Rscript", str(work / "soupx.R"), str(work), str(TFIDF_MIN)], check=True, capture_output=True)
     rho, low, high = np.loadtxt(work / "rho.txt")
@@ -105,6 +114,7 @@ def soupx_reference(droplets: Droplets, tmp_path_factory: pytest.TempPathFactory
         markers=[int(name[1:]) for name in (work / "markers.txt").read_text().split()],
         by_cluster=_read_entries(work / "by_cluster.txt", droplets.cells.shape),
         by_cell=_read_entries(work / "by_cell.txt", droplets.cells.shape),
+        by_cluster_cell_rho=_read_entries(work / "by_cluster_cell_rho.txt", droplets.cells.shape),
     )
 
 
@@ -137,6 +147,13 @@ def test_remove_soup_is_soupx(droplets, soupx_reference, by):
     assert_close_counts(corrected, expected)
 
 
+def test_remove_soup_with_a_rho_per_cell_is_soupx(droplets, soupx_reference):
+    corrected = remove_soup(
+        droplets.cells, soupx_reference.soup, rho=cell_rho(droplets), clusters=droplets.cell_type, backend="cpu"
+    )
+    assert_close_counts(corrected, soupx_reference.by_cluster_cell_rho)
+
+
 def test_contamination_is_the_planted_one(droplets):
     estimate = estimate_contamination(
         droplets.cells, soup_profile(droplets.raw), clusters=droplets.cell_type, tfidf_min=TFIDF_MIN
@@ -157,7 +174,7 @@ def test_remove_soup_clears_markers_from_other_types(droplets):
 
 def test_remove_soup_removes_rho_of_each_cell_at_most(droplets):
     soup = soup_profile(droplets.raw)
-    rho = np.linspace(0.05, 0.2, droplets.cells.shape[0])
+    rho = cell_rho(droplets)
     totals = np.asarray(droplets.cells.sum(axis=1)).ravel()
     for clusters in (droplets.cell_type, None):
         corrected = remove_soup(droplets.cells, soup, rho=rho, clusters=clusters)
@@ -189,7 +206,7 @@ def test_no_markers_is_one_clear_error(droplets):
 def test_remove_soup_gpu_is_cpu(droplets, request, by):
     import_for_gpu_test(request.config, "cupy")
     soup = soup_profile(droplets.raw)
-    rho = np.linspace(0.05, 0.2, droplets.cells.shape[0])
+    rho = cell_rho(droplets)
     clusters = droplets.cell_type if by == "cluster" else None
     cpu = remove_soup(droplets.cells, soup, rho=rho, clusters=clusters, backend="cpu")
     gpu = remove_soup(droplets.cells, soup, rho=rho, clusters=clusters, backend="gpu")
