@@ -8,8 +8,8 @@ re-estimates ``phi``, ``eta``, ``theta`` (and ``delta`` by Minka's Dirichlet fix
 ``MCMCprecision::fit_dirichlet``) and stops when no cell's ``theta`` moves by ``convergence``.
 
 The EM is written over the non-zero entries with gathers, ``bincount`` scatters and CSR
-products, so NumPy and CuPy run the same code; on the GPU the entries move to the device once and only the two
-Dirichlet statistics and the convergence test come back per iteration. The numbers follow
+products, so NumPy and CuPy run the same code; on the GPU the entries move to the device once
+and only the Dirichlet statistics and the convergence test come back per iteration. The numbers follow
 ``src/DecontX.cpp`` and its Python port ``pydecontx`` 0.1.0 step for step (same random start
 from ``numpy.random.default_rng(seed).beta``, same pseudocount), so results agree with
 ``pydecontx`` to rounding.
