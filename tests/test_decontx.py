@@ -10,7 +10,7 @@ import pytest
 from conftest import REPO
 from scipy import sparse
 
-from omicsprep.cells.decontx import DecontXResult, decontx
+from omicsprep.cells.decontx import DecontXResult, decontx, fit_dirichlet_shares
 from omicsprep.errors import InputError
 
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -60,6 +60,17 @@ def test_same_as_pydecontx(cells: Cells, *, estimate_delta: bool):
     expected.sort_indices()
     np.testing.assert_array_equal(ours.corrected.indices, expected.indices)
     np.testing.assert_allclose(ours.corrected.data, expected.data, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("with_zeros", [False, True])
+def test_dirichlet_fit_same_as_pydecontx(*, with_zeros: bool):
+    """MCMCprecision's fit, as pydecontx ports it; zeros take the branch that shifts shares off 0."""
+    pydecontx = pytest.importorskip("pydecontx")
+    contamination = np.random.default_rng(0).beta(2.0, 15.0, size=1000)
+    if with_zeros:
+        contamination[:10] = 0.0
+    expected = pydecontx.fit_dirichlet(np.column_stack([1 - contamination, contamination]))["alpha"]
+    np.testing.assert_allclose(fit_dirichlet_shares(contamination, xp=np), expected, rtol=1e-12)
 
 
 def test_contamination_against_planted_truth(cells: Cells, result: DecontXResult):
