@@ -1,0 +1,95 @@
+"""DecontX speed: pydecontx (the Python port of celda's decontX) against omicsprep's, CPU and GPU.
+
+    python benchmarks/decontx_bench.py [--cells 10000 --barcodes 500000 --genes 33000]
+        [--backend cpu gpu] [--skip-reference --reference-seconds S] [--results benchmarks/RESULTS.md]
+
+Generates raw droplets (benchmarks/generate.py) and keeps the true cells, clustered by their
+planted type. Times ``pydecontx.decontx`` and ``omicsprep.cells.decontx.decontx`` on each
+backend, end to end (on the GPU: copies to and from the device included, after a warm-up on
+a small slice so CuPy's kernels are compiled), both run to convergence with the same
+options, and prints seconds, EM iterations, the speed-up over pydecontx and the largest
+difference in per-cell contamination. Where pydecontx is not installed (the GPU machine),
+``--skip-reference`` skips it and ``--reference-seconds`` takes its time measured elsewhere
+for the speed-up. ``--results`` appends the table to that file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from generate import generate_raw_droplets  # noqa: E402
+from run import append_results  # noqa: E402
+
+from omicsprep.cells.decontx import decontx  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cells", type=int, default=10_000)
+    parser.add_argument("--barcodes", type=int, default=500_000)
+    parser.add_argument("--genes", type=int, default=33_000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--backend", nargs="+", choices=["cpu", "gpu"], default=["cpu"])
+    parser.add_argument("--skip-reference", action="store_true", help="do not run pydecontx")
+    parser.add_argument("--reference-seconds", type=float, help="pydecontx's time measured elsewhere, for the ratio")
+    parser.add_argument("--results", type=Path, help="append the table to this file (RESULTS.md)")
+    args = parser.parse_args()
+
+    raw = generate_raw_droplets(args.cells, args.barcodes, args.genes, seed=args.seed)
+    is_cell = raw.truth["is_cell"].to_numpy()
+    cells = raw.counts[is_cell]
+    clusters = raw.truth["cell_type"].to_numpy()[is_cell]
+    print(f"{cells.shape[0]} cells x {cells.shape[1]} genes, {cells.nnz:,} non-zero entries", flush=True)
+
+    rows = []
+    reference_contamination = None
+    reference_seconds = args.reference_seconds
+    if not args.skip_reference:
+        import pydecontx
+
+        start = time.perf_counter()
+        reference = pydecontx.decontx(cells.T.tocsc(), z=clusters)
+        reference_seconds = time.perf_counter() - start
+        reference_contamination = reference.contamination
+        rows.append(
+            {
+                "tool": f"pydecontx {pydecontx.__version__}",
+                "seconds": round(reference_seconds, 2),
+                "iterations": reference.estimates["all_cells"]["iteration"],
+            }
+        )
+        print(rows[-1], flush=True)
+    for backend in args.backend:
+        if backend == "gpu":  # compile CuPy's kernels outside the timing
+            decontx(cells[:500], clusters=clusters[:500], backend="gpu")
+        start = time.perf_counter()
+        ours = decontx(cells, clusters=clusters, backend=backend)
+        seconds = time.perf_counter() - start
+        row: dict[str, object] = {"tool": f"omicsprep ({backend})", "seconds": round(seconds, 3)}
+        row["iterations"] = ours.iterations
+        if reference_seconds is not None:
+            row["speed-up"] = round(reference_seconds / seconds, 1)
+        if reference_contamination is not None:
+            row["max |contamination - pydecontx|"] = f"{np.abs(ours.contamination - reference_contamination).max():.1e}"
+        rows.append(row)
+        print(row, flush=True)
+    table = pd.DataFrame(rows)
+    print(table.to_markdown(index=False))
+    if args.results is not None:
+        note = (
+            f"DecontX on {cells.shape[0]:,} generated cells x {cells.shape[1]:,} genes ({cells.nnz:,} non-zero), "
+            f"clustered by planted type; to convergence (0.001), default options."
+        )
+        append_results(args.results, title="DecontX", note=note, table=table)
+
+
+if __name__ == "__main__":
+    main()
