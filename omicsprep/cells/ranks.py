@@ -199,8 +199,14 @@ def smooth_spline(x: np.ndarray, y: np.ndarray, *, df: float) -> SmoothingSpline
 
     def solve(spar: float) -> tuple[np.ndarray, float]:
         """Coefficients and degrees of freedom (trace of the smoother matrix) at this spar."""
-        factor = linalg.cho_factor(xtwx + ratio * 16.0 ** (6 * spar - 2) * penalty)
-        return linalg.cho_solve(factor, xtwy), float(np.trace(linalg.cho_solve(factor, xtwx)))
+        system = xtwx + ratio * 16.0 ** (6 * spar - 2) * penalty
+        # Cubic B-splines overlap 4 at a time: the system is banded, as R solves it.
+        banded = np.zeros((4, n_coef))
+        for offset in range(4):
+            banded[3 - offset, offset:] = np.diagonal(system, offset)
+        factor = (linalg.cholesky_banded(banded), False)
+        coef = linalg.cho_solve_banded(factor, xtwy)
+        return coef, float(np.trace(linalg.cho_solve_banded(factor, xtwx)))
 
     def criterion(spar: float) -> float:
         coef, trace = solve(spar)
@@ -326,7 +332,7 @@ def _brent_minimum(
                 b = u
             if fu <= fw or w == x:
                 v, fv, w, fw = w, fw, u, fu
-            elif fu <= fv or v == x or v == w:
+            elif fu <= fv or v in (x, w):
                 v, fv = u, fu
     return x, u
 
