@@ -152,3 +152,28 @@ def test_fit_bounds_restrict_the_fit() -> None:
     assert totals[fitted].max() < 5_000
     assert 200 < ranks.knee < 5_000
     assert isinstance(ranks, BarcodeRanks)
+
+
+def test_barcode_rank_figure_draws_cells_fit_knee_and_inflection(tmp_path: Path) -> None:
+    from matplotlib.collections import PathCollection
+    from matplotlib.figure import Figure
+
+    from omicsprep.plotting import barcode_rank_figure
+
+    droplets = generate.generate_raw_droplets(300, 20_000, 500, seed=3)
+    totals = droplets.truth["total"].to_numpy()
+    ranks = barcode_ranks(totals)
+    fig = barcode_rank_figure(ranks, totals, is_cell=droplets.truth["is_cell"].to_numpy(), title="sample")
+    assert isinstance(fig, Figure)
+    (ax,) = fig.axes
+    assert ax.get_xscale() == ax.get_yscale() == "log"
+    points = [artist for artist in ax.collections if isinstance(artist, PathCollection)]
+    assert [points.get_label() for points in points] == ["other barcodes (19,700)", "cells (300)"]
+    fitted, knee, inflection = ax.get_lines()
+    np.testing.assert_allclose(
+        np.sort(fitted.get_ydata())[::-1], np.sort(ranks.fitted[np.isfinite(ranks.fitted)])[::-1]
+    )
+    assert knee.get_ydata()[0] == ranks.knee
+    assert inflection.get_ydata()[0] == ranks.inflection
+    assert {text.get_text() for text in ax.texts} == {f"knee {ranks.knee:,.0f}", f"inflection {ranks.inflection:,.0f}"}
+    fig.savefig(tmp_path / "ranks.png")
