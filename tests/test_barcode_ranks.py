@@ -5,7 +5,9 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -21,8 +23,13 @@ suppressMessages(library(DropletUtils))
 args <- commandArgs(trailingOnly = TRUE)
 for (path in args) {
     totals <- scan(path, quiet = TRUE)
+    options <- scan(paste0(path, ".options"), quiet = TRUE)  # lower, exclude.from, df, fit.bounds
+    bounds <- if (is.na(options[4])) NULL else options[4:5]
     result <- tryCatch(
-        suppressWarnings(barcodeRanks(matrix(totals, nrow = 1))),
+        suppressWarnings(barcodeRanks(
+            matrix(totals, nrow = 1),
+            lower = options[1], exclude.from = options[2], df = options[3], fit.bounds = bounds
+        )),
         error = function(e) conditionMessage(e)
     )
     if (is.character(result)) {
@@ -64,25 +71,26 @@ def _real_like_totals(seed: int) -> np.ndarray:
     return np.rint(np.concatenate([cells, ambient]))
 
 
-CASES = {
-    "cells500_barcodes30000": lambda: (
-        generate.generate_raw_droplets(500, 30_000, 500, seed=1).truth["total"].to_numpy()
-    ),
-    "cells3000_barcodes100000": lambda: (
-        generate.generate_raw_droplets(3_000, 100_000, 500, seed=2).truth["total"].to_numpy()
-    ),
-    "cells300_barcodes20000": lambda: (
-        generate.generate_raw_droplets(300, 20_000, 500, seed=3).truth["total"].to_numpy()
-    ),
-    "real_like": lambda: _real_like_totals(4),
+def _generated_totals(n_cells: int, n_barcodes: int, seed: int) -> np.ndarray:
+    return generate.generate_raw_droplets(n_cells, n_barcodes, 500, seed=seed).truth["total"].to_numpy()
+
+
+CASES: dict[str, tuple[Callable[[], np.ndarray], dict[str, Any]]] = {
+    "cells500_barcodes30000": (lambda: _generated_totals(500, 30_000, 1), {}),
+    "cells3000_barcodes100000": (lambda: _generated_totals(3_000, 100_000, 2), {}),
+    "cells300_barcodes20000": (lambda: _generated_totals(300, 20_000, 3), {}),
+    "real_like": (lambda: _real_like_totals(4), {}),
+    "options": (lambda: _generated_totals(500, 30_000, 1), {"lower": 50, "exclude_from": 100, "df": 12.5}),
+    "fit_bounds": (lambda: _real_like_totals(5), {"fit_bounds": (300.0, 20_000.0)}),
     # 12 unique totals above 100: fewer than df=20 points to fit, so R's smooth.spline falls back to GCV.
-    "few_unique": lambda: np.array(
-        [5_000, 4_000, 3_500, 3_000, 2_000, 1_500, 900, 600, 400, 300, 200, 150] + [3] * 200
+    "few_unique": (
+        lambda: np.array([5_000, 4_000, 3_500, 3_000, 2_000, 1_500, 900, 600, 400, 300, 200, 150] + [3] * 200),
+        {},
     ),
     # 4 unique totals above 100: fewer than 4 points between the bounds, so no spline (knee at the left bound).
-    "no_spline": lambda: np.array([5_000, 4_000, 300, 150] + [3] * 50 + [1] * 50),
+    "no_spline": (lambda: np.array([5_000, 4_000, 300, 150] + [3] * 50 + [1] * 50), {}),
     # 2 unique totals above 100: DropletUtils stops.
-    "too_few": lambda: np.array([5_000, 5_000, 200] + [3] * 100),
+    "too_few": (lambda: np.array([5_000, 5_000, 200] + [3] * 100), {}),
 }
 
 
@@ -90,9 +98,12 @@ CASES = {
 def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[np.ndarray, Path]]:
     """Totals of every case and the folder where R wrote its barcodeRanks of them."""
     folder = tmp_path_factory.mktemp("barcode_ranks")
-    totals = {name: make() for name, make in CASES.items()}
+    totals = {name: make() for name, (make, _) in CASES.items()}
     for name, values in totals.items():
         np.savetxt(folder / name, values, fmt="%d")
+        options = {"lower": 100, "exclude_from": 50, "df": 20.0, "fit_bounds": (np.nan, np.nan)} | CASES[name][1]
+        row = [options["lower"], options["exclude_from"], options["df"], *options["fit_bounds"]]
+        np.savetxt(folder / f"{name}.options", [row])
     subprocess.run(["Rscript", "-e", BARCODE_RANKS_R, *(str(folder / name) for name in CASES)], check=True)
     return {name: (values, folder / name) for name, values in totals.items()}
 
@@ -106,7 +117,7 @@ def _read_r(path: Path) -> np.ndarray:
 def test_barcode_ranks_match_dropletutils(reference: dict[str, tuple[np.ndarray, Path]], case: str) -> None:
     totals, r_prefix = reference[case]
     knee, inflection = _read_r(r_prefix.with_name(f"{case}.points"))
-    ranks = barcode_ranks(totals)
+    ranks = barcode_ranks(totals, **CASES[case][1])
     # The knee and inflection are totals of the curve: equal, not merely close.
     assert ranks.knee == pytest.approx(knee, rel=1e-12)
     assert ranks.inflection == pytest.approx(inflection, rel=1e-12)
@@ -152,6 +163,8 @@ def test_fit_bounds_restrict_the_fit() -> None:
     assert totals[fitted].max() < 5_000
     assert 200 < ranks.knee < 5_000
     assert isinstance(ranks, BarcodeRanks)
+    with pytest.raises(ValueError, match="fewer than 4"):
+        barcode_ranks(totals, fit_bounds=(5_000, 5_001))
 
 
 def test_barcode_rank_figure_draws_cells_fit_knee_and_inflection(tmp_path: Path) -> None:

@@ -263,16 +263,18 @@ def _penalty_matrix(knots: np.ndarray, n_coef: int) -> np.ndarray:
     """
     second = BSpline(knots, np.eye(n_coef), 3)
     left, right = knots[3:n_coef], knots[4 : n_coef + 1]
-    at_left = second(left, nu=2)
-    slope = second(right, nu=2) - at_left
-    width = (right - left)[:, None, None]
-    start, change = at_left[:, :, None], slope[:, :, None]
-    per_interval = width * (
-        start * start.transpose(0, 2, 1)
-        + (change * start.transpose(0, 2, 1) + start * change.transpose(0, 2, 1)) * 0.5
-        + change * change.transpose(0, 2, 1) * 0.3330
+    interval = np.arange(len(left))[:, None]
+    # The 4 B-splines that are non-zero on each interval.
+    active = interval + np.arange(4)
+    start = second(left, nu=2)[interval, active][:, :, None]
+    change = second(right, nu=2)[interval, active][:, :, None] - start
+    row_start, row_change = start.transpose(0, 2, 1), change.transpose(0, 2, 1)
+    blocks = (right - left)[:, None, None] * (
+        start * row_start + (change * row_start + start * row_change) * 0.5 + change * row_change * 0.3330
     )
-    return per_interval.sum(axis=0)
+    penalty = np.zeros((n_coef, n_coef))
+    np.add.at(penalty, (active[:, :, None], active[:, None, :]), blocks)
+    return penalty
 
 
 def _brent_minimum(
