@@ -12,6 +12,7 @@ from conftest import REPO
 
 from omicsprep.options import UmiOptions
 from omicsprep.reads import counting
+from omicsprep.reads.umi import METHODS
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import generate
@@ -59,11 +60,16 @@ def test_markers_are_ambient_outside_their_type(droplets: generate.RawDroplets) 
         assert own_share > 10 * other_share
 
 
-def test_droplet_reads_count_back_to_the_matrix(droplets: generate.RawDroplets, tmp_path: Path) -> None:
-    reads = generate.droplet_reads(droplets, seed=12)
-    bam = tmp_path / "droplets.bam"
-    generate.write_bam(reads, bam)
-    adata = counting.count_umis(bam, fmt="bam", options=UmiOptions(), backend="cpu")
+@pytest.fixture(scope="module")
+def droplets_bam(droplets: generate.RawDroplets, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    bam = tmp_path_factory.mktemp("droplets") / "droplets.bam"
+    generate.write_bam(generate.droplet_reads(droplets, seed=12), bam)
+    return bam
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_droplet_reads_count_back_to_the_matrix(droplets: generate.RawDroplets, droplets_bam: Path, method) -> None:
+    adata = counting.count_umis(droplets_bam, fmt="bam", options=UmiOptions(method=method), backend="cpu")
     counted = counting.long_table(adata).set_index(["cell", "gene"])["count"]
 
     coo = droplets.counts.tocoo()
