@@ -418,12 +418,33 @@ def generate_raw_droplets(
     return RawDroplets(counts, barcodes, truth, list(marker_genes), ambient)
 
 
+def _molecule_umis(group: np.ndarray, *, umi_length: int, rng: np.random.Generator) -> np.ndarray:
+    """A UMI per molecule, distinct within its group and at least two bases from the group's others.
+
+    ``umi_length - 1`` random bases, distinct within the group, and a check base (their sum
+    modulo 4): two UMIs that differ in one random base differ in the check base too.
+    """
+    n_random = umi_length - 1
+    codes = rng.integers(4**n_random, size=group.size, dtype=np.int64)
+    while True:
+        order = np.lexsort((codes, group))
+        repeated = (group[order][1:] == group[order][:-1]) & (codes[order][1:] == codes[order][:-1])
+        if not repeated.any():
+            break
+        redraw = order[1:][repeated]
+        codes[redraw] = rng.integers(4**n_random, size=redraw.size, dtype=np.int64)
+    digits = (codes[:, None] >> (2 * np.arange(n_random))) & 3
+    with_check = np.column_stack([digits, digits.sum(axis=1) % 4])
+    return np.frombuffer(b"ACGT", dtype=np.uint8)[with_check].view(f"S{umi_length}").ravel().astype(str)
+
+
 def droplet_reads(droplets: RawDroplets, *, umi_length: int = 12, seed: int = 0) -> pd.DataFrame:
     """Reads whose UMI deduplication gives ``droplets.counts`` back, as :func:`write_bam` takes them.
 
-    Each molecule (a distinct random UMI in its barcode and gene) has 1 + geometric(0.5)
-    reads; reads carry no sequencing errors, so any UMI-tools method recovers the counts
-    (barring two molecules of one cell and gene drawing UMIs one base apart, rare at 12 bases).
+    Each molecule has 1 + geometric(0.5) reads without sequencing errors; the UMIs of one
+    barcode and gene differ in at least two bases (see :func:`_molecule_umis`), so every
+    UMI-tools method with an edit distance of 1 recovers the counts exactly (random 12-mers
+    would collide: a gene holds thousands of molecules in a cell).
     """
     rng = np.random.default_rng(seed)
     counts = droplets.counts.tocoo()
@@ -431,8 +452,7 @@ def droplet_reads(droplets: RawDroplets, *, umi_length: int = 12, seed: int = 0)
     barcode = np.repeat(counts.row, n_molecules)
     gene = np.repeat(counts.col, n_molecules)
     reads = rng.geometric(0.5, size=barcode.size)
-    bases = np.frombuffer(b"ACGT", dtype=np.uint8)
-    umis = bases[rng.integers(4, size=(barcode.size, umi_length))].view(f"S{umi_length}").ravel().astype(str)
+    umis = _molecule_umis(barcode * droplets.counts.shape[1] + gene, umi_length=umi_length, rng=rng)
     molecule = np.repeat(np.arange(barcode.size), reads)
     names = np.array(gene_names(droplets.counts.shape[1]), dtype=object)
     return (

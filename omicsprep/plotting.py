@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -11,6 +12,9 @@ from matplotlib.axes import Axes
 from matplotlib.cm import ScalarMappable
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
+
+if TYPE_CHECKING:
+    from omicsprep.cells.ranks import BarcodeRanks
 
 QC_PANELS = {
     "total_counts": ("UMIs per cell", True),
@@ -183,3 +187,57 @@ def coexpression_figures(coords: np.ndarray, eigengenes: pd.DataFrame, *, title:
         "correlation": module_correlation(eigengenes, title=title),
         "umap": module_scores(coords, eigengenes, title=title),
     }
+
+
+def barcode_rank_figure(ranks: BarcodeRanks, totals: np.ndarray, *, is_cell: np.ndarray, title: str) -> Figure:
+    """Total UMIs against barcode rank (log-log): cells, other barcodes, fitted curve, knee, inflection.
+
+    The knee and the inflection are horizontal lines labelled with their totals.
+
+    Parameters
+    ----------
+    ranks
+        The barcode ranks of ``totals``.
+    totals
+        Total UMIs of each barcode.
+    is_cell
+        Whether each barcode was called a cell.
+    title
+        Figure title (the sample's name).
+    """
+    fig = Figure(figsize=(6, 5))
+    ax = fig.subplots()
+    shown = totals > 0  # a log axis has no room for empty barcodes
+    for label, members, colour in (("other barcodes", ~is_cell, "#bbbbbb"), ("cells", is_cell, "#4c72b0")):
+        # Barcodes of one total share a rank: a point per rank draws the same curve, far faster.
+        rank, first = np.unique(ranks.rank[members & shown], return_index=True)
+        ax.scatter(
+            rank,
+            totals[members & shown][first],
+            s=4,
+            color=colour,
+            label=f"{label} ({int(members.sum()):,})",
+            rasterized=True,
+        )
+    fitted = np.isfinite(ranks.fitted)
+    order = np.argsort(ranks.rank[fitted])
+    ax.plot(ranks.rank[fitted][order], ranks.fitted[fitted][order], color="#c44e52", linewidth=1.2, label="fitted")
+    for name, total, style in (("knee", ranks.knee, "--"), ("inflection", ranks.inflection, ":")):
+        ax.axhline(total, color="black", linestyle=style, linewidth=0.8)
+        ax.text(
+            0.99,
+            total,
+            f"{name} {total:,.0f}",
+            transform=ax.get_yaxis_transform(),
+            ha="right",
+            va="bottom",
+            fontsize=8,
+        )
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("barcode rank")
+    ax.set_ylabel("total UMIs")
+    ax.legend(frameon=False, loc="lower left")
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
