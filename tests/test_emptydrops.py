@@ -1,0 +1,207 @@
+"""EmptyDrops and emptyDropsCellRanger against DropletUtils 1.18; the Monte Carlo on CPU and CUDA."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+import sys
+from functools import cache
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import REPO
+from scipy import io as scipy_io
+
+from omicsprep.cells import montecarlo
+from omicsprep.cells.emptydrops import empty_drops, empty_drops_cell_ranger
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import generate
+
+NITERS = 3000
+CALLED = 0.001
+
+R_SCRIPT = """
+suppressPackageStartupMessages({library(DropletUtils); library(Matrix)})
+args <- commandArgs(trailingOnly=TRUE)
+m <- as(readMM(args[1]), "CsparseMatrix")
+for (case in args[-1]) {
+    name <- sub("=.*", "", case)
+    call <- eval(parse(text=sub("^[^=]*=", "", case)))
+    set.seed(0)
+    out <- call(m)
+    md <- metadata(out)
+    prefix <- file.path(dirname(args[1]), name)
+    write.csv(data.frame(total=out$Total, log_prob=out$LogProb, p_value=out$PValue, fdr=out$FDR),
+              paste0(prefix, ".table.csv"), row.names=FALSE)
+    write.csv(data.frame(ambient=as.numeric(md$ambient)), paste0(prefix, ".ambient.csv"), row.names=FALSE)
+    write.csv(data.frame(alpha=md$alpha, retain=md$retain), paste0(prefix, ".meta.csv"), row.names=FALSE)
+}
+"""
+
+# (our call, DropletUtils' call): explicit retain on both sides; every option covered once.
+CASES = {
+    "estimated_alpha": (
+        lambda m: empty_drops(m, niters=NITERS, retain=800),
+        f"function(m) emptyDrops(m, niters={NITERS}, retain=800)",
+    ),
+    "test_ambient_by_rank_multinomial": (
+        lambda m: empty_drops(m, niters=NITERS, retain=2000, test_ambient=True, by_rank=600, alpha=math.inf, ignore=3),
+        f"function(m) emptyDrops(m, niters={NITERS}, retain=2000, test.ambient=TRUE, by.rank=600, alpha=Inf, ignore=3)",
+    ),
+    "fixed_alpha_lower": (
+        lambda m: empty_drops(m, niters=NITERS, retain=1500, lower=50, alpha=30.0),
+        f"function(m) emptyDrops(m, niters={NITERS}, retain=1500, lower=50, alpha=30)",
+    ),
+    "cell_ranger": (
+        lambda m: empty_drops_cell_ranger(
+            m, niters=NITERS, expected_cells=300, ambient_rank_min=2000, ambient_rank_max=15000
+        ),
+        f"function(m) emptyDropsCellRanger(m, niters={NITERS}, n.expected.cells=300, ind.min=2000, ind.max=15000)",
+    ),
+}
+
+
+@cache
+def droplets() -> generate.RawDroplets:
+    return generate.generate_raw_droplets(300, 20_000, 2_000, seed=3)
+
+
+@pytest.fixture(scope="module")
+def dropletutils(tmp_path_factory):
+    """Runs every case in DropletUtils; ``{case: (table, ambient, alpha, retain)}``."""
+    if shutil.which("Rscript") is None:
+        pytest.skip("Rscript is not installed")
+    probe = subprocess.run(["Rscript", "-e", "library(DropletUtils)"], capture_output=True, check=False)
+    if probe.returncode:
+        pytest.skip("DropletUtils is not installed in R (tests/reference/install.sh installs it)")
+    directory = tmp_path_factory.mktemp("dropletutils")
+    matrix_path = directory / "counts.mtx"
+    scipy_io.mmwrite(matrix_path, droplets().counts.T.tocoo())  # genes x barcodes, as R expects
+    script = directory / "run.R"
+    script.write_text(R_SCRIPT)
+    calls = [f"{case}={r_call}" for case, (_, r_call) in CASES.items()]
+    run = subprocess.run(
+        ["Rscript", str(script), str(matrix_path), *calls], capture_output=True, text=True, check=False
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = {}
+    for case in CASES:
+        table = pd.read_csv(directory / f"{case}.table.csv")
+        meta = pd.read_csv(directory / f"{case}.meta.csv")
+        ambient = pd.read_csv(directory / f"{case}.ambient.csv")["ambient"].to_numpy()
+        results[case] = (table, ambient, float(meta["alpha"].iloc[0]), float(meta["retain"].iloc[0]))
+    return results
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_matches_dropletutils(dropletutils, case):
+    ours = CASES[case][0](droplets().counts)
+    theirs, ambient, alpha, retain = dropletutils[case]
+    table = ours.table
+    np.testing.assert_array_equal(table["total"], theirs["total"])
+    detected = ours.ambient > 0  # DropletUtils drops the genes no barcode counts
+    np.testing.assert_allclose(ours.ambient[detected], ambient, rtol=1e-6)
+    assert ours.alpha == pytest.approx(alpha, rel=1e-6)
+    assert ours.retain == retain
+    tested = theirs["p_value"].notna().to_numpy()
+    np.testing.assert_array_equal(table["p_value"].notna(), tested)
+    np.testing.assert_allclose(table["log_prob"][tested], theirs["log_prob"][tested], rtol=1e-6)
+    p, p_r = table["p_value"][tested].to_numpy(), theirs["p_value"][tested].to_numpy()
+    # Four standard errors of a difference of two independent Monte Carlo estimates.
+    pooled = (p + p_r) / 2
+    tolerance = 4 * np.sqrt(2 * pooled * (1 - pooled) / NITERS) + 1 / NITERS
+    assert np.all(np.abs(p - p_r) <= tolerance), np.max(np.abs(p - p_r) - tolerance)
+    called, called_r = table["fdr"].to_numpy() <= CALLED, theirs["fdr"].to_numpy() <= CALLED
+    assert called_r.sum() > 100
+    assert np.mean(called == called_r) >= 0.995
+    assert (called != called_r).sum() <= 0.02 * called_r.sum()
+    np.testing.assert_array_equal(table["fdr"].isna(), theirs["fdr"].isna())
+
+
+def test_cell_ranger_marks_ordmag_cells_as_called_without_testing():
+    result = empty_drops_cell_ranger(
+        droplets().counts, niters=200, expected_cells=300, ambient_rank_min=2000, ambient_rank_max=15000
+    )
+    ordmag = result.table["total"] >= result.retain
+    assert ordmag.sum() > 0
+    assert result.table["p_value"][ordmag].isna().all()
+    assert (result.table["fdr"][ordmag] == 0).all()
+
+
+def test_philox_known_answers():
+    """Random123's known-answer vectors of Philox4x32-10."""
+    words = [np.uint64(w) for w in (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344, 0xA4093822, 0x299F31D0)]
+    assert [int(w) for w in montecarlo.philox(*words)] == [0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1]
+    zero = np.uint64(0)
+    assert [int(w) for w in montecarlo.philox(*[zero] * 6)] == [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
+
+
+def test_alias_table_draws_the_distribution():
+    prob = np.array([0.5, 0.25, 0.125, 0.0625, 0.0625])
+    accept, alias = montecarlo.alias_table(prob)
+    recovered = accept / prob.size
+    np.add.at(recovered, alias, (1 - accept) / prob.size)
+    np.testing.assert_allclose(recovered, prob)
+
+
+def test_seed_changes_p_values_and_is_reproducible():
+    counts = droplets().counts
+    first = empty_drops(counts, niters=300, seed=1).table["p_value"]
+    pd.testing.assert_series_equal(first, empty_drops(counts, niters=300, seed=1).table["p_value"])
+    assert not first.equals(empty_drops(counts, niters=300, seed=2).table["p_value"])
+
+
+# Runs under Numba's CUDA simulator (set before numba.cuda is imported, hence a subprocess).
+CUDASIM_SCRIPT = """
+import math, sys
+import numpy as np
+from omicsprep.cells import emptydrops, montecarlo
+from omicsprep.cells.montecarlo_cuda import count_gpu
+sys.path.insert(0, "benchmarks")
+from generate import generate_raw_droplets
+counts = generate_raw_droplets(40, 3000, 300, seed=5).counts
+for alpha in (math.inf, 20.0):
+    seen = {}
+    def count(niters, key, *arrays, alpha, use_alpha):
+        cpu = original(niters, key, *arrays, alpha=alpha, use_alpha=use_alpha)
+        gpu = count_gpu(niters, key, *arrays, alpha=alpha, use_alpha=use_alpha, xp=np)
+        assert np.array_equal(cpu, gpu), (cpu, gpu)
+        seen["draws"] = cpu.sum()
+        return cpu
+    montecarlo.count_cpu, original = count, montecarlo.count_cpu
+    try:
+        emptydrops.empty_drops(counts, niters=40, lower=20, alpha=alpha, seed=7)
+    finally:
+        montecarlo.count_cpu = original
+    assert seen["draws"] > 0
+print("ok")
+"""
+
+
+def test_cuda_kernel_counts_like_the_cpu_kernel():
+    result = subprocess.run(
+        [sys.executable, "-c", CUDASIM_SCRIPT],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NUMBA_ENABLE_CUDASIM": "1"},
+        check=False,
+    )
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
+
+
+@pytest.mark.gpu
+def test_gpu_backend_gives_the_cpu_p_values():
+    pytest.importorskip("cupy")
+    counts = generate.generate_raw_droplets(2000, 100_000, 10_000, seed=4).counts
+    for run in (
+        lambda backend: empty_drops(counts, niters=2000, retain=1000, backend=backend),
+        lambda backend: empty_drops_cell_ranger(counts, niters=2000, expected_cells=2000, backend=backend),
+    ):
+        cpu, gpu = run("cpu"), run("gpu")
+        pd.testing.assert_frame_equal(cpu.table, gpu.table)
+        assert cpu.alpha == gpu.alpha
