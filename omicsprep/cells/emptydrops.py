@@ -18,6 +18,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 import pandas as pd
 from scipy import sparse
@@ -287,10 +288,11 @@ def _estimate_alpha(ambient_matrix: sparse.csr_matrix, ambient: np.ndarray, tota
     Maximised with R's ``optimize`` (Brent) over DropletUtils' interval; equal terms are pooled
     (same gene and count; same total), which changes only the order of summation.
     """
-    pairs, pair_weight = np.unique(
-        np.stack([ambient_matrix.indices.astype(np.int64), ambient_matrix.data]), axis=1, return_counts=True
+    stride = int(ambient_matrix.data.max()) + 1  # one key per (gene, count)
+    pair_key, pair_weight = np.unique(
+        ambient_matrix.indices.astype(np.int64) * stride + ambient_matrix.data, return_counts=True
     )
-    pair_prop, pair_count = ambient[pairs[0]], pairs[1]
+    pair_prop, pair_count = ambient[pair_key // stride], pair_key % stride
     unique_totals, total_weight = np.unique(totals, return_counts=True)
 
     def log_likelihood(alpha: float) -> float:
@@ -363,14 +365,37 @@ def _brent_minimum(f: Callable[[float], float], ax: float, bx: float, tol: float
 
 def _data_log_prob(matrix: sparse.csr_matrix, ambient: np.ndarray, alpha: float) -> np.ndarray:
     """Per row, the data-dependent part of the (Dirichlet-)multinomial log-probability."""
-    counts = matrix.data.astype(float)
-    prop = ambient[matrix.indices]
-    if math.isinf(alpha):
-        terms = counts * np.log(prop) - gammaln(counts + 1)
-    else:
-        terms = gammaln(alpha * prop + counts) - gammaln(counts + 1) - gammaln(alpha * prop)
-    rows = np.repeat(np.arange(matrix.shape[0]), np.diff(matrix.indptr))
-    return np.bincount(rows, weights=terms, minlength=matrix.shape[0])
+    log_factorial = gammaln(np.arange(int(matrix.data.max(initial=0)) + 2, dtype=float))[1:]  # lfactorial(0..max)
+    with np.errstate(divide="ignore"):  # genes counted nowhere have proportion 0 and no nonzeros
+        if math.isinf(alpha):
+            return _sum_multinomial_terms(matrix.indptr, matrix.indices, matrix.data, np.log(ambient), log_factorial)
+        alpha_prop = alpha * ambient
+        return _sum_dirichlet_terms(
+            matrix.indptr, matrix.indices, matrix.data, alpha_prop, gammaln(alpha_prop), log_factorial
+        )
+
+
+@numba.njit(cache=True, parallel=True)
+def _sum_multinomial_terms(indptr, indices, data, log_prop, log_factorial):
+    out = np.zeros(indptr.size - 1)
+    for row in numba.prange(indptr.size - 1):
+        total = 0.0
+        for k in range(indptr[row], indptr[row + 1]):
+            total += data[k] * log_prop[indices[k]] - log_factorial[data[k]]
+        out[row] = total
+    return out
+
+
+@numba.njit(cache=True, parallel=True)
+def _sum_dirichlet_terms(indptr, indices, data, alpha_prop, lgamma_alpha_prop, log_factorial):
+    out = np.zeros(indptr.size - 1)
+    for row in numba.prange(indptr.size - 1):
+        total = 0.0
+        for k in range(indptr[row], indptr[row + 1]):
+            gene = indices[k]
+            total += math.lgamma(alpha_prop[gene] + data[k]) - log_factorial[data[k]] - lgamma_alpha_prop[gene]
+        out[row] = total
+    return out
 
 
 def _rest_log_prob(totals: np.ndarray, alpha: float) -> np.ndarray:
@@ -396,29 +421,16 @@ def _count_below(
         return np.zeros(0, dtype=np.int64)
     order = np.lexsort((data_p, totals))  # DropletUtils' order(totals, probs)
     group_totals, group_sizes = np.unique(totals[order], return_counts=True)
-    group_starts = np.concatenate(([0], np.cumsum(group_sizes)))
-    alias_prob, alias_index = montecarlo.alias_table(ambient)
-    use_alpha = not math.isinf(alpha)
-    log_count = np.concatenate(([0.0], np.log(np.arange(1, int(group_totals[-1]) + 1, dtype=float))))
-    arrays = (
-        alias_prob,
-        alias_index,
-        np.log(ambient),
-        ambient * alpha if use_alpha else ambient,
-        log_count,
-        group_totals.astype(np.int64),
-        group_starts.astype(np.int64),
-        data_p[order],
-    )
-    key = (seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF)
+    inputs = montecarlo.simulation_inputs(ambient, alpha, group_totals, group_sizes, data_p[order])
+    key = montecarlo.philox_key(seed)
     if backend == "gpu":
         from omicsprep.cells.montecarlo_cuda import count_gpu
 
-        hist = asnumpy(count_gpu(niters, key, *arrays, alpha=alpha, use_alpha=use_alpha, xp=array_module(backend)))
+        hist = asnumpy(count_gpu(niters, key, alpha, *inputs, xp=array_module(backend)))
     else:
-        hist = montecarlo.count_cpu(niters, key, *arrays, alpha=alpha, use_alpha=use_alpha)
+        hist = montecarlo.count_cpu(niters, key, alpha, *inputs)
     running = np.cumsum(hist)
-    before_group = np.concatenate(([0], running[group_starts[1:-1] - 1]))
+    before_group = np.concatenate(([0], running[np.cumsum(group_sizes)[:-1] - 1]))
     below_sorted = running - np.repeat(before_group, group_sizes)  # cumulative within each total
     below = np.empty_like(below_sorted)
     below[order] = below_sorted

@@ -8,6 +8,7 @@ kernels on machines without a GPU).
 
 from __future__ import annotations
 
+import math
 from types import ModuleType
 from typing import Any
 
@@ -24,7 +25,7 @@ def _increment_shared(hist, slot, index):
     cuda.atomic.add(hist, index, 1)
 
 
-_, _simulate_iteration = montecarlo.build(cuda.jit(device=True), _increment_shared)
+_, _simulate_iteration = montecarlo.build(cuda.jit(device=True, inline=True), _increment_shared)
 
 
 @cuda.jit
@@ -58,7 +59,7 @@ def _count_kernel(
             log_ambient,
             alpha_ambient,
             alpha,
-            use_alpha,
+            math.isfinite(alpha),
             log_count,
             group_totals,
             group_starts,
@@ -70,9 +71,9 @@ def _count_kernel(
         )
 
 
-def count_gpu(niters: int, key: tuple[int, int], *arrays: Any, alpha: float, use_alpha: bool, xp: ModuleType) -> Any:
+def count_gpu(niters: int, key: tuple[int, int], alpha: float, *inputs: Any, xp: ModuleType) -> Any:
     """:func:`omicsprep.cells.montecarlo.count_cpu` on the GPU; ``xp`` is CuPy (NumPy under the simulator)."""
-    device = [xp.asarray(array) for array in arrays]
+    device = [xp.asarray(array) for array in inputs]
     alias_prob, alias_index, log_ambient, alpha_ambient, log_count, group_totals, group_starts, sorted_p = device
     max_total = max(int(group_totals[-1]), 1)
     batch = max(1, min(niters, SCRATCH_BYTES // (4 * (alias_prob.size + max_total))))
@@ -92,7 +93,7 @@ def count_gpu(niters: int, key: tuple[int, int], *arrays: Any, alpha: float, use
             log_ambient,
             alpha_ambient,
             alpha,
-            use_alpha,
+            math.isfinite(alpha),
             log_count,
             group_totals,
             group_starts,
