@@ -28,7 +28,7 @@ def _increment_shared(hist, slot, index):
 _, _simulate_iteration = montecarlo.build(cuda.jit(device=True, inline=True), _increment_shared)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _count_kernel(
     first,
     n_iterations,
