@@ -10,6 +10,11 @@ DropletUtils' ``testEmptyDrops``/``emptyDrops`` and ``emptyDropsCellRanger``.
 Deliberate differences from DropletUtils: the Monte Carlo uses its own random stream (Philox,
 so the p-values match DropletUtils' in distribution, not draw for draw), and ``retain=None``
 means no retention (DropletUtils then takes barcodeRanks' knee, which the caller passes in).
+
+The ``backend`` decides where the Monte Carlo runs, the only costly step (iterations x the
+largest tested total draws); the ambient profile, alpha and observed log-probabilities are
+computed on the CPU either way (Numba, one pass over the matrix), so both backends return
+identical tables for a seed.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ def _increment_shared(hist, slot, index):
     cuda.atomic.add(hist, index, 1)
 
 
-_, _simulate_iteration = montecarlo.build(cuda.jit(device=True, inline=True), _increment_shared)
+_, _simulate_iteration = montecarlo.build(cuda.jit(device=True), _increment_shared)
 
 
 @cuda.jit(cache=True)
