@@ -18,6 +18,7 @@ from scipy import io as scipy_io
 
 from omicsprep.cells import montecarlo
 from omicsprep.cells.emptydrops import empty_drops, empty_drops_cell_ranger
+from omicsprep.errors import InputError
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import generate
@@ -136,6 +137,14 @@ def test_cell_ranger_marks_ordmag_cells_as_called_without_testing():
     assert ordmag.sum() > 0
     assert result.table["p_value"][ordmag].isna().all()
     assert (result.table["fdr"][ordmag] == 0).all()
+
+
+def test_refuses_data_without_ambient_counts():
+    counts = droplets().counts
+    with pytest.raises(InputError, match="ambient"):
+        empty_drops(counts, lower=0, niters=10)
+    with pytest.raises(InputError, match="by_rank"):
+        empty_drops(counts, by_rank=counts.shape[0], niters=10)
 
 
 def test_philox_known_answers():

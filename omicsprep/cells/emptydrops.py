@@ -31,6 +31,7 @@ from scipy.special import gammaln
 
 from omicsprep.backend import Backend, array_module, asnumpy
 from omicsprep.cells import montecarlo
+from omicsprep.errors import InputError
 
 GOOD_TURING_CONFIDENCE = 1.96  # edgeR's goodTuring default
 ALPHA_INTERVAL = (0.01, 10_000.0)  # DropletUtils' search interval for the Dirichlet alpha
@@ -192,7 +193,7 @@ def _integer_counts(counts: sparse.csr_matrix) -> sparse.csr_matrix:
 def _total_at_rank(totals: np.ndarray, rank: int) -> int:
     """The total of the barcode ranked just below the ``rank`` highest."""
     if rank >= totals.size:
-        raise ValueError(f"by_rank={rank} needs more than {totals.size} barcodes")
+        raise InputError(f"by_rank={rank} needs more than {totals.size} barcodes")
     return int(np.sort(totals)[::-1][rank])
 
 
@@ -212,7 +213,7 @@ def _test_barcodes(
     ambient_matrix = matrix[ambient_rows]
     profile = np.bincount(ambient_matrix.indices, weights=ambient_matrix.data, minlength=matrix.shape[1])
     if profile.sum() == 0:
-        raise ValueError("no counts available to estimate the ambient profile")
+        raise InputError("no counts in the ambient barcodes to estimate the ambient profile from")
     ambient = np.zeros(matrix.shape[1])
     ambient[detected] = _safe_good_turing(profile[detected].astype(np.int64))
     if alpha is None:
