@@ -1,0 +1,232 @@
+"""EmptyDrops and emptyDropsCellRanger against DropletUtils 1.18; the Monte Carlo on CPU and CUDA."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+import sys
+from functools import cache
+
+import numba
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import REPO, import_for_gpu_test
+from scipy import io as scipy_io
+
+from omicsprep.cells import montecarlo
+from omicsprep.cells.emptydrops import empty_drops, empty_drops_cell_ranger
+from omicsprep.errors import InputError
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import generate
+
+NITERS = 2000
+CALLED = 0.001
+
+R_SCRIPT = """
+suppressPackageStartupMessages({library(DropletUtils); library(Matrix)})
+args <- commandArgs(trailingOnly=TRUE)
+m <- as(readMM(args[1]), "CsparseMatrix")
+for (case in args[-1]) {
+    name <- sub("=.*", "", case)
+    call <- eval(parse(text=sub("^[^=]*=", "", case)))
+    set.seed(0)
+    out <- call(m)
+    md <- metadata(out)
+    prefix <- file.path(dirname(args[1]), name)
+    write.csv(data.frame(total=out$Total, log_prob=out$LogProb, p_value=out$PValue, fdr=out$FDR),
+              paste0(prefix, ".table.csv"), row.names=FALSE)
+    write.csv(data.frame(ambient=as.numeric(md$ambient)), paste0(prefix, ".ambient.csv"), row.names=FALSE)
+    write.csv(data.frame(alpha=md$alpha, retain=md$retain), paste0(prefix, ".meta.csv"), row.names=FALSE)
+}
+"""
+
+# (our call, DropletUtils' call): explicit retain on both sides; every option covered once.
+CASES = {
+    "estimated_alpha": (
+        lambda m: empty_drops(m, niters=NITERS, retain=800),
+        f"function(m) emptyDrops(m, niters={NITERS}, retain=800)",
+    ),
+    "test_ambient_by_rank_multinomial": (
+        lambda m: empty_drops(m, niters=NITERS, retain=2000, test_ambient=True, by_rank=600, alpha=math.inf, ignore=3),
+        f"function(m) emptyDrops(m, niters={NITERS}, retain=2000, test.ambient=TRUE, by.rank=600, alpha=Inf, ignore=3)",
+    ),
+    "fixed_alpha_lower": (
+        lambda m: empty_drops(m, niters=NITERS, retain=1500, lower=50, alpha=30.0),
+        f"function(m) emptyDrops(m, niters={NITERS}, retain=1500, lower=50, alpha=30)",
+    ),
+    "cell_ranger": (
+        lambda m: empty_drops_cell_ranger(
+            m, niters=NITERS, expected_cells=300, umi_min=30, ambient_rank_min=2000, ambient_rank_max=15000
+        ),
+        (
+            f"function(m) emptyDropsCellRanger(m, niters={NITERS}, n.expected.cells=300, umi.min=30, "
+            "ind.min=2000, ind.max=15000)"
+        ),
+    ),
+}
+
+
+@cache
+def droplets() -> generate.RawDroplets:
+    return generate.generate_raw_droplets(300, 20_000, 2_000, seed=3)
+
+
+@pytest.fixture(scope="module")
+def dropletutils(tmp_path_factory):
+    """Runs every case in DropletUtils; ``{case: (table, ambient, alpha, retain)}``."""
+    if shutil.which("Rscript") is None:
+        pytest.skip("Rscript is not installed")
+    probe = subprocess.run(["Rscript", "-e", "library(DropletUtils)"], capture_output=True, check=False)
+    if probe.returncode:
+        pytest.skip("DropletUtils is not installed in R (tests/reference/install.sh installs it)")
+    directory = tmp_path_factory.mktemp("dropletutils")
+    matrix_path = directory / "counts.mtx"
+    scipy_io.mmwrite(matrix_path, droplets().counts.T.tocoo())  # genes x barcodes, as R expects
+    script = directory / "run.R"
+    script.write_text(R_SCRIPT)
+    calls = [f"{case}={r_call}" for case, (_, r_call) in CASES.items()]
+    run = subprocess.run(
+        ["Rscript", str(script), str(matrix_path), *calls], capture_output=True, text=True, check=False
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = {}
+    for case in CASES:
+        table = pd.read_csv(directory / f"{case}.table.csv")
+        meta = pd.read_csv(directory / f"{case}.meta.csv")
+        ambient = pd.read_csv(directory / f"{case}.ambient.csv")["ambient"].to_numpy()
+        results[case] = (table, ambient, float(meta["alpha"].iloc[0]), float(meta["retain"].iloc[0]))
+    return results
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_matches_dropletutils(dropletutils, case):
+    ours = CASES[case][0](droplets().counts)
+    theirs, ambient, alpha, retain = dropletutils[case]
+    table = ours.table
+    np.testing.assert_array_equal(table["total"], theirs["total"])
+    detected = ours.ambient > 0  # DropletUtils drops the genes no barcode counts
+    np.testing.assert_allclose(ours.ambient[detected], ambient, rtol=1e-6)
+    assert ours.alpha == pytest.approx(alpha, rel=1e-6)
+    assert ours.retain == retain
+    tested = theirs["p_value"].notna().to_numpy()
+    np.testing.assert_array_equal(table["p_value"].notna(), tested)
+    np.testing.assert_allclose(table["log_prob"][tested], theirs["log_prob"][tested], rtol=1e-6)
+    p, p_r = table["p_value"][tested].to_numpy(), theirs["p_value"][tested].to_numpy()
+    # Four standard errors of a difference of two independent Monte Carlo estimates.
+    pooled = (p + p_r) / 2
+    tolerance = 4 * np.sqrt(2 * pooled * (1 - pooled) / NITERS) + 1 / NITERS
+    assert np.all(np.abs(p - p_r) <= tolerance), np.max(np.abs(p - p_r) - tolerance)
+    called, called_r = table["fdr"].to_numpy() <= CALLED, theirs["fdr"].to_numpy() <= CALLED
+    assert called_r.sum() > 100
+    assert np.mean(called == called_r) >= 0.995
+    # At these niters the smallest p-value, 1 / (niters + 1), is near the threshold after BH,
+    # so a few borderline calls flip with the Monte Carlo draws.
+    assert (called != called_r).sum() <= 0.05 * called_r.sum()
+    np.testing.assert_array_equal(table["fdr"].isna(), theirs["fdr"].isna())
+
+
+def test_cell_ranger_marks_ordmag_cells_as_called_without_testing():
+    result = empty_drops_cell_ranger(
+        droplets().counts, niters=200, expected_cells=300, ambient_rank_min=2000, ambient_rank_max=15000
+    )
+    ordmag = result.table["total"] >= result.retain
+    assert ordmag.sum() > 0
+    assert result.table["p_value"][ordmag].isna().all()
+    assert (result.table["fdr"][ordmag] == 0).all()
+
+
+def test_refuses_data_without_ambient_counts():
+    counts = droplets().counts
+    with pytest.raises(InputError, match="ambient"):
+        empty_drops(counts, lower=0, niters=10)
+    with pytest.raises(InputError, match="by_rank"):
+        empty_drops(counts, by_rank=counts.shape[0], niters=10)
+
+
+def test_philox_known_answers():
+    """Random123's known-answer vectors of Philox4x32-10."""
+    words = [np.uint64(w) for w in (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344, 0xA4093822, 0x299F31D0)]
+    assert [int(w) for w in montecarlo.philox(*words)] == [0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1]
+    zero = np.uint64(0)
+    assert [int(w) for w in montecarlo.philox(*[zero] * 6)] == [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
+
+
+def test_alias_table_draws_the_distribution():
+    prob = np.array([0.5, 0.25, 0.125, 0.0625, 0.0625])
+    accept, alias = montecarlo.alias_table(prob)
+    recovered = accept / prob.size
+    np.add.at(recovered, alias, (1 - accept) / prob.size)
+    np.testing.assert_allclose(recovered, prob)
+
+
+def test_seed_changes_p_values_and_threads_do_not():
+    counts = droplets().counts
+    first = empty_drops(counts, niters=300, seed=1).table["p_value"]
+    threads = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        pd.testing.assert_series_equal(first, empty_drops(counts, niters=300, seed=1).table["p_value"])
+    finally:
+        numba.set_num_threads(threads)
+    assert not first.equals(empty_drops(counts, niters=300, seed=2).table["p_value"])
+
+
+# Runs under Numba's CUDA simulator (set before numba.cuda is imported, hence a subprocess).
+CUDASIM_SCRIPT = """
+import math
+import numpy as np
+from scipy import sparse
+from omicsprep.cells import emptydrops, montecarlo
+from omicsprep.cells.montecarlo_cuda import count_gpu
+rng = np.random.default_rng(0)
+ambient = rng.dirichlet(np.full(60, 0.3)) + 1e-6
+ambient /= ambient.sum()
+group_totals = np.array([1, 2, 7, 30, 120])
+group_sizes = np.array([3, 5, 10, 20, 20])
+for alpha in (math.inf, 5.0):
+    totals = np.repeat(group_totals, group_sizes)
+    draws = [rng.multinomial(t, ambient if alpha == math.inf else rng.dirichlet(alpha * ambient)) for t in totals]
+    observed = sparse.csr_matrix(np.array(draws))
+    data_p = emptydrops._data_log_prob(observed, ambient, alpha)
+    sorted_p = np.concatenate([np.sort(p) for p in np.split(data_p, np.cumsum(group_sizes)[:-1])])
+    inputs = montecarlo.simulation_inputs(ambient, alpha, group_totals, group_sizes, sorted_p)
+    cpu = montecarlo.count_cpu(200, (7, 1), alpha, *inputs)
+    gpu = count_gpu(200, (7, 1), alpha, *inputs, xp=np)
+    assert np.array_equal(cpu, gpu), (cpu, gpu)
+    assert (cpu > 0).sum() > 20, cpu
+print("ok")
+"""
+
+
+def test_cuda_kernel_counts_like_the_cpu_kernel():
+    result = subprocess.run(
+        [sys.executable, "-c", CUDASIM_SCRIPT],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NUMBA_ENABLE_CUDASIM": "1"},
+        check=False,
+    )
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
+
+
+@pytest.mark.gpu
+def test_gpu_backend_gives_the_cpu_p_values(pytestconfig):
+    import_for_gpu_test(pytestconfig, "cupy")
+    counts = generate.generate_raw_droplets(2000, 100_000, 10_000, seed=4).counts
+    runs = {
+        "empty_drops": lambda backend: empty_drops(counts, niters=2000, retain=1000, backend=backend),
+        "cell_ranger": lambda backend: empty_drops_cell_ranger(
+            counts, niters=2000, expected_cells=2000, backend=backend
+        ),
+    }
+    for name, run in runs.items():
+        cpu, gpu = run("cpu"), run("gpu")
+        differ = int((cpu.table["p_value"] != gpu.table["p_value"])[cpu.table["p_value"].notna()].sum())
+        print(f"\nMEASURE test_emptydrops_gpu_{name} p_values_differing={differ}", flush=True)
+        pd.testing.assert_frame_equal(cpu.table, gpu.table)
+        assert cpu.alpha == gpu.alpha
