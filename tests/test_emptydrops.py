@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import shutil
@@ -15,6 +16,7 @@ import pandas as pd
 import pytest
 from conftest import REPO, import_for_gpu_test
 from scipy import io as scipy_io
+from scipy import sparse
 
 from omicsprep.cells import montecarlo
 from omicsprep.cells.emptydrops import empty_drops, empty_drops_cell_ranger
@@ -50,13 +52,13 @@ CASES = {
         lambda m: empty_drops(m, niters=NITERS, retain=800),
         f"function(m) emptyDrops(m, niters={NITERS}, retain=800)",
     ),
-    "test_ambient_by_rank_multinomial": (
-        lambda m: empty_drops(m, niters=NITERS, retain=2000, test_ambient=True, by_rank=600, alpha=math.inf, ignore=3),
-        f"function(m) emptyDrops(m, niters={NITERS}, retain=2000, test.ambient=TRUE, by.rank=600, alpha=Inf, ignore=3)",
+    "test_ambient_by_rank_fixed_alpha": (
+        lambda m: empty_drops(m, niters=NITERS, retain=2000, test_ambient=True, by_rank=600, alpha=200.0, ignore=3),
+        f"function(m) emptyDrops(m, niters={NITERS}, retain=2000, test.ambient=TRUE, by.rank=600, alpha=200, ignore=3)",
     ),
-    "fixed_alpha_lower": (
-        lambda m: empty_drops(m, niters=NITERS, retain=1500, lower=50, alpha=30.0),
-        f"function(m) emptyDrops(m, niters={NITERS}, retain=1500, lower=50, alpha=30)",
+    "multinomial_lower": (
+        lambda m: empty_drops(m, niters=NITERS, retain=1500, lower=50, alpha=math.inf),
+        f"function(m) emptyDrops(m, niters={NITERS}, retain=1500, lower=50, alpha=Inf)",
     ),
     "cell_ranger": (
         lambda m: empty_drops_cell_ranger(
@@ -70,9 +72,27 @@ CASES = {
 }
 
 
+AMBIENT_ALPHA = 200.0
+
+
 @cache
 def droplets() -> generate.RawDroplets:
-    return generate.generate_raw_droplets(300, 20_000, 2_000, seed=3)
+    """Generated droplets whose empty droplets are Dirichlet-multinomial around the ambient profile.
+
+    generate's empty droplets are multinomial draws, whose alpha estimate would sit at
+    DropletUtils' upper bound; overdispersed ones test the estimate.
+    """
+    raw = generate.generate_raw_droplets(300, 20_000, 2_000, seed=3)
+    rng = np.random.default_rng(3)
+    empty = ~raw.truth["is_cell"].to_numpy()
+    proportions = rng.gamma(AMBIENT_ALPHA * raw.ambient, size=(int(empty.sum()), raw.ambient.size))
+    proportions /= proportions.sum(axis=1, keepdims=True)
+    totals = np.asarray(raw.counts[empty].sum(axis=1)).ravel().astype(np.int64)
+    redrawn = sparse.csr_matrix(rng.multinomial(totals, proportions).astype(np.float32))
+    stacked = sparse.vstack([raw.counts[~empty], redrawn], format="csr")
+    position = np.empty(empty.size, dtype=np.int64)  # each barcode's row in the stack
+    position[np.argsort(empty, kind="stable")] = np.arange(empty.size)
+    return dataclasses.replace(raw, counts=stacked[position])
 
 
 @pytest.fixture(scope="module")
