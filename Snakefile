@@ -14,6 +14,7 @@ report: "report/workflow.rst"
 
 include: "rules/common.smk"
 include: "rules/umi.smk"
+include: "rules/cells.smk"
 include: "rules/qc.smk"
 include: "rules/cluster.smk"
 include: "rules/coexpression.smk"

@@ -120,10 +120,13 @@ def generate_with_clusters(
     return sparse.vstack([counts for counts, _ in chunks], format="csr"), np.concatenate([c for _, c in chunks])
 
 
-def write_10x_h5(counts: sparse.csr_matrix, path: Path, *, barcodes: list[str] | None = None) -> None:
+def write_10x_h5(
+    counts: sparse.csr_matrix, path: Path, *, barcodes: list[str] | None = None, compression: str | None = None
+) -> None:
     """Write counts in Cell Ranger's HDF5 layout (genes x cells, CSC by cell).
 
-    Barcodes are ``CELL00000000-1``... unless given.
+    Barcodes are ``CELL00000000-1``... unless given; ``compression`` (``"gzip"``, as Cell Ranger
+    writes) applies to the matrix's arrays.
     """
     names = gene_names(counts.shape[1])
     barcodes = barcodes if barcodes is not None else [f"CELL{i:08d}-1" for i in range(counts.shape[0])]
@@ -132,9 +135,9 @@ def write_10x_h5(counts: sparse.csr_matrix, path: Path, *, barcodes: list[str] |
     with atomic_path(path) as tmp, h5py.File(tmp, "w") as handle:
         matrix = handle.create_group("matrix")
         matrix["barcodes"] = np.array(barcodes, dtype="S")
-        matrix["data"] = counts.data.astype(np.int32)
-        matrix["indices"] = counts.indices.astype(np.int64)
-        matrix["indptr"] = counts.indptr.astype(np.int64)
+        matrix.create_dataset("data", data=counts.data.astype(np.int32), compression=compression)
+        matrix.create_dataset("indices", data=counts.indices.astype(np.int64), compression=compression)
+        matrix.create_dataset("indptr", data=counts.indptr.astype(np.int64), compression=compression)
         matrix["shape"] = np.array([counts.shape[1], counts.shape[0]], dtype=np.int32)
         features = matrix.create_group("features")
         features["id"] = np.array([f"ENSG{i:011d}" for i in range(len(names))], dtype="S")
@@ -357,8 +360,9 @@ def generate_raw_droplets(
 ) -> RawDroplets:
     """A raw droplet matrix: ``n_cells`` cells among ``n_barcodes`` barcodes.
 
-    Cell types have a shared heavy-tailed baseline and ``n_markers`` exclusive marker genes
-    each (expressed by no other type); type frequencies are uneven (the largest about 8x
+    Cell types have a shared heavy-tailed baseline, differ by degree on 5% of the genes
+    (log-normal fold changes, sigma 1.5) and have ``n_markers`` exclusive marker genes each
+    (expressed by no other type); type frequencies are uneven (the largest about 8x
     the smallest). Cells have log-normal library sizes (median 3,000 UMIs, at least 300),
     of which a planted fraction, uniform in 5-20%, comes from the ambient profile; empty
     droplets hold ambient UMIs only, 1 + log-normal (median about 3, a long tail past 100),
@@ -373,6 +377,12 @@ def generate_raw_droplets(
     )
     base[marker_genes.ravel()] = 0.0
     weights = np.tile(base, (n_types, 1))
+    # Types also differ by degree on 5% of the genes, as real cell types do on hundreds: a cell
+    # of the commonest type is then unlike the pooled ambient profile beyond its markers.
+    shared = np.setdiff1d(np.arange(N_MITO, n_genes), marker_genes.ravel())
+    for cell_type in range(n_types):
+        varied = rng.choice(shared, size=int(0.10 * n_genes), replace=False)
+        weights[cell_type, varied] *= np.exp(rng.normal(0, 2.0, varied.size))
     for cell_type, genes in enumerate(marker_genes):
         weights[cell_type, genes] = np.median(base) * 200 * rng.lognormal(0, 0.5, n_markers)
     type_profiles = weights / weights.sum(axis=1, keepdims=True)

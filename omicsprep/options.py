@@ -237,10 +237,15 @@ class CoexpressionOptions:
 
 @dataclass(frozen=True)
 class DsbOptions:
-    """dsb's pseudocount, and whether each cell's technical component is removed."""
+    """Settings of dsb (section ``protein.dsb``).
+
+    Its pseudocount, whether each cell's technical component is removed, and the antibody
+    totals (log10) of the empty droplets taken as background from a sample's raw droplets.
+    """
 
     pseudocount: float = 10
     denoise: bool = True
+    background_log10_library: tuple[float, float] = (1.5, 3.0)
 
 
 @dataclass(frozen=True)
@@ -339,3 +344,113 @@ class UmiOptions:
     chunk_rows: int = 5_000_000
     bam: BamOptions = field(default_factory=BamOptions)
     table: TableOptions = field(default_factory=TableOptions)
+
+
+@dataclass(frozen=True)
+class EmptyDropsCrOptions:
+    """Cell Ranger's cell calling (``emptydrops_cr``): the initial ordmag call and the ambient pool.
+
+    Cells above ``max_percentile`` of the ``expected_cells`` largest totals over
+    ``max_min_ratio`` are called first; candidates are at most ``candidates_max`` barcodes
+    with at least ``umi_min`` UMIs and ``umi_min_frac_median`` of the called cells' median;
+    the ambient profile comes from the barcodes ranked ``ambient_rank_min`` to
+    ``ambient_rank_max``.
+    """
+
+    max_percentile: float = 0.99
+    max_min_ratio: float = 10.0
+    umi_min: int = 500
+    umi_min_frac_median: float = 0.01
+    candidates_max: int = 20_000
+    ambient_rank_min: int = 45_000
+    ambient_rank_max: int = 90_000
+
+
+@dataclass(frozen=True)
+class SoupxOptions:
+    """SoupX (``ambient.method: soupx``).
+
+    The soup from droplets with totals in ``soup_range``; ``contamination`` fixed, or
+    (``None``) estimated as SoupX's ``autoEstCont`` does, with its settings.
+    """
+
+    contamination: float | None = None
+    soup_range: tuple[int, int] = (0, 100)
+    tfidf_min: float = 1.0
+    soup_quantile: float = 0.9
+    max_markers: int = 100
+    contamination_range: tuple[float, float] = (0.01, 0.8)
+    rho_max_fdr: float = 0.2
+    prior_rho: float = 0.05
+    prior_rho_std_dev: float = 0.10
+
+
+@dataclass(frozen=True)
+class DecontxOptions:
+    """DecontX (``ambient.method: decontx``).
+
+    Its Beta prior ``delta`` (estimated when ``estimate_delta``), at most ``max_iter`` EM
+    iterations until the contamination changes by less than ``convergence``.
+    """
+
+    max_iter: int = 500
+    delta: tuple[float, float] = (10.0, 10.0)
+    estimate_delta: bool = True
+    convergence: float = 0.001
+    seed: int = 12345
+
+
+@dataclass(frozen=True)
+class CellbenderOptions:
+    """CellBender ``remove-background`` (``ambient.method: cellbender``).
+
+    ``epochs`` of training, its false positive rate ``fpr``; ``learning_rate`` and
+    ``total_droplets`` are CellBender's own when ``None``.
+    """
+
+    epochs: int = 150
+    fpr: float = 0.01
+    learning_rate: float | None = None
+    total_droplets: int | None = None
+
+
+@dataclass(frozen=True)
+class AmbientOptions:
+    """Ambient RNA removal from the called cells (section ``cells.ambient``).
+
+    SoupX and DecontX work per cluster: the cells are clustered quickly first (Leiden at
+    ``cluster_resolution`` on 30 PCs of 2,000 highly variable genes).
+    """
+
+    method: Literal["none", "soupx", "decontx", "cellbender"] = "none"
+    cluster_resolution: float = 1.0
+    soupx: SoupxOptions = field(default_factory=SoupxOptions)
+    decontx: DecontxOptions = field(default_factory=DecontxOptions)
+    cellbender: CellbenderOptions = field(default_factory=CellbenderOptions)
+
+
+@dataclass(frozen=True)
+class CellOptions:
+    """Cell calling from raw droplets (section ``cells``).
+
+    ``method``: ``emptydrops`` (DropletUtils' emptyDrops), ``emptydrops_cr`` (Cell Ranger's,
+    STARsolo's ``EmptyDrops_CR``), ``knee`` (barcodes above the barcode-rank knee) or
+    ``none`` (every barcode). Barcodes with at most ``lower`` UMIs make the ambient profile;
+    ``niters`` Monte Carlo iterations give p-values; barcodes with ``retain`` or more UMIs are
+    cells (``None``: the knee); cells have an FDR at most ``fdr``. ``expected_cells`` feeds
+    Cell Ranger's initial call (3,000 when ``None``) and CellBender. ``test_ambient``,
+    ``by_rank`` and ``ignore`` are emptyDrops'.
+    """
+
+    method: Literal["emptydrops", "emptydrops_cr", "knee", "none"] = "emptydrops"
+    lower: int = 100
+    niters: int = 10_000
+    retain: float | None = None
+    fdr: float = 0.001
+    expected_cells: int | None = None
+    test_ambient: bool = False
+    by_rank: int | None = None
+    ignore: int | None = None
+    seed: int = 0
+    emptydrops_cr: EmptyDropsCrOptions = field(default_factory=EmptyDropsCrOptions)
+    ambient: AmbientOptions = field(default_factory=AmbientOptions)

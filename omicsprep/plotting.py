@@ -241,3 +241,43 @@ def barcode_rank_figure(ranks: BarcodeRanks, totals: np.ndarray, *, is_cell: np.
     ax.set_title(title)
     fig.tight_layout()
     return fig
+
+
+def ambient_figure(
+    profile: np.ndarray, genes: pd.Index, ambient_fraction: pd.Series | None, *, title: str, n_genes: int = 20
+) -> Figure:
+    """The ambient profile's top genes, and each cell's removed ambient share when removed.
+
+    Parameters
+    ----------
+    profile
+        Each gene's share of the ambient UMIs (of the empty droplets).
+    genes
+        The genes' names.
+    ambient_fraction
+        Per cell, the share of its UMIs removed as ambient; ``None`` when nothing was removed.
+    title
+        Figure title (the sample's name).
+    n_genes
+        Genes shown.
+    """
+    fig = Figure(figsize=(11, 4))
+    top_ax, share_ax = fig.subplots(1, 2)
+    top = np.argsort(profile)[::-1][:n_genes]
+    top_ax.barh(np.arange(top.size)[::-1], 100 * profile[top], color="#4c72b0")
+    top_ax.set_yticks(np.arange(top.size)[::-1], labels=[str(name) for name in genes[top]], fontsize=7)
+    top_ax.set_xlabel("% of ambient UMIs")
+    top_ax.set_title("ambient profile: top genes")
+    if ambient_fraction is None:
+        share_ax.text(0.5, 0.5, "ambient RNA not removed\n(cells.ambient.method: none)", ha="center", va="center")
+        share_ax.axis("off")
+    else:
+        values = 100 * ambient_fraction.to_numpy(dtype=float)
+        share_ax.hist(values, bins=50, color="#dd8452")
+        share_ax.axvline(np.median(values), color="black", lw=1, ls="--", label=f"median {np.median(values):.1f}%")
+        share_ax.set_xlabel("% of a cell's UMIs removed as ambient")
+        share_ax.set_ylabel("cells")
+        share_ax.legend(frameon=False)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig

@@ -62,8 +62,10 @@ def set_nested(mapping, keys, value):
 validated_config(config)
 
 REQUIRED_COLUMNS = ("sample", "input")
-OPTIONAL_COLUMNS = ("format", "batch", "adt", "adt_empty", "fragments", "peaks")
+OPTIONAL_COLUMNS = ("format", "batch", "raw", "adt", "adt_empty", "fragments", "peaks")
 KNOWN_COLUMNS = REQUIRED_COLUMNS + OPTIONAL_COLUMNS
+# Filled in from the others when the sheet is read (not sample metadata).
+DERIVED_COLUMNS = ("raw_format",)
 
 
 def load_sample_sheet(path):
@@ -122,8 +124,18 @@ def load_sample_sheet(path):
         try:
             if row.input:
                 samples.loc[row.Index, "format"] = resolve_format(row.input, fmt=row.format)
+            samples.loc[row.Index, "raw_format"] = resolve_format(row.raw) if row.raw else ""
         except InputError as exc:
             raise WorkflowError(f"{where}: {exc.for_sample(row.sample)}")
+        if row.raw and samples.loc[row.Index, "format"] in READ_FORMATS:
+            raise WorkflowError(
+                f"{where}: sample {row.sample!r}: input holds reads, whose counts are raw droplets already: "
+                "leave column raw empty"
+            )
+        if samples.loc[row.Index, "raw_format"] in READ_FORMATS:
+            raise WorkflowError(
+                f"{where}: sample {row.sample!r}: raw file {row.raw!r} holds reads: give reads in column input"
+            )
     return samples.set_index("sample", drop=False)
 
 
@@ -157,14 +169,15 @@ METADATA_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 
 def modality_problem(row):
     """What is wrong with a sample's modality columns, or None."""
-    if not row.input and not row.adt:
-        return "neither input (RNA) nor adt (antibody tags) is given"
-    needs = {"fragments": "input", "adt_empty": "adt", "peaks": "fragments"}
+    if not row.input and not row.raw and not row.adt:
+        return "neither input or raw (RNA) nor adt (antibody tags) is given"
+    if row.fragments and not (row.input or row.raw):
+        return "column fragments needs column input or raw (the cells are called on the RNA)"
+    needs = {"adt_empty": "adt", "peaks": "fragments"}
     for column, needed in needs.items():
         if getattr(row, column) and not getattr(row, needed):
-            why = "the cells are called on the RNA" if column == "fragments" else ""
-            return f"column {column} needs column {needed}" + (f" ({why})" if why else "")
-    for column in ("adt", "adt_empty", "fragments", "peaks"):
+            return f"column {column} needs column {needed}"
+    for column in ("raw", "adt", "adt_empty", "fragments", "peaks"):
         path = getattr(row, column)
         if path and not Path(path).exists():
             return f"{column} file {path!r} does not exist"
@@ -178,7 +191,7 @@ SAMPLES = list(SAMPLE_SHEET.index)
 def sample_modalities(sample):
     """The sample's modalities among rna, protein and atac."""
     row = SAMPLE_SHEET.loc[sample]
-    present = {"rna": row["input"], "protein": row["adt"], "atac": row["fragments"]}
+    present = {"rna": row["input"] or row["raw"], "protein": row["adt"], "atac": row["fragments"]}
     return [name for name, path in present.items() if path]
 
 
@@ -221,6 +234,12 @@ def is_reads(sample):
     return SAMPLE_SHEET.loc[sample, "format"] in READ_FORMATS
 
 
+def has_droplets(sample):
+    """Whether the sample's RNA comes as raw droplets (a raw matrix, or reads), whose cells
+    rule call_cells calls."""
+    return bool(SAMPLE_SHEET.loc[sample, "raw"]) or is_reads(sample)
+
+
 def reads_input(wildcards):
     return SAMPLE_SHEET.loc[wildcards.sample, "input"]
 
@@ -235,27 +254,62 @@ def for_sample(path, sample):
 
 
 def counts_input(wildcards):
-    """The count matrix: the sheet's, or the one counted from the sample's reads."""
-    if is_reads(wildcards.sample):
-        return for_sample(rules.count_umis.output.h5ad, wildcards.sample)
+    """The cells' count matrix: the sheet's, or the cells called among the sample's droplets."""
+    if has_droplets(wildcards.sample):
+        return for_sample(rules.call_cells.output.h5ad, wildcards.sample)
     return SAMPLE_SHEET.loc[wildcards.sample, "input"]
 
 
 def counts_format(wildcards):
-    return "h5ad" if is_reads(wildcards.sample) else SAMPLE_SHEET.loc[wildcards.sample, "format"]
+    return "h5ad" if has_droplets(wildcards.sample) else input_format(wildcards)
+
+
+def input_format(wildcards):
+    return SAMPLE_SHEET.loc[wildcards.sample, "format"]
+
+
+def raw_input(wildcards):
+    """Every droplet of the sample: its raw matrix, or the counts of its reads."""
+    if is_reads(wildcards.sample):
+        return for_sample(rules.count_umis.output.h5ad, wildcards.sample)
+    return SAMPLE_SHEET.loc[wildcards.sample, "raw"]
+
+
+def raw_format(wildcards):
+    return "h5ad" if is_reads(wildcards.sample) else SAMPLE_SHEET.loc[wildcards.sample, "raw_format"]
+
+
+def call_cells_inputs(wildcards):
+    """The raw droplets; the filtered matrix when given beside them (its cells are kept); and
+    CellBender's output when it removes the ambient RNA."""
+    row = SAMPLE_SHEET.loc[wildcards.sample]
+    inputs = {"raw": raw_input(wildcards)}
+    if row["raw"] and row["input"]:
+        inputs["filtered"] = row["input"]
+    if config["cells"]["ambient"]["method"] == "cellbender":
+        inputs["cellbender"] = for_sample(rules.cellbender.output.h5, wildcards.sample)
+    return inputs
 
 
 def sample_metadata(wildcards):
     """The sample's obs annotations: its batch and the sheet's metadata columns, where given."""
     row = SAMPLE_SHEET.loc[wildcards.sample]
-    columns = ["batch", *(column for column in SAMPLE_SHEET.columns if column not in KNOWN_COLUMNS)]
+    columns = [
+        "batch",
+        *(column for column in SAMPLE_SHEET.columns if column not in KNOWN_COLUMNS + DERIVED_COLUMNS),
+    ]
     return {column: row[column] for column in columns if row[column]}
 
 
 def protein_inputs(wildcards):
-    """The sample's antibody counts, and its empty droplets when given."""
+    """The sample's antibody counts, and its empty droplets: given, or (from raw droplets,
+    which may hold the antibody rows) the barcodes that are not cells."""
     row = SAMPLE_SHEET.loc[wildcards.sample]
-    return {"adt": row["adt"], **({"empty": row["adt_empty"]} if row["adt_empty"] else {})}
+    if row["adt_empty"]:
+        return {"adt": row["adt"], "empty": row["adt_empty"]}
+    if row["raw"]:
+        return {"adt": row["adt"], "raw": row["raw"], "calls": for_sample(rules.call_cells.output.barcodes, wildcards.sample)}
+    return {"adt": row["adt"]}
 
 
 def atac_inputs(wildcards):
@@ -341,6 +395,7 @@ def cluster_keys():
 # Rules whose run times the report tabulates, with the key of the output holding each one's
 # provenance (backend, step timings): an AnnData, or a JSON record.
 TIMED_RULES = {
+    "call_cells": "h5ad",
     "qc": "h5ad",
     "cluster": "h5ad",
     "coexpression": "provenance",
@@ -354,6 +409,7 @@ TIMED_RULES = {
 def rules_of(sample):
     """The timed rules that run for a sample."""
     runs = {
+        "call_cells": sample in RNA_SAMPLES and has_droplets(sample),
         "qc": sample in RNA_SAMPLES,
         "cluster": sample in RNA_SAMPLES,
         "coexpression": sample in RNA_SAMPLES and config["coexpression"]["enabled"],

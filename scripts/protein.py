@@ -4,6 +4,7 @@ from omicsprep import io
 from omicsprep.backend import resolve_backend
 from omicsprep.options import EmbeddingOptions, ProteinOptions, from_config
 from omicsprep.pipeline import run_protein
+from omicsprep.protein.normalization import background_droplets
 from omicsprep.workflow import run_script
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
@@ -13,16 +14,21 @@ def main() -> None:
     backend = resolve_backend(snakemake.params.backend)
     duplicates = snakemake.params.duplicate_barcodes
     adata = io.read_counts(snakemake.input.adt, feature_type="Antibody Capture", duplicate_barcodes=duplicates)
-    has_empty = "empty" in snakemake.input.keys()  # noqa: SIM118 - a Namedlist: `in` alone tests its files
-    empty = (
-        io.read_counts(snakemake.input.empty, feature_type="Antibody Capture", duplicate_barcodes=duplicates)
-        if has_empty
-        else None
-    )
+    options = from_config(ProteinOptions, snakemake.params.protein)
+    inputs = set(snakemake.input.keys())
+    empty = None
+    if "empty" in inputs:
+        empty = io.read_counts(snakemake.input.empty, feature_type="Antibody Capture", duplicate_barcodes=duplicates)
+    elif "raw" in inputs and io.has_feature_type(snakemake.input.raw, "Antibody Capture"):
+        raw_tags = io.read_counts(snakemake.input.raw, feature_type="Antibody Capture", duplicate_barcodes=duplicates)
+        calls = io.read_table(snakemake.input.calls)
+        empty = background_droplets(
+            raw_tags, is_cell=calls["is_cell"], log10_library=options.dsb.background_log10_library
+        )
     run_protein(
         adata,
         empty=empty,
-        options=from_config(ProteinOptions, snakemake.params.protein),
+        options=options,
         embedding_options=from_config(EmbeddingOptions, snakemake.params.clustering),
         seed=snakemake.params.seed,
         backend=backend,

@@ -36,6 +36,9 @@ CITESEQ = DEMO / "citeseq_dsb"
 PBMC_H5 = DEMO / "pbmc_chr21" / "filtered_feature_bc_matrix.h5"
 PBMC_MTX = DEMO / "pbmc_chr21" / "filtered_feature_bc_matrix"
 MOUSE_ZARR = DEMO / "mouse_10k.zarr"
+# Generated raw droplets (300 cells among 15,000 barcodes) and their truth per barcode.
+DROPLETS_H5 = DEMO / "droplets" / "raw_feature_bc_matrix.h5"
+DROPLETS_TRUTH = DEMO / "droplets" / "truth.parquet"
 
 # Options for the one-chromosome demo matrices (few genes per cell): fixed QC limits only.
 QC_OPTIONS = QcOptions(filter=FilterOptions(method="thresholds", min_genes=10))

@@ -13,6 +13,7 @@ from conftest import REPO
 from omicsprep import options
 from omicsprep.options import (
     AtacOptions,
+    CellOptions,
     ClusteringOptions,
     CoexpressionOptions,
     DoubletOptions,
@@ -41,6 +42,7 @@ SECTIONS = {
     MultiomeOptions: "multiome",
     MergeOptions: "merge",
     UmiOptions: "umi",
+    CellOptions: "cells",
 }
 
 

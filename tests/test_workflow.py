@@ -11,7 +11,7 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import CITESEQ, MULTIOME, PBMC_H5, PBMC_MTX, REPO
+from conftest import CITESEQ, DROPLETS_H5, DROPLETS_TRUTH, MULTIOME, PBMC_H5, PBMC_MTX, REPO
 from scipy import sparse
 
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -112,7 +112,10 @@ def every_rule_sheet(path: Path) -> Path:
 
 
 def test_gpu_rules_are_the_documented_ones():
-    assert sorted(["count_umis", "qc", "cluster", "coexpression", "protein", "atac", "multiome", "merge"]) == GPU_RULES
+    assert (
+        sorted(["count_umis", "call_cells", "qc", "cluster", "coexpression", "protein", "atac", "multiome", "merge"])
+        == GPU_RULES
+    )
 
 
 @pytest.mark.parametrize("pinned", GPU_RULES)
@@ -387,7 +390,16 @@ def test_a_sample_given_as_reads_is_counted_then_qcd(tmp_path):
     bam = tmp_path / "reads.bam"
     generate.write_bam(generate.generate_reads(150_000, n_cells=200, n_genes=300, seed=5), bam)
     sheet = write_sheet(tmp_path / "s.tsv", [f"reads\t{bam}"])
-    result = snakemake("results/reads/qc.h5ad", "--cores", "2", "--config", f"samples={sheet}", workdir=tmp_path)
+    # Every barcode of these reads is a cell: no cell calling.
+    result = snakemake(
+        "results/reads/qc.h5ad",
+        "--cores",
+        "2",
+        "--config",
+        f"samples={sheet}",
+        "cells={method: none}",
+        workdir=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     counts = pd.read_csv(tmp_path / "results" / "reads" / "umi_counts.tsv", sep="\t")
     assert list(counts.columns) == ["gene", "cell", "count"]
@@ -397,6 +409,55 @@ def test_a_sample_given_as_reads_is_counted_then_qcd(tmp_path):
     assert skipped["several genes"] > 0
     assert skipped["UMI with N"] > 0
     assert (tmp_path / "benchmarks" / "count_umis" / "reads.tsv").is_file()
+
+
+def test_raw_droplets_are_called_then_qcd(tmp_path):
+    """Raw droplets, as a raw 10x matrix and as the reads of the same droplets (a BAM): the
+    cells called among them and their ambient RNA removed (SoupX) before qc."""
+    import generate
+
+    droplets = generate.generate_raw_droplets(150, 6_000, 800, seed=3)
+    bam = tmp_path / "droplets.bam"
+    generate.write_bam(generate.droplet_reads(droplets, seed=3), bam)
+    sheet = write_sheet(tmp_path / "s.tsv", [f"raw\t\t{DROPLETS_H5}", f"reads\t{bam}\t"], header="sample\tinput\traw")
+    targets = [f"results/{sample}/qc.h5ad" for sample in ("raw", "reads")]
+    dry = snakemake(*targets, "-n", "--config", f"samples={sheet}", workdir=tmp_path)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    order = re.findall(r"^rule (\w+):", dry.stdout + dry.stderr, flags=re.MULTILINE)
+    assert order.index("count_umis") < order.index("call_cells") < order.index("qc"), order
+    result = snakemake(
+        *targets,
+        "--cores",
+        "2",
+        "--config",
+        f"samples={sheet}",
+        "backend=cpu",
+        "cells={niters: 2000, ambient: {method: soupx, soupx: {tfidf_min: 0.5}}}",
+        workdir=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-5000:]
+    truth = {"raw": pd.read_parquet(DROPLETS_TRUTH), "reads": droplets.truth}
+    for sample in ("raw", "reads"):
+        cells = tmp_path / "results" / sample / "cells"
+        table = pd.read_parquet(cells / "barcodes.parquet")
+        assert {"total", "rank", "p_value", "fdr", "is_cell", "method", "ambient_fraction"} <= set(table.columns)
+        called = table["is_cell"].reindex(truth[sample].index, fill_value=False)
+        assert (called == truth[sample]["is_cell"]).mean() > 0.99
+        for figure in ("knee.png", "ambient.png"):
+            assert (cells / figure).stat().st_size > 0
+        matrix = ad.read_h5ad(cells / "matrix.h5ad")
+        assert matrix.n_obs == table["is_cell"].sum()
+        assert (matrix.layers["counts_uncorrected"].sum() > matrix.X.sum()) and "ambient_fraction" in matrix.obs
+        qc = ad.read_h5ad(tmp_path / "results" / sample / "qc.h5ad")
+        assert set(qc.obs_names) <= set(matrix.obs_names)
+
+
+def test_raw_column_refused_with_reads(tmp_path):
+    bam = REPO / "tests" / "data" / "umi_tools" / "chr19_gene_tags.bam"
+    sheet = write_sheet(tmp_path / "s.tsv", [f"s\t{bam}\t{DROPLETS_H5}"], header="sample\tinput\traw")
+    expect_failure(
+        snakemake("-n", "--config", f"samples={sheet}", workdir=tmp_path), "sample 's'", "leave column raw empty"
+    )
 
 
 def test_multiome_and_citeseq_samples(tmp_path):
@@ -451,8 +512,11 @@ def test_multiome_and_citeseq_samples(tmp_path):
 @pytest.mark.parametrize(
     ("rows", "message"),
     [
-        (["s\t\t\t\t"], "neither input (RNA) nor adt"),
-        ([f"s\t\t{CITESEQ / 'cells'}\t{MULTIOME / 'fragments.tsv.gz'}\t"], "column fragments needs column input"),
+        (["s\t\t\t\t"], "neither input or raw (RNA) nor adt"),
+        (
+            [f"s\t\t{CITESEQ / 'cells'}\t{MULTIOME / 'fragments.tsv.gz'}\t"],
+            "column fragments needs column input or raw",
+        ),
         ([f"s\t{PBMC_H5}\t\tmissing.tsv.gz\t"], "fragments file 'missing.tsv.gz' does not exist"),
     ],
 )

@@ -14,6 +14,7 @@ from omicsprep.io.counts import (
     DuplicateBarcodes,
     InputFormat,
     detect_format,
+    has_feature_type,
     read_counts,
     resolve_format,
 )
@@ -53,6 +54,7 @@ __all__ = [
     "detect_format",
     "fragment_chunks",
     "glob_escape",
+    "has_feature_type",
     "out_of_space",
     "read_chrom_sizes",
     "read_counts",

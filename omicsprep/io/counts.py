@@ -113,6 +113,29 @@ def _read_any(path: Path, fmt: InputFormat) -> AnnData:
     return ad.read_zarr(path)
 
 
+def has_feature_type(path: str | Path, feature_type: str) -> bool:
+    """Whether a count matrix holds features of ``feature_type`` (10x's ``feature_types``).
+
+    Only the feature list is read.
+    """
+    path = Path(path)
+    fmt = resolve_format(path)
+    if fmt == "10x_h5":
+        import h5py
+
+        with h5py.File(path, "r") as handle:
+            types = handle["matrix/features/feature_type"][:] if "matrix/features" in handle else []
+        return feature_type.encode() in set(types)
+    if fmt == "10x_mtx":
+        import pandas as pd
+
+        features = next((path / name for name in _MTX_FEATURES if (path / name).exists()), None)
+        table = pd.read_csv(features, sep="\t", header=None) if features is not None else None
+        return table is not None and table.shape[1] > 2 and (table[2] == feature_type).any()
+    var = ad.read_h5ad(path, backed="r").var if fmt == "h5ad" else ad.read_zarr(path).var
+    return "feature_types" in var and bool((var["feature_types"] == feature_type).any())
+
+
 DuplicateBarcodes = Literal["error", "rename"]
 
 

@@ -12,6 +12,7 @@ import re
 from types import ModuleType
 
 import numpy as np
+import pandas as pd
 from anndata import AnnData
 from scipy import sparse
 
@@ -169,3 +170,43 @@ def _two_component_low_means(values, *, xp: ModuleType, n_iterations: int = 200)
         deviation = values[:, :, None] - means[:, None, :]
         variances = xp.maximum((responsibility * deviation**2).sum(axis=1) / mass, floor)
     return means.min(axis=1)
+
+
+def background_droplets(
+    raw_tags: AnnData, *, is_cell: pd.Series, log10_library: tuple[float, float] = (1.5, 3.0)
+) -> AnnData:
+    """The empty droplets that make dsb's background, from raw droplets.
+
+    The barcodes that are not cells and whose antibody library size (log10 of the total)
+    lies in ``log10_library``, as dsb's authors select them.
+
+    Parameters
+    ----------
+    raw_tags
+        Every barcode x antibodies, raw counts.
+    is_cell
+        Whether each barcode is a cell (indexed by barcode, the cell calls' table).
+    log10_library
+        Lowest and highest log10 antibody total of a background droplet; droplets below hold
+        too few tags to estimate the background, those above are likely cells or aggregates.
+
+    Returns
+    -------
+    The background droplets x antibodies (a copy).
+
+    Raises
+    ------
+    InputError
+        No droplet qualifies.
+    """
+    cells = is_cell.reindex(raw_tags.obs_names, fill_value=False).to_numpy(dtype=bool)
+    with np.errstate(divide="ignore"):
+        library = np.log10(np.asarray(raw_tags.X.sum(axis=1)).ravel())
+    low, high = log10_library
+    keep = ~cells & (library >= low) & (library <= high)
+    if not keep.any():
+        raise InputError(
+            f"no empty droplet with an antibody total of 10^{low:g} to 10^{high:g} among {raw_tags.n_obs} barcodes "
+            "for dsb's background (protein.dsb.background_log10_library)"
+        )
+    return raw_tags[keep].copy()

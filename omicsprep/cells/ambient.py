@@ -1,0 +1,146 @@
+"""Ambient RNA removal from called cells: SoupX, DecontX, or CellBender's corrected counts.
+
+Whichever method runs, the cells come back the same way: corrected counts in ``X``, the
+uncorrected in ``layers["counts_uncorrected"]``, each cell's removed share in
+``obs["ambient_fraction"]``, and a summary (method, contamination) in ``uns["ambient"]``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from anndata import AnnData
+from scipy import sparse
+
+from omicsprep.backend import Backend, to_device, to_host
+from omicsprep.cells import decontx, soupx
+from omicsprep.errors import InputError
+from omicsprep.options import AmbientOptions
+from omicsprep.rna import clustering, preprocessing
+
+UNCORRECTED_LAYER = "counts_uncorrected"
+# The quick clustering SoupX and DecontX pool cells by.
+QUICK_HVG = 2000
+QUICK_PCS = 30
+QUICK_NEIGHBORS = 15
+
+
+def quick_clusters(cells: AnnData, *, resolution: float, seed: int, backend: Backend) -> np.ndarray:
+    """Leiden clusters of the cells (integer labels), from a copy of their counts.
+
+    Library-size normalization and log1p, 2,000 highly variable genes (Seurat's), 30 PCs,
+    15 neighbours: the pooling SoupX and DecontX need, not the workflow's clustering.
+    """
+    work = AnnData(X=cells.X.copy(), obs=cells.obs[[]].copy(), var=cells.var[[]].copy())
+    to_device(work, backend=backend)
+    preprocessing.normalize(work, target_sum=None, backend=backend)
+    preprocessing.highly_variable_genes(work, flavor="seurat", n_top_genes=QUICK_HVG, backend=backend)
+    preprocessing.pca(work, n_comps=QUICK_PCS, seed=seed, backend=backend)
+    clustering.neighbors(work, n_neighbors=QUICK_NEIGHBORS, n_pcs=QUICK_PCS, metric="euclidean", backend=backend)
+    clustering.cluster_graph(work, algorithm="leiden", resolutions=(resolution,), seed=seed, backend=backend)
+    to_host(work)
+    return work.obs[clustering.cluster_key("leiden", resolution)].cat.codes.to_numpy()
+
+
+def remove_ambient(
+    cells: AnnData,
+    *,
+    raw: AnnData,
+    options: AmbientOptions,
+    cellbender: AnnData | None = None,
+    seed: int,
+    backend: Backend,
+) -> None:
+    """Replace the cells' counts by ambient-corrected ones, in place.
+
+    Parameters
+    ----------
+    cells
+        Called cells x genes, raw counts in ``X`` (host memory).
+    raw
+        Every barcode of the sample (the soup of SoupX comes from its empty droplets).
+    options
+        The method and its settings (section ``cells.ambient``); ``none`` changes nothing.
+    cellbender
+        CellBender's output (corrected counts per barcode), for ``method: cellbender``.
+    seed
+        Seed of the quick clustering.
+    backend
+        ``"cpu"`` or ``"gpu"``.
+
+    Raises
+    ------
+    InputError
+        CellBender's output lacks called cells, or its genes differ.
+    """
+    if options.method == "none":
+        return
+    counts = sparse.csr_matrix(cells.X)
+    summary: dict[str, object] = {"method": options.method}
+    if options.method == "cellbender":
+        corrected = _cellbender_counts(cells, cellbender)
+    else:
+        clusters = quick_clusters(cells, resolution=options.cluster_resolution, seed=seed, backend=backend)
+        summary["n_clusters"] = int(clusters.max()) + 1
+        if options.method == "soupx":
+            corrected, rho = _soupx(counts, raw=raw, clusters=clusters, options=options, backend=backend)
+            summary["contamination"] = rho
+        else:
+            settings = options.decontx
+            result = decontx.decontx(
+                counts,
+                clusters=clusters,
+                max_iter=settings.max_iter,
+                delta=settings.delta,
+                estimate_delta=settings.estimate_delta,
+                convergence=settings.convergence,
+                seed=settings.seed,
+                backend=backend,
+            )
+            corrected = result.corrected
+            summary["iterations"] = result.iterations
+    before = np.asarray(counts.sum(axis=1)).ravel()
+    after = np.asarray(corrected.sum(axis=1)).ravel()
+    cells.layers[UNCORRECTED_LAYER] = counts
+    cells.X = sparse.csr_matrix(corrected, dtype=np.float32)
+    cells.obs["ambient_fraction"] = np.where(before > 0, 1 - after / np.maximum(before, 1), 0.0)
+    summary["median_ambient_fraction"] = float(np.median(cells.obs["ambient_fraction"]))
+    cells.uns["ambient"] = summary
+
+
+def _soupx(
+    counts: sparse.csr_matrix, *, raw: AnnData, clusters: np.ndarray, options: AmbientOptions, backend: Backend
+) -> tuple[sparse.csr_matrix, float]:
+    settings = options.soupx
+    try:
+        soup = soupx.soup_profile(sparse.csr_matrix(raw.X), soup_range=settings.soup_range)
+        rho = settings.contamination
+        if rho is None:
+            rho = soupx.estimate_contamination(
+                counts,
+                soup,
+                clusters=clusters,
+                tfidf_min=settings.tfidf_min,
+                soup_quantile=settings.soup_quantile,
+                max_markers=settings.max_markers,
+                contamination_range=settings.contamination_range,
+                rho_max_fdr=settings.rho_max_fdr,
+                prior_rho=settings.prior_rho,
+                prior_rho_std_dev=settings.prior_rho_std_dev,
+            ).rho
+    except ValueError as exc:  # SoupX's own refusals: no soup, no markers
+        raise InputError(f"SoupX: {exc} (cells.ambient.soupx; or set its contamination)") from exc
+    return soupx.remove_soup(counts, soup, rho=rho, clusters=clusters, backend=backend), float(rho)
+
+
+def _cellbender_counts(cells: AnnData, cellbender: AnnData | None) -> sparse.csr_matrix:
+    if cellbender is None:
+        raise InputError("ambient method cellbender, but no CellBender output was given")
+    missing = cells.obs_names.difference(cellbender.obs_names)
+    if len(missing):
+        raise InputError(
+            f"CellBender's output lacks {len(missing)} of the called cells ({missing[0]!r}, ...): "
+            "raise cells.ambient.cellbender.total_droplets"
+        )
+    if not cellbender.var_names.equals(cells.var_names):
+        raise InputError("CellBender's output has other genes than the raw matrix")
+    return sparse.csr_matrix(cellbender[cells.obs_names].X)
