@@ -159,7 +159,8 @@ def test_reader_refuses_plain_matrix(tmp_path, fixture_droplets):
         read_cellbender(plain)
 
 
-def test_cellbender_cli_end_to_end(tmp_path):
+@pytest.mark.parametrize("cuda", [False, pytest.param(True, marks=pytest.mark.gpu)], ids=["cpu", "cuda"])
+def test_cellbender_cli_end_to_end(tmp_path, cuda):
     """The real CLI on a tiny raw matrix, read back (a few epochs: the layout, not the quality)."""
     if shutil.which("cellbender") is None:
         pytest.skip("cellbender is not on PATH (pip install cellbender==0.4.0, see envs/cellbender.yaml)")
@@ -169,7 +170,7 @@ def test_cellbender_cli_end_to_end(tmp_path):
     run_dir = tmp_path / "run"  # CellBender writes its checkpoint into its working folder
     run_dir.mkdir()
     command = remove_background_command(
-        raw, run_dir / "cb.h5", expected_cells=100, total_droplets=300, epochs=5, cpu_threads=2
+        raw, run_dir / "cb.h5", expected_cells=100, total_droplets=300, epochs=5, cpu_threads=2, cuda=cuda
     )
     result = subprocess.run(command, cwd=run_dir, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
