@@ -13,6 +13,20 @@ the share of each true cell's counts removed against its planted ambient share, 
 other types' markers in true cells (counts that can only be ambient) before and after.
 Prints a table and writes it (``cellbender_bench.tsv``) and each run's log to ``$OUT`` (or
 the work folder).
+
+On the GPU machine (offline): CellBender and the packages it needs beyond the machine's
+image and the RAPIDS bundle (anndata) travel as wheels in ``.gpu/cellbender/`` (cellbender
+0.4.0, pyro-ppl 1.9.2, pyro-api 0.1.2, dill 0.4.1, tables 3.11.1, numexpr 2.14.2, ipython
+9.18.1, traitlets 5.16.1; 9.1 MB). With the bundle unpacked (carry ``.gpu/manifest``,
+``.gpu/stage.sh``, ``.gpu/env.sh`` and ``.gpu/cellbender``):
+
+    bash .gpu/stage.sh && source .gpu/env.sh &&
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/cb .gpu/cellbender/*.whl &&
+    export PYTHONPATH=/tmp/cb:$PYTHONPATH PATH=/tmp/cb/bin:$PATH PYTHONUNBUFFERED=1 &&
+    timeout 300 python3 benchmarks/cellbender_bench.py --settings fast --total-droplets 15000
+
+Without Jupyter there CellBender logs that it could not make its HTML report; the rest is
+written.
 """
 
 from __future__ import annotations
@@ -89,8 +103,18 @@ def quality(corrected: AnnData, droplets: RawDroplets) -> dict[str, float]:
     }
 
 
-def run_cellbender(raw: Path, folder: Path, setting: str, *, fpr: float, **options) -> tuple[float, Path, str]:
-    """Run CellBender with one of :data:`SETTINGS` in ``folder``: wall seconds, output and log.
+def seconds_to_trained(log: str) -> float:
+    """Seconds from CellBender's start to the end of training (data loading and training), from its log."""
+    stamps = [(m.start(), pd.Timestamp(m[1])) for m in re.finditer(r": (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\n", log)]
+    done = log.find("Inference procedure complete")
+    before = [stamp for position, stamp in stamps if position < done]
+    return (before[-1] - stamps[0][1]).total_seconds() if done >= 0 and before else np.nan
+
+
+def run_cellbender(
+    raw: Path, folder: Path, setting: str, *, fpr: float, log: Path, **options
+) -> tuple[float, Path, str]:
+    """Run CellBender with one of :data:`SETTINGS` in ``folder``, its output to ``log``: wall seconds, output, log.
 
     A checkpoint left in the folder by a run of the same setting is resumed (CellBender's own
     behaviour; its hash leaves out the FPR), so a second FPR costs only the output step.
@@ -98,8 +122,7 @@ def run_cellbender(raw: Path, folder: Path, setting: str, *, fpr: float, **optio
     output = folder / f"cellbender_fpr{fpr}.h5"
     command = remove_background_command(raw, output, fpr=fpr, **options, **SETTINGS[setting])
     start = time.perf_counter()
-    log = output.with_suffix(".run.log")
-    with log.open("w") as handle:
+    with log.open("w") as handle:  # in $OUT as it runs: a run cut short still shows its seconds per epoch
         result = subprocess.run(command, cwd=folder, stdout=handle, stderr=subprocess.STDOUT)
     seconds = time.perf_counter() - start
     if result.returncode != 0:
@@ -138,14 +161,17 @@ def main() -> None:
         shutil.rmtree(folder, ignore_errors=True)  # a checkpoint of an earlier run would be resumed
         folder.mkdir(parents=True)
         for fpr in args.fpr:  # the table is rewritten after each run: one cut short keeps what was measured
-            seconds, output, log = run_cellbender(raw, folder, setting, fpr=fpr, **options)
-            epoch = re.search(r"\(([\d.]+) seconds per epoch\)", log)
-            row = {"setting": setting, "fpr": fpr, "seconds": round(seconds, 1)}
-            row |= {"s_per_epoch": float(epoch[1]) if epoch else np.nan}
+            log_path = out / f"cellbender_{setting}_fpr{fpr}.log"
+            seconds, output, log = run_cellbender(raw, folder, setting, fpr=fpr, log=log_path, **options)
+            row = {
+                "setting": setting,
+                "fpr": fpr,
+                "seconds": round(seconds, 1),
+                "to_trained_s": seconds_to_trained(log),
+            }
             row |= quality(read_cellbender(output), droplets)
             print(row, flush=True)
             rows.append(row)
-            (out / f"cellbender_{setting}_fpr{fpr}.log").write_text(log[-200_000:])
             pd.DataFrame(rows).to_csv(out / "cellbender_bench.tsv", sep="\t", index=False)
     print(f"\n{args.cells} cells among {args.barcodes} barcodes x {args.genes} genes, {device} ({platform.node()})")
     print(pd.DataFrame(rows).to_string(index=False, float_format="%.3f"))

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from anndata import AnnData
 from scipy import sparse
@@ -108,7 +109,9 @@ def remove_background_command(
     return argv + list(extra)
 
 
-def aligned_counts(corrected: AnnData, *, barcodes: Sequence[str] | pd.Index, genes: Sequence[str] | pd.Index):
+def aligned_counts(
+    corrected: AnnData, *, barcodes: Sequence[str] | pd.Index, genes: Sequence[str] | pd.Index
+) -> sparse.csr_matrix:
     """CellBender's corrected counts for the given barcodes and genes, in their order.
 
     Parameters
@@ -124,8 +127,7 @@ def aligned_counts(corrected: AnnData, *, barcodes: Sequence[str] | pd.Index, ge
 
     Returns
     -------
-    scipy.sparse.csr_matrix
-        ``len(barcodes)`` x ``len(genes)`` counts, float32.
+    ``len(barcodes)`` x ``len(genes)`` counts, float32.
 
     Raises
     ------
@@ -138,7 +140,7 @@ def aligned_counts(corrected: AnnData, *, barcodes: Sequence[str] | pd.Index, ge
     return sparse.csr_matrix(matrix[rows][:, cols], dtype="float32")
 
 
-def _positions(index: pd.Index, names: Sequence[str] | pd.Index, *, what: str):
+def _positions(index: pd.Index, names: Sequence[str] | pd.Index, *, what: str) -> np.ndarray:
     positions = index.get_indexer(pd.Index(names))
     missing = positions < 0
     if missing.any():

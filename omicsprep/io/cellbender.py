@@ -58,14 +58,14 @@ def read_cellbender(path: str | Path, *, feature_type: str = "Gene Expression") 
             analyzed_genes = metadata["features_analyzed_inds"][()]
             fpr = float(metadata["target_false_positive_rate"][0])
             train_elbo = metadata["learning_curve_train_elbo"][()]
-            all_names = handle["matrix/features/feature_type"][()].astype(str)
+            feature_types = handle["matrix/features/feature_type"][()].astype(str)
     except InputError:
         raise
     except (OSError, KeyError) as exc:
         raise InputError(f"cannot be read as CellBender output ({type(exc).__name__}: {exc})", path=path) from exc
     # Latents and gene indices refer to every feature of the file, before read_counts kept one type.
-    kept_features = all_names == feature_type if (all_names == feature_type).any() else np.ones(all_names.size, bool)
-    analyzed_gene = np.zeros(all_names.size, dtype=bool)
+    kept_features = feature_types == feature_type
+    analyzed_gene = np.zeros(feature_types.size, dtype=bool)
     analyzed_gene[analyzed_genes] = True
     corrected.var["ambient_expression"] = ambient[kept_features]
     corrected.var["analyzed"] = analyzed_gene[kept_features]
