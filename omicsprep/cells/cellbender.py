@@ -1,0 +1,149 @@
+"""CellBender ``remove-background`` as an ambient RNA method: its command line, and its output aligned to ours.
+
+CellBender (Fleming et al. 2023) is run as its own program, in its own environment
+(``envs/cellbender.yaml``); :func:`omicsprep.io.cellbender.read_cellbender` reads what it
+writes. It writes ``ckpt.tar.gz`` (and, with Jupyter on the path, ``tmp.report.ipynb``) into
+its working directory, whatever ``--output`` says, and resumes from a checkpoint it finds
+there: run each sample in a folder of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from anndata import AnnData
+from scipy import sparse
+
+# CellBender's own default (argparser.py, --fpr): the share of true counts it may remove.
+DEFAULT_FPR = 0.01
+# CellBender's default number of training epochs (argparser.py, --epochs).
+DEFAULT_EPOCHS = 150
+
+
+def remove_background_command(
+    raw: str | Path,
+    output: str | Path,
+    *,
+    expected_cells: int | None = None,
+    total_droplets: int | None = None,
+    epochs: int = DEFAULT_EPOCHS,
+    learning_rate: float | None = None,
+    fpr: float = DEFAULT_FPR,
+    cuda: bool = False,
+    cpu_threads: int | None = None,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """The argv of ``cellbender remove-background`` (CellBender 0.4.0) on a raw matrix.
+
+    Parameters
+    ----------
+    raw
+        The raw (unfiltered) matrix, every barcode including the empty droplets, in a
+        format CellBender reads (10x HDF5 or MatrixMarket folder, h5ad, loom, ...).
+    output
+        The corrected matrix to write (``.h5``); CellBender writes its other files
+        (``*_filtered.h5``, ``*_cell_barcodes.csv``, ``*_metrics.csv``, ``*_posterior.h5``,
+        ``*.pdf``, ``*.log``) beside it, named after it.
+    expected_cells
+        A rough number of cells (within a factor of 2); CellBender estimates it when ``None``.
+    total_droplets
+        How many barcodes, by descending UMI count, are analysed (may hold cells); those
+        past it are taken as surely empty. CellBender picks it when ``None``; it must be
+        smaller than the number of barcodes with counts.
+    epochs
+        Training epochs (CellBender's default 150; its docs advise at least 150 for a
+        converged model).
+    learning_rate
+        The lower learning rate of the one-cycle schedule; CellBender's 1e-4 when ``None``.
+    fpr
+        Target false positive rate: the share of true (cell) counts that may be removed
+        with the background; 0.01 is CellBender's default.
+    cuda
+        Train on the GPU.
+    cpu_threads
+        PyTorch threads on the CPU; all logical cores when ``None``.
+    extra
+        Further arguments, passed as they are (e.g. ``["--posterior-batch-size", "512"]``).
+
+    Returns
+    -------
+    The argv, paths made absolute so that it can run in a folder of its own.
+
+    Raises
+    ------
+    ValueError
+        ``output`` does not end in ``.h5``, or a number is out of its range.
+    """
+    output = Path(output)
+    if output.suffix != ".h5":
+        raise ValueError(f"CellBender writes an .h5 file; output {output} does not end in .h5")
+    if epochs < 1:
+        raise ValueError(f"epochs must be at least 1, got {epochs}")
+    if not 0 <= fpr < 1:
+        raise ValueError(f"fpr must be in [0, 1), got {fpr}")
+    argv = [
+        "cellbender",
+        "remove-background",
+        "--input",
+        str(Path(raw).absolute()),
+        "--output",
+        str(output.absolute()),
+        "--epochs",
+        str(epochs),
+        "--fpr",
+        str(fpr),
+    ]
+    if expected_cells is not None:
+        argv += ["--expected-cells", str(expected_cells)]
+    if total_droplets is not None:
+        argv += ["--total-droplets-included", str(total_droplets)]
+    if learning_rate is not None:
+        argv += ["--learning-rate", str(learning_rate)]
+    if cpu_threads is not None:
+        argv += ["--cpu-threads", str(cpu_threads)]
+    if cuda:
+        argv.append("--cuda")
+    return argv + list(extra)
+
+
+def aligned_counts(
+    corrected: AnnData, *, barcodes: Sequence[str] | pd.Index, genes: Sequence[str] | pd.Index
+) -> sparse.csr_matrix:
+    """CellBender's corrected counts for the given barcodes and genes, in their order.
+
+    Parameters
+    ----------
+    corrected
+        What :func:`omicsprep.io.cellbender.read_cellbender` returns: corrected counts of
+        every barcode of the raw matrix (zero for barcodes CellBender did not analyse).
+    barcodes
+        The barcodes wanted (e.g. the called cells), each present in ``corrected``.
+    genes
+        The genes wanted, by ``corrected.var_names`` (gene names made unique as
+        :func:`omicsprep.io.read_counts` makes them).
+
+    Returns
+    -------
+    ``len(barcodes)`` x ``len(genes)`` counts, float32.
+
+    Raises
+    ------
+    KeyError
+        A barcode or gene is missing from ``corrected`` (it was run on another matrix).
+    """
+    rows = _positions(corrected.obs_names, barcodes, what="barcode")
+    cols = _positions(corrected.var_names, genes, what="gene")
+    matrix = sparse.csr_matrix(corrected.X)
+    return sparse.csr_matrix(matrix[rows][:, cols], dtype="float32")
+
+
+def _positions(index: pd.Index, names: Sequence[str] | pd.Index, *, what: str) -> np.ndarray:
+    positions = index.get_indexer(pd.Index(names))
+    missing = positions < 0
+    if missing.any():
+        shown = ", ".join(map(repr, pd.Index(names)[missing][:3]))
+        raise KeyError(f"{missing.sum()} {what}(s) not in CellBender's output ({shown}): was it run on this matrix?")
+    return positions

@@ -1,0 +1,183 @@
+"""CellBender remove-background: its command line, its output read back, scored against planted truth."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import REPO
+
+from omicsprep.cells.cellbender import aligned_counts, remove_background_command
+from omicsprep.errors import InputError
+from omicsprep.io.cellbender import read_cellbender
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+from cellbender_bench import quality
+from generate import gene_names, generate_raw_droplets, write_10x_h5
+
+# CellBender 0.4.0's output on `generate.py --cells 200 --raw-barcodes 5000 --genes 500`
+# (tests/data/cellbender/README.md says how it was made).
+FIXTURE = REPO / "tests" / "data" / "cellbender" / "cellbender_200_5000_500.h5"
+FIXTURE_ANALYZED = 600  # its --total-droplets-included
+
+
+@pytest.fixture(scope="module")
+def fixture_droplets():
+    return generate_raw_droplets(200, 5000, 500, seed=0)
+
+
+@pytest.fixture(scope="module")
+def corrected():
+    return read_cellbender(FIXTURE)
+
+
+def test_command_defaults():
+    argv = remove_background_command("raw.h5", "out/cb.h5")
+    assert argv == [
+        "cellbender",
+        "remove-background",
+        "--input",
+        str(Path("raw.h5").absolute()),
+        "--output",
+        str(Path("out/cb.h5").absolute()),
+        "--epochs",
+        "150",
+        "--fpr",
+        "0.01",
+    ]
+
+
+def test_command_options():
+    argv = remove_background_command(
+        Path("/data/raw.h5"),
+        "/o/cb.h5",
+        expected_cells=5000,
+        total_droplets=20_000,
+        epochs=50,
+        learning_rate=3e-4,
+        fpr=0.05,
+        cuda=True,
+        cpu_threads=4,
+        extra=["--posterior-batch-size", "1024"],
+    )
+    assert argv[2:] == [
+        "--input",
+        "/data/raw.h5",
+        "--output",
+        "/o/cb.h5",
+        "--epochs",
+        "50",
+        "--fpr",
+        "0.05",
+        "--expected-cells",
+        "5000",
+        "--total-droplets-included",
+        "20000",
+        "--learning-rate",
+        "0.0003",
+        "--cpu-threads",
+        "4",
+        "--cuda",
+        "--posterior-batch-size",
+        "1024",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("output", "options", "message"),
+    [
+        ("cb.h5ad", {}, "does not end in .h5"),
+        ("cb.h5", {"epochs": 0}, "epochs"),
+        ("cb.h5", {"fpr": 1.0}, "fpr"),
+    ],
+)
+def test_command_refuses(output, options, message):
+    with pytest.raises(ValueError, match=message):
+        remove_background_command("raw.h5", output, **options)
+
+
+def test_reader_layout(corrected, fixture_droplets):
+    assert corrected.shape == (5000, 500)
+    assert corrected.obs_names.tolist() == fixture_droplets.barcodes
+    assert corrected.var_names.tolist() == gene_names(500)
+    assert corrected.X.dtype == np.float32
+    analyzed = corrected.obs["analyzed"].to_numpy()
+    assert analyzed.sum() == FIXTURE_ANALYZED
+    # Only the analysed barcodes have estimates and counts; the surely-empty ones have neither.
+    assert corrected.obs.loc[analyzed, "cell_probability"].between(0, 1).all()
+    assert corrected.obs.loc[~analyzed, "cell_probability"].isna().all()
+    assert corrected.X[~analyzed].nnz == 0
+    assert 0 < corrected.var["analyzed"].sum() < 500
+    assert corrected.var["ambient_expression"].sum() == pytest.approx(1, abs=1e-3)
+    assert corrected.uns["cellbender"]["target_false_positive_rate"] == 0.01
+
+
+def test_reader_counts_against_truth(corrected, fixture_droplets):
+    """Corrected <= raw per entry; the cells called and the background removed, against the planted truth."""
+    raw = fixture_droplets.counts
+    assert ((corrected.X - raw) > 0).sum() == 0
+    scores = quality(corrected, fixture_droplets)
+    print("MEASURE cellbender fixture", scores)
+    assert scores["precision"] == 1.0
+    assert scores["recall"] == 1.0
+    assert scores["entries_above_raw"] == 0
+    # CellBender takes a cell's ambient to be about an empty droplet's counts (here ~20 UMIs)
+    # plus a swapping share of the cell's own (prior mean 3%), so of the 5-20% planted (mean
+    # 11.9%) it removed 2.7% per cell, and 13% of the other types' markers (measured on the
+    # fixture; tests/data/cellbender/README.md).
+    assert 0.015 < scores["removed_fraction"] < 0.05
+    assert 0.05 < scores["foreign_marker_reduction"] < 0.3
+
+
+def test_background_fraction_is_what_was_removed(corrected, fixture_droplets):
+    cells = corrected.obs["cell_probability"].to_numpy() > 0.5
+    raw_total = np.asarray(fixture_droplets.counts[cells].sum(axis=1)).ravel()
+    kept_total = np.asarray(corrected.X[cells].sum(axis=1)).ravel()
+    expected = (raw_total - kept_total) / (raw_total + 0.001)  # CellBender's definition (run.py)
+    np.testing.assert_allclose(corrected.obs["background_fraction"].to_numpy()[cells], expected, atol=1e-6)
+
+
+def test_aligned_counts(corrected):
+    barcodes = corrected.obs_names[corrected.obs["cell_probability"] > 0.5][::-1]
+    genes = corrected.var_names[[7, 3, 400]]
+    counts = aligned_counts(corrected, barcodes=barcodes, genes=genes)
+    assert counts.shape == (len(barcodes), 3)
+    expected = corrected[barcodes, genes].X.toarray()
+    np.testing.assert_array_equal(counts.toarray(), expected)
+    with pytest.raises(KeyError, match="1 barcode"):
+        aligned_counts(corrected, barcodes=["NOT-A-BARCODE"], genes=genes)
+
+
+def test_reader_refuses_plain_matrix(tmp_path, fixture_droplets):
+    plain = tmp_path / "raw.h5"
+    write_10x_h5(fixture_droplets.counts, plain, barcodes=fixture_droplets.barcodes)
+    with pytest.raises(InputError, match="not an output of CellBender"):
+        read_cellbender(plain)
+
+
+@pytest.mark.parametrize("cuda", [False, pytest.param(True, marks=pytest.mark.gpu)], ids=["cpu", "cuda"])
+def test_cellbender_cli_end_to_end(tmp_path, cuda):
+    """The real CLI on a tiny raw matrix, read back (a few epochs: the layout, not the quality)."""
+    if shutil.which("cellbender") is None:
+        pytest.skip("cellbender is not on PATH (pip install cellbender==0.4.0, see envs/cellbender.yaml)")
+    droplets = generate_raw_droplets(100, 2000, 300, seed=1)
+    raw = tmp_path / "raw.h5"
+    write_10x_h5(droplets.counts, raw, barcodes=droplets.barcodes)
+    run_dir = tmp_path / "run"  # CellBender writes its checkpoint into its working folder
+    run_dir.mkdir()
+    command = remove_background_command(
+        raw, run_dir / "cb.h5", expected_cells=100, total_droplets=300, epochs=5, cpu_threads=2, cuda=cuda
+    )
+    result = subprocess.run(command, cwd=run_dir, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    corrected = read_cellbender(run_dir / "cb.h5")
+    assert corrected.obs_names.tolist() == droplets.barcodes
+    assert corrected.obs["analyzed"].sum() == 300
+    assert ((corrected.X - droplets.counts) > 0).sum() == 0
+    filtered = read_cellbender(run_dir / "cb_filtered.h5")
+    assert (filtered.obs["cell_probability"] > 0.5).all()
+    assert filtered.obs_names.isin(droplets.truth.index[droplets.truth["is_cell"]]).mean() > 0.9
