@@ -187,7 +187,12 @@ def run_call_cells(
     cells = raw[calls.table["is_cell"].to_numpy()].copy()
     with timer.step("ambient"):
         ambient.remove_ambient(
-            cells, raw=raw, options=options.ambient, cellbender=cellbender, seed=options.seed, backend=backend
+            cells,
+            raw=raw,
+            options=options.ambient,
+            cellbender_output=cellbender,
+            seed=options.seed,
+            backend=backend,
         )
     calls.table["ambient_fraction"] = np.nan
     if "ambient_fraction" in cells.obs:

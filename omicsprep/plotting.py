@@ -223,6 +223,8 @@ def barcode_rank_figure(ranks: BarcodeRanks, totals: np.ndarray, *, is_cell: np.
     order = np.argsort(ranks.rank[fitted])
     ax.plot(ranks.rank[fitted][order], ranks.fitted[fitted][order], color="#c44e52", linewidth=1.2, label="fitted")
     for name, total, style in (("knee", ranks.knee, "--"), ("inflection", ranks.inflection, ":")):
+        if not np.isfinite(total):  # too few distinct totals for DropletUtils' fit
+            continue
         ax.axhline(total, color="black", linestyle=style, linewidth=0.8)
         ax.text(
             0.99,

@@ -3,6 +3,7 @@
 import csv
 import difflib
 import re
+import shlex
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -13,6 +14,7 @@ from jsonschema import Draft202012Validator
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
+from omicsprep.cells.cellbender import remove_background_command
 from omicsprep.rna.clustering import cluster_key
 from omicsprep.errors import InputError
 from omicsprep.io import COEXPRESSION_FILES, READ_FORMATS, resolve_format
@@ -264,6 +266,33 @@ def counts_format(wildcards):
     return "h5ad" if has_droplets(wildcards.sample) else input_format(wildcards)
 
 
+def ambient_corrected(wildcards):
+    """Whether the sample's cells come with ambient-corrected (fractional) counts."""
+    return has_droplets(wildcards.sample) and config["cells"]["ambient"]["method"] != "none"
+
+
+def cellbender_run_dir(wildcards):
+    """CellBender's working folder for a sample, removed after its run."""
+    return f"results/{wildcards.sample}/cells/cellbender_run"
+
+
+def cellbender_command(wildcards, threads):
+    """``cellbender remove-background`` on the sample's raw droplets, writing into its run folder
+    (``--cuda`` is added by the rule where the GPU is used)."""
+    settings = config["cells"]["ambient"]["cellbender"]
+    command = remove_background_command(
+        raw_input(wildcards),
+        Path(cellbender_run_dir(wildcards)) / "cellbender.h5",
+        expected_cells=config["cells"]["expected_cells"],
+        total_droplets=settings["total_droplets"],
+        epochs=settings["epochs"],
+        learning_rate=settings["learning_rate"],
+        fpr=settings["fpr"],
+        cpu_threads=threads,
+    )
+    return shlex.join(command)
+
+
 def input_format(wildcards):
     return SAMPLE_SHEET.loc[wildcards.sample, "format"]
 
@@ -308,7 +337,11 @@ def protein_inputs(wildcards):
     if row["adt_empty"]:
         return {"adt": row["adt"], "empty": row["adt_empty"]}
     if row["raw"]:
-        return {"adt": row["adt"], "raw": row["raw"], "calls": for_sample(rules.call_cells.output.barcodes, wildcards.sample)}
+        return {
+            "adt": row["adt"],
+            "raw": row["raw"],
+            "calls": for_sample(rules.call_cells.output.barcodes, wildcards.sample),
+        }
     return {"adt": row["adt"]}
 
 

@@ -15,6 +15,7 @@ rule qc:
     params:
         backend=backend_for("qc"),
         format=counts_format,
+        ambient_corrected=ambient_corrected,
         metadata=sample_metadata,
         duplicate_barcodes=config["duplicate_barcodes"],
         qc=config["qc"],

@@ -12,7 +12,10 @@ snakemake = snakemake  # noqa: F821 - injected by Snakemake
 def main() -> None:
     backend = resolve_backend(snakemake.params.backend)
     adata = io.read_counts(
-        snakemake.input.counts, fmt=snakemake.params.format, duplicate_barcodes=snakemake.params.duplicate_barcodes
+        snakemake.input.counts,
+        fmt=snakemake.params.format,
+        duplicate_barcodes=snakemake.params.duplicate_barcodes,
+        fractional=snakemake.params.ambient_corrected,
     )
     adata.obs["sample"] = snakemake.wildcards.sample
     for column, value in snakemake.params.metadata.items():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -112,10 +113,8 @@ def every_rule_sheet(path: Path) -> Path:
 
 
 def test_gpu_rules_are_the_documented_ones():
-    assert (
-        sorted(["count_umis", "call_cells", "qc", "cluster", "coexpression", "protein", "atac", "multiome", "merge"])
-        == GPU_RULES
-    )
+    documented = ["count_umis", "call_cells", "cellbender", "qc", "cluster", "coexpression", "protein", "atac"]
+    assert sorted([*documented, "multiome", "merge"]) == GPU_RULES
 
 
 @pytest.mark.parametrize("pinned", GPU_RULES)
@@ -125,7 +124,11 @@ def test_backend_per_rule_pins_one_rule_to_the_cpu(tmp_path, pinned):
     """
     sheet = every_rule_sheet(tmp_path / "s.tsv")
     overlay = tmp_path / "merge.yaml"
-    overlay.write_text(f"merge:\n  enabled: true\natac:\n  genes: {MULTIOME / 'genes.bed'}\n")
+    # CellBender removes the ambient RNA, so that its rule runs too (for the reads sample).
+    overlay.write_text(
+        f"merge:\n  enabled: true\natac:\n  genes: {MULTIOME / 'genes.bed'}\n"
+        "cells:\n  ambient:\n    method: cellbender\n"
+    )
     result = snakemake(
         "-n",
         "--forceall",
@@ -413,7 +416,7 @@ def test_a_sample_given_as_reads_is_counted_then_qcd(tmp_path):
 
 def test_raw_droplets_are_called_then_qcd(tmp_path):
     """Raw droplets, as a raw 10x matrix and as the reads of the same droplets (a BAM): the
-    cells called among them and their ambient RNA removed (SoupX) before qc."""
+    cells called among them and their ambient RNA removed (DecontX) before qc."""
     import generate
 
     droplets = generate.generate_raw_droplets(150, 6_000, 800, seed=3)
@@ -421,10 +424,10 @@ def test_raw_droplets_are_called_then_qcd(tmp_path):
     generate.write_bam(generate.droplet_reads(droplets, seed=3), bam)
     sheet = write_sheet(tmp_path / "s.tsv", [f"raw\t\t{DROPLETS_H5}", f"reads\t{bam}\t"], header="sample\tinput\traw")
     targets = [f"results/{sample}/qc.h5ad" for sample in ("raw", "reads")]
-    dry = snakemake(*targets, "-n", "--config", f"samples={sheet}", workdir=tmp_path)
+    dry = snakemake("results/reads/qc.h5ad", "-n", "--config", f"samples={sheet}", workdir=tmp_path)
     assert dry.returncode == 0, dry.stderr[-3000:]
     order = re.findall(r"^rule (\w+):", dry.stdout + dry.stderr, flags=re.MULTILINE)
-    assert order.index("count_umis") < order.index("call_cells") < order.index("qc"), order
+    assert order == ["count_umis", "call_cells", "qc"], order
     result = snakemake(
         *targets,
         "--cores",
@@ -432,7 +435,7 @@ def test_raw_droplets_are_called_then_qcd(tmp_path):
         "--config",
         f"samples={sheet}",
         "backend=cpu",
-        "cells={niters: 2000, ambient: {method: soupx, soupx: {tfidf_min: 0.5}}}",
+        "cells={niters: 2000, ambient: {method: decontx}}",
         workdir=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-5000:]
@@ -450,6 +453,23 @@ def test_raw_droplets_are_called_then_qcd(tmp_path):
         assert (matrix.layers["counts_uncorrected"].sum() > matrix.X.sum()) and "ambient_fraction" in matrix.obs
         qc = ad.read_h5ad(tmp_path / "results" / sample / "qc.h5ad")
         assert set(qc.obs_names) <= set(matrix.obs_names)
+
+
+@pytest.mark.skipif(shutil.which("cellbender") is not None, reason="CellBender is installed here")
+def test_cellbender_without_its_environment_fails_clearly(tmp_path):
+    sheet = write_sheet(tmp_path / "s.tsv", [f"raw\t\t{DROPLETS_H5}"], header="sample\tinput\traw")
+    result = snakemake(
+        "results/raw/qc.h5ad",
+        "--cores",
+        "1",
+        "--config",
+        f"samples={sheet}",
+        "cells={ambient: {method: cellbender}}",
+        workdir=tmp_path,
+    )
+    expect_failure(result, "sample 'raw': cells.ambient.method cellbender needs CellBender")
+    cells = tmp_path / "results" / "raw" / "cells"
+    assert not cells.exists() or not any(cells.iterdir())
 
 
 def test_raw_column_refused_with_reads(tmp_path):

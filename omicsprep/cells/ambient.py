@@ -12,7 +12,7 @@ from anndata import AnnData
 from scipy import sparse
 
 from omicsprep.backend import Backend, to_device, to_host
-from omicsprep.cells import decontx, soupx
+from omicsprep.cells import cellbender, decontx, soupx
 from omicsprep.errors import InputError
 from omicsprep.options import AmbientOptions
 from omicsprep.rna import clustering, preprocessing
@@ -46,7 +46,7 @@ def remove_ambient(
     *,
     raw: AnnData,
     options: AmbientOptions,
-    cellbender: AnnData | None = None,
+    cellbender_output: AnnData | None = None,
     seed: int,
     backend: Backend,
 ) -> None:
@@ -60,7 +60,7 @@ def remove_ambient(
         Every barcode of the sample (the soup of SoupX comes from its empty droplets).
     options
         The method and its settings (section ``cells.ambient``); ``none`` changes nothing.
-    cellbender
+    cellbender_output
         CellBender's output (corrected counts per barcode), for ``method: cellbender``.
     seed
         Seed of the quick clustering.
@@ -77,7 +77,7 @@ def remove_ambient(
     counts = sparse.csr_matrix(cells.X)
     summary: dict[str, object] = {"method": options.method}
     if options.method == "cellbender":
-        corrected = _cellbender_counts(cells, cellbender)
+        corrected = _cellbender_counts(cells, cellbender_output)
     else:
         clusters = quick_clusters(cells, resolution=options.cluster_resolution, seed=seed, backend=backend)
         summary["n_clusters"] = int(clusters.max()) + 1
@@ -132,15 +132,13 @@ def _soupx(
     return soupx.remove_soup(counts, soup, rho=rho, clusters=clusters, backend=backend), float(rho)
 
 
-def _cellbender_counts(cells: AnnData, cellbender: AnnData | None) -> sparse.csr_matrix:
-    if cellbender is None:
+def _cellbender_counts(cells: AnnData, corrected: AnnData | None) -> sparse.csr_matrix:
+    if corrected is None:
         raise InputError("ambient method cellbender, but no CellBender output was given")
-    missing = cells.obs_names.difference(cellbender.obs_names)
-    if len(missing):
+    try:
+        return cellbender.aligned_counts(corrected, barcodes=cells.obs_names, genes=cells.var_names)
+    except KeyError as exc:
         raise InputError(
-            f"CellBender's output lacks {len(missing)} of the called cells ({missing[0]!r}, ...): "
+            f"CellBender's output lacks called cells or genes of the raw matrix ({exc.args[0]}): "
             "raise cells.ambient.cellbender.total_droplets"
-        )
-    if not cellbender.var_names.equals(cells.var_names):
-        raise InputError("CellBender's output has other genes than the raw matrix")
-    return sparse.csr_matrix(cellbender[cells.obs_names].X)
+        ) from exc

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 from anndata import AnnData
+from scipy.stats import rankdata
 
 from omicsprep.backend import Backend
 from omicsprep.cells import emptydrops
@@ -65,16 +66,14 @@ def call_cells(raw: AnnData, *, options: CellOptions, given: pd.Index | None = N
         ``given`` missing from ``raw``, or no cell called.
     """
     totals = np.asarray(raw.X.sum(axis=1)).ravel()
-    _check_droplets(totals, options=options)
-    try:
-        ranks = barcode_ranks(totals, lower=options.lower)
-    except ValueError as exc:  # DropletUtils' own refusal: too few distinct totals above lower
-        raise InputError(f"barcode ranks: {exc} (cells.lower = {options.lower})") from exc
+    method = "input" if given is not None else options.method
+    if method != "none":  # every barcode a cell: no droplet need be empty
+        _check_droplets(totals, options=options)
+    ranks = _barcode_ranks(totals, lower=options.lower, required=method in ("knee", "emptydrops"))
     table = pd.DataFrame({"total": totals, "rank": ranks.rank}, index=raw.obs_names.copy())
     table.index.name = "barcode"
     for column in TEST_COLUMNS:
         table[column] = np.nan
-    method = "input" if given is not None else options.method
     if given is not None:
         missing = given.difference(table.index)
         if len(missing):
@@ -99,6 +98,20 @@ def call_cells(raw: AnnData, *, options: CellOptions, given: pd.Index | None = N
             f"knee {ranks.knee:g} UMIs): is this a raw (unfiltered) matrix of droplets?"
         )
     return CellCalls(table=table, ranks=ranks, ambient=ambient_profile(raw, totals=totals, lower=options.lower))
+
+
+def _barcode_ranks(totals: np.ndarray, *, lower: int, required: bool) -> BarcodeRanks:
+    """DropletUtils' barcode ranks, or the ranks alone (knee and inflection NaN).
+
+    The latter where the method needs no knee and there are too few distinct totals for one.
+    """
+    try:
+        return barcode_ranks(totals, lower=lower)
+    except ValueError as exc:  # DropletUtils' own refusal: too few distinct totals above lower
+        if required:
+            raise InputError(f"barcode ranks: {exc} (cells.lower = {lower})") from exc
+    rank = rankdata(-totals, method="average")
+    return BarcodeRanks(knee=np.nan, inflection=np.nan, rank=rank, fitted=np.full(totals.size, np.nan))
 
 
 def _check_droplets(totals: np.ndarray, *, options: CellOptions) -> None:

@@ -7,6 +7,7 @@ tables by :mod:`omicsprep.reads.molecules`, through the text reader it shares wi
 fragments (:mod:`~omicsprep.io.text`).
 """
 
+from omicsprep.io.cellbender import read_cellbender
 from omicsprep.io.counts import (
     FORMATS,
     MOLECULE_TABLE_SUFFIXES,
@@ -56,6 +57,7 @@ __all__ = [
     "glob_escape",
     "has_feature_type",
     "out_of_space",
+    "read_cellbender",
     "read_chrom_sizes",
     "read_counts",
     "read_h5ad",

@@ -145,6 +145,7 @@ def read_counts(
     fmt: str | None = None,
     feature_type: str = "Gene Expression",
     duplicate_barcodes: DuplicateBarcodes = "error",
+    fractional: bool = False,
 ) -> AnnData:
     """Read a raw count matrix as cells x genes with a CSR ``X``.
 
@@ -162,6 +163,9 @@ def read_counts(
         barcode no longer matches the sample's fragments or antibody tags); ``"rename"``
         appends ``-1``, ``-2``, ... to the repeats (anndata's ``obs_names_make_unique``)
         and logs how many were renamed.
+    fractional
+        Accept non-integer counts: ambient-corrected ones (SoupX, DecontX), which are
+        estimates of counts; still non-negative and finite.
 
     Returns
     -------
@@ -199,7 +203,7 @@ def read_counts(
     _unique_barcodes(adata, path=path, duplicate_barcodes=duplicate_barcodes)
     adata.var_names_make_unique()
     adata.X = _compact_csr(adata.X)
-    _check_counts(adata, path=path)
+    _check_counts(adata, path=path, fractional=fractional)
     return adata
 
 
@@ -236,7 +240,7 @@ def _compact_csr(matrix: sparse.spmatrix | np.ndarray) -> sparse.csr_matrix:
 CHECK_BLOCK = 1 << 24
 
 
-def _check_counts(adata: AnnData, *, path: Path) -> None:
+def _check_counts(adata: AnnData, *, path: Path, fractional: bool) -> None:
     values = adata.X.data
     if values.size == 0:
         raise InputError(f"matrix has no non-zero counts ({adata.n_obs} cells x {adata.n_vars} genes)", path=path)
@@ -246,5 +250,5 @@ def _check_counts(adata: AnnData, *, path: Path) -> None:
             raise InputError("matrix holds NaN or infinite values; raw counts expected", path=path)
         if block.min() < 0:
             raise InputError("matrix holds negative values; raw counts expected", path=path)
-        if not np.array_equal(block, np.round(block)):
+        if not fractional and not np.array_equal(block, np.round(block)):
             raise InputError("matrix holds non-integer values (normalized data?); raw counts expected", path=path)
