@@ -28,6 +28,10 @@
 #             the GPUs visible)
 #   profile   benchmarks/profile_steps.py: the qc and cluster chains in one process at
 #             $PROFILE_CELLS (300000) cells, with h5ad writes in $PROFILE_COMPRESSIONS (lzf none)
+#   droplets  issue 17's benchmarks: benchmarks/emptydrops_bench.py (CPU and GPU backends; R is
+#             not on the GPU machine), benchmarks/decontx_bench.py (pydecontx, CPU, GPU; pydecontx's
+#             wheel in .gpu/extra), benchmarks/cellbender_bench.py (its fast setting, --cuda; needs
+#             CellBender's wheels in .gpu/cellbender/, see that script)
 #   e2e       benchmarks/run.py on the GPU at $E2E_CELLS (1000000) cells (data cached in /tmp/ob)
 # Tables and logs go to $OUT (default: gpu_check_out/).
 set -uo pipefail
@@ -156,6 +160,18 @@ for cells in ${PROFILE_CELLS:-300000}; do
 done
 fi
 
+if wants droplets; then
+echo "== droplets: emptyDrops (500,000 barcodes x 33,000 genes, 10,000 cells, niters 10,000), CPU and GPU"
+python3 benchmarks/emptydrops_bench.py --skip-r --gpu 2>&1 | tail -n 20
+echo "== droplets: DecontX (10,000 cells x 33,000 genes), pydecontx, CPU and GPU"
+python3 benchmarks/decontx_bench.py --backend cpu gpu 2>&1 | tail -n 20
+if [ -d .gpu/cellbender ]; then
+  echo "== droplets: CellBender (fast setting, --cuda)"
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/cb .gpu/cellbender/*.whl >/dev/null 2>&1
+  PYTHONPATH=/tmp/cb:$PYTHONPATH PATH=/tmp/cb/bin:$PATH timeout 420 python3 benchmarks/cellbender_bench.py \
+    --settings fast --total-droplets 15000 2>&1 | tail -n 20
+fi
+fi
 if wants e2e; then
 echo "== end to end: benchmarks/run.py"
 cp -r benchmarks/scaling "$out/scaling"

@@ -155,3 +155,24 @@ def test_dsb_background_from_raw_droplets():
     assert list(background.obs_names) == ["b1", "b2"]
     with pytest.raises(InputError, match="no empty droplet with an antibody total"):
         background_droplets(tags, is_cell=is_cell, log10_library=(4.0, 4.5))
+
+
+@pytest.mark.gpu
+def test_call_cells_on_the_gpu_calls_the_same_cells(raw, request):
+    """The whole step on both backends: emptyDrops' Monte Carlo from one stream gives the same
+    p-values; DecontX on each backend's quick clustering (cuGraph or igraph Leiden) gives close
+    contamination."""
+    from conftest import import_for_gpu_test
+
+    import_for_gpu_test(request.config, "cupy")
+    options = CellOptions(ambient=AmbientOptions(method="decontx"))
+    results = {
+        backend: run_call_cells(raw.copy(), filtered=None, cellbender=None, options=options, backend=backend)
+        for backend in ("cpu", "gpu")
+    }
+    (cpu_cells, cpu_calls), (gpu_cells, gpu_calls) = results["cpu"], results["gpu"]
+    pd.testing.assert_series_equal(cpu_calls.table["p_value"], gpu_calls.table["p_value"])
+    assert (cpu_calls.table["is_cell"] == gpu_calls.table["is_cell"]).all()
+    difference = (cpu_cells.obs["ambient_fraction"] - gpu_cells.obs["ambient_fraction"]).abs()
+    print(f"\nMEASURE test_call_cells_gpu ambient_fraction_max_difference={difference.max():.2e}", flush=True)
+    assert difference.mean() < 0.01
