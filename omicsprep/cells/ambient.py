@@ -27,10 +27,13 @@ QUICK_NEIGHBORS = 15
 def quick_clusters(cells: AnnData, *, resolution: float, seed: int, backend: Backend) -> np.ndarray:
     """Leiden clusters of the cells (integer labels), from a copy of their counts.
 
-    Library-size normalization and log1p, 2,000 highly variable genes (Seurat's), 30 PCs,
-    15 neighbours: the pooling SoupX and DecontX need, not the workflow's clustering.
+    Library-size normalization and log1p, 2,000 highly variable genes (Seurat's) among the
+    genes with counts, 30 PCs, 15 neighbours: the pooling SoupX and DecontX need, not the
+    workflow's clustering.
     """
-    work = AnnData(X=cells.X.copy(), obs=cells.obs[[]].copy(), var=cells.var[[]].copy())
+    # Genes no cell counts carry nothing, and cuML's PCA refuses them.
+    expressed = np.asarray((cells.X != 0).sum(axis=0)).ravel() > 0
+    work = AnnData(X=cells.X[:, expressed].copy(), obs=cells.obs[[]].copy(), var=cells.var[[]][expressed].copy())
     to_device(work, backend=backend)
     preprocessing.normalize(work, target_sum=None, backend=backend)
     preprocessing.highly_variable_genes(work, flavor="seurat", n_top_genes=QUICK_HVG, backend=backend)
