@@ -54,8 +54,8 @@ GPU_IMPORT_PROBE = r"""
 import importlib, json, os, pkgutil, sys
 from dataclasses import replace
 
-CUDA_KERNEL = "omicsprep.reads.umi_cuda"  # imported by the GPU path only
-GPU = ("cupy", "cupyx", "cudf", "cuml", "cugraph", "rapids_singlecell", "dask_cuda", "numba.cuda", CUDA_KERNEL)
+CUDA_KERNELS = ("omicsprep.reads.umi_cuda", "omicsprep.cells.montecarlo_cuda")  # imported by the GPU path only
+GPU = ("cupy", "cupyx", "cudf", "cuml", "cugraph", "rapids_singlecell", "dask_cuda", "numba.cuda", *CUDA_KERNELS)
 IMPORTLIB = os.path.dirname(importlib.__file__)
 asked = []
 
@@ -74,9 +74,9 @@ class RecordGpuImports:
 sys.meta_path.insert(0, RecordGpuImports())
 import omicsprep
 for module in pkgutil.walk_packages(omicsprep.__path__, prefix="omicsprep."):
-    if module.name != CUDA_KERNEL:
+    if module.name not in CUDA_KERNELS:
         importlib.import_module(module.name)
-assert CUDA_KERNEL in [module.name for module in pkgutil.walk_packages(omicsprep.__path__, prefix="omicsprep.")]
+assert set(CUDA_KERNELS) <= {module.name for module in pkgutil.walk_packages(omicsprep.__path__, prefix="omicsprep.")}
 from omicsprep import io
 from omicsprep.backend import gpu_unavailable_reason, resolve_backend
 from omicsprep.options import DoubletOptions, PcaOptions
