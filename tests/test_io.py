@@ -7,7 +7,7 @@ import os
 import anndata as ad
 import numpy as np
 import pytest
-from conftest import MOUSE_ZARR, PBMC_H5, PBMC_MTX
+from conftest import CITESEQ, MOUSE_ZARR, PBMC_H5, PBMC_MTX
 from scipy import sparse
 
 from omicsprep import io
@@ -129,3 +129,10 @@ def test_read_single_elements(tmp_path, pbmc):
     elements = io.read_h5ad_elements(path, ["obs", "obsm/X_umap"])
     assert elements["obsm/X_umap"].shape == (pbmc.n_obs, 2)
     assert list(elements["obs"].index) == list(pbmc.obs_names)
+
+
+def test_has_feature_type_reads_the_feature_list_only():
+    assert io.has_feature_type(PBMC_H5, "Gene Expression")
+    assert not io.has_feature_type(PBMC_H5, "Antibody Capture")
+    assert not io.has_feature_type(PBMC_MTX, "Antibody Capture")
+    assert io.has_feature_type(CITESEQ / "cells", "Antibody Capture")
