@@ -1,6 +1,6 @@
 """EmptyDrops speed: DropletUtils' ``emptyDrops`` (R, one core) against omicsprep's on CPU and GPU.
 
-    python benchmarks/emptydrops_bench.py [--niters 10000] [--retain 2000] [--skip-r] [--gpu]
+    python benchmarks/emptydrops_bench.py [--niters 10000] [--retain 2000] [--skip-r] [--gpu] [--profile]
 
 Generates the raw droplets of ``generate_raw_droplets`` (defaults: 10,000 cells among 500,000
 barcodes x 33,000 genes), runs ``emptyDrops`` in R (one core, SerialParam) and
@@ -8,7 +8,8 @@ barcodes x 33,000 genes), runs ``emptyDrops`` in R (one core, SerialParam) and
 and, with ``--gpu``, on the GPU backend, all with the same ``niters`` and ``retain``; prints
 seconds, speedup over R and agreement of the calls (FDR <= 0.001) with R's and with the truth.
 Our timings exclude Numba's compilation (a small warm-up run first). R's time is that of the
-``emptyDrops`` call alone (reading the matrix excluded).
+``emptyDrops`` call alone (reading the matrix excluded). ``--profile`` also prints, per backend,
+the seconds of each phase of the timed call (the GPU's synchronised before its phase ends).
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numba
@@ -28,9 +32,20 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from generate import generate_raw_droplets  # noqa: E402
 
+from omicsprep.cells import emptydrops, montecarlo  # noqa: E402
 from omicsprep.cells.emptydrops import empty_drops  # noqa: E402
 
 CALLED = 0.001
+# Phase -> (module, function) timed by --profile; what they leave out is totals, ranks and subsetting.
+PHASES = {
+    "rounding, totals, detected": (emptydrops, "_integer_counts"),
+    "ambient (Good-Turing)": (emptydrops, "_safe_good_turing"),
+    "alpha MLE": (emptydrops, "_estimate_alpha"),
+    "observed log-probabilities": (emptydrops, "_data_log_prob"),
+    "Monte Carlo inputs": (montecarlo, "simulation_inputs"),
+    "Monte Carlo (cpu)": (montecarlo, "count_cpu"),
+    "FDR": (emptydrops, "_fdr"),
+}
 
 R_SCRIPT = """
 suppressPackageStartupMessages({library(DropletUtils); library(Matrix)})
@@ -67,12 +82,55 @@ def time_dropletutils(counts, *, niters: int, retain: float) -> tuple[float, np.
         return float(result.stdout.split()[-1]), np.fromfile(folder / "fdr.bin")
 
 
-def time_ours(counts, *, niters: int, retain: float, backend: str) -> tuple[float, np.ndarray]:
+def _timed(function: Callable, seconds: list[float], synchronize: Callable[[], None]) -> Callable:
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        out = function(*args, **kwargs)
+        synchronize()
+        seconds.append(time.perf_counter() - start)
+        return out
+
+    return timed
+
+
+@contextmanager
+def profiled(backend: str) -> Iterator[dict[str, list[float]]]:
+    """Times each call of :data:`PHASES`' functions (and the GPU Monte Carlo) while inside."""
+    phases = dict(PHASES)
+    synchronize: Callable[[], None] = lambda: None  # noqa: E731
+    if backend == "gpu":
+        from numba import cuda
+
+        from omicsprep.cells import montecarlo_cuda
+
+        phases["Monte Carlo (gpu)"] = (montecarlo_cuda, "count_gpu")
+        synchronize = cuda.synchronize
+    seconds: dict[str, list[float]] = defaultdict(list)
+    originals = {name: getattr(module, function) for name, (module, function) in phases.items()}
+    for name, (module, function) in phases.items():
+        setattr(module, function, _timed(originals[name], seconds[name], synchronize))
+    try:
+        yield seconds
+    finally:
+        for name, (module, function) in phases.items():
+            setattr(module, function, originals[name])
+
+
+def time_ours(counts, *, niters: int, retain: float, backend: str, profile: bool) -> tuple[float, np.ndarray]:
     """Seconds of :func:`empty_drops` (after a warm-up that compiles the kernels) and its FDR."""
     empty_drops(counts[:20_000], niters=10, retain=retain, backend=backend)  # type: ignore[arg-type]
-    start = time.perf_counter()
-    result = empty_drops(counts, niters=niters, retain=retain, backend=backend)  # type: ignore[arg-type]
-    return time.perf_counter() - start, result.table["fdr"].to_numpy()
+    with profiled(backend) as phases:
+        start = time.perf_counter()
+        result = empty_drops(counts, niters=niters, retain=retain, backend=backend)  # type: ignore[arg-type]
+        seconds = time.perf_counter() - start
+    if profile:
+        print(f"phases of omicsprep {backend} (s):", flush=True)
+        for name, times in phases.items():
+            if times:
+                print(f"  {name:30} {sum(times):7.3f}", flush=True)
+        rest = seconds - sum(map(sum, phases.values()))
+        print(f"  {'rest (totals, ranks, subsets)':30} {rest:7.3f}\n  {'total':30} {seconds:7.3f}", flush=True)
+    return seconds, result.table["fdr"].to_numpy()
 
 
 def main() -> None:
@@ -84,6 +142,7 @@ def main() -> None:
     parser.add_argument("--retain", type=float, default=2000.0, help="total at and above which barcodes are cells")
     parser.add_argument("--skip-r", action="store_true", help="do not run DropletUtils (machines without R)")
     parser.add_argument("--gpu", action="store_true", help="also time the GPU backend")
+    parser.add_argument("--profile", action="store_true", help="print the seconds of each phase per backend")
     args = parser.parse_args()
 
     start = time.perf_counter()
@@ -99,10 +158,12 @@ def main() -> None:
     if not args.skip_r:
         runs["DropletUtils (R, 1 core)"] = time_dropletutils(counts, niters=args.niters, retain=args.retain)
     runs[f"omicsprep cpu ({numba.get_num_threads()} threads)"] = time_ours(
-        counts, niters=args.niters, retain=args.retain, backend="cpu"
+        counts, niters=args.niters, retain=args.retain, backend="cpu", profile=args.profile
     )
     if args.gpu:
-        runs["omicsprep gpu"] = time_ours(counts, niters=args.niters, retain=args.retain, backend="gpu")
+        runs["omicsprep gpu"] = time_ours(
+            counts, niters=args.niters, retain=args.retain, backend="gpu", profile=args.profile
+        )
     reference = next(iter(runs.values()))
     rows = []
     for name, (seconds, fdr) in runs.items():

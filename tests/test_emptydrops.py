@@ -211,7 +211,7 @@ for alpha in (math.inf, 5.0):
     totals = np.repeat(group_totals, group_sizes)
     draws = [rng.multinomial(t, ambient if alpha == math.inf else rng.dirichlet(alpha * ambient)) for t in totals]
     observed = sparse.csr_matrix(np.array(draws))
-    data_p = emptydrops._data_log_prob(observed, ambient, alpha)
+    data_p = emptydrops._data_log_prob(observed, np.arange(observed.shape[0]), ambient, alpha)
     sorted_p = np.concatenate([np.sort(p) for p in np.split(data_p, np.cumsum(group_sizes)[:-1])])
     inputs = montecarlo.simulation_inputs(ambient, alpha, group_totals, group_sizes, sorted_p)
     cpu = montecarlo.count_cpu(200, (7, 1), alpha, *inputs)

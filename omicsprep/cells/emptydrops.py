@@ -13,8 +13,8 @@ means no retention (DropletUtils then takes barcodeRanks' knee, which the caller
 
 The ``backend`` decides where the Monte Carlo runs, the only costly step (iterations x the
 largest tested total draws); the ambient profile, alpha and observed log-probabilities are
-computed on the CPU either way (Numba, one pass over the matrix), so both backends return
-identical tables for a seed.
+computed on the CPU either way (Numba, parallel over rows, reading the tested rows in place
+rather than copying them out), so both backends return identical tables for a seed.
 """
 
 from __future__ import annotations
@@ -101,15 +101,22 @@ def empty_drops(
     -------
     EmptyDropsResult
     """
-    matrix = _integer_counts(counts)
-    totals = np.asarray(matrix.sum(axis=1)).ravel()
+    matrix, totals, detected = _integer_counts(counts)
     lower_total = lower if by_rank is None else _total_at_rank(totals, by_rank)
     ambient_rows = totals <= lower_total
     tested = totals > 0 if test_ambient else ~ambient_rows
     if ignore is not None:
         tested &= totals > ignore
     table, ambient, alpha = _test_barcodes(
-        matrix, totals, ambient_rows=ambient_rows, tested=tested, alpha=alpha, niters=niters, seed=seed, backend=backend
+        matrix,
+        totals,
+        detected,
+        ambient_rows=ambient_rows,
+        tested=tested,
+        alpha=alpha,
+        niters=niters,
+        seed=seed,
+        backend=backend,
     )
     table["fdr"] = _fdr(
         table["p_value"].to_numpy(), totals, retain=retain, excluded=ambient_rows if test_ambient else None
@@ -150,8 +157,7 @@ def empty_drops_cell_ranger(
     -------
     EmptyDropsResult
     """
-    matrix = _integer_counts(counts)
-    totals = np.asarray(matrix.sum(axis=1)).ravel()
+    matrix, totals, detected = _integer_counts(counts)
     n = totals.size
     by_total = np.argsort(-totals, kind="stable")  # R's order(decreasing=TRUE) keeps ties in input order
     n_umi_max = totals[by_total[min(n, round(expected_cells * (1 - max_percentile))) - 1]]
@@ -171,6 +177,7 @@ def empty_drops_cell_ranger(
     table, ambient, alpha = _test_barcodes(
         matrix,
         totals,
+        detected,
         ambient_rows=ambient_rows,
         tested=tested,
         alpha=math.inf,
@@ -182,12 +189,39 @@ def empty_drops_cell_ranger(
     return EmptyDropsResult(table=table, ambient=ambient, alpha=alpha, retain=float(retain))
 
 
-def _integer_counts(counts: sparse.csr_matrix) -> sparse.csr_matrix:
-    """``counts`` rounded (half to even, as R's round) to int64, zeros dropped."""
-    matrix = sparse.csr_matrix(counts, copy=True)
-    matrix.data = np.rint(matrix.data).astype(np.int64)
-    matrix.eliminate_zeros()
-    return matrix
+def _integer_counts(counts: sparse.csr_matrix) -> tuple[sparse.csr_matrix, np.ndarray, np.ndarray]:
+    """``counts`` rounded (half to even, as R's round) to int64, zeros dropped; totals, detected genes.
+
+    One parallel pass over the nonzeros gives the rounded counts, the row totals and which genes
+    have a nonzero count; ``counts`` is left as it is.
+    """
+    csr = sparse.csr_matrix(counts)
+    data, totals, detected, n_zeros = _round_rows(csr.indptr, csr.indices, csr.data, csr.shape[1])
+    matrix = sparse.csr_matrix((data, csr.indices, csr.indptr), shape=csr.shape)
+    if n_zeros:  # rounded to zero or stored zeros: drop them from copies of the shared structure
+        matrix = sparse.csr_matrix((data, csr.indices.copy(), csr.indptr.copy()), shape=csr.shape)
+        matrix.eliminate_zeros()
+    return matrix, totals, detected
+
+
+@numba.njit(cache=True, parallel=True)
+def _round_rows(indptr, indices, data, n_genes):
+    rounded = np.empty(data.size, dtype=np.int64)
+    totals = np.zeros(indptr.size - 1, dtype=np.int64)
+    zeros = np.zeros(indptr.size - 1, dtype=np.int64)
+    detected = np.zeros(n_genes, dtype=np.bool_)
+    for row in numba.prange(indptr.size - 1):
+        total = np.int64(0)
+        for k in range(indptr[row], indptr[row + 1]):
+            count = np.int64(np.rint(data[k]))
+            rounded[k] = count
+            total += count
+            if count == 0:
+                zeros[row] += 1
+            elif not detected[indices[k]]:  # read first: writes to shared cache lines would stall the threads
+                detected[indices[k]] = True  # threads may write the same True: the result is the same
+        totals[row] = total
+    return rounded, totals, detected, zeros.sum()
 
 
 def _total_at_rank(totals: np.ndarray, rank: int) -> int:
@@ -200,6 +234,7 @@ def _total_at_rank(totals: np.ndarray, rank: int) -> int:
 def _test_barcodes(
     matrix: sparse.csr_matrix,
     totals: np.ndarray,
+    detected: np.ndarray,
     *,
     ambient_rows: np.ndarray,
     tested: np.ndarray,
@@ -208,8 +243,10 @@ def _test_barcodes(
     seed: int,
     backend: Backend,
 ) -> tuple[pd.DataFrame, np.ndarray, float]:
-    """DropletUtils' ``.test_empty_drops``: the table (without FDR), ambient proportions and alpha."""
-    detected = np.bincount(matrix.indices, minlength=matrix.shape[1]) > 0
+    """DropletUtils' ``.test_empty_drops``: the table (without FDR), ambient proportions and alpha.
+
+    ``detected``: the genes with a nonzero count in ``matrix``.
+    """
     ambient_matrix = matrix[ambient_rows]
     profile = np.bincount(ambient_matrix.indices, weights=ambient_matrix.data, minlength=matrix.shape[1])
     if profile.sum() == 0:
@@ -218,8 +255,7 @@ def _test_barcodes(
     ambient[detected] = _safe_good_turing(profile[detected].astype(np.int64))
     if alpha is None:
         alpha = _estimate_alpha(ambient_matrix, ambient, totals[ambient_rows])
-    tested_matrix = matrix[tested]
-    data_p = _data_log_prob(tested_matrix, ambient, alpha)
+    data_p = _data_log_prob(matrix, np.flatnonzero(tested), ambient, alpha)
     tested_totals = totals[tested]
     below = _count_below(
         tested_totals, data_p, ambient[detected], alpha=alpha, niters=niters, seed=seed, backend=backend
@@ -229,8 +265,9 @@ def _test_barcodes(
     log_prob[tested] = data_p + _rest_log_prob(tested_totals, alpha)
     p_value = np.full(n, np.nan)
     p_value[tested] = (below + 1) / (niters + 1)
-    limited = pd.array(np.full(n, pd.NA), dtype="boolean")
-    limited[tested] = below == 0
+    limited_values = np.zeros(n, dtype=bool)
+    limited_values[tested] = below == 0
+    limited = pd.arrays.BooleanArray(limited_values, mask=~tested)
     table = pd.DataFrame({"total": totals, "log_prob": log_prob, "p_value": p_value, "limited": limited})
     return table, ambient, float(alpha)
 
@@ -295,11 +332,11 @@ def _estimate_alpha(ambient_matrix: sparse.csr_matrix, ambient: np.ndarray, tota
     (same gene and count; same total), which changes only the order of summation.
     """
     stride = int(ambient_matrix.data.max()) + 1  # one key per (gene, count)
-    pair_key, pair_weight = np.unique(
-        ambient_matrix.indices.astype(np.int64) * stride + ambient_matrix.data, return_counts=True
+    pair_key, pair_weight = _tally(
+        ambient_matrix.indices.astype(np.int64) * stride + ambient_matrix.data, ambient.size * stride
     )
     pair_prop, pair_count = ambient[pair_key // stride], pair_key % stride
-    unique_totals, total_weight = np.unique(totals, return_counts=True)
+    unique_totals, total_weight = _tally(totals, int(totals.max()) + 1)
 
     def log_likelihood(alpha: float) -> float:
         prop_alpha = pair_prop * alpha
@@ -310,6 +347,18 @@ def _estimate_alpha(ambient_matrix: sparse.csr_matrix, ambient: np.ndarray, tota
         )
 
     return _brent_minimum(lambda alpha: -log_likelihood(alpha), *ALPHA_INTERVAL, OPTIMIZE_TOLERANCE)
+
+
+def _tally(keys: np.ndarray, n_keys: int) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(keys, return_counts=True)`` of keys in ``[0, n_keys)``.
+
+    By counting (linear time) when the range is small enough, else by sorting.
+    """
+    if n_keys > 4 * keys.size + 1_000_000:
+        return np.unique(keys, return_counts=True)
+    counts = np.bincount(keys, minlength=n_keys)
+    present = np.flatnonzero(counts)
+    return present, counts[present]
 
 
 def _brent_minimum(f: Callable[[float], float], ax: float, bx: float, tol: float) -> float:
@@ -369,38 +418,52 @@ def _brent_minimum(f: Callable[[float], float], ax: float, bx: float, tol: float
                 v, fv = u, fu
 
 
-def _data_log_prob(matrix: sparse.csr_matrix, ambient: np.ndarray, alpha: float) -> np.ndarray:
-    """Per row, the data-dependent part of the (Dirichlet-)multinomial log-probability."""
+def _data_log_prob(matrix: sparse.csr_matrix, rows: np.ndarray, ambient: np.ndarray, alpha: float) -> np.ndarray:
+    """Per row of ``rows``, the data-dependent part of the (Dirichlet-)multinomial log-probability."""
     log_factorial = gammaln(np.arange(int(matrix.data.max(initial=0)) + 2, dtype=float))[1:]  # lfactorial(0..max)
     with np.errstate(divide="ignore"):  # genes counted nowhere have proportion 0 and no nonzeros
         if math.isinf(alpha):
-            return _sum_multinomial_terms(matrix.indptr, matrix.indices, matrix.data, np.log(ambient), log_factorial)
+            return _sum_multinomial_terms(
+                matrix.indptr, matrix.indices, matrix.data, rows, np.log(ambient), log_factorial
+            )
         alpha_prop = alpha * ambient
         return _sum_dirichlet_terms(
-            matrix.indptr, matrix.indices, matrix.data, alpha_prop, gammaln(alpha_prop), log_factorial
+            matrix.indptr, matrix.indices, matrix.data, rows, alpha_prop, gammaln(alpha_prop), log_factorial
         )
 
 
 @numba.njit(cache=True, parallel=True)
-def _sum_multinomial_terms(indptr, indices, data, log_prop, log_factorial):
-    out = np.zeros(indptr.size - 1)
-    for row in numba.prange(indptr.size - 1):
+def _sum_multinomial_terms(indptr, indices, data, rows, log_prop, log_factorial):
+    out = np.zeros(rows.size)
+    for i in numba.prange(rows.size):
         total = 0.0
-        for k in range(indptr[row], indptr[row + 1]):
+        for k in range(indptr[rows[i]], indptr[rows[i] + 1]):
             total += data[k] * log_prop[indices[k]] - log_factorial[data[k]]
-        out[row] = total
+        out[i] = total
     return out
 
 
+SMALL_COUNTS = 16  # counts below it take their Dirichlet term from a per-gene table (lgamma is costly)
+
+
 @numba.njit(cache=True, parallel=True)
-def _sum_dirichlet_terms(indptr, indices, data, alpha_prop, lgamma_alpha_prop, log_factorial):
-    out = np.zeros(indptr.size - 1)
-    for row in numba.prange(indptr.size - 1):
+def _sum_dirichlet_terms(indptr, indices, data, rows, alpha_prop, lgamma_alpha_prop, log_factorial):
+    small_terms = np.empty((alpha_prop.size, SMALL_COUNTS))  # the same expression as below, so the same value
+    for gene in numba.prange(alpha_prop.size):
+        for count in range(min(SMALL_COUNTS, log_factorial.size)):
+            small_terms[gene, count] = (
+                math.lgamma(alpha_prop[gene] + count) - log_factorial[count] - lgamma_alpha_prop[gene]
+            )
+    out = np.zeros(rows.size)
+    for i in numba.prange(rows.size):
         total = 0.0
-        for k in range(indptr[row], indptr[row + 1]):
-            gene = indices[k]
-            total += math.lgamma(alpha_prop[gene] + data[k]) - log_factorial[data[k]] - lgamma_alpha_prop[gene]
-        out[row] = total
+        for k in range(indptr[rows[i]], indptr[rows[i] + 1]):
+            gene, count = indices[k], data[k]
+            if count < SMALL_COUNTS:
+                total += small_terms[gene, count]
+            else:
+                total += math.lgamma(alpha_prop[gene] + count) - log_factorial[count] - lgamma_alpha_prop[gene]
+        out[i] = total
     return out
 
 
