@@ -20,7 +20,6 @@ rather than copying them out), so both backends return identical tables for a se
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numba
@@ -31,11 +30,11 @@ from scipy.special import gammaln
 
 from omicsprep.backend import Backend, array_module, asnumpy
 from omicsprep.cells import montecarlo
+from omicsprep.cells.optimize import brent_minimum
 from omicsprep.errors import InputError
 
 GOOD_TURING_CONFIDENCE = 1.96  # edgeR's goodTuring default
 ALPHA_INTERVAL = (0.01, 10_000.0)  # DropletUtils' search interval for the Dirichlet alpha
-OPTIMIZE_TOLERANCE = np.finfo(float).eps ** 0.25  # R's optimize() default
 
 
 @dataclass(frozen=True)
@@ -346,7 +345,7 @@ def _estimate_alpha(ambient_matrix: sparse.csr_matrix, ambient: np.ndarray, tota
             + np.dot(pair_weight, gammaln(pair_count + prop_alpha) - gammaln(prop_alpha))
         )
 
-    return _brent_minimum(lambda alpha: -log_likelihood(alpha), *ALPHA_INTERVAL, OPTIMIZE_TOLERANCE)
+    return brent_minimum(lambda alpha: -log_likelihood(alpha), *ALPHA_INTERVAL)[0]
 
 
 def _tally(keys: np.ndarray, n_keys: int) -> tuple[np.ndarray, np.ndarray]:
@@ -359,63 +358,6 @@ def _tally(keys: np.ndarray, n_keys: int) -> tuple[np.ndarray, np.ndarray]:
     counts = np.bincount(keys, minlength=n_keys)
     present = np.flatnonzero(counts)
     return present, counts[present]
-
-
-def _brent_minimum(f: Callable[[float], float], ax: float, bx: float, tol: float) -> float:
-    """R's ``optimize`` (``Brent_fmin``): golden section with parabolic interpolation, step for step."""
-    golden = (3.0 - math.sqrt(5.0)) * 0.5
-    eps = math.sqrt(np.finfo(float).eps)
-    a, b = ax, bx
-    x = w = v = a + golden * (b - a)
-    d = e = 0.0
-    fx = fw = fv = f(x)
-    tol3 = tol / 3.0
-    while True:
-        xm = (a + b) * 0.5
-        tol1 = eps * abs(x) + tol3
-        t2 = tol1 * 2.0
-        if abs(x - xm) <= t2 - (b - a) * 0.5:
-            return x
-        p = q = r = 0.0
-        if abs(e) > tol1:  # fit a parabola
-            r = (x - w) * (fx - fv)
-            q = (x - v) * (fx - fw)
-            p = (x - v) * q - (x - w) * r
-            q = (q - r) * 2.0
-            if q > 0.0:
-                p = -p
-            else:
-                q = -q
-            r = e
-            e = d
-        if abs(p) >= abs(q * 0.5 * r) or p <= q * (a - x) or p >= q * (b - x):  # golden section
-            e = b - x if x < xm else a - x
-            d = golden * e
-        else:  # parabolic interpolation, not too close to the ends
-            d = p / q
-            u = x + d
-            if u - a < t2 or b - u < t2:
-                d = tol1 if x < xm else -tol1
-        step = d if abs(d) >= tol1 else (tol1 if d > 0.0 else -tol1)  # not too close to x
-        u = x + step
-        fu = f(u)
-        if fu <= fx:
-            if u < x:
-                b = x
-            else:
-                a = x
-            v, w, x = w, x, u
-            fv, fw, fx = fw, fx, fu
-        else:
-            if u < x:
-                a = u
-            else:
-                b = u
-            if fu <= fw or w == x:
-                v, fv = w, fw
-                w, fw = u, fu
-            elif fu <= fv or v in (x, w):
-                v, fv = u, fu
 
 
 def _data_log_prob(matrix: sparse.csr_matrix, rows: np.ndarray, ambient: np.ndarray, alpha: float) -> np.ndarray:

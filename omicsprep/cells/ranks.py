@@ -7,13 +7,14 @@ of freedom) so that the knee equals DropletUtils' rather than a look-alike.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 from scipy import linalg, sparse
 from scipy.interpolate import BSpline
 from scipy.stats import rankdata
+
+from omicsprep.cells.optimize import brent_minimum
 
 
 @dataclass(frozen=True)
@@ -217,7 +218,8 @@ def smooth_spline(x: np.ndarray, y: np.ndarray, *, df: float) -> SmoothingSpline
         rss = residual_ss + float(np.sum(weights * (y_mean - basis @ coef) ** 2))
         return (rss / n) / (1 - trace / n) ** 2
 
-    spar, last_spar = _brent_minimum(criterion)
+    # sbart's search: spar in [-1.5, 1.5], its constants, at most 500 steps.
+    spar, last_spar = brent_minimum(criterion, -1.5, 1.5, tol=1e-4, eps=2e-8, max_iter=500, zero_step_up=True)
     # R keeps the fit of the last spar it evaluated, not of the best one.
     coef, trace = solve(last_spar)
     return SmoothingSpline(
@@ -275,70 +277,3 @@ def _penalty_matrix(knots: np.ndarray, n_coef: int) -> np.ndarray:
     penalty = np.zeros((n_coef, n_coef))
     np.add.at(penalty, (active[:, :, None], active[:, None, :]), blocks)
     return penalty
-
-
-def _brent_minimum(
-    criterion: Callable[[float], float],
-    *,
-    low: float = -1.5,
-    high: float = 1.5,
-    tol: float = 1e-4,
-    eps: float = 2e-8,
-    max_iter: int = 500,
-) -> tuple[float, float]:
-    """Minimise the criterion over spar as R's ``sbart`` does (Brent: golden section and parabolas).
-
-    Returns the minimising spar and the last spar evaluated.
-    """
-    golden = (3 - np.sqrt(5)) / 2
-    a, b = low, high
-    x = w = v = u = a + golden * (b - a)
-    fx = fw = fv = criterion(x)
-    d = e = 0.0
-    for _ in range(max_iter):
-        middle = (a + b) / 2
-        tol1 = eps * abs(x) + tol / 3
-        tol2 = 2 * tol1
-        if abs(x - middle) <= tol2 - (b - a) / 2:
-            break
-        parabola = False
-        if abs(e) > tol1:
-            r = (x - w) * (fx - fv)
-            q = (x - v) * (fx - fw)
-            p = (x - v) * q - (x - w) * r
-            q = 2 * (q - r)
-            if q > 0:
-                p = -p
-            q = abs(q)
-            r, e = e, d
-            parabola = not (abs(p) >= abs(q * r / 2) or q == 0 or p <= q * (a - x) or p >= q * (b - x))
-            if parabola:
-                d = p / q
-                if x + d - a < tol2 or b - x - d < tol2:
-                    d = _sign_of(tol1, middle - x)
-        if not parabola:
-            e = (a - x) if x >= middle else (b - x)
-            d = golden * e
-        u = x + (d if abs(d) >= tol1 else _sign_of(tol1, d))
-        fu = criterion(u)
-        if fu <= fx:
-            if u >= x:
-                a = x
-            else:
-                b = x
-            v, fv, w, fw, x, fx = w, fw, x, fx, u, fu
-        else:
-            if u < x:
-                a = u
-            else:
-                b = u
-            if fu <= fw or w == x:
-                v, fv, w, fw = w, fw, u, fu
-            elif fu <= fv or v in (x, w):
-                v, fv = u, fu
-    return x, u
-
-
-def _sign_of(magnitude: float, sign: float) -> float:
-    """Fortran's SIGN: |magnitude| with the sign of ``sign`` (zero counts as positive)."""
-    return abs(magnitude) if sign >= 0 else -abs(magnitude)
