@@ -10,7 +10,7 @@ import pytest
 from conftest import REPO
 from scipy import sparse
 
-from omicsprep.cells.decontx import DecontXResult, decontx, fit_dirichlet_shares
+from omicsprep.cells.decontx import DecontXResult, _entries, decontx, fit_dirichlet_shares
 from omicsprep.errors import InputError
 
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -134,6 +134,26 @@ def test_bad_input(cells: Cells):
     empty = sparse.vstack([cells.counts, sparse.csr_matrix((1, cells.counts.shape[1]))]).tocsr()
     with pytest.raises(InputError, match="1 cells have none"):
         decontx(empty, clusters=np.append(cells.cell_type, 0))
+
+
+def test_entry_sums_same_on_both_paths(cells: Cells):
+    """The GPU's sums (matrices built once; SciPy standing in for cupyx) equal the CPU's bit for bit.
+
+    Sums per cluster and gene by a (cluster-gene, entry) product against ``bincount``, sums per
+    cell against a SciPy product by ones; each adds a row's entries in their CSR order.
+    """
+    values = np.random.default_rng(0).random(cells.counts.nnz)
+    by_product, by_bincount = (
+        _entries(cells.counts, cells.cell_type, xp=np, sparse_module=sparse, bins_by_product=on_gpu)
+        for on_gpu in (True, False)
+    )
+    assert by_bincount.cluster_gene_by_entry is None
+    np.testing.assert_array_equal(by_product.per_cluster_gene(values), by_bincount.per_cluster_gene(values))
+    with_values = sparse.csr_matrix((values, cells.counts.indices, cells.counts.indptr), shape=cells.counts.shape)
+    np.testing.assert_array_equal(by_product.per_cell(values), with_values @ np.ones(with_values.shape[1]))
+    np.testing.assert_array_equal(
+        by_product.cell, np.repeat(np.arange(cells.counts.shape[0]), np.diff(cells.counts.indptr))
+    )
 
 
 @pytest.mark.gpu

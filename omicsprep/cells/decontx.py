@@ -7,9 +7,10 @@ with a Beta(``delta``) prior. Variational EM assigns every count a native respon
 re-estimates ``phi``, ``eta``, ``theta`` (and ``delta`` by Minka's Dirichlet fixed point, as
 ``MCMCprecision::fit_dirichlet``) and stops when no cell's ``theta`` moves by ``convergence``.
 
-The EM is written over the non-zero entries with gathers, ``bincount`` scatters and CSR
-products, so NumPy and CuPy run the same code; on the GPU the entries move to the device once
-and only the Dirichlet statistics and the convergence test come back per iteration. The numbers follow
+The EM is written over the non-zero entries with gathers and sparse matrix-vector products by
+matrices built once (sums per cell; sums per cluster and gene, by ``bincount`` on the CPU), so
+NumPy and CuPy run the same code; on the GPU the entries move to the device once and only the
+Dirichlet statistics and the convergence test come back per iteration. The numbers follow
 ``src/DecontX.cpp`` and its Python port ``pydecontx`` 0.1.0 step for step (same random start
 from ``numpy.random.default_rng(seed).beta``, same pseudocount), so results agree with
 ``pydecontx`` to rounding.
@@ -57,15 +58,22 @@ class DecontXResult:
 
 @dataclass(frozen=True)
 class _Entries:
-    """The non-zero counts on the array module's device, with the indices the EM gathers by."""
+    """The non-zero counts on the array module's device, with the indices and sums the EM needs.
+
+    The sums are sparse products by matrices built once: CuPy sorts and checks every sparse
+    matrix made afresh, and its weighted ``bincount`` scatters with float64 atomics in no
+    fixed order. Each product adds a row's entries one by one in their CSR order, as
+    ``bincount`` does, so the CPU's numbers are those of a plain loop to the last bit.
+    """
 
     counts: Any  # (nnz,) float64
     cell: Any  # (nnz,) the row of each entry
     cluster_gene: Any  # (nnz,) cluster * n_genes + gene, the entry's place in a (clusters, genes) table
-    indices: Any  # the CSR genes and row pointers, for sums per cell
-    indptr: Any
-    sparse_module: ModuleType  # scipy.sparse or cupyx.scipy.sparse
+    by_cell: Any  # (cells, genes) CSR of the counts' structure, whose data is swapped for the values to sum
     gene_ones: Any  # (n_genes,) float64
+    # (clusters * genes, nnz) CSR of ones on the GPU; None on the CPU, where bincount's
+    # sequential scatter is faster than this product and costs no set-up.
+    cluster_gene_by_entry: Any
     cell_totals: Any  # (n_cells,) float64
     n_clusters: int
 
@@ -74,11 +82,19 @@ class _Entries:
         return int(self.gene_ones.size)
 
     def per_cell(self, values: Any) -> Any:
-        """Sums of per-entry ``values`` over each cell's entries (a CSR product: faster than bincount)."""
-        by_cell = self.sparse_module.csr_matrix(
-            (values, self.indices, self.indptr), shape=(self.cell_totals.size, self.n_genes)
-        )
-        return by_cell @ self.gene_ones
+        """Sums of per-entry ``values`` over each cell's entries."""
+        # Same structure, new data: the matrix stays checked and canonical.
+        self.by_cell.data = values
+        return self.by_cell @ self.gene_ones
+
+    def per_cluster_gene(self, values: Any) -> Any:
+        """Sums of per-entry ``values`` by cluster and gene, a (clusters, genes) table."""
+        shape = (self.n_clusters, self.n_genes)
+        if self.cluster_gene_by_entry is None:
+            sums = np.bincount(self.cluster_gene, weights=values, minlength=shape[0] * shape[1])
+        else:
+            sums = self.cluster_gene_by_entry @ values
+        return sums.reshape(shape)
 
 
 def decontx(
@@ -134,15 +150,18 @@ def decontx(
         cells = cells.copy()
         cells.sum_duplicates()
     xp = array_module(backend)
-    entries = _entries(cells, clusters, xp=xp, sparse_module=cupyx_sparse() if backend == "gpu" else sparse)
+    on_gpu = backend == "gpu"
+    entries = _entries(
+        cells, clusters, xp=xp, sparse_module=cupyx_sparse() if on_gpu else sparse, bins_by_product=on_gpu
+    )
     theta = xp.asarray(np.random.default_rng(seed).beta(delta[0], delta[1], size=cells.shape[0]))
     prior = np.asarray(delta, dtype=np.float64)
-    phi, eta = _profiles(entries.counts * theta[entries.cell], entries, floor=PSEUDOCOUNT, xp=xp)
+    phi, eta = _profiles(entries.counts * theta[entries.cell], entries, floor=PSEUDOCOUNT)
     iterations = 0
     while iterations < max_iter:
         iterations += 1
         native = _native_counts(entries, theta, phi, eta)
-        phi, eta = _profiles(native, entries, floor=0.0, xp=xp)
+        phi, eta = _profiles(native, entries, floor=0.0)
         native_totals = entries.per_cell(native)
         # Rounding can put a share a hair outside [0, 1], where the Dirichlet fit takes logs.
         contamination = xp.clip((entries.cell_totals - native_totals) / entries.cell_totals, 0.0, 1.0)
@@ -161,8 +180,14 @@ def decontx(
     )
 
 
-def _entries(cells: sparse.csr_matrix, clusters: np.ndarray, *, xp: Any, sparse_module: ModuleType) -> _Entries:
-    """Check the input and move the non-zero counts (CSR, canonical) and their indices to the device, once."""
+def _entries(
+    cells: sparse.csr_matrix, clusters: np.ndarray, *, xp: Any, sparse_module: ModuleType, bins_by_product: bool
+) -> _Entries:
+    """Check the input, move the non-zero counts (CSR, canonical) to the device once and index them there.
+
+    ``bins_by_product`` builds the (cluster-gene, entry) matrix that sums by cluster and gene
+    (the GPU's way); without it they are summed by ``bincount``.
+    """
     n_cells, n_genes = cells.shape
     if len(clusters) != n_cells:
         raise InputError(f"DecontX needs one cluster label per cell: {len(clusters)} labels for {n_cells} cells")
@@ -174,17 +199,34 @@ def _entries(cells: sparse.csr_matrix, clusters: np.ndarray, *, xp: Any, sparse_
     cell_totals = np.asarray(cells.sum(axis=1), dtype=np.float64).ravel()
     if (cell_totals <= 0).any():
         raise InputError(f"DecontX needs cells with counts: {int((cell_totals <= 0).sum())} cells have none")
-    # 64-bit indices: NumPy converts narrower ones at every gather and bincount.
-    cell = np.repeat(np.arange(n_cells, dtype=np.int64), np.diff(cells.indptr))
-    cluster_gene = cluster.astype(np.int64)[cell] * n_genes + cells.indices
+    n_bins = labels.size * n_genes
+    if max(cells.nnz, n_bins) >= np.iinfo(np.int32).max:  # cuSPARSE takes 32-bit indices
+        raise InputError(
+            f"DecontX handles fewer than 2**31 entries and cluster-gene pairs, got {cells.nnz:,} and {n_bins:,}"
+        )
+    # The CSR arrays travel as they are (32-bit, counts often float32) and widen on the device.
+    indptr = xp.asarray(cells.indptr, dtype=xp.int32)
+    genes = xp.asarray(cells.indices, dtype=xp.int32)
+    counts = xp.asarray(cells.data).astype(xp.float64)
+    # Every cell has entries, so a 1 where each cell after the first starts, summed, is the row.
+    # 64-bit indices: NumPy converts narrower ones at every gather.
+    starts = xp.zeros(cells.nnz, dtype=xp.int8)
+    starts[indptr[1:-1]] = 1
+    cell = xp.cumsum(starts, dtype=xp.int64)
+    cluster_gene = xp.asarray(cluster)[cell] * n_genes + genes
+    cluster_gene_by_entry = None
+    if bins_by_product:
+        entry = xp.arange(cells.nnz, dtype=xp.int32)
+        cluster_gene_by_entry = sparse_module.coo_matrix(
+            (xp.ones(cells.nnz), (cluster_gene.astype(xp.int32), entry)), shape=(n_bins, cells.nnz)
+        ).tocsr()
     return _Entries(
-        counts=xp.asarray(cells.data, dtype=xp.float64),
-        cell=xp.asarray(cell),
-        cluster_gene=xp.asarray(cluster_gene),
-        indices=xp.asarray(cells.indices),
-        indptr=xp.asarray(cells.indptr),
-        sparse_module=sparse_module,
+        counts=counts,
+        cell=cell,
+        cluster_gene=cluster_gene,
+        by_cell=sparse_module.csr_matrix((counts, genes, indptr), shape=(n_cells, n_genes)),
         gene_ones=xp.ones(n_genes),
+        cluster_gene_by_entry=cluster_gene_by_entry,
         cell_totals=xp.asarray(cell_totals),
         n_clusters=int(labels.size),
     )
@@ -205,14 +247,13 @@ def _native_counts(entries: _Entries, theta: Any, phi: Any, eta: Any) -> Any:
     return entries.counts / denominator
 
 
-def _profiles(native: Any, entries: _Entries, *, floor: float, xp: Any) -> tuple[Any, Any]:
+def _profiles(native: Any, entries: _Entries, *, floor: float) -> tuple[Any, Any]:
     """Native profiles ``phi`` and contamination profiles ``eta``, clusters x genes, rows summing to 1.
 
     ``phi`` of a cluster is the native counts of its cells (plus ``floor``, as decontX's
     initialisation adds the pseudocount); its ``eta`` is the other clusters' ``phi`` summed.
     """
-    shape = (entries.n_clusters, entries.n_genes)
-    phi = xp.bincount(entries.cluster_gene, weights=native, minlength=shape[0] * shape[1]).reshape(shape) + floor
+    phi = entries.per_cluster_gene(native) + floor
     eta = phi.sum(axis=0) - phi
     return phi / phi.sum(axis=1, keepdims=True), eta / eta.sum(axis=1, keepdims=True)
 
@@ -238,10 +279,11 @@ def fit_dirichlet_shares(contamination: Any, *, xp: Any) -> np.ndarray:
         ``(native, contamination)`` concentrations.
     """
     shares = xp.stack([1.0 - contamination, contamination], axis=1)
-    smallest = float(shares.min())
-    if smallest == 0:
-        shift = float(shares[shares > 0].min()) * 0.01
-        shares = (shares + shift) / (1.0 + 2.0 * shift)
+    # Decided on the device (a shift of 0 leaves the shares as they are), so that the
+    # statistics below are the one transfer.
+    smallest_positive = xp.where(shares > 0, shares, xp.inf).min()
+    shift = xp.where(shares.min() == 0, smallest_positive * 0.01, 0.0)
+    shares = (shares + shift) / (1.0 + 2.0 * shift)
     shares = shares / shares.sum(axis=1, keepdims=True)
     mean_log, mean, mean_square = asnumpy(
         xp.stack([xp.log(shares).mean(axis=0), shares.mean(axis=0), (shares**2).mean(axis=0)])
