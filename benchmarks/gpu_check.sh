@@ -162,9 +162,9 @@ fi
 
 if wants droplets; then
 echo "== droplets: emptyDrops (500,000 barcodes x 33,000 genes, 10,000 cells, niters 10,000), CPU and GPU"
-python3 benchmarks/emptydrops_bench.py --skip-r --gpu 2>&1 | tail -n 20
+python3 benchmarks/emptydrops_bench.py --skip-r --gpu --profile 2>&1 | tail -n 40
 echo "== droplets: DecontX (10,000 cells x 33,000 genes), pydecontx, CPU and GPU"
-python3 benchmarks/decontx_bench.py --backend cpu gpu 2>&1 | tail -n 20
+python3 benchmarks/decontx_bench.py --backend cpu gpu gpu 2>&1 | tail -n 20
 if [ -d .gpu/cellbender ]; then
   echo "== droplets: CellBender (fast setting, --cuda)"
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/cb .gpu/cellbender/*.whl >/dev/null 2>&1
