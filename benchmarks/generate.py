@@ -121,14 +121,21 @@ def generate_with_clusters(
 
 
 def write_10x_h5(
-    counts: sparse.csr_matrix, path: Path, *, barcodes: list[str] | None = None, compression: str | None = None
+    counts: sparse.csr_matrix,
+    path: Path,
+    *,
+    barcodes: list[str] | None = None,
+    compression: str | None = None,
+    antibodies: tuple[str, ...] = (),
 ) -> None:
     """Write counts in Cell Ranger's HDF5 layout (genes x cells, CSC by cell).
 
     Barcodes are ``CELL00000000-1``... unless given; ``compression`` (``"gzip"``, as Cell Ranger
-    writes) applies to the matrix's arrays.
+    writes) applies to the matrix's arrays. The last ``len(antibodies)`` columns of ``counts``
+    are antibody tags (``Antibody Capture``) with these names, as in a CITE-seq run's matrix.
     """
-    names = gene_names(counts.shape[1])
+    names = [*gene_names(counts.shape[1] - len(antibodies)), *antibodies]
+    types = ["Gene Expression"] * (len(names) - len(antibodies)) + ["Antibody Capture"] * len(antibodies)
     barcodes = barcodes if barcodes is not None else [f"CELL{i:08d}-1" for i in range(counts.shape[0])]
     from omicsprep.io import atomic_path
 
@@ -142,7 +149,7 @@ def write_10x_h5(
         features = matrix.create_group("features")
         features["id"] = np.array([f"ENSG{i:011d}" for i in range(len(names))], dtype="S")
         features["name"] = np.array(names, dtype="S")
-        features["feature_type"] = np.array(["Gene Expression"] * len(names), dtype="S")
+        features["feature_type"] = np.array(types, dtype="S")
         features["genome"] = np.array(["synthetic"] * len(names), dtype="S")
         features["_all_tag_keys"] = np.array([b"genome"])
 

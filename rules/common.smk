@@ -331,18 +331,18 @@ def sample_metadata(wildcards):
 
 
 def protein_inputs(wildcards):
-    """The sample's antibody counts, and its empty droplets: given, or (from raw droplets,
-    which may hold the antibody rows) the barcodes that are not cells."""
+    """The sample's antibody counts; the cells called among its raw droplets, when it has them
+    (the antibody counts are kept for those); and its empty droplets: given, or (from raw
+    droplets, which may hold the antibody rows) the barcodes that are not cells."""
     row = SAMPLE_SHEET.loc[wildcards.sample]
-    if row["adt_empty"]:
-        return {"adt": row["adt"], "empty": row["adt_empty"]}
+    inputs = {"adt": row["adt"]}
     if row["raw"]:
-        return {
-            "adt": row["adt"],
-            "raw": row["raw"],
-            "calls": for_sample(rules.call_cells.output.barcodes, wildcards.sample),
-        }
-    return {"adt": row["adt"]}
+        inputs["calls"] = for_sample(rules.call_cells.output.barcodes, wildcards.sample)
+    if row["adt_empty"]:
+        inputs["empty"] = row["adt_empty"]
+    elif row["raw"]:
+        inputs["raw"] = row["raw"]
+    return inputs
 
 
 def atac_inputs(wildcards):

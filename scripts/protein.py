@@ -2,6 +2,7 @@
 
 from omicsprep import io
 from omicsprep.backend import resolve_backend
+from omicsprep.cells.calling import called_cells
 from omicsprep.options import EmbeddingOptions, ProteinOptions, from_config
 from omicsprep.pipeline import run_protein
 from omicsprep.protein.normalization import background_droplets
@@ -16,15 +17,15 @@ def main() -> None:
     adata = io.read_counts(snakemake.input.adt, feature_type="Antibody Capture", duplicate_barcodes=duplicates)
     options = from_config(ProteinOptions, snakemake.params.protein)
     inputs = set(snakemake.input.keys())
+    is_cell = io.read_table(snakemake.input.calls)["is_cell"] if "calls" in inputs else None
+    if is_cell is not None:
+        adata = called_cells(adata, is_cell=is_cell)
     empty = None
     if "empty" in inputs:
         empty = io.read_counts(snakemake.input.empty, feature_type="Antibody Capture", duplicate_barcodes=duplicates)
     elif "raw" in inputs and io.has_feature_type(snakemake.input.raw, "Antibody Capture"):
         raw_tags = io.read_counts(snakemake.input.raw, feature_type="Antibody Capture", duplicate_barcodes=duplicates)
-        calls = io.read_table(snakemake.input.calls)
-        empty = background_droplets(
-            raw_tags, is_cell=calls["is_cell"], log10_library=options.dsb.background_log10_library
-        )
+        empty = background_droplets(raw_tags, is_cell=is_cell, log10_library=options.dsb.background_log10_library)
     run_protein(
         adata,
         empty=empty,

@@ -472,6 +472,39 @@ def test_cellbender_without_its_environment_fails_clearly(tmp_path):
     assert not cells.exists() or not any(cells.iterdir())
 
 
+def test_raw_droplets_with_antibody_rows_give_dsb_its_background(tmp_path):
+    """A CITE-seq run's raw matrix (RNA and antibody rows) as both raw and adt: the antibody
+    counts of the cells called on the RNA are normalized by dsb against the empty droplets'."""
+    import generate
+
+    droplets = generate.generate_raw_droplets(150, 6_000, 800, seed=4)
+    rng = np.random.default_rng(4)
+    antibodies = (*(f"CD{i}" for i in range(10)), "Isotype_IgG1", "Isotype_IgG2a")
+    is_cell = droplets.truth["is_cell"].to_numpy()
+    # Cells carry tens to hundreds of each tag, empty droplets a few (free antibodies).
+    means = np.where(is_cell[:, None], rng.lognormal(4, 1, (1, len(antibodies))), 3.0)
+    tags = rng.poisson(means * rng.lognormal(0, 0.5, (is_cell.size, 1)))
+    raw = tmp_path / "raw_feature_bc_matrix.h5"
+    counts = sparse.hstack([droplets.counts, sparse.csr_matrix(tags, dtype=np.float32)], format="csr")
+    generate.write_10x_h5(counts, raw, barcodes=droplets.barcodes, antibodies=antibodies)
+    sheet = write_sheet(tmp_path / "s.tsv", [f"cite\t\t{raw}\t{raw}"], header="sample\tinput\traw\tadt")
+    result = snakemake(
+        "results/cite/protein.h5ad",
+        "--cores",
+        "2",
+        "--config",
+        f"samples={sheet}",
+        "backend=cpu",
+        "cells={niters: 2000}",
+        workdir=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-5000:]
+    calls = pd.read_parquet(tmp_path / "results" / "cite" / "cells" / "barcodes.parquet")
+    protein = ad.read_h5ad(tmp_path / "results" / "cite" / "protein.h5ad")
+    assert set(protein.obs_names) == set(calls.index[calls["is_cell"]])
+    assert '"normalization": "dsb"' in protein.uns["omicsprep"]["protein"]["params"]
+
+
 def test_raw_column_refused_with_reads(tmp_path):
     bam = REPO / "tests" / "data" / "umi_tools" / "chr19_gene_tags.bam"
     sheet = write_sheet(tmp_path / "s.tsv", [f"s\t{bam}\t{DROPLETS_H5}"], header="sample\tinput\traw")

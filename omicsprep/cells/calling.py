@@ -164,3 +164,24 @@ def ambient_profile(raw: AnnData, *, totals: np.ndarray, lower: int) -> np.ndarr
     """Each gene's share of the UMIs of the barcodes with at most ``lower`` UMIs."""
     pooled = np.asarray(raw.X[totals <= lower].sum(axis=0), dtype=np.float64).ravel()
     return pooled / pooled.sum()
+
+
+def called_cells(adata: AnnData, *, is_cell: pd.Series) -> AnnData:
+    """The barcodes of ``adata`` that the sample's cell calling called cells (a copy).
+
+    Parameters
+    ----------
+    adata
+        Barcodes x features of another modality of the sample (its antibody tags).
+    is_cell
+        Whether each barcode is a cell (the calls' table column, indexed by barcode).
+
+    Raises
+    ------
+    InputError
+        None of ``adata``'s barcodes is a called cell.
+    """
+    keep = is_cell.reindex(adata.obs_names, fill_value=False).to_numpy(dtype=bool)
+    if not keep.any():
+        raise InputError(f"none of the {adata.n_obs} barcodes is among the cells called on the RNA")
+    return adata[keep].copy()
