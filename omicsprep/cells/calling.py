@@ -11,11 +11,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 from anndata import AnnData
-from scipy.stats import rankdata
 
 from omicsprep.backend import Backend
-from omicsprep.cells import emptydrops
-from omicsprep.cells.ranks import BarcodeRanks, barcode_ranks
+from omicsprep.cells import emptydrops, soupx
+from omicsprep.cells.ranks import BarcodeRanks, barcode_ranks, rank_totals
 from omicsprep.errors import InputError
 from omicsprep.options import CellOptions
 
@@ -97,7 +96,13 @@ def call_cells(raw: AnnData, *, options: CellOptions, given: pd.Index | None = N
             f"no cell called among {len(totals)} barcodes (cells.method {method}, fdr {options.fdr}, "
             f"knee {ranks.knee:g} UMIs): is this a raw (unfiltered) matrix of droplets?"
         )
-    return CellCalls(table=table, ranks=ranks, ambient=ambient_profile(raw, totals=totals, lower=options.lower))
+    # The ambient profile shown in the report: SoupX's soup of the droplets with at most lower UMIs
+    # (none with method none and no such droplet).
+    try:
+        ambient = soupx.soup_profile(raw.X, soup_range=(0, options.lower + 1))
+    except ValueError:
+        ambient = np.full(raw.n_vars, np.nan)
+    return CellCalls(table=table, ranks=ranks, ambient=ambient)
 
 
 def _barcode_ranks(totals: np.ndarray, *, lower: int, required: bool) -> BarcodeRanks:
@@ -110,7 +115,7 @@ def _barcode_ranks(totals: np.ndarray, *, lower: int, required: bool) -> Barcode
     except ValueError as exc:  # DropletUtils' own refusal: too few distinct totals above lower
         if required:
             raise InputError(f"barcode ranks: {exc} (cells.lower = {lower})") from exc
-    rank = rankdata(-totals, method="average")
+    rank = rank_totals(totals)
     return BarcodeRanks(knee=np.nan, inflection=np.nan, rank=rank, fitted=np.full(totals.size, np.nan))
 
 
@@ -158,12 +163,6 @@ def _test_droplets(
         seed=options.seed,
         backend=backend,
     )
-
-
-def ambient_profile(raw: AnnData, *, totals: np.ndarray, lower: int) -> np.ndarray:
-    """Each gene's share of the UMIs of the barcodes with at most ``lower`` UMIs."""
-    pooled = np.asarray(raw.X[totals <= lower].sum(axis=0), dtype=np.float64).ravel()
-    return pooled / pooled.sum()
 
 
 def called_cells(adata: AnnData, *, is_cell: pd.Series) -> AnnData:

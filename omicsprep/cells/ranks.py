@@ -39,6 +39,11 @@ class BarcodeRanks:
     fitted: np.ndarray
 
 
+def rank_totals(totals: np.ndarray) -> np.ndarray:
+    """Each barcode's rank by total, largest first, ties averaged (R's ``rank(-totals)``)."""
+    return rankdata(-totals, method="average")
+
+
 def barcode_ranks(
     totals: np.ndarray,
     *,
@@ -74,7 +79,7 @@ def barcode_ranks(
         fewer than 4 points lie within ``fit_bounds``.
     """
     totals = np.rint(np.asarray(totals, dtype=float))
-    rank = rankdata(-totals, method="average")
+    rank = rank_totals(totals)
     run_totals, run_first = np.unique(-totals, return_index=True)
     run_totals = -run_totals
     run_rank = rank[run_first]
