@@ -25,20 +25,21 @@ run: setup
 	$(BIN)/snakemake --cores $(CORES) --configfile resources/demo/config.yaml
 	$(BIN)/snakemake --configfile resources/demo/config.yaml --report results/report.html
 
-# Every check runs, so one report lists all that fails; the recipe fails if any did.
+# Every check runs, so one report lists all that fails; the recipe fails if any did. snakefmt
+# formats shell: blocks with the venv's shfmt (shfmt-py), so the venv's bin goes on PATH.
 lint: setup
 	@failed=0; \
 	$(BIN)/ruff check . || failed=1; \
 	$(BIN)/ruff format --check . || failed=1; \
 	$(BIN)/mypy || failed=1; \
-	$(BIN)/snakefmt --check Snakefile rules || failed=1; \
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/snakefmt --check Snakefile rules || failed=1; \
 	$(BIN)/snakemake --lint --configfile resources/demo/config.yaml || failed=1; \
 	exit $$failed
 
 format: setup
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
-	$(BIN)/snakefmt Snakefile rules
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/snakefmt Snakefile rules
 
 test: setup
 	bash tests/slurm/install.sh
