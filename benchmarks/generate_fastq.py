@@ -66,12 +66,13 @@ class Genome:
 class Planted:
     """What :func:`generate_fastqs` wrote.
 
-    ``truth`` has a row per molecule: ``cell``, ``gene`` (gene_id), ``umi``, ``reads``,
-    ``intronic``; ``barcodes`` are the cells' barcodes, ``whitelist`` lists them with decoys.
+    ``fastq_1``/``fastq_2`` are the barcode and cDNA reads, one file per lane; ``truth`` has a
+    row per molecule: ``cell``, ``gene`` (gene_id), ``umi``, ``reads``, ``intronic``;
+    ``barcodes`` are the cells' barcodes, ``whitelist`` lists them with decoys.
     """
 
-    fastq_1: Path
-    fastq_2: Path
+    fastq_1: tuple[Path, ...]
+    fastq_2: tuple[Path, ...]
     whitelist: Path
     barcodes: tuple[str, ...]
     truth: pd.DataFrame
@@ -174,8 +175,9 @@ def generate_fastqs(
     intronic_fraction: float = 0.2,
     extra_bases: int = 0,
     n_decoys: int = 200,
+    n_lanes: int = 1,
 ) -> Planted:
-    """Write ``R1.fastq.gz``/``R2.fastq.gz``, ``whitelist.txt`` and ``truth.csv`` into ``out_dir``.
+    """Write ``L<n>_R1.fastq.gz``/``L<n>_R2.fastq.gz`` per lane, ``whitelist.txt`` and ``truth.csv``.
 
     Each cell expresses the genes with gamma-distributed weights; its molecules are drawn
     in proportion (about ``reads_per_cell / 3``), each with 1 + Poisson(2) reads. Read
@@ -202,15 +204,18 @@ def generate_fastqs(
                 cdna = _cdna_read(rng, genome, gene, transcripts[g], usable_introns[g] if intronic else None)
                 read_1 = _mutate(rng, cell.encode(), barcode_error) + _mutate(rng, umi.encode(), umi_error)
                 pairs.append((read_1 + b"T" * extra_bases, _mutate(rng, cdna, cdna_error)))
-    order = rng.permutation(len(pairs))
-    fastq_1, fastq_2 = out_dir / "R1.fastq.gz", out_dir / "R2.fastq.gz"
-    write_fastq(fastq_1, [pairs[i][0] for i in order], mate=1)
-    write_fastq(fastq_2, [pairs[i][1] for i in order], mate=2)
+    fastq_1, fastq_2, written = [], [], 0
+    for lane, order in enumerate(np.array_split(rng.permutation(len(pairs)), n_lanes), start=1):
+        fastq_1.append(out_dir / f"L{lane:03d}_R1.fastq.gz")
+        fastq_2.append(out_dir / f"L{lane:03d}_R2.fastq.gz")
+        write_fastq(fastq_1[-1], [pairs[i][0] for i in order], mate=1, first=written)
+        write_fastq(fastq_2[-1], [pairs[i][1] for i in order], mate=2, first=written)
+        written += len(order)
     whitelist = out_dir / "whitelist.txt"
     whitelist.write_text("\n".join(sorted(cells + decoys)) + "\n")
     truth = pd.DataFrame(molecules, columns=["cell", "gene", "umi", "reads", "intronic"])
     truth.to_csv(out_dir / "truth.csv", index=False)
-    return Planted(fastq_1, fastq_2, whitelist, tuple(cells), truth)
+    return Planted(tuple(fastq_1), tuple(fastq_2), whitelist, tuple(cells), truth)
 
 
 def _cdna_read(

@@ -345,32 +345,33 @@ def check_whitelist(
     return rate
 
 
-_EXITING = re.compile(r"^EXITING because of (.*)$", re.MULTILINE)
-_SOLUTION = re.compile(r"^SOLUTION: *(.*)$", re.MULTILINE)
+_EXITING = re.compile(r"^EXITING:? because of (.*)$", re.MULTILINE)
 _READS_INPUT = "FATAL ERROR in reads input: quality string length is not equal to sequence length"
 
 
 def star_failure(log_text: str) -> str | None:
     """STAR's fatal error in ``Log.out`` (or its stdout) as one sentence; ``None`` when there is none.
 
-    STAR 2.7.10b reports a barcode file (read 1) that ends before the cDNA file (read 2) as
-    "quality string length is not equal to sequence length", followed by the cDNA read's name
-    and an empty barcode record; a record cut short inside the file gives the same message
+    STAR writes "EXITING because of <problem>", lines of detail, "SOLUTION: <advice>", a blank
+    line. STAR 2.7.10b reports a barcode file (read 1) that ends before the cDNA file (read 2)
+    as "quality string length is not equal to sequence length", followed by the cDNA read's
+    name and an empty barcode record; a record cut short inside a file gives the same message
     with a partial sequence.
     """
     exiting = _EXITING.search(log_text)
     if exiting is None:
         return None
-    following = log_text[exiting.end() :].lstrip("\n").splitlines()
-    solution = _SOLUTION.search(log_text, exiting.end())
-    if exiting.group(1).strip() == _READS_INPUT and following:
-        read = following[0].lstrip("@").split(maxsplit=1)[0] if following[0].strip() else "?"
-        if len(following) > 1 and following[1].startswith("+"):
+    problem = exiting.group(1).strip()
+    block = log_text[exiting.end() :].lstrip("\n").split("\n\n", 1)[0].splitlines()
+    solution = next((line.removeprefix("SOLUTION:").strip() for line in block if line.startswith("SOLUTION:")), "")
+    detail = [line.strip() for line in itertools.takewhile(lambda line: not line.startswith("SOLUTION:"), block)]
+    if problem == _READS_INPUT and detail:
+        read = detail[0].lstrip("@").split(maxsplit=1)[0] if detail[0] else "?"
+        if len(detail) > 1 and detail[1].startswith("+"):
             return (
                 f"STAR stopped at read {read!r}: the read-1 (barcode) files hold fewer reads than the read-2 "
                 "(cDNA) files, or a read-1 file is truncated"
             )
         return f"STAR stopped at read {read!r}: a FASTQ record is cut short (a truncated or malformed file?)"
-    detail = following[0].strip() if following and not following[0].startswith("SOLUTION") else ""
-    sentence = f"STAR failed: {exiting.group(1).strip()}" + (f" ({detail})" if detail else "")
-    return sentence + (f"; STAR suggests: {solution.group(1).strip()}" if solution else "")
+    sentence = f"STAR failed: {problem}" + (f" ({'; '.join(filter(None, detail))})" if any(detail) else "")
+    return sentence + (f"; STAR suggests: {solution}" if solution else "")
