@@ -52,10 +52,15 @@ class Gene:
 
 @dataclass(frozen=True)
 class Genome:
-    """Chromosome sequences (upper-case ACGT) and their genes."""
+    """Chromosome sequences (upper-case ACGT), their genes, and unexpressed twins of some genes.
+
+    A twin has its gene's exons under another gene_id: every read of that gene then matches
+    two genes (a multi-gene read, which STARsolo's Gene and GeneFull do not count).
+    """
 
     sequences: dict[str, bytes]
     genes: tuple[Gene, ...]
+    twins: tuple[Gene, ...] = ()
 
     @property
     def length(self) -> int:
@@ -68,7 +73,9 @@ class Planted:
 
     ``fastq_1``/``fastq_2`` are the barcode and cDNA reads, one file per lane; ``truth`` has a
     row per molecule: ``cell``, ``gene`` (gene_id), ``umi``, ``reads``, ``intronic``;
-    ``barcodes`` are the cells' barcodes, ``whitelist`` lists them with decoys.
+    ``barcodes`` are the cells' barcodes, ``whitelist`` lists them with decoys;
+    ``unusable_umi_reads`` counts the added reads whose UMI is a homopolymer or holds an N
+    (kept out of the truth: STARsolo drops them).
     """
 
     fastq_1: tuple[Path, ...]
@@ -76,6 +83,7 @@ class Planted:
     whitelist: Path
     barcodes: tuple[str, ...]
     truth: pd.DataFrame
+    unusable_umi_reads: dict[str, int]
 
 
 def reverse_complement(sequence: bytes) -> bytes:
@@ -86,8 +94,11 @@ def _random_sequence(rng: np.random.Generator, length: int) -> bytes:
     return BASES[rng.integers(0, 4, length)].tobytes()
 
 
-def generate_genome(*, n_chromosomes: int = 3, n_genes: int = 200, seed: int = 0) -> Genome:
-    """Random chromosomes holding ``n_genes`` multi-exon genes, spread evenly over them."""
+def generate_genome(*, n_chromosomes: int = 3, n_genes: int = 200, seed: int = 0, n_twins: int = 0) -> Genome:
+    """Random chromosomes holding ``n_genes`` multi-exon genes, spread evenly over them.
+
+    The last ``n_twins`` genes get a twin (``<gene_id>T``, same exons and strand) in the GTF.
+    """
     rng = np.random.default_rng(seed)
     sequences, genes = {}, []
     per_chromosome = np.array_split(np.arange(n_genes), n_chromosomes)
@@ -107,7 +118,11 @@ def generate_genome(*, n_chromosomes: int = 3, n_genes: int = 200, seed: int = 0
             )
             position += int(rng.integers(300, 1000))
         sequences[chromosome] = _random_sequence(rng, position + int(rng.integers(500, 1500)))
-    return Genome(sequences, tuple(genes))
+    twins = tuple(
+        Gene(f"{gene.gene_id}T", f"{gene.name}-twin", gene.chromosome, gene.strand, gene.exons)
+        for gene in genes[len(genes) - n_twins :]
+    )
+    return Genome(sequences, tuple(genes), twins if n_twins else ())
 
 
 def write_reference(genome: Genome, *, fasta: Path, gtf: Path) -> None:
@@ -117,7 +132,7 @@ def write_reference(genome: Genome, *, fasta: Path, gtf: Path) -> None:
             handle.write(f">{chromosome} synthetic\n")
             handle.writelines(sequence[i : i + 60].decode() + "\n" for i in range(0, len(sequence), 60))
     lines = []
-    for gene in genome.genes:
+    for gene in (*genome.genes, *genome.twins):
         attributes = f'gene_id "{gene.gene_id}"; gene_name "{gene.name}"; gene_biotype "protein_coding";'
         transcript = f'{attributes} transcript_id "{gene.gene_id}.1";'
         start, end = gene.exons[0][0] + 1, gene.exons[-1][1]
@@ -176,12 +191,15 @@ def generate_fastqs(
     extra_bases: int = 0,
     n_decoys: int = 200,
     n_lanes: int = 1,
+    n_unusable_umi_reads: int = 0,
 ) -> Planted:
     """Write ``L<n>_R1.fastq.gz``/``L<n>_R2.fastq.gz`` per lane, ``whitelist.txt`` and ``truth.csv``.
 
     Each cell expresses the genes with gamma-distributed weights; its molecules are drawn
     in proportion (about ``reads_per_cell / 3``), each with 1 + Poisson(2) reads. Read
     pairs are written in random order, named ``SYN:<n>`` with ``1:N:0``/``2:N:0`` comments.
+    ``n_unusable_umi_reads`` more reads of planted cells carry a homopolymer UMI (half) or a
+    UMI with an N (half).
     """
     cb_length, umi_length = LAYOUTS[chemistry]
     rng = np.random.default_rng(seed)
@@ -204,6 +222,17 @@ def generate_fastqs(
                 cdna = _cdna_read(rng, genome, gene, transcripts[g], usable_introns[g] if intronic else None)
                 read_1 = _mutate(rng, cell.encode(), barcode_error) + _mutate(rng, umi.encode(), umi_error)
                 pairs.append((read_1 + b"T" * extra_bases, _mutate(rng, cdna, cdna_error)))
+    unusable = {"homopolymer": n_unusable_umi_reads // 2, "N": n_unusable_umi_reads - n_unusable_umi_reads // 2}
+    for kind, n_reads in unusable.items():
+        for _ in range(n_reads):
+            g = int(rng.integers(0, len(genome.genes)))
+            if kind == "homopolymer":
+                umi = "ACGT"[int(rng.integers(0, 4))] * umi_length
+            else:
+                umi = _umi(rng, umi_length)
+                umi = umi[: umi_length // 2] + "N" + umi[umi_length // 2 + 1 :]
+            cdna = _cdna_read(rng, genome, genome.genes[g], transcripts[g], None)
+            pairs.append(((cells[int(rng.integers(0, n_cells))] + umi).encode() + b"T" * extra_bases, cdna))
     fastq_1, fastq_2, written = [], [], 0
     for lane, order in enumerate(np.array_split(rng.permutation(len(pairs)), n_lanes), start=1):
         fastq_1.append(out_dir / f"L{lane:03d}_R1.fastq.gz")
@@ -215,7 +244,7 @@ def generate_fastqs(
     whitelist.write_text("\n".join(sorted(cells + decoys)) + "\n")
     truth = pd.DataFrame(molecules, columns=["cell", "gene", "umi", "reads", "intronic"])
     truth.to_csv(out_dir / "truth.csv", index=False)
-    return Planted(tuple(fastq_1), tuple(fastq_2), whitelist, tuple(cells), truth)
+    return Planted(tuple(fastq_1), tuple(fastq_2), whitelist, tuple(cells), truth, unusable)
 
 
 def _cdna_read(

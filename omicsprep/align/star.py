@@ -128,13 +128,24 @@ def solo_command(
 
     Notes
     -----
-    STAR 2.7.10b, found on the synthetic fixture (tests/test_star.py): the BAM's GX/GN
-    carry the genes of the *first* of ``--soloFeatures`` Gene/GeneFull; reads not assigned
-    to one gene of it have ``GX:Z:-``. Reads whose barcode matches no whitelist entry have
-    ``CB:Z:-`` (``CR`` keeps the raw one); ``UB`` is the UMI after STARsolo's own
-    correction, ``UR`` the raw one. ``--soloBarcodeReadLength 0`` lets read 1 be longer
-    than barcode+UMI (10x v3 read 1 is often 28+ bases); :func:`check_fastq_pairs
-    <omicsprep.align.checks.check_fastq_pairs>` checks it is not shorter.
+    STAR 2.7.10b, found on the synthetic fixture (tests/test_star.py) and in STAR's source:
+
+    - The BAM's GX/GN carry the genes of the *first* of ``--soloFeatures``
+      (ParametersSolo.cpp: ``samAttrFeature = featureFirst``), hence ``gene_feature`` first.
+      Reads not assigned to exactly one gene of that feature, multi-gene reads included,
+      have ``GX:Z:-`` (never a list of genes).
+    - ``CB:Z:-`` (and ``UB:Z:-``) marks reads whose barcode matches no whitelist entry and
+      reads whose UMI is a homopolymer or holds an N; they keep their GX. ``CR``/``UR`` hold
+      the raw barcode and UMI, ``UB`` the UMI after STARsolo's own correction.
+    - ``1MM_Directional_UMItools`` is a single greedy pass (SoloFeature_collapseUMIall.cpp):
+      UMIs by decreasing reads, each joins the first earlier UMI one mismatch away with at
+      least 2n-1 reads. UMI-tools' directional grows clusters breadth-first, also through
+      later UMIs, so a chain of single-read UMIs a-b-c (a and c two mismatches apart) is one
+      molecule for UMI-tools and :func:`omicsprep.reads.counting.count_umis`, two for STAR:
+      2-3 of ~6,000 cell x gene entries on the fixture.
+    - ``--soloBarcodeReadLength 0`` lets read 1 be longer than barcode+UMI (10x read 1 is
+      often 28+ bases); a *shorter* read 1 is then not reported by STAR at all:
+      :func:`omicsprep.align.checks.check_fastq_pairs` catches it.
     """
     if gene_feature not in GENE_FEATURES:
         raise ValueError(f"gene_feature {gene_feature!r}; expected one of {GENE_FEATURES}")
