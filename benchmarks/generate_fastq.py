@@ -3,14 +3,15 @@
     python benchmarks/generate_fastq.py --out data/fastq [--cells 50] [--reads-per-cell 1500]
 
 Genome: random sequence; genes of 2-4 exons (100-300 bases) and introns (200-800 bases) on
-both strands, apart from each other (no read is multi-gene). Reads (10x 3' layout by
-default): read 1 is the cell barcode and the UMI (plus ``extra_bases`` of poly-T), read 2
-a 90-base cDNA read of the molecule's sense strand: from the spliced transcript (crossing
+both strands, apart from each other; optionally a few genes annotated twice (their reads are
+multi-gene). Reads (10x 3' layout by default): read 1 is the cell barcode and the UMI (plus
+``extra_bases`` of poly-T), read 2 a 90-base cDNA read of the molecule's sense strand
+(antisense, from the 5' end, for ``10x5p``): from the spliced transcript (crossing
 junctions), or, for ``intronic_fraction`` of the molecules, from inside an intron (pre-mRNA;
 counted by STARsolo's GeneFull, not Gene). Each molecule has 1 + Poisson(2) reads; reads
 carry independent substitution errors in the barcode, the UMI and the cDNA. The truth
 table has one row per planted molecule: cell, gene, UMI, reads and whether it is intronic.
-Deterministic from the seeds; ~75,000 read pairs take about a second.
+Deterministic from the seeds; ~75,000 read pairs take about three seconds.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ import pandas as pd
 BASES = np.frombuffer(b"ACGT", dtype=np.uint8)
 COMPLEMENT = bytes.maketrans(b"ACGTN", b"TGCAN")
 READ_LENGTH = 90
-LAYOUTS = {"10xv2": (16, 10), "10xv3": (16, 12), "10xv4": (16, 12), "dropseq": (12, 8)}
+# Cell barcode and UMI lengths; 10x 5' read 2 is antisense, from the transcript's 5' end.
+LAYOUTS = {"10xv2": (16, 10), "10xv3": (16, 12), "10xv4": (16, 12), "10x5p": (16, 10), "dropseq": (12, 8)}
+ANTISENSE = ("10x5p",)
 
 
 @dataclass(frozen=True)
@@ -202,6 +205,7 @@ def generate_fastqs(
     UMI with an N (half).
     """
     cb_length, umi_length = LAYOUTS[chemistry]
+    antisense = chemistry in ANTISENSE
     rng = np.random.default_rng(seed)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -219,7 +223,9 @@ def generate_fastqs(
             umi, n_reads = _umi(rng, umi_length), 1 + int(rng.poisson(2))
             molecules.append((cell, gene.gene_id, umi, n_reads, intronic))
             for _ in range(n_reads):
-                cdna = _cdna_read(rng, genome, gene, transcripts[g], usable_introns[g] if intronic else None)
+                cdna = _cdna_read(
+                    rng, genome, gene, transcripts[g], usable_introns[g] if intronic else None, antisense=antisense
+                )
                 read_1 = _mutate(rng, cell.encode(), barcode_error) + _mutate(rng, umi.encode(), umi_error)
                 pairs.append((read_1 + b"T" * extra_bases, _mutate(rng, cdna, cdna_error)))
     unusable = {"homopolymer": n_unusable_umi_reads // 2, "N": n_unusable_umi_reads - n_unusable_umi_reads // 2}
@@ -231,7 +237,7 @@ def generate_fastqs(
             else:
                 umi = _umi(rng, umi_length)
                 umi = umi[: umi_length // 2] + "N" + umi[umi_length // 2 + 1 :]
-            cdna = _cdna_read(rng, genome, genome.genes[g], transcripts[g], None)
+            cdna = _cdna_read(rng, genome, genome.genes[g], transcripts[g], None, antisense=antisense)
             pairs.append(((cells[int(rng.integers(0, n_cells))] + umi).encode() + b"T" * extra_bases, cdna))
     fastq_1, fastq_2, written = [], [], 0
     for lane, order in enumerate(np.array_split(rng.permutation(len(pairs)), n_lanes), start=1):
@@ -248,17 +254,26 @@ def generate_fastqs(
 
 
 def _cdna_read(
-    rng: np.random.Generator, genome: Genome, gene: Gene, transcript: bytes, introns: list[tuple[int, int]] | None
+    rng: np.random.Generator,
+    genome: Genome,
+    gene: Gene,
+    transcript: bytes,
+    introns: list[tuple[int, int]] | None,
+    *,
+    antisense: bool = False,
 ) -> bytes:
-    """A sense-strand read: from the mRNA (3'-biased start), or wholly inside one intron."""
+    """A read from the mRNA (3'-biased sense, or 5'-biased antisense), or wholly inside one intron."""
     if introns:
         start, end = introns[int(rng.integers(0, len(introns)))]
         offset = int(rng.integers(start, end - READ_LENGTH + 1))
         read = genome.sequences[gene.chromosome][offset : offset + READ_LENGTH]
-        return read if gene.strand == "+" else reverse_complement(read)
+        sense = read if gene.strand == "+" else reverse_complement(read)
+        return reverse_complement(sense) if antisense else sense
     last = len(transcript) - READ_LENGTH
-    offset = last - min(last, int(rng.exponential(last / 2)))
-    return transcript[offset : offset + READ_LENGTH]
+    from_end = min(last, int(rng.exponential(last / 2)))
+    if antisense:
+        return reverse_complement(transcript[from_end : from_end + READ_LENGTH])
+    return transcript[last - from_end : last - from_end + READ_LENGTH]
 
 
 def write_fastq(path: Path, sequences: list[bytes], *, mate: int, first: int = 0) -> None:

@@ -8,6 +8,7 @@ longer than barcode+UMI.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import gzip
 import shutil
 import subprocess
@@ -407,6 +408,10 @@ def test_different_read_counts(fixture: Fixture, small_pair, tmp_path: Path) -> 
     with pytest.raises(InputError, match=r"holds 1500 reads but its read-2 file .* holds 2000") as error:
         checks.check_read_counts([fastq_1], [fastq_2])
     assert error.value.path == str(fastq_1)
+    shorter_2 = _write_records(tmp_path / "R2_short.fastq.gz", reads_2[:1500])
+    full_1 = _write_records(tmp_path / "R1_full.fastq.gz", reads_1)
+    with pytest.raises(InputError, match=r"holds 2000 reads but its read-2 file .* holds 1500"):
+        checks.check_read_counts([full_1], [shorter_2])  # STAR would stop at 1500 reads without a word
     out = tmp_path / "solo"
     out.mkdir()
     command = solo_command(
@@ -494,3 +499,54 @@ def test_star_failure_other_errors() -> None:
     assert checks.star_failure(cut + "@SYN:7 2:N:0\nACGT\n\nSOLUTION: fix your fastq file\n") == (
         "STAR stopped at read 'SYN:7': a FASTQ record is cut short (a truncated or malformed file?)"
     )
+
+
+@pytest.mark.parametrize("strand", ["Reverse", "Forward"])
+def test_10x5p_read_2_is_antisense(fixture: Fixture, tmp_path: Path, strand: str) -> None:
+    """10x 5' read 2 (antisense) is counted with --soloStrand Reverse, as chemistry('10x5p') sets; Forward loses it."""
+    planted = generate_fastq.generate_fastqs(
+        fixture.genome, out_dir=tmp_path / "fastq", n_cells=10, chemistry="10x5p", reads_per_cell=600, seed=5
+    )
+    five_prime = chemistry("10x5p")
+    assert five_prime.strand == "Reverse"
+    used = five_prime if strand == "Reverse" else dataclasses.replace(five_prime, strand="Forward")
+    out = tmp_path / "solo"
+    out.mkdir()
+    command = solo_command(
+        index_dir=fixture.index,
+        fastq_1=list(planted.fastq_1),
+        fastq_2=list(planted.fastq_2),
+        chemistry=used,
+        whitelist=planted.whitelist,
+        out_prefix=f"{out}/",
+        threads=2,
+        tmp_dir=out / "tmp",
+    )
+    assert _star(command).returncode == 0
+    counted = read_solo_matrix(out / "Solo.out" / "Gene" / "raw").X.sum()
+    twinned = {twin.gene_id.removesuffix("T") for twin in fixture.genome.twins}
+    truth = planted.truth
+    exonic = (~truth["intronic"] & ~truth["gene"].isin(twinned)).sum()
+    if strand == "Reverse":
+        assert counted == pytest.approx(exonic, rel=0.02)
+    else:
+        assert counted < 0.01 * exonic
+
+
+def test_gzip_members_and_corruption(small_pair, tmp_path: Path) -> None:
+    """Concatenated gzip members (bgzip, cat of lanes) are read whole; a flipped byte is corrupt."""
+    reads_1, _ = small_pair
+    members = tmp_path / "members.fastq.gz"
+    members.write_bytes(
+        b"".join(gzip.compress(b"".join(b"".join(r) for r in part)) for part in (reads_1[:700], reads_1[700:]))
+    )
+    assert checks.fastq_read_count(members) == len(reads_1)
+    plain = tmp_path / "plain.fastq"
+    plain.write_bytes(gzip.decompress(members.read_bytes()))
+    assert checks.fastq_read_count(plain) == len(reads_1)
+    checks.gzip_intact(plain)
+    corrupt = bytearray(members.read_bytes())
+    corrupt[len(corrupt) // 3] ^= 0xFF
+    (tmp_path / "corrupt.fastq.gz").write_bytes(bytes(corrupt))
+    with pytest.raises(InputError, match="corrupt gzip"):
+        checks.gzip_intact(tmp_path / "corrupt.fastq.gz")
