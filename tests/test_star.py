@@ -550,3 +550,18 @@ def test_gzip_members_and_corruption(small_pair, tmp_path: Path) -> None:
     (tmp_path / "corrupt.fastq.gz").write_bytes(bytes(corrupt))
     with pytest.raises(InputError, match="corrupt gzip"):
         checks.gzip_intact(tmp_path / "corrupt.fastq.gz")
+
+
+def test_check_reference_reads_fasta_layouts(tmp_path: Path) -> None:
+    """Windows line ends, a last line without newline, descriptions after the name; headers only -> error."""
+    fasta, gtf = tmp_path / "g.fa", tmp_path / "g.gtf"
+    fasta.write_bytes(b">1 dna:chromosome\r\nACGTACGTAC\r\nGT\r\n>MT\nACG")
+    gtf.write_text('1\tx\texon\t1\t5\t.\t+\t.\tgene_id "A";\nMT\tx\texon\t1\t3\t.\t+\t.\tgene_id "B";\n')
+    assert checks.check_reference(fasta, gtf) == 15
+    fasta.write_bytes(b"ACGT\n>1\nACGT\n")
+    with pytest.raises(InputError, match="not a FASTA file"):
+        checks.check_reference(fasta, gtf)
+    fasta.write_bytes(b">1\nACGT\n>MT\nA\n")
+    gtf.write_text('1\tx\tgene\t1\t5\t.\t+\t.\tgene_id "A";\n')
+    with pytest.raises(InputError, match="no 'exon' lines"):
+        checks.check_reference(fasta, gtf)
