@@ -303,7 +303,7 @@ def test_commands() -> None:
         fasta=Path("g.fa"), gtf=Path("g.gtf"), index_dir=Path("idx"), threads=4, genome_length=10**6
     )
     assert "--sjdbOverhang" not in genome
-    assert genome[genome.index("--genomeSAindexNbases") + 1] == "9"
+    assert genome[genome.index("--genomeSAindexNbases") + 1] == "8"  # log2(1e6)/2 - 1 = 8.97
     common = {"index_dir": Path("idx"), "out_prefix": "o/", "threads": 1, "tmp_dir": Path("t"), "whitelist": None}
     five = solo_command(fastq_1=[Path("a_R1.fq")], fastq_2=[Path("a_R2.fq")], chemistry=chemistry("10x5p"), **common)
     assert five[five.index("--soloStrand") + 1] == "Reverse"
@@ -318,7 +318,7 @@ def test_commands() -> None:
     )
     reads_in = lanes.index("--readFilesIn")
     assert lanes[reads_in + 1 : reads_in + 3] == ["L1_R2.fq.gz,L2_R2.fq.gz", "L1_R1.fq.gz,L2_R1.fq.gz"]
-    assert lanes[lanes.index("--readFilesCommand") + 1 : lanes.index("--readFilesCommand") + 3] == ["gzip", "-cd"]
+    assert lanes[lanes.index("--readFilesCommand") + 1 : lanes.index("--readFilesCommand") + 3] == ["gzip", "-cdf"]
     complex_layout = chemistry("custom", custom={"cb_position": ["0_0_0_7", "0_26_0_33"], "umi_position": "0_34_0_41"})
     assert complex_layout == Chemistry(
         "custom",

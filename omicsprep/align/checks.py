@@ -317,8 +317,11 @@ def whitelist_match_rate(
     """Fraction of the first ``n_reads`` reads whose cell barcode is in the whitelist exactly.
 
     The whitelist (gzipped or not; 10x's v3 list has 6.8 million barcodes) is streamed
-    against the sampled barcodes, so it is never held in memory.
+    against the sampled barcodes, so it is never held in memory. For a single-segment
+    (``CB_UMI_Simple``) layout: a complex one has a whitelist per segment.
     """
+    if chemistry.solo_type != "CB_UMI_Simple":
+        raise ValueError(f"whitelist_match_rate needs a single barcode segment; {chemistry.name!r} has several")
     barcodes = _sampled_barcodes(fastq_1, chemistry=chemistry, n_reads=n_reads)
     total = sum(barcodes.values())
     if total == 0:

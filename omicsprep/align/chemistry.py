@@ -43,7 +43,9 @@ class Chemistry:
     whitelist_expected
         Whether barcodes come from a known list (10x) or are found from the data (Drop-seq).
     cb_positions, umi_position
-        STAR's position strings of a complex layout; empty for a simple one.
+        STAR's position strings of a complex layout; empty for a simple one. Lengths and
+        :attr:`barcode_read_length` count only the segments anchored at the read's start
+        (anchor 0): those anchored at its end or at an adapter have no fixed position.
     """
 
     name: str

@@ -13,15 +13,17 @@ from omicsprep.align.chemistry import Chemistry
 
 SAM_ATTRIBUTES = ("NH", "HI", "nM", "AS", "CR", "UR", "CB", "UB", "GX", "GN", "sS", "sQ", "sM")
 GENE_FEATURES = ("Gene", "GeneFull")
+UMI_DEDUP = ("1MM_Directional_UMItools", "1MM_All", "1MM_Directional", "1MM_CR", "Exact", "NoDedup")
 
 
 def sa_index_bases(genome_length: int) -> int:
-    """STAR's ``--genomeSAindexNbases`` for a genome: ``min(14, log2(length)/2 - 1)``.
+    """STAR's ``--genomeSAindexNbases`` for a genome: ``min(14, log2(length)/2 - 1)``, rounded down.
 
     STAR's manual (section 2.2.5, small genomes) gives the formula; 14, STAR's default, suits
-    genomes of 1 Gb and more. nf-core's STAR_GENOMEGENERATE rounds it the same way.
+    genomes of 1 Gb and more. Rounded down, never above the formula: too large a value makes
+    STAR crash or hang on small genomes (nf-core's STAR_GENOMEGENERATE rounds to nearest).
     """
-    return max(1, min(14, round(math.log2(max(genome_length, 2)) / 2 - 1)))
+    return max(1, min(14, math.floor(math.log2(max(genome_length, 2)) / 2 - 1)))
 
 
 def genome_generate_command(
@@ -101,7 +103,8 @@ def solo_command(
         The STAR index (:func:`genome_generate_command`).
     fastq_1, fastq_2
         Barcode+UMI reads and cDNA reads, one file per lane, in the same lane order;
-        gzipped (``.gz``) or not, all alike.
+        gzipped (``.gz``) or not: with any ``.gz`` among them, STAR reads every file through
+        ``gzip -cdf``, which passes plain files through.
     chemistry
         The read layout (:func:`omicsprep.align.chemistry.chemistry`).
     whitelist
@@ -149,6 +152,8 @@ def solo_command(
     """
     if gene_feature not in GENE_FEATURES:
         raise ValueError(f"gene_feature {gene_feature!r}; expected one of {GENE_FEATURES}")
+    if umi_dedup not in UMI_DEDUP:
+        raise ValueError(f"umi_dedup {umi_dedup!r}; expected one of {UMI_DEDUP}")
     features = [gene_feature, *(f for f in GENE_FEATURES if f != gene_feature)]
     gzipped = [str(path).endswith(".gz") for path in [*fastq_1, *fastq_2]]
     command = [
@@ -160,7 +165,7 @@ def solo_command(
         "--readFilesIn",
         ",".join(map(str, fastq_2)),
         ",".join(map(str, fastq_1)),
-        *(["--readFilesCommand", "gzip", "-cd"] if any(gzipped) else []),
+        *(["--readFilesCommand", "gzip", "-cdf"] if any(gzipped) else []),
         "--outFileNamePrefix",
         str(out_prefix),
         "--outTmpDir",
