@@ -1,12 +1,12 @@
 """Checks of STARsolo's inputs that STAR itself skips or reports obscurely.
 
-STAR 2.7.10b, tried on the synthetic fixture (tests/test_star.py), does not compare read
-names of the two files, silently stops at the end of the cDNA file when the barcode file has
-more reads, silently reads a truncated gzip as a shorter file when the cut falls between
-records (``gzip -cd`` complains only on stderr), and counts nothing, without an error, when
-read 1 is shorter than barcode+UMI under ``--soloBarcodeReadLength 0``. When the barcode file
-ends first it stops with "quality string length is not equal to sequence length", naming the
-cDNA read it could not pair (:func:`star_failure` says what that means).
+STAR 2.7.10b, tried on the synthetic fixture (tests/test_star.py): does not compare the read
+names of the two files; stops silently (exit 0) at the end of the cDNA file when the barcode
+file has more reads; exits 0 with every read refused ("noNinUMI") when read 1 is shorter than
+barcode+UMI under ``--soloBarcodeReadLength 0``. When the barcode file ends first, or a
+truncated gzip ends inside a record, it stops with "quality string length is not equal to
+sequence length" (:func:`star_failure` says what that means); a gzip cut that happened to
+fall between records would pass as a shorter file (``gzip -cd`` complains only on stderr).
 """
 
 from __future__ import annotations
@@ -78,8 +78,8 @@ def _decompressed_blocks(path: Path) -> Iterator[bytes]:
 def gzip_intact(path: str | Path) -> None:
     """Decompress the whole file, checking each member's CRC and length; plain files pass.
 
-    Meant to run in a thread beside STAR: STAR reads a gzip cut between records as a
-    shorter file, without an error.
+    Meant to run in a thread beside STAR (zlib releases the GIL while it decompresses): a
+    gzip cut between records would pass STAR as a shorter file, without an error.
 
     Raises
     ------
