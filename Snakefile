@@ -13,6 +13,7 @@ report: "report/workflow.rst"
 
 
 include: "rules/common.smk"
+include: "rules/align.smk"
 include: "rules/umi.smk"
 include: "rules/cells.smk"
 include: "rules/qc.smk"

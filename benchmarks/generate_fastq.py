@@ -78,7 +78,8 @@ class Planted:
     row per molecule: ``cell``, ``gene`` (gene_id), ``umi``, ``reads``, ``intronic``;
     ``barcodes`` are the cells' barcodes, ``whitelist`` lists them with decoys;
     ``unusable_umi_reads`` counts the added reads whose UMI is a homopolymer or holds an N
-    (kept out of the truth: STARsolo drops them).
+    (kept out of the truth: STARsolo drops them); ``empty_droplets`` are the barcodes of
+    droplets with ambient RNA only (their molecules are in ``truth`` too).
     """
 
     fastq_1: tuple[Path, ...]
@@ -87,6 +88,7 @@ class Planted:
     barcodes: tuple[str, ...]
     truth: pd.DataFrame
     unusable_umi_reads: dict[str, int]
+    empty_droplets: tuple[str, ...] = ()
 
 
 def reverse_complement(sequence: bytes) -> bytes:
@@ -195,6 +197,8 @@ def generate_fastqs(
     n_decoys: int = 200,
     n_lanes: int = 1,
     n_unusable_umi_reads: int = 0,
+    n_empty_droplets: int = 0,
+    empty_molecules: float = 5.0,
 ) -> Planted:
     """Write ``L<n>_R1.fastq.gz``/``L<n>_R2.fastq.gz`` per lane, ``whitelist.txt`` and ``truth.csv``.
 
@@ -202,7 +206,9 @@ def generate_fastqs(
     in proportion (about ``reads_per_cell / 3``), each with 1 + Poisson(2) reads. Read
     pairs are written in random order, named ``SYN:<n>`` with ``1:N:0``/``2:N:0`` comments.
     ``n_unusable_umi_reads`` more reads of planted cells carry a homopolymer UMI (half) or a
-    UMI with an N (half).
+    UMI with an N (half). ``n_empty_droplets`` whitelisted barcodes (at most ``n_decoys``) get
+    1 + Poisson(``empty_molecules``) molecules each, drawn from the cells' pooled expression
+    (ambient RNA).
     """
     cb_length, umi_length = LAYOUTS[chemistry]
     antisense = chemistry in ANTISENSE
@@ -214,20 +220,30 @@ def generate_fastqs(
     transcripts = [gene.transcript(genome) for gene in genome.genes]
     usable_introns = [[i for i in gene.introns() if i[1] - i[0] >= READ_LENGTH] for gene in genome.genes]
     molecules, pairs = [], []
-    for cell in cells:
-        weights = rng.gamma(0.6, size=len(genome.genes))
-        n_molecules = max(1, reads_per_cell // 3)
-        for g in rng.choice(len(genome.genes), size=n_molecules, p=weights / weights.sum()):
+    ambient = np.zeros(len(genome.genes))
+
+    def add_molecules(barcode: str, genes: np.ndarray) -> None:
+        for g in genes:
             gene = genome.genes[g]
             intronic = bool(usable_introns[g]) and rng.random() < intronic_fraction
             umi, n_reads = _umi(rng, umi_length), 1 + int(rng.poisson(2))
-            molecules.append((cell, gene.gene_id, umi, n_reads, intronic))
+            molecules.append((barcode, gene.gene_id, umi, n_reads, intronic))
             for _ in range(n_reads):
                 cdna = _cdna_read(
                     rng, genome, gene, transcripts[g], usable_introns[g] if intronic else None, antisense=antisense
                 )
-                read_1 = _mutate(rng, cell.encode(), barcode_error) + _mutate(rng, umi.encode(), umi_error)
+                read_1 = _mutate(rng, barcode.encode(), barcode_error) + _mutate(rng, umi.encode(), umi_error)
                 pairs.append((read_1 + b"T" * extra_bases, _mutate(rng, cdna, cdna_error)))
+
+    for cell in cells:
+        weights = rng.gamma(0.6, size=len(genome.genes))
+        ambient += weights / weights.sum()
+        add_molecules(cell, rng.choice(len(genome.genes), size=max(1, reads_per_cell // 3), p=weights / weights.sum()))
+    # Empty droplets: whitelisted barcodes with a few molecules of the cells' pooled RNA.
+    empty_droplets = decoys[:n_empty_droplets]
+    for barcode in empty_droplets:
+        n_molecules = 1 + int(rng.poisson(empty_molecules))
+        add_molecules(barcode, rng.choice(len(genome.genes), size=n_molecules, p=ambient / ambient.sum()))
     unusable = {"homopolymer": n_unusable_umi_reads // 2, "N": n_unusable_umi_reads - n_unusable_umi_reads // 2}
     for kind, n_reads in unusable.items():
         for _ in range(n_reads):
@@ -250,7 +266,7 @@ def generate_fastqs(
     whitelist.write_text("\n".join(sorted(cells + decoys)) + "\n")
     truth = pd.DataFrame(molecules, columns=["cell", "gene", "umi", "reads", "intronic"])
     truth.to_csv(out_dir / "truth.csv", index=False)
-    return Planted(tuple(fastq_1), tuple(fastq_2), whitelist, tuple(cells), truth, unusable)
+    return Planted(tuple(fastq_1), tuple(fastq_2), whitelist, tuple(cells), truth, unusable, tuple(empty_droplets))
 
 
 def _cdna_read(

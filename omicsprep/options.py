@@ -454,3 +454,37 @@ class CellOptions:
     seed: int = 0
     emptydrops_cr: EmptyDropsCrOptions = field(default_factory=EmptyDropsCrOptions)
     ambient: AmbientOptions = field(default_factory=AmbientOptions)
+
+
+@dataclass(frozen=True)
+class CustomChemistryOptions:
+    """Read 1 layout of chemistry ``custom`` (section ``align.custom``).
+
+    One barcode segment and the UMI by 1-based start and length; or, for several barcode
+    segments, STARsolo's ``--soloCBposition`` strings in ``cb_position`` with
+    ``umi_position``. ``strand``: the cDNA read's strand relative to the gene.
+    """
+
+    cb_start: int = 1
+    cb_length: int = 16
+    umi_start: int = 17
+    umi_length: int = 12
+    cb_position: tuple[str, ...] = ()
+    umi_position: str | None = None
+    strand: Literal["Forward", "Reverse", "Unstranded"] = "Forward"
+
+
+@dataclass(frozen=True)
+class AlignOptions:
+    """STARsolo alignment of samples given as FASTQ (section ``align``).
+
+    ``gene_feature``: what UMI counting counts, reads on exons (``Gene``) or on whole genes,
+    introns included (``GeneFull``, single nuclei). ``umi_dedup``: STARsolo's collapsing for
+    its own matrices. A sample whose barcodes match the whitelist less often than
+    ``min_whitelist_match`` is stopped before aligning.
+    """
+
+    gene_feature: Literal["Gene", "GeneFull"] = "Gene"
+    umi_dedup: Literal["1MM_Directional_UMItools", "1MM_All", "1MM_Directional", "Exact"] = "1MM_Directional_UMItools"
+    min_whitelist_match: float = 0.1
+    custom: CustomChemistryOptions = field(default_factory=CustomChemistryOptions)

@@ -64,7 +64,18 @@ def set_nested(mapping, keys, value):
 validated_config(config)
 
 REQUIRED_COLUMNS = ("sample", "input")
-OPTIONAL_COLUMNS = ("format", "batch", "raw", "adt", "adt_empty", "fragments", "peaks")
+OPTIONAL_COLUMNS = (
+    "format",
+    "batch",
+    "raw",
+    "fastq_1",
+    "fastq_2",
+    "chemistry",
+    "adt",
+    "adt_empty",
+    "fragments",
+    "peaks",
+)
 KNOWN_COLUMNS = REQUIRED_COLUMNS + OPTIONAL_COLUMNS
 # Filled in from the others when the sheet is read (not sample metadata).
 DERIVED_COLUMNS = ("raw_format",)
@@ -171,10 +182,13 @@ METADATA_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 
 def modality_problem(row):
     """What is wrong with a sample's modality columns, or None."""
-    if not row.input and not row.raw and not row.adt:
-        return "neither input or raw (RNA) nor adt (antibody tags) is given"
-    if row.fragments and not (row.input or row.raw):
-        return "column fragments needs column input or raw (the cells are called on the RNA)"
+    if not row.input and not row.raw and not row.fastq_1 and not row.adt:
+        return "neither input, raw or fastq_1 (RNA) nor adt (antibody tags) is given"
+    if row.fragments and not (row.input or row.raw or row.fastq_1):
+        return "column fragments needs column input, raw or fastq_1 (the cells are called on the RNA)"
+    problem = fastq_problem(row)
+    if problem:
+        return problem
     needs = {"adt_empty": "adt", "peaks": "fragments"}
     for column, needed in needs.items():
         if getattr(row, column) and not getattr(row, needed):
@@ -186,6 +200,30 @@ def modality_problem(row):
     return None
 
 
+def fastq_problem(row):
+    """What is wrong with a sample's FASTQ columns, or None."""
+    given = [column for column in ("fastq_1", "fastq_2", "chemistry") if getattr(row, column)]
+    if not given:
+        return None
+    missing = [column for column in ("fastq_1", "fastq_2", "chemistry") if column not in given]
+    if missing:
+        return f"column(s) {', '.join(given)} need column(s) {', '.join(missing)} too"
+    if row.input or row.raw:
+        return "give the RNA as FASTQ (fastq_1, fastq_2) or as input/raw, not both"
+    barcode_reads, cdna_reads = lanes(row.fastq_1), lanes(row.fastq_2)
+    if len(barcode_reads) != len(cdna_reads):
+        return f"fastq_1 lists {len(barcode_reads)} file(s), fastq_2 {len(cdna_reads)}: one pair per lane"
+    for path in barcode_reads + cdna_reads:
+        if not Path(path).is_file():
+            return f"FASTQ file {path!r} does not exist"
+    return None
+
+
+def lanes(paths):
+    """The files of a FASTQ column: one path, or several separated by ';' (lanes)."""
+    return [path.strip() for path in paths.split(";") if path.strip()]
+
+
 SAMPLE_SHEET = load_sample_sheet(config["samples"])
 SAMPLES = list(SAMPLE_SHEET.index)
 
@@ -193,7 +231,7 @@ SAMPLES = list(SAMPLE_SHEET.index)
 def sample_modalities(sample):
     """The sample's modalities among rna, protein and atac."""
     row = SAMPLE_SHEET.loc[sample]
-    present = {"rna": row["input"] or row["raw"], "protein": row["adt"], "atac": row["fragments"]}
+    present = {"rna": row["input"] or row["raw"] or row["fastq_1"], "protein": row["adt"], "atac": row["fragments"]}
     return [name for name, path in present.items() if path]
 
 
@@ -232,8 +270,13 @@ def conda_env_for(rule_name):
     return "../envs/cpu.yaml" if backend_for(rule_name) == "cpu" else "../envs/rapids.yaml"
 
 
+def is_fastq(sample):
+    return bool(SAMPLE_SHEET.loc[sample, "fastq_1"])
+
+
 def is_reads(sample):
-    return SAMPLE_SHEET.loc[sample, "format"] in READ_FORMATS
+    """Whether the sample's RNA comes as reads (FASTQ, or aligned), counted by rule count_umis."""
+    return SAMPLE_SHEET.loc[sample, "format"] in READ_FORMATS or is_fastq(sample)
 
 
 def has_droplets(sample):
@@ -242,12 +285,80 @@ def has_droplets(sample):
     return bool(SAMPLE_SHEET.loc[sample, "raw"]) or is_reads(sample)
 
 
-def reads_input(wildcards):
-    return SAMPLE_SHEET.loc[wildcards.sample, "input"]
+def reads_inputs(wildcards):
+    """The sample's reads: its BAM/SAM or molecule table, or STARsolo's BAM of its FASTQs (with
+    STARsolo's gene table, which names the gene IDs counted)."""
+    if is_fastq(wildcards.sample):
+        return {
+            "reads": for_sample(rules.align.output.bam, wildcards.sample),
+            "features": for_sample(rules.align.output.features, wildcards.sample),
+        }
+    return {"reads": SAMPLE_SHEET.loc[wildcards.sample, "input"]}
 
 
 def reads_format(wildcards):
-    return SAMPLE_SHEET.loc[wildcards.sample, "format"]
+    return "bam" if is_fastq(wildcards.sample) else SAMPLE_SHEET.loc[wildcards.sample, "format"]
+
+
+def umi_settings(wildcards):
+    """Section umi, whose BAM tags are STARsolo's for a sample aligned here: the corrected
+    cell barcode and UMI, and the gene ID (of align.gene_feature, the first of STARsolo's
+    features, whose genes its BAM tags carry)."""
+    if not is_fastq(wildcards.sample):
+        return config["umi"]
+    star_tags = {"cell_tag": "CB", "umi_tag": "UB", "gene_tag": "GX"}
+    return {**config["umi"], "bam": {**config["umi"]["bam"], **star_tags, "umi_source": "tag"}}
+
+
+def fastq_inputs(wildcards):
+    """A FASTQ sample's read pairs (a list per read, in lane order), the STAR index, and the
+    whitelist of its chemistry where one is given."""
+    row = SAMPLE_SHEET.loc[wildcards.sample]
+    inputs = {"fastq_1": lanes(row["fastq_1"]), "fastq_2": lanes(row["fastq_2"]), "index": star_index_folder()}
+    whitelist = config["reference"]["whitelists"].get(row["chemistry"], "none")
+    if whitelist != "none":
+        inputs["whitelist"] = whitelist
+    return inputs
+
+
+def star_index_folder():
+    """The reference's STAR index: the config's ready one, or the one rule star_index builds."""
+    return config["reference"]["star_index"] or rules.star_index.output.index
+
+
+def sample_chemistry(wildcards):
+    return SAMPLE_SHEET.loc[wildcards.sample, "chemistry"]
+
+
+def check_reference():
+    """FASTQ samples need a genome (FASTA and GTF, or a ready index) and, for a 10x chemistry,
+    a whitelist entry (a file, or none)."""
+    fastq_samples = [sample for sample in SAMPLES if is_fastq(sample)]
+    if not fastq_samples:
+        return
+    reference = config["reference"]
+    if not reference["star_index"] and not (reference["fasta"] and reference["gtf"]):
+        raise WorkflowError(
+            f"config: reference: samples {fastq_samples} are given as FASTQ: set reference.fasta and "
+            "reference.gtf (the STAR index is built from them) or reference.star_index"
+        )
+    for key in ("fasta", "gtf", "star_index"):
+        path = reference[key]
+        if path and not Path(path).exists():
+            raise WorkflowError(f"config: reference.{key}: {path!r} does not exist")
+    for sample in fastq_samples:
+        chemistry = SAMPLE_SHEET.loc[sample, "chemistry"]
+        whitelist = reference["whitelists"].get(chemistry)
+        if whitelist is None and chemistry.startswith("10x"):
+            raise WorkflowError(
+                f"config: reference.whitelists.{chemistry}: sample {sample!r} is {chemistry}: give the "
+                "chemistry's barcode whitelist (shipped with Cell Ranger), or none to take barcodes as read"
+            )
+        if whitelist not in (None, "none") and not Path(whitelist).is_file():
+            raise WorkflowError(f"config: reference.whitelists.{chemistry}: {whitelist!r} does not exist")
+
+
+check_reference()
 
 
 def for_sample(path, sample):
@@ -336,7 +447,7 @@ def protein_inputs(wildcards):
     droplets, which may hold the antibody rows) the barcodes that are not cells."""
     row = SAMPLE_SHEET.loc[wildcards.sample]
     inputs = {"adt": row["adt"]}
-    if row["raw"]:
+    if has_droplets(wildcards.sample):
         inputs["calls"] = for_sample(rules.call_cells.output.barcodes, wildcards.sample)
     if row["adt_empty"]:
         inputs["empty"] = row["adt_empty"]

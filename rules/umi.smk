@@ -1,8 +1,8 @@
-# Samples given as reads (BAM/SAM or a molecule table): UMI deduplication into the count
-# matrix that rule qc reads.
+# Samples given as reads (BAM/SAM or a molecule table, or FASTQ aligned by rule align): UMI
+# deduplication into the raw droplets' count matrix, whose cells rule call_cells calls.
 rule count_umis:
     input:
-        reads=reads_input,
+        unpack(reads_inputs),
     output:
         h5ad="results/{sample}/umi_counts.h5ad",
         table="results/{sample}/umi_counts.tsv",
@@ -16,7 +16,7 @@ rule count_umis:
         gpu=gpus_for("count_umis"),
     params:
         backend=backend_for("count_umis"),
-        umi=config["umi"],
+        umi=umi_settings,
         format=reads_format,
     script:
         "../scripts/count_umis.py"

@@ -19,6 +19,8 @@ def main() -> None:
         backend=resolve_backend(snakemake.params.backend),
     )
     logging.getLogger("omicsprep").info("%s", adata.uns["umi_dedup"])
+    if "features" in set(snakemake.input.keys()):  # STARsolo's BAM: gene IDs, named from its gene table
+        counting.name_genes(adata, names=io.read_solo_features(snakemake.input.features)["name"])
     io.write_table(counting.long_table(adata), snakemake.output.table)
     io.write_h5ad(adata, snakemake.output.h5ad, compression=snakemake.config["h5ad_compression"])
 

@@ -12,6 +12,7 @@ from conftest import REPO
 
 from omicsprep import options
 from omicsprep.options import (
+    AlignOptions,
     AtacOptions,
     CellOptions,
     ClusteringOptions,
@@ -43,6 +44,7 @@ SECTIONS = {
     MergeOptions: "merge",
     UmiOptions: "umi",
     CellOptions: "cells",
+    AlignOptions: "align",
 }
 
 

@@ -18,6 +18,8 @@ from scipy import sparse
 sys.path.insert(0, str(REPO / "benchmarks"))
 from run import snakemake_command
 
+from omicsprep import io
+
 pytestmark = pytest.mark.workflow
 
 OUTPUTS = [
@@ -513,6 +515,117 @@ def test_raw_column_refused_with_reads(tmp_path):
     )
 
 
+def fastq_pair(folder: Path) -> tuple[Path, Path]:
+    """Two small FASTQ files (content irrelevant to a dry run)."""
+    paths = (folder / "r1.fastq", folder / "r2.fastq")
+    for path in paths:
+        path.write_text("@r\nACGT\n+\nIIII\n")
+    return paths
+
+
+def fastq_config(folder: Path, *, whitelists: str = "{10xv3: none}") -> list[str]:
+    fasta, gtf = folder / "genome.fa", folder / "genes.gtf"
+    fasta.write_text(">chr1\nACGT\n")
+    gtf.write_text("")
+    return [f"reference={{fasta: {fasta}, gtf: {gtf}, whitelists: {whitelists}}}"]
+
+
+def test_fastq_sample_is_aligned_counted_and_called(tmp_path):
+    """A sample given as FASTQ goes through the STAR index, STARsolo, UMI counting and cell
+    calling to qc (a dry run; tests/test_fastq_workflow.py runs it)."""
+    r1, r2 = fastq_pair(tmp_path)
+    sheet = write_sheet(
+        tmp_path / "s.tsv", [f"f\t\t{r1}\t{r2}\t10xv3"], header="sample\tinput\tfastq_1\tfastq_2\tchemistry"
+    )
+    dry = snakemake(
+        "results/f/qc.h5ad", "-n", "--config", f"samples={sheet}", *fastq_config(tmp_path), workdir=tmp_path
+    )
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    order = re.findall(r"^rule (\w+):", dry.stdout + dry.stderr, flags=re.MULTILINE)
+    assert order == ["star_index", "align", "count_umis", "call_cells", "qc"], order
+
+
+@pytest.mark.skipif(shutil.which("STAR") is None, reason="STAR is not installed (make test installs Debian's rna-star)")
+def test_fastq_sample_runs_to_qc(tmp_path):
+    """FASTQ (two lanes, 10x v3) of 60 cells and 1,500 empty droplets, through STARsolo, UMI
+    counting and cell calling: the planted cells are called, with their gene names, and the
+    STAR run leaves its outputs only."""
+    import generate_fastq
+
+    genome = generate_fastq.generate_genome(n_chromosomes=3, n_genes=200, seed=0)
+    fasta, gtf = tmp_path / "genome.fa", tmp_path / "genes.gtf"
+    generate_fastq.write_reference(genome, fasta=fasta, gtf=gtf)
+    planted = generate_fastq.generate_fastqs(
+        genome,
+        out_dir=tmp_path / "fastq",
+        n_cells=60,
+        reads_per_cell=1200,
+        n_lanes=2,
+        n_decoys=3000,
+        n_empty_droplets=1500,
+        seed=2,
+    )
+    lanes_1, lanes_2 = (";".join(str(path) for path in paths) for paths in (planted.fastq_1, planted.fastq_2))
+    sheet = write_sheet(
+        tmp_path / "s.tsv", [f"f\t\t{lanes_1}\t{lanes_2}\t10xv3"], header="sample\tinput\tfastq_1\tfastq_2\tchemistry"
+    )
+    reference = f"reference={{fasta: {fasta}, gtf: {gtf}, whitelists: {{10xv3: {planted.whitelist}}}}}"
+    result = snakemake(
+        "results/f/qc.h5ad",
+        "--cores",
+        "2",
+        "--config",
+        f"samples={sheet}",
+        reference,
+        "backend=cpu",
+        "cells={niters: 2000}",
+        "doublets={enabled: false, remove: false}",
+        workdir=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-5000:]
+    star = tmp_path / "results" / "f" / "star"
+    assert {path.name for path in star.parent.iterdir() if path.name.startswith("star")} == {"star"}
+    summary = io.read_solo_summary(star / "Solo.out" / "Gene" / "Summary.csv")
+    assert summary["Reads With Valid Barcodes"] > 0.95
+    assert not (tmp_path / "results" / "reference" / "star_index" / "_STARtmp").exists()
+    calls = pd.read_parquet(tmp_path / "results" / "f" / "cells" / "barcodes.parquet")
+    called = set(calls.index[calls["is_cell"]])
+    assert len(called ^ set(planted.barcodes)) <= 1, sorted(called ^ set(planted.barcodes))
+    qc = ad.read_h5ad(tmp_path / "results" / "f" / "qc.h5ad")
+    genes = {gene.gene_id: gene.name for gene in genome.genes}
+    assert set(qc.var["gene_ids"]) <= set(genes)
+    assert all(genes[gene_id] == name for gene_id, name in zip(qc.var["gene_ids"], qc.var_names, strict=True))
+    for rule in ("star_index", "align", "count_umis", "call_cells"):
+        assert next((tmp_path / "benchmarks" / rule).glob("*.tsv"))
+
+
+@pytest.mark.parametrize(
+    ("columns", "reference", "message"),
+    [
+        ("{r1}\t{r2}\t", "given", "column(s) fastq_1, fastq_2 need column(s) chemistry too"),
+        ("{r1}\t\t10xv3", "given", "need column(s) fastq_2 too"),
+        ("{r1}\t{r2};{r2}\t10xv3", "given", "fastq_1 lists 1 file(s), fastq_2 2: one pair per lane"),
+        ("{r1}\tghost.fastq.gz\t10xv3", "given", "FASTQ file 'ghost.fastq.gz' does not exist"),
+        ("{r1}\t{r2}\t10xv9", "given", "column 'chemistry'"),
+        ("{r1}\t{r2}\t10xv3", "absent", "set reference.fasta and reference.gtf"),
+        ("{r1}\t{r2}\t10xv3", "without whitelist", "reference.whitelists.10xv3: sample 'f' is 10xv3"),
+    ],
+)
+def test_bad_fastq_samples(tmp_path, columns, reference, message):
+    r1, r2 = fastq_pair(tmp_path)
+    sheet = write_sheet(
+        tmp_path / "s.tsv",
+        ["f\t\t" + columns.format(r1=r1, r2=r2)],
+        header="sample\tinput\tfastq_1\tfastq_2\tchemistry",
+    )
+    config = {
+        "given": fastq_config(tmp_path),
+        "absent": [],
+        "without whitelist": fastq_config(tmp_path, whitelists="{}"),
+    }[reference]
+    expect_failure(snakemake("-n", "--config", f"samples={sheet}", *config, workdir=tmp_path), message)
+
+
 def test_multiome_and_citeseq_samples(tmp_path):
     """The demo's Multiome sample (RNA + ATAC fragments and peaks) and CITE-seq sample
     (antibody tags and empty droplets, no RNA) through their rules, on the CPU.
@@ -565,10 +678,10 @@ def test_multiome_and_citeseq_samples(tmp_path):
 @pytest.mark.parametrize(
     ("rows", "message"),
     [
-        (["s\t\t\t\t"], "neither input or raw (RNA) nor adt"),
+        (["s\t\t\t\t"], "neither input, raw or fastq_1 (RNA) nor adt"),
         (
             [f"s\t\t{CITESEQ / 'cells'}\t{MULTIOME / 'fragments.tsv.gz'}\t"],
-            "column fragments needs column input or raw",
+            "column fragments needs column input, raw or fastq_1",
         ),
         ([f"s\t{PBMC_H5}\t\tmissing.tsv.gz\t"], "fragments file 'missing.tsv.gz' does not exist"),
     ],

@@ -28,6 +28,7 @@ from omicsprep.io.fragments import (
     read_tss,
 )
 from omicsprep.io.results import read_h5ad, read_h5ad_elements, read_provenance, read_table
+from omicsprep.io.star import read_barcode_stats, read_solo_features, read_solo_matrix, read_solo_summary
 from omicsprep.io.writers import (
     COEXPRESSION_FILES,
     atomic_path,
@@ -57,6 +58,7 @@ __all__ = [
     "glob_escape",
     "has_feature_type",
     "out_of_space",
+    "read_barcode_stats",
     "read_cellbender",
     "read_chrom_sizes",
     "read_counts",
@@ -64,6 +66,9 @@ __all__ = [
     "read_h5ad_elements",
     "read_peaks",
     "read_provenance",
+    "read_solo_features",
+    "read_solo_matrix",
+    "read_solo_summary",
     "read_table",
     "read_tss",
     "resolve_format",

@@ -54,10 +54,8 @@ def read_solo_matrix(folder: str | Path) -> AnnData:
         A missing file, or a matrix whose shape disagrees with its barcode and feature lists.
     """
     folder = Path(folder)
-    matrix_path, features_path, barcodes_path = (
-        existing_file(folder / name) for name in ("matrix.mtx", "features.tsv", "barcodes.tsv")
-    )
-    features = pd.read_csv(features_path, sep="\t", header=None, dtype=str)
+    matrix_path, barcodes_path = (existing_file(folder / name) for name in ("matrix.mtx", "barcodes.tsv"))
+    features = read_solo_features(folder / "features.tsv")
     barcodes = pd.read_csv(barcodes_path, sep="\t", header=None, dtype=str)[0]
     counts = sparse.csr_matrix(scipy_io.mmread(matrix_path).T, dtype=np.float32)
     if counts.shape != (len(barcodes), len(features)):
@@ -67,12 +65,25 @@ def read_solo_matrix(folder: str | Path) -> AnnData:
             path=matrix_path,
         )
     var = pd.DataFrame(
-        {
-            "gene_ids": features[0].to_numpy(),
-            "feature_types": features[2].to_numpy() if features.shape[1] > 2 else "Gene Expression",
-        },
-        index=pd.Index((features[1] if features.shape[1] > 1 else features[0]).to_numpy()),
+        {"gene_ids": features.index.to_numpy(), "feature_types": features["feature_types"].to_numpy()},
+        index=pd.Index(features["name"].to_numpy()),
     )
     adata = AnnData(counts, obs=pd.DataFrame(index=pd.Index(barcodes.to_numpy())), var=var)
     adata.var_names_make_unique()
     return adata
+
+
+def read_solo_features(path: str | Path) -> pd.DataFrame:
+    """A STARsolo ``features.tsv``: ``name`` and ``feature_types`` by gene ID.
+
+    The gene ID is the GTF's gene_id, which STAR's ``GX`` tags carry; a missing name or type
+    is the ID or ``Gene Expression``.
+    """
+    features = pd.read_csv(existing_file(path), sep="\t", header=None, dtype=str)
+    return pd.DataFrame(
+        {
+            "name": (features[1] if features.shape[1] > 1 else features[0]).to_numpy(),
+            "feature_types": features[2].to_numpy() if features.shape[1] > 2 else "Gene Expression",
+        },
+        index=pd.Index(features[0].to_numpy(), name="gene_ids"),
+    )

@@ -207,3 +207,21 @@ def long_table(adata: AnnData) -> pd.DataFrame:
         {"gene": adata.var_names[coo.col], "cell": adata.obs_names[coo.row], "count": coo.data.astype(np.int64)}
     )
     return table.sort_values(["gene", "cell"], ignore_index=True)
+
+
+def name_genes(adata: AnnData, *, names: pd.Series) -> None:
+    """Name genes counted by ID as a 10x matrix does.
+
+    The names go to ``var_names`` (made unique), the IDs to ``var["gene_ids"]``.
+
+    Parameters
+    ----------
+    adata
+        Counts whose ``var_names`` are gene IDs (STARsolo's ``GX`` tags).
+    names
+        Gene name by gene ID (STARsolo's ``features.tsv``); an ID it lacks keeps its ID.
+    """
+    ids = adata.var_names.to_numpy()
+    adata.var["gene_ids"] = ids
+    adata.var_names = pd.Index(names.reindex(ids).fillna(pd.Series(ids, index=ids)).to_numpy(), dtype=str)
+    adata.var_names_make_unique()

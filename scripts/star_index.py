@@ -1,0 +1,20 @@
+"""Rule star_index: STAR's genome index of the reference FASTA and GTF."""
+
+from pathlib import Path
+
+from omicsprep.align.run import build_index
+from omicsprep.workflow import run_script
+
+snakemake = snakemake  # noqa: F821 - injected by Snakemake
+
+
+def main() -> None:
+    build_index(
+        fasta=Path(snakemake.input.fasta),
+        gtf=Path(snakemake.input.gtf),
+        index_dir=Path(snakemake.output.index),
+        threads=snakemake.threads,
+    )
+
+
+run_script(main, log_path=snakemake.log[0], threads=snakemake.threads)
