@@ -23,11 +23,12 @@ from conftest import REPO
 
 from omicsprep.align import checks
 from omicsprep.align.chemistry import Chemistry, chemistry
+from omicsprep.align.run import align_sample, build_index
 from omicsprep.align.star import genome_generate_command, sa_index_bases, solo_command
 from omicsprep.errors import InputError
 from omicsprep.io.counts import read_counts
 from omicsprep.io.star import read_barcode_stats, read_solo_matrix, read_solo_summary
-from omicsprep.options import UmiOptions
+from omicsprep.options import AlignOptions, UmiOptions
 from omicsprep.reads.counting import count_umis
 from omicsprep.reads.molecules import BamOptions
 
@@ -565,3 +566,58 @@ def test_check_reference_reads_fasta_layouts(tmp_path: Path) -> None:
     gtf.write_text('1\tx\tgene\t1\t5\t.\t+\t.\tgene_id "A";\n')
     with pytest.raises(InputError, match="no 'exon' lines"):
         checks.check_reference(fasta, gtf)
+
+
+def _align(fixture: Fixture, out_dir: Path, fastq_2: list[Path] | None = None) -> None:
+    planted = fixture.planted
+    align_sample(
+        index_dir=fixture.index,
+        fastq_1=list(planted.fastq_1),
+        fastq_2=fastq_2 or list(planted.fastq_2),
+        chemistry=V3,
+        whitelist=planted.whitelist,
+        out_dir=out_dir,
+        threads=2,
+        options=AlignOptions(),
+    )
+
+
+def test_align_sample_moves_a_finished_run_into_place(fixture: Fixture, tmp_path: Path) -> None:
+    out = tmp_path / "star"
+    _align(fixture, out)
+    assert {"Aligned.sortedByCoord.out.bam", "Log.final.out", "Solo.out"} <= {path.name for path in out.iterdir()}
+    assert (out / "Solo.out" / "Gene" / "raw" / "features.tsv").is_file()
+    assert not (out / "_STARtmp").exists()
+    assert [path.name for path in tmp_path.iterdir()] == ["star"]
+
+
+def test_align_sample_leaves_nothing_when_a_cdna_file_is_short(fixture: Fixture, tmp_path: Path) -> None:
+    """STAR reads a cDNA lane with fewer reads (or a gzip cut between records) without a word:
+    the read counts, checked beside it, fail the run, and no output is left."""
+    reads = _fastq_records(fixture.planted.fastq_2[1])
+    short = _write_records(tmp_path / "L002_R2.fastq.gz", reads[: len(reads) - 100])
+    out = tmp_path / "star"
+    with pytest.raises(InputError, match=r"holds \d+ reads but its read-2 file .* holds \d+"):
+        _align(fixture, out, fastq_2=[fixture.planted.fastq_2[0], short])
+    assert not out.exists()
+    assert [path.name for path in tmp_path.iterdir()] == ["L002_R2.fastq.gz"]
+
+
+def test_star_missing_is_one_clear_error(fixture: Fixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(InputError, match="STAR is not installed: run with --sdm conda"):
+        _align(fixture, tmp_path / "star")
+    with pytest.raises(InputError, match="STAR is not installed"):
+        build_index(fasta=fixture.fasta, gtf=fixture.gtf, index_dir=tmp_path / "index", threads=1)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_build_index_from_gzipped_reference(fixture: Fixture, tmp_path: Path) -> None:
+    fasta, gtf = tmp_path / "genome.fa.gz", tmp_path / "genes.gtf.gz"
+    fasta.write_bytes(gzip.compress(fixture.fasta.read_bytes()))
+    gtf.write_bytes(gzip.compress(fixture.gtf.read_bytes()))
+    index = tmp_path / "index"
+    build_index(fasta=fasta, gtf=gtf, index_dir=index, threads=2)
+    assert (index / "SA").is_file() and (index / "exonInfo.tab").is_file()
+    assert not (index / "_STARtmp").exists() and not (index / "input").exists()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["genes.gtf.gz", "genome.fa.gz", "index"]
