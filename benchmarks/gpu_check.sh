@@ -51,6 +51,16 @@ for wheel in .gpu/extra/*.whl; do
   [ -e "$wheel" ] && python3 -m pip install -q --no-deps --target /tmp/gpu-extra "$wheel" >/dev/null 2>&1
 done
 [ -d /tmp/gpu-extra ] && export PYTHONPATH=/tmp/gpu-extra:$PYTHONPATH
+# STAR 2.7.10b for the FASTQ tests, carried in .gpu/star/ (Debian rna-star's STAR-avx2 binary
+# and the libraries it links: libhts.so.3, libdeflate.so.0, libhtscodecs.so.2):
+#   cp /usr/lib/rna-star/bin/STAR-avx2 .gpu/star/STAR; cp -L /lib/x86_64-linux-gnu/{libhts.so.3,libdeflate.so.0,libhtscodecs.so.2} .gpu/star/
+# A wrapper on PATH gives only STAR those libraries.
+if [ -x .gpu/star/STAR ]; then
+  mkdir -p /tmp/star-bin
+  printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$repo/.gpu/star" "$repo/.gpu/star/STAR" > /tmp/star-bin/STAR
+  chmod +x /tmp/star-bin/STAR; export PATH=/tmp/star-bin:$PATH
+  echo "STAR $(STAR --version)"
+fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "install failed"; exit 1; }
 python3 -c "import omicsprep.backend as b; print('gpu usable:', b.gpu_unavailable_reason() is None, b.gpu_unavailable_reason() or '')"
 

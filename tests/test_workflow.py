@@ -546,7 +546,8 @@ def test_fastq_sample_is_aligned_counted_and_called(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("STAR") is None, reason="STAR is not installed (make test installs Debian's rna-star)")
-def test_fastq_sample_runs_to_qc(tmp_path):
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+def test_fastq_sample_runs_to_qc(tmp_path, backend):
     """FASTQ (two lanes, 10x v3) of 60 cells and 1,500 empty droplets, through STARsolo, UMI
     counting and cell calling: the planted cells are called, with their gene names, and the
     STAR run leaves its outputs only."""
@@ -577,7 +578,7 @@ def test_fastq_sample_runs_to_qc(tmp_path):
         "--config",
         f"samples={sheet}",
         reference,
-        "backend=cpu",
+        f"backend={backend}",
         "cells={niters: 2000}",
         "doublets={enabled: false, remove: false}",
         workdir=tmp_path,
