@@ -1,0 +1,527 @@
+"""BAM records as integer codes: BGZF inflated in parallel, records scanned by Numba.
+
+A BAM file is a series of BGZF blocks (deflate streams of at most 64 KiB each). Blocks are
+inflated by libdeflate (the ``deflate`` package, which releases the GIL) on a pool of
+threads, a chunk of about :data:`CHUNK_BYTES` at a time, into one buffer; a record cut by
+the chunk's end is carried into the next. Numba kernels then find every record (a serial
+walk over the record lengths), read each one's flag, MAPQ, cell, UMI and gene in parallel,
+and number the cell and gene names in dictionaries that live as long as the reader, so a
+code means one name throughout the file. No Python object is made per read.
+
+The cell and UMI come from tags (``CB``, ``UB``, ... of type ``Z``) or from the read name
+(``read_id``: umi_tools extract's ``<read>_<cell>_<umi>``; ``umis``: ``...:CELL_<cell>:UMI_<umi>:...``);
+the gene from a tag. A missing tag, a tag of another type and STARsolo's ``-`` are missing
+values. UMIs are 2-bit packed (A<C<G<T), with UMIs holding another base (N) flagged.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import numba
+import numpy as np
+
+from omicsprep.errors import InputError
+from omicsprep.reads.umi import default_threads, numba_threads
+
+BGZF_EOF = bytes.fromhex("1f8b08040000000000ff0600424302001b0003000000000000000000")
+CHUNK_BYTES = 64 << 20  # inflated bytes scanned at a time (plus one record carried over)
+RAW_READ_BYTES = 4 << 20  # compressed bytes read from the file at a time
+_MISSING = -1
+_NO_UMI_LENGTH = -1
+# umi_source codes of the kernels
+SOURCE_CODES = {"tag": 0, "read_id": 1, "umis": 2}
+_FNV_OFFSET = np.uint64(14695981039346656037)
+_FNV_PRIME = np.uint64(1099511628211)
+_BASE_CODES = np.full(256, 255, dtype=np.uint8)
+for _code, _base in enumerate(b"ACGT"):
+    _BASE_CODES[_base] = _code
+
+
+@dataclass(frozen=True)
+class RecordCodes:
+    """One chunk of BAM records as codes, one entry per record.
+
+    ``cell``, ``gene``: codes into the reader's :class:`NameDictionary` (-1: missing);
+    ``umi``: packed bases; ``umi_length``: bases (-1: missing); ``umi_acgt``: only A, C, G, T.
+    """
+
+    flag: np.ndarray
+    mapq: np.ndarray
+    cell: np.ndarray
+    gene: np.ndarray
+    umi: np.ndarray
+    umi_length: np.ndarray
+    umi_acgt: np.ndarray
+
+
+class NameDictionary:
+    """Distinct names numbered in order of first appearance, held as bytes in NumPy arrays.
+
+    Filled by :func:`_insert_names` (Numba, open addressing on FNV-1a hashes, names compared
+    byte by byte); grown here whenever the kernel stops for room.
+    """
+
+    def __init__(self) -> None:
+        self.slots: np.ndarray = np.full(1 << 12, -1, dtype=np.int32)
+        self.hashes: np.ndarray = np.empty(1 << 10, dtype=np.uint64)
+        self.starts: np.ndarray = np.empty(1 << 10, dtype=np.int64)
+        self.lengths: np.ndarray = np.empty(1 << 10, dtype=np.int32)
+        self.data: np.ndarray = np.empty(1 << 16, dtype=np.uint8)
+        self.size = 0
+        self.data_used = 0
+
+    def codes(self, buf: np.ndarray, hashes: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """Codes of the names at ``buf[starts:starts + lengths]`` (-1 where ``starts`` is -1), new ones added."""
+        codes = np.empty(len(hashes), dtype=np.int32)
+        done = 0
+        while done < len(hashes):
+            done, self.size, self.data_used = _insert_names(
+                buf, hashes, starts, lengths, done, codes, *self._tables(), self.size, self.data_used
+            )
+            if done < len(hashes):
+                self._grow(int(lengths[done]))
+        return codes
+
+    def _tables(self) -> tuple[np.ndarray, ...]:
+        return self.slots, self.hashes, self.starts, self.lengths, self.data
+
+    def _grow(self, name_length: int) -> None:
+        if 2 * (self.size + 1) > len(self.slots):
+            self.slots = _rehash(self.hashes, self.size, 2 * len(self.slots))
+        if self.size + 1 > len(self.hashes):
+            n = 2 * len(self.hashes)
+            self.hashes, self.starts, self.lengths = (np.resize(a, n) for a in (self.hashes, self.starts, self.lengths))
+        if self.data_used + name_length > len(self.data):
+            self.data = np.resize(self.data, 2 * (len(self.data) + name_length))
+
+    def names(self, first: int = 0) -> list[str]:
+        """The names numbered from ``first`` on, in code order."""
+        return [
+            self.data[start : start + length].tobytes().decode("utf-8", "replace")
+            for start, length in zip(self.starts[first : self.size], self.lengths[first : self.size], strict=True)
+        ]
+
+
+@numba.njit(cache=True, nogil=True)
+def _insert_names(
+    buf, hashes, starts, lengths, done, codes, slots, known_hashes, name_starts, name_lengths, data, size, used
+):
+    """Code each name from ``done`` on; stop early (returning where) when a table is full."""
+    mask = slots.size - 1
+    for i in range(done, hashes.size):
+        if starts[i] < 0:
+            codes[i] = _MISSING
+            continue
+        start, length, value = starts[i], lengths[i], hashes[i]
+        slot = value & mask
+        while True:
+            code = slots[slot]
+            if code < 0:
+                if 2 * (size + 1) > slots.size or size >= known_hashes.size or used + length > data.size:
+                    return i, size, used
+                slots[slot] = size
+                known_hashes[size], name_starts[size], name_lengths[size] = value, used, length
+                data[used : used + length] = buf[start : start + length]
+                code, size, used = size, size + 1, used + length
+                break
+            if known_hashes[code] == value and name_lengths[code] == length:
+                at = name_starts[code]
+                same = True
+                for k in range(length):
+                    if data[at + k] != buf[start + k]:
+                        same = False
+                        break
+                if same:
+                    break
+            slot = (slot + 1) & mask
+        codes[i] = code
+    return hashes.size, size, used
+
+
+@numba.njit(cache=True)
+def _rehash(hashes, size, n_slots):
+    slots = np.full(n_slots, -1, dtype=np.int32)
+    mask = n_slots - 1
+    for code in range(size):
+        slot = hashes[code] & mask
+        while slots[slot] >= 0:
+            slot = (slot + 1) & mask
+        slots[slot] = code
+    return slots
+
+
+@numba.njit(cache=True, nogil=True)
+def _bgzf_blocks(raw):
+    """Deflate data start, end and inflated size of every whole BGZF block in ``raw``.
+
+    Returns those, the bytes they span and the offset of a malformed header (-1: none).
+    """
+    n_max = raw.size // 26 + 1
+    starts = np.empty(n_max, np.int64)
+    ends = np.empty(n_max, np.int64)
+    sizes = np.empty(n_max, np.int64)
+    n, at = 0, 0
+    while at + 18 <= raw.size:
+        if raw[at] != 31 or raw[at + 1] != 139 or raw[at + 2] != 8 or not (raw[at + 3] & 4):
+            return starts[:n], ends[:n], sizes[:n], at, at
+        extra = raw[at + 10] | (np.int64(raw[at + 11]) << 8)
+        block_size, field = -1, at + 12
+        while field + 4 <= at + 12 + extra:
+            field_length = raw[field + 2] | (np.int64(raw[field + 3]) << 8)
+            if raw[field] == 66 and raw[field + 1] == 67 and field_length == 2:
+                block_size = (raw[field + 4] | (np.int64(raw[field + 5]) << 8)) + 1
+            field += 4 + field_length
+        if block_size < 12 + extra + 8:
+            return starts[:n], ends[:n], sizes[:n], at, at
+        if at + block_size > raw.size:
+            break
+        end = at + block_size
+        starts[n], ends[n] = at + 12 + extra, end - 8
+        sizes[n] = (
+            raw[end - 4]
+            | (np.int64(raw[end - 3]) << 8)
+            | (np.int64(raw[end - 2]) << 16)
+            | (np.int64(raw[end - 1]) << 24)
+        )
+        n += 1
+        at = end
+    return starts[:n], ends[:n], sizes[:n], at, -1
+
+
+@numba.njit(cache=True, inline="always")
+def _int32(buf, at):
+    return np.int64(
+        np.int32(
+            np.uint32(buf[at])
+            | (np.uint32(buf[at + 1]) << 8)
+            | (np.uint32(buf[at + 2]) << 16)
+            | (np.uint32(buf[at + 3]) << 24)
+        )
+    )
+
+
+@numba.njit(cache=True, nogil=True)
+def _header_end(buf):
+    """Offset of the first record, past the BAM header; -1 while the header is incomplete, -2 if not BAM."""
+    if buf.size < 4:
+        return -1
+    if buf[0] != 66 or buf[1] != 65 or buf[2] != 77 or buf[3] != 1:
+        return -2
+    if buf.size < 12:
+        return -1
+    at = 8 + _int32(buf, 4)
+    if at + 4 > buf.size:
+        return -1
+    n_references = _int32(buf, at)
+    at += 4
+    for _ in range(n_references):
+        if at + 4 > buf.size:
+            return -1
+        at += 4 + _int32(buf, at) + 4
+    return at if at <= buf.size else -1
+
+
+@numba.njit(cache=True, nogil=True)
+def _record_offsets(buf, start):
+    """Offsets of the whole records from ``start``, and where the first incomplete one begins.
+
+    -1 as that end marks a record shorter than its fixed fields (corrupt).
+    """
+    offsets = np.empty((buf.size - start) // 36 + 1, np.int64)
+    n, at = 0, start
+    while at + 4 <= buf.size:
+        size = _int32(buf, at)
+        if size < 32:
+            return offsets[:n], np.int64(-1)
+        if at + 4 + size > buf.size:
+            break
+        offsets[n] = at
+        n += 1
+        at += 4 + size
+    return offsets[:n], np.int64(at)
+
+
+@numba.njit(cache=True, inline="always")
+def _fnv1a(buf, start, length):
+    value = _FNV_OFFSET
+    for i in range(start, start + length):
+        value = (value ^ np.uint64(buf[i])) * _FNV_PRIME
+    return value
+
+
+@numba.njit(cache=True, inline="always")
+def _value_after(buf, lo, hi, key):
+    """Start and end of the first non-empty value after ``key`` in ``buf[lo:hi]``, up to a ``:`` or ``hi``."""
+    k = key.size
+    for i in range(lo, hi - k):
+        found = True
+        for j in range(k):
+            if buf[i + j] != key[j]:
+                found = False
+                break
+        if found:
+            end = i + k
+            while end < hi and buf[end] != 58:  # ':'
+                end += 1
+            if end > i + k:
+                return i + k, end
+    return -1, -1
+
+
+@numba.njit(cache=True, inline="always")
+def _tag_value_end(buf, at, kind, end):
+    """Offset past a tag value of type ``kind`` starting at ``at``; -1 if malformed."""
+    if kind == 90 or kind == 72:  # Z, H: NUL-terminated
+        while at < end and buf[at] != 0:
+            at += 1
+        return at + 1 if at < end else -1
+    if kind == 65 or kind == 99 or kind == 67:  # A c C
+        return at + 1
+    if kind == 115 or kind == 83:  # s S
+        return at + 2
+    if kind == 105 or kind == 73 or kind == 102:  # i I f
+        return at + 4
+    if kind == 66 and at + 5 <= end:  # B: subtype, count, values
+        sub = buf[at]
+        width = (
+            1
+            if (sub == 99 or sub == 67)
+            else 2
+            if (sub == 115 or sub == 83)
+            else 4
+            if (sub == 105 or sub == 73 or sub == 102)
+            else 0
+        )
+        count = _int32(buf, at + 1)
+        if width == 0 or count < 0:
+            return -1
+        return at + 5 + width * count
+    return -1
+
+
+@numba.njit(cache=True, parallel=True)
+def _scan_records(buf, offsets, source, tags, cell_key, umi_key, base_codes):
+    """Flag, MAPQ and where the cell, UMI and gene of each record are (parallel over records).
+
+    ``tags``: the cell, UMI and gene tag names (2 bytes each). Cell and gene come out as
+    (hash, start, length), start -1 where missing; the UMI packed, with its length (-1:
+    missing) and whether it holds only A, C, G, T. ``corrupt[i]``: record ``i`` overruns its length.
+    """
+    n = offsets.size
+    flag = np.empty(n, np.uint16)
+    mapq = np.empty(n, np.uint8)
+    starts = np.full((2, n), -1, np.int64)  # cell, gene
+    lengths = np.zeros((2, n), np.int32)
+    hashes = np.zeros((2, n), np.uint64)
+    umi = np.zeros(n, np.uint64)
+    umi_length = np.full(n, -1, np.int16)
+    umi_acgt = np.ones(n, np.bool_)
+    corrupt = np.zeros(n, np.bool_)
+    for i in numba.prange(n):
+        record = offsets[i] + 4
+        end = record + _int32(buf, offsets[i])
+        mapq[i] = buf[record + 9]
+        flag[i] = buf[record + 14] | (np.uint16(buf[record + 15]) << 8)
+        name_length = np.int64(buf[record + 8])
+        n_cigar = np.int64(buf[record + 12]) | (np.int64(buf[record + 13]) << 8)
+        n_bases = _int32(buf, record + 16)
+        name = record + 32
+        at = name + name_length + 4 * n_cigar + (n_bases + 1) // 2 + n_bases
+        if at > end or n_bases < 0 or name_length < 1:
+            corrupt[i] = True
+            continue
+        umi_start, umi_end = -1, -1
+        if source == 2:  # umis: ...:CELL_<cell>:UMI_<umi>:...
+            cell_start, cell_end = _value_after(buf, name, name + name_length - 1, cell_key)
+            umi_start, umi_end = _value_after(buf, name, name + name_length - 1, umi_key)
+            if cell_start >= 0:
+                starts[0, i], lengths[0, i] = cell_start, cell_end - cell_start
+        elif source == 1:  # read_id: <read>_<cell>_<umi>
+            last, before = -1, -1
+            for k in range(name, name + name_length - 1):
+                if buf[k] == 95:  # '_'
+                    last, before = k, last
+            if last >= 0 and last + 1 < name + name_length - 1:
+                umi_start, umi_end = last + 1, name + name_length - 1
+                if before >= 0 and last > before + 1:
+                    starts[0, i], lengths[0, i] = before + 1, last - before - 1
+        while at + 3 <= end:
+            kind = buf[at + 2]
+            which = -1
+            for t in range(3):
+                if buf[at] == tags[t, 0] and buf[at + 1] == tags[t, 1]:
+                    which = t
+            value_end = _tag_value_end(buf, at + 3, kind, end)
+            if value_end < 0 or value_end > end:
+                corrupt[i] = True
+                break
+            if kind == 90 and which >= 0:
+                value_start, value_stop = at + 3, value_end - 1  # the NUL excluded
+                if not (value_stop - value_start == 1 and buf[value_start] == 45):  # STARsolo's '-': missing
+                    if which == 1:
+                        if source == 0:
+                            umi_start, umi_end = value_start, value_stop
+                    elif which == 2 or source == 0:
+                        slot = 0 if which == 0 else 1
+                        starts[slot, i], lengths[slot, i] = value_start, value_stop - value_start
+            at = value_end
+        if at != end and not corrupt[i]:
+            corrupt[i] = True
+        if umi_start >= 0:
+            umi_length[i] = min(umi_end - umi_start, 32767)
+            packed = np.uint64(0)
+            for k in range(umi_start, min(umi_end, umi_start + 32)):
+                code = base_codes[buf[k]]
+                if code == 255:
+                    umi_acgt[i] = False
+                packed = (packed << np.uint64(2)) | np.uint64(code & 3)
+            umi[i] = packed
+        for slot in range(2):
+            if starts[slot, i] >= 0:
+                hashes[slot, i] = _fnv1a(buf, starts[slot, i], lengths[slot, i])
+    return flag, mapq, starts, lengths, hashes, umi, umi_length, umi_acgt, corrupt
+
+
+def bgzf_eof_present(path: Path) -> bool:
+    """Whether ``path`` ends with BGZF's end-of-file block (a BAM without it is truncated)."""
+    with path.open("rb") as handle:
+        handle.seek(max(path.stat().st_size - len(BGZF_EOF), 0))
+        return handle.read() == BGZF_EOF
+
+
+class BamRecords:
+    """Stream the records of a BAM file as :class:`RecordCodes`, chunk by chunk.
+
+    Parameters
+    ----------
+    path
+        A BAM file (BGZF-compressed, with its end-of-file block).
+    umi_source
+        ``tag``, ``read_id`` or ``umis`` (see the module's docstring).
+    cell_tag, umi_tag, gene_tag
+        Two-letter tag names.
+    threads
+        Threads that inflate blocks and scan records; every core when ``None``.
+
+    ``cells`` and ``genes`` hold the names behind the codes, growing as chunks are read.
+
+    Raises
+    ------
+    InputError
+        (while iterating) No BGZF end-of-file block (truncated), a malformed or corrupt
+        block, a file that is not BAM, or a malformed record.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        umi_source: str = "tag",
+        cell_tag: str = "CB",
+        umi_tag: str = "UB",
+        gene_tag: str = "GX",
+        threads: int | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self.source = SOURCE_CODES[umi_source]
+        self.tags = np.array([[ord(c) for c in tag] for tag in (cell_tag, umi_tag, gene_tag)], dtype=np.uint8)
+        self.threads = threads or default_threads()
+        self.cells, self.genes = NameDictionary(), NameDictionary()
+
+    def __iter__(self) -> Iterator[RecordCodes]:
+        if not bgzf_eof_present(self.path):
+            raise InputError("BAM is truncated (no BGZF end-of-file block)", path=self.path)
+        with self.path.open("rb") as handle:
+            carried, records_start = np.empty(0, np.uint8), -1
+            with ThreadPoolExecutor(self.threads) as pool:
+                for inflated in self._inflated_chunks(handle, pool):
+                    buf = np.concatenate([carried, inflated]) if carried.size else inflated
+                    if records_start < 0:
+                        records_start = _header_end(buf)
+                        if records_start == -2:
+                            raise InputError("is not a BAM file (no BAM magic after inflating)", path=self.path)
+                        if records_start < 0:
+                            carried = buf
+                            continue
+                    offsets, rest = _record_offsets(buf, records_start)
+                    if rest < 0:
+                        raise InputError("corrupt BAM record (shorter than its fixed fields)", path=self.path)
+                    yield self._codes(buf, offsets)
+                    carried, records_start = buf[rest:].copy(), 0
+        if records_start < 0 or carried.size:
+            raise InputError("BAM is truncated (ends inside the header or a record)", path=self.path)
+
+    def _codes(self, buf: np.ndarray, offsets: np.ndarray) -> RecordCodes:
+        with numba_threads(self.threads):
+            flag, mapq, starts, lengths, hashes, umi, umi_length, umi_acgt, corrupt = _scan_records(
+                buf,
+                offsets,
+                self.source,
+                self.tags,
+                np.frombuffer(b"CELL_", np.uint8),
+                np.frombuffer(b"UMI_", np.uint8),
+                _BASE_CODES,
+            )
+        if corrupt.any():
+            raise InputError(
+                f"corrupt BAM record (its fields overrun its length; record {int(corrupt.argmax()) + 1} of a chunk)",
+                path=self.path,
+            )
+        cell = self.cells.codes(buf, hashes[0], starts[0], lengths[0])
+        gene = self.genes.codes(buf, hashes[1], starts[1], lengths[1])
+        return RecordCodes(flag, mapq, cell, gene, umi, umi_length, umi_acgt)
+
+    def _inflated_chunks(self, handle: BinaryIO, pool: ThreadPoolExecutor) -> Iterator[np.ndarray]:
+        """The file's inflated bytes, about :data:`CHUNK_BYTES` at a time, each chunk's blocks in parallel."""
+        raw, offset = b"", 0  # offset: of raw[0] in the file
+        while True:
+            more = handle.read(RAW_READ_BYTES)
+            raw += more
+            starts, ends, sizes, used, malformed = _bgzf_blocks(np.frombuffer(raw, np.uint8))
+            if malformed >= 0:
+                raise InputError(f"malformed BGZF block header at byte {offset + malformed}", path=self.path)
+            if not more and used < len(raw):
+                raise InputError(f"BAM is truncated (a BGZF block cut at byte {offset + used})", path=self.path)
+            if more and sizes.sum() < CHUNK_BYTES:
+                continue
+            chunk = (np.cumsum(sizes) - sizes) // CHUNK_BYTES  # of each block, by where its output starts
+            bounds = [0, *(np.flatnonzero(np.diff(chunk)) + 1), len(sizes)]
+            for first, last in itertools.pairwise(bounds):
+                if last > first:
+                    yield self._inflate(raw, starts[first:last], ends[first:last], sizes[first:last], offset, pool)
+            raw, offset = raw[used:], offset + used
+            if not more:
+                return
+
+    def _inflate(
+        self, raw: bytes, starts: np.ndarray, ends: np.ndarray, sizes: np.ndarray, offset: int, pool: ThreadPoolExecutor
+    ) -> np.ndarray:
+        """The blocks' inflated bytes, one after the other; ``threads`` runs of blocks inflated at once."""
+        import deflate
+
+        out = np.empty(int(sizes.sum()), np.uint8)
+        out_starts = np.concatenate([[0], np.cumsum(sizes)])
+        view = memoryview(raw)
+
+        def inflate(first: int, last: int) -> None:
+            for b in range(first, last):
+                if sizes[b] == 0:
+                    continue
+                try:
+                    block = deflate.deflate_decompress(view[starts[b] : ends[b]], int(sizes[b]))
+                except deflate.DeflateError as exc:
+                    raise InputError(
+                        f"corrupt BGZF block at byte {offset + starts[b] - 18} ({exc})", path=self.path
+                    ) from exc
+                out[out_starts[b] : out_starts[b + 1]] = np.frombuffer(block, np.uint8)
+
+        bounds = np.linspace(0, len(sizes), min(self.threads, len(sizes)) + 1).astype(int)
+        for done in [pool.submit(inflate, a, b) for a, b in itertools.pairwise(bounds)]:
+            done.result()
+        return out
