@@ -30,8 +30,10 @@ from omicsprep.errors import InputError
 from omicsprep.reads.umi import default_threads, numba_threads
 
 BGZF_EOF = bytes.fromhex("1f8b08040000000000ff0600424302001b0003000000000000000000")
-CHUNK_BYTES = 64 << 20  # inflated bytes scanned at a time (plus one record carried over)
+CHUNK_BYTES = 16 << 20  # inflated bytes scanned at a time (plus one record carried over)
 RAW_READ_BYTES = 4 << 20  # compressed bytes read from the file at a time
+RUNS_PER_THREAD = 4  # runs of records scanned in parallel, for balance
+MIN_RUN_RECORDS = 4096
 _MISSING = -1
 _NO_UMI_LENGTH = -1
 # umi_source codes of the kernels
@@ -76,20 +78,21 @@ class NameDictionary:
         self.size = 0
         self.data_used = 0
 
+    def tables(self) -> tuple[np.ndarray, ...]:
+        """The arrays the kernels search: slots, hashes, starts and lengths of names, name bytes."""
+        return self.slots, self.hashes, self.starts, self.lengths, self.data
+
     def codes(self, buf: np.ndarray, hashes: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-        """Codes of the names at ``buf[starts:starts + lengths]`` (-1 where ``starts`` is -1), new ones added."""
+        """Codes of the names at ``buf[starts:starts + lengths]`` (FNV-1a ``hashes``), new names added."""
         codes = np.empty(len(hashes), dtype=np.int32)
         done = 0
-        while done < len(hashes):
+        while True:
             done, self.size, self.data_used = _insert_names(
-                buf, hashes, starts, lengths, done, codes, *self._tables(), self.size, self.data_used
+                buf, hashes, starts, lengths, done, codes, self.tables(), self.size, self.data_used
             )
-            if done < len(hashes):
-                self._grow(int(lengths[done]))
-        return codes
-
-    def _tables(self) -> tuple[np.ndarray, ...]:
-        return self.slots, self.hashes, self.starts, self.lengths, self.data
+            if done == len(hashes):
+                return codes
+            self._grow(int(lengths[done]))
 
     def _grow(self, name_length: int) -> None:
         if 2 * (self.size + 1) > len(self.slots):
@@ -108,38 +111,48 @@ class NameDictionary:
         ]
 
 
-@numba.njit(cache=True, nogil=True)
-def _insert_names(
-    buf, hashes, starts, lengths, done, codes, slots, known_hashes, name_starts, name_lengths, data, size, used
-):
-    """Code each name from ``done`` on; stop early (returning where) when a table is full."""
+@numba.njit(cache=True, inline="always")
+def _find(buf, start, length, value, table):
+    """The code of ``buf[start:start + length]`` (hash ``value``) in ``table`` (:meth:`NameDictionary.tables`).
+
+    Or ``-(slot + 2)`` of the empty slot the name would take.
+    """
+    slots, known_hashes, name_starts, name_lengths, data = table
     mask = slots.size - 1
-    for i in range(done, hashes.size):
-        if starts[i] < 0:
-            codes[i] = _MISSING
-            continue
-        start, length, value = starts[i], lengths[i], hashes[i]
-        slot = value & mask
-        while True:
-            code = slots[slot]
-            if code < 0:
-                if 2 * (size + 1) > slots.size or size >= known_hashes.size or used + length > data.size:
-                    return i, size, used
-                slots[slot] = size
-                known_hashes[size], name_starts[size], name_lengths[size] = value, used, length
-                data[used : used + length] = buf[start : start + length]
-                code, size, used = size, size + 1, used + length
-                break
-            if known_hashes[code] == value and name_lengths[code] == length:
-                at = name_starts[code]
-                same = True
-                for k in range(length):
-                    if data[at + k] != buf[start + k]:
-                        same = False
-                        break
-                if same:
+    slot = value & mask
+    while True:
+        code = slots[slot]
+        if code < 0:
+            return -np.int64(slot) - 2
+        if known_hashes[code] == value and name_lengths[code] == length:
+            at = name_starts[code]
+            same = True
+            for k in range(length):
+                if data[at + k] != buf[start + k]:
+                    same = False
                     break
-            slot = (slot + 1) & mask
+            if same:
+                return np.int64(code)
+        slot = (slot + 1) & mask
+
+
+@numba.njit(cache=True, nogil=True)
+def _insert_names(buf, hashes, starts, lengths, done, codes, table, size, used):
+    """Code each name from ``done`` on, adding new ones; stop early when a table is full.
+
+    Returns how many names are coded, and the dictionary's new size and bytes used.
+    """
+    slots, known_hashes, name_starts, name_lengths, data = table
+    for i in range(done, hashes.size):
+        start, length, value = starts[i], lengths[i], hashes[i]
+        code = _find(buf, start, length, value, table)
+        if code < 0:
+            if 2 * (size + 1) > slots.size or size >= known_hashes.size or used + length > data.size:
+                return i, size, used
+            slots[-code - 2] = size
+            known_hashes[size], name_starts[size], name_lengths[size] = value, used, length
+            data[used : used + length] = buf[start : start + length]
+            code, size, used = size, size + 1, used + length
         codes[i] = code
     return hashes.size, size, used
 
@@ -305,87 +318,139 @@ def _tag_value_end(buf, at, kind, end):
     return -1
 
 
-@numba.njit(cache=True, parallel=True)
-def _scan_records(buf, offsets, source, tags, cell_key, umi_key, base_codes):
-    """Flag, MAPQ and where the cell, UMI and gene of each record are (parallel over records).
+@numba.njit(cache=True, inline="always")
+def _parse_record(
+    buf,
+    i,
+    offsets,
+    source,
+    tags,
+    cell_key,
+    umi_key,
+    base_codes,
+    flag,
+    mapq,
+    starts,
+    lengths,
+    umi,
+    umi_length,
+    umi_acgt,
+    corrupt,
+):
+    """Fill entry ``i`` of the arrays of :func:`_scan_records` from record ``i``."""
+    record = offsets[i] + 4
+    end = record + _int32(buf, offsets[i])
+    mapq[i] = buf[record + 9]
+    flag[i] = buf[record + 14] | (np.uint16(buf[record + 15]) << 8)
+    name_length = np.int64(buf[record + 8])
+    n_cigar = np.int64(buf[record + 12]) | (np.int64(buf[record + 13]) << 8)
+    n_bases = _int32(buf, record + 16)
+    name = record + 32
+    at = name + name_length + 4 * n_cigar + (n_bases + 1) // 2 + n_bases
+    if at > end or n_bases < 0 or name_length < 1:
+        corrupt[i] = True
+        return
+    umi_start, umi_end = -1, -1
+    if source == 2:  # umis: ...:CELL_<cell>:UMI_<umi>:...
+        cell_start, cell_end = _value_after(buf, name, name + name_length - 1, cell_key)
+        umi_start, umi_end = _value_after(buf, name, name + name_length - 1, umi_key)
+        if cell_start >= 0:
+            starts[0, i], lengths[0, i] = cell_start, cell_end - cell_start
+    elif source == 1:  # read_id: <read>_<cell>_<umi>
+        last, before = -1, -1
+        for k in range(name, name + name_length - 1):
+            if buf[k] == 95:  # '_'
+                last, before = k, last
+        if last >= 0 and last + 1 < name + name_length - 1:
+            umi_start, umi_end = last + 1, name + name_length - 1
+            if before >= 0 and last > before + 1:
+                starts[0, i], lengths[0, i] = before + 1, last - before - 1
+    while at + 3 <= end:
+        kind = buf[at + 2]
+        which = -1
+        for t in range(3):
+            if buf[at] == tags[t, 0] and buf[at + 1] == tags[t, 1]:
+                which = t
+        value_end = _tag_value_end(buf, at + 3, kind, end)
+        if value_end < 0 or value_end > end:
+            corrupt[i] = True
+            break
+        if kind == 90 and which >= 0:
+            value_start, value_stop = at + 3, value_end - 1  # the NUL excluded
+            if not (value_stop - value_start == 1 and buf[value_start] == 45):  # STARsolo's '-': missing
+                if which == 1:
+                    if source == 0:
+                        umi_start, umi_end = value_start, value_stop
+                elif which == 2 or source == 0:
+                    slot = 0 if which == 0 else 1
+                    starts[slot, i], lengths[slot, i] = value_start, value_stop - value_start
+        at = value_end
+    if at != end and not corrupt[i]:
+        corrupt[i] = True
+    if umi_start >= 0:
+        umi_length[i] = min(umi_end - umi_start, 32767)
+        packed = np.uint64(0)
+        for k in range(umi_start, min(umi_end, umi_start + 32)):
+            code = base_codes[buf[k]]
+            if code == 255:
+                umi_acgt[i] = False
+            packed = (packed << np.uint64(2)) | np.uint64(code & 3)
+        umi[i] = packed
 
-    ``tags``: the cell, UMI and gene tag names (2 bytes each). Cell and gene come out as
-    (hash, start, length), start -1 where missing; the UMI packed, with its length (-1:
-    missing) and whether it holds only A, C, G, T. ``corrupt[i]``: record ``i`` overruns its length.
+
+@numba.njit(cache=True, parallel=True)
+def _scan_records(buf, offsets, source, tags, cell_key, umi_key, base_codes, n_ranges):
+    """Flag, MAPQ, cell, UMI and gene of each record, in parallel over ``n_ranges`` runs of records.
+
+    ``tags``: the cell, UMI and gene tag names (2 bytes each). Each run numbers the cell and
+    gene names it meets in its own dictionary, searched while the record is in cache, so
+    only the distinct names of each run are left to number for the whole file
+    (:meth:`NameDictionary.add`). Returns, per record, flag, MAPQ, the cell's and gene's
+    run codes (-1: missing), the UMI packed with its length (-1: missing) and whether it
+    holds only A, C, G, T, and ``corrupt`` (the record overruns its length); per run, its
+    first record and distinct names; per distinct name (at ``first record + run code``),
+    its hash, start and length in ``buf``.
     """
     n = offsets.size
     flag = np.empty(n, np.uint16)
     mapq = np.empty(n, np.uint8)
-    starts = np.full((2, n), -1, np.int64)  # cell, gene
+    starts = np.full((2, n), -1, np.int64)  # cell, gene; then of each run's distinct names
     lengths = np.zeros((2, n), np.int32)
     hashes = np.zeros((2, n), np.uint64)
+    codes = np.full((2, n), _MISSING, np.int32)
     umi = np.zeros(n, np.uint64)
     umi_length = np.full(n, -1, np.int16)
     umi_acgt = np.ones(n, np.bool_)
     corrupt = np.zeros(n, np.bool_)
-    for i in numba.prange(n):
-        record = offsets[i] + 4
-        end = record + _int32(buf, offsets[i])
-        mapq[i] = buf[record + 9]
-        flag[i] = buf[record + 14] | (np.uint16(buf[record + 15]) << 8)
-        name_length = np.int64(buf[record + 8])
-        n_cigar = np.int64(buf[record + 12]) | (np.int64(buf[record + 13]) << 8)
-        n_bases = _int32(buf, record + 16)
-        name = record + 32
-        at = name + name_length + 4 * n_cigar + (n_bases + 1) // 2 + n_bases
-        if at > end or n_bases < 0 or name_length < 1:
-            corrupt[i] = True
-            continue
-        umi_start, umi_end = -1, -1
-        if source == 2:  # umis: ...:CELL_<cell>:UMI_<umi>:...
-            cell_start, cell_end = _value_after(buf, name, name + name_length - 1, cell_key)
-            umi_start, umi_end = _value_after(buf, name, name + name_length - 1, umi_key)
-            if cell_start >= 0:
-                starts[0, i], lengths[0, i] = cell_start, cell_end - cell_start
-        elif source == 1:  # read_id: <read>_<cell>_<umi>
-            last, before = -1, -1
-            for k in range(name, name + name_length - 1):
-                if buf[k] == 95:  # '_'
-                    last, before = k, last
-            if last >= 0 and last + 1 < name + name_length - 1:
-                umi_start, umi_end = last + 1, name + name_length - 1
-                if before >= 0 and last > before + 1:
-                    starts[0, i], lengths[0, i] = before + 1, last - before - 1
-        while at + 3 <= end:
-            kind = buf[at + 2]
-            which = -1
-            for t in range(3):
-                if buf[at] == tags[t, 0] and buf[at + 1] == tags[t, 1]:
-                    which = t
-            value_end = _tag_value_end(buf, at + 3, kind, end)
-            if value_end < 0 or value_end > end:
-                corrupt[i] = True
-                break
-            if kind == 90 and which >= 0:
-                value_start, value_stop = at + 3, value_end - 1  # the NUL excluded
-                if not (value_stop - value_start == 1 and buf[value_start] == 45):  # STARsolo's '-': missing
-                    if which == 1:
-                        if source == 0:
-                            umi_start, umi_end = value_start, value_stop
-                    elif which == 2 or source == 0:
-                        slot = 0 if which == 0 else 1
-                        starts[slot, i], lengths[slot, i] = value_start, value_stop - value_start
-            at = value_end
-        if at != end and not corrupt[i]:
-            corrupt[i] = True
-        if umi_start >= 0:
-            umi_length[i] = min(umi_end - umi_start, 32767)
-            packed = np.uint64(0)
-            for k in range(umi_start, min(umi_end, umi_start + 32)):
-                code = base_codes[buf[k]]
-                if code == 255:
-                    umi_acgt[i] = False
-                packed = (packed << np.uint64(2)) | np.uint64(code & 3)
-            umi[i] = packed
-        for slot in range(2):
-            if starts[slot, i] >= 0:
-                hashes[slot, i] = _fnv1a(buf, starts[slot, i], lengths[slot, i])
-    return flag, mapq, starts, lengths, hashes, umi, umi_length, umi_acgt, corrupt
+    run_starts = np.linspace(0, n, n_ranges + 1).astype(np.int64)
+    distinct = np.zeros((2, n_ranges), np.int64)
+    for r in numba.prange(n_ranges):
+        lo, hi = run_starts[r], run_starts[r + 1]
+        n_slots = 1024
+        while n_slots < 2 * (hi - lo):
+            n_slots *= 2
+        cell_table = (np.full(n_slots, -1, np.int32), hashes[0, lo:hi], starts[0, lo:hi], lengths[0, lo:hi], buf)
+        gene_table = (np.full(n_slots, -1, np.int32), hashes[1, lo:hi], starts[1, lo:hi], lengths[1, lo:hi], buf)
+        for i in range(lo, hi):
+            _parse_record(
+                buf, i, offsets, source, tags, cell_key, umi_key, base_codes,
+                flag, mapq, starts, lengths, umi, umi_length, umi_acgt, corrupt,
+            )  # fmt: skip
+            for slot in range(2):
+                start = starts[slot, i]
+                if start < 0:
+                    continue
+                length = lengths[slot, i]
+                value = _fnv1a(buf, start, length)
+                table = cell_table if slot == 0 else gene_table
+                code = _find(buf, start, length, value, table)
+                if code < 0:  # new to the run: its entry at lo + its code (records up to i are done with theirs)
+                    table[0][-code - 2] = distinct[slot, r]
+                    code = distinct[slot, r]
+                    hashes[slot, lo + code], starts[slot, lo + code], lengths[slot, lo + code] = value, start, length
+                    distinct[slot, r] = code + 1
+                codes[slot, i] = code
+    return flag, mapq, codes, run_starts, distinct, hashes, starts, lengths, umi, umi_length, umi_acgt, corrupt
 
 
 def bgzf_eof_present(path: Path) -> bool:
@@ -440,8 +505,8 @@ class BamRecords:
         with self.path.open("rb") as handle:
             carried, records_start = np.empty(0, np.uint8), -1
             with ThreadPoolExecutor(self.threads) as pool:
-                for inflated in self._inflated_chunks(handle, pool):
-                    buf = np.concatenate([carried, inflated]) if carried.size else inflated
+                for blocks in self._block_chunks(handle):
+                    buf = self._inflate(carried, *blocks, pool=pool)
                     if records_start < 0:
                         records_start = _header_end(buf)
                         if records_start == -2:
@@ -453,13 +518,13 @@ class BamRecords:
                     if rest < 0:
                         raise InputError("corrupt BAM record (shorter than its fixed fields)", path=self.path)
                     yield self._codes(buf, offsets)
-                    carried, records_start = buf[rest:].copy(), 0
+                    carried, records_start = buf[rest:], 0
         if records_start < 0 or carried.size:
             raise InputError("BAM is truncated (ends inside the header or a record)", path=self.path)
 
     def _codes(self, buf: np.ndarray, offsets: np.ndarray) -> RecordCodes:
         with numba_threads(self.threads):
-            flag, mapq, starts, lengths, hashes, umi, umi_length, umi_acgt, corrupt = _scan_records(
+            scanned = _scan_records(
                 buf,
                 offsets,
                 self.source,
@@ -467,18 +532,34 @@ class BamRecords:
                 np.frombuffer(b"CELL_", np.uint8),
                 np.frombuffer(b"UMI_", np.uint8),
                 _BASE_CODES,
+                max(1, min(RUNS_PER_THREAD * self.threads, len(offsets) // MIN_RUN_RECORDS)),
             )
+        flag, mapq, run_codes, run_starts, distinct, hashes, starts, lengths, umi, umi_length, umi_acgt, corrupt = (
+            scanned
+        )
         if corrupt.any():
             raise InputError(
                 f"corrupt BAM record (its fields overrun its length; record {int(corrupt.argmax()) + 1} of a chunk)",
                 path=self.path,
             )
-        cell = self.cells.codes(buf, hashes[0], starts[0], lengths[0])
-        gene = self.genes.codes(buf, hashes[1], starts[1], lengths[1])
-        return RecordCodes(flag, mapq, cell, gene, umi, umi_length, umi_acgt)
+        codes = []
+        run_of_record = np.repeat(run_starts[:-1], np.diff(run_starts))
+        for slot, dictionary in enumerate((self.cells, self.genes)):
+            names = np.concatenate(
+                [np.arange(lo, lo + k) for lo, k in zip(run_starts[:-1], distinct[slot], strict=True)]
+            )
+            of_name = np.empty(len(offsets), np.int32)
+            of_name[names] = dictionary.codes(buf, hashes[slot, names], starts[slot, names], lengths[slot, names])
+            local = run_codes[slot]
+            codes.append(np.where(local >= 0, of_name[run_of_record + np.maximum(local, 0)], _MISSING).astype(np.int32))
+        return RecordCodes(flag, mapq, *codes, umi, umi_length, umi_acgt)
 
-    def _inflated_chunks(self, handle: BinaryIO, pool: ThreadPoolExecutor) -> Iterator[np.ndarray]:
-        """The file's inflated bytes, about :data:`CHUNK_BYTES` at a time, each chunk's blocks in parallel."""
+    def _block_chunks(self, handle: BinaryIO) -> Iterator[tuple[bytes, np.ndarray, np.ndarray, np.ndarray, int]]:
+        """The file's BGZF blocks, about :data:`CHUNK_BYTES` of inflated bytes at a time.
+
+        As compressed bytes, the start and end of each block's deflate data in them, each
+        block's inflated size, and the file offset of the bytes.
+        """
         raw, offset = b"", 0  # offset: of raw[0] in the file
         while True:
             more = handle.read(RAW_READ_BYTES)
@@ -491,22 +572,34 @@ class BamRecords:
             if more and sizes.sum() < CHUNK_BYTES:
                 continue
             chunk = (np.cumsum(sizes) - sizes) // CHUNK_BYTES  # of each block, by where its output starts
-            bounds = [0, *(np.flatnonzero(np.diff(chunk)) + 1), len(sizes)]
-            for first, last in itertools.pairwise(bounds):
+            runs = list(itertools.pairwise([0, *(np.flatnonzero(np.diff(chunk)) + 1), len(sizes)]))
+            if more:  # the last chunk may fill up with the blocks of the next read
+                runs = runs[:-1]
+                used = ends[runs[-1][1] - 1] + 8 if runs else 0  # past the block's CRC and size
+            for first, last in runs:
                 if last > first:
-                    yield self._inflate(raw, starts[first:last], ends[first:last], sizes[first:last], offset, pool)
+                    yield raw, starts[first:last], ends[first:last], sizes[first:last], offset
             raw, offset = raw[used:], offset + used
             if not more:
                 return
 
     def _inflate(
-        self, raw: bytes, starts: np.ndarray, ends: np.ndarray, sizes: np.ndarray, offset: int, pool: ThreadPoolExecutor
+        self,
+        carried: np.ndarray,
+        raw: bytes,
+        starts: np.ndarray,
+        ends: np.ndarray,
+        sizes: np.ndarray,
+        offset: int,
+        *,
+        pool: ThreadPoolExecutor,
     ) -> np.ndarray:
-        """The blocks' inflated bytes, one after the other; ``threads`` runs of blocks inflated at once."""
+        """``carried`` then the blocks' inflated bytes; ``threads`` runs of blocks inflated at once."""
         import deflate
 
-        out = np.empty(int(sizes.sum()), np.uint8)
-        out_starts = np.concatenate([[0], np.cumsum(sizes)])
+        out = np.empty(carried.size + int(sizes.sum()), np.uint8)
+        out[: carried.size] = carried
+        out_starts = carried.size + np.concatenate([[0], np.cumsum(sizes)])
         view = memoryview(raw)
 
         def inflate(first: int, last: int) -> None:
@@ -517,7 +610,7 @@ class BamRecords:
                     block = deflate.deflate_decompress(view[starts[b] : ends[b]], int(sizes[b]))
                 except deflate.DeflateError as exc:
                     raise InputError(
-                        f"corrupt BGZF block at byte {offset + starts[b] - 18} ({exc})", path=self.path
+                        f"corrupt BGZF block (deflate data at byte {offset + starts[b]}: {exc})", path=self.path
                     ) from exc
                 out[out_starts[b] : out_starts[b + 1]] = np.frombuffer(block, np.uint8)
 
