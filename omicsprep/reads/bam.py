@@ -552,7 +552,7 @@ class BamRecords:
             of_name[names] = dictionary.codes(buf, hashes[slot, names], starts[slot, names], lengths[slot, names])
             local = run_codes[slot]
             codes.append(np.where(local >= 0, of_name[run_of_record + np.maximum(local, 0)], _MISSING).astype(np.int32))
-        return RecordCodes(flag, mapq, *codes, umi, umi_length, umi_acgt)
+        return RecordCodes(flag, mapq, codes[0], codes[1], umi, umi_length, umi_acgt)
 
     def _block_chunks(self, handle: BinaryIO) -> Iterator[tuple[bytes, np.ndarray, np.ndarray, np.ndarray, int]]:
         """The file's BGZF blocks, about :data:`CHUNK_BYTES` of inflated bytes at a time.
