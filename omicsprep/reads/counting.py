@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 
+import numba
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -155,20 +156,32 @@ def _code_partitions(
     files = [path.open("wb") for path in paths]
     try:
         for reads in chunks:
+            order, bounds = _partition_order(reads["cell"].to_numpy(), n_partitions)
             rows = np.empty(len(reads), dtype=SPILLED_READ)
             for name in SPILLED_COLUMNS:
-                rows[name] = reads[name].to_numpy()
-            partition = rows["cell"] % n_partitions
-            order = np.argsort(partition, kind="stable")
-            bounds = np.searchsorted(partition[order], np.arange(n_partitions + 1))
-            rows = rows[order]
-            for part in range(n_partitions):
-                if bounds[part + 1] > bounds[part]:
-                    rows[bounds[part] : bounds[part + 1]].tofile(files[part])
+                rows[name] = reads[name].to_numpy()[order]
+            for part in np.flatnonzero(np.diff(bounds)):
+                rows[bounds[part] : bounds[part + 1]].tofile(files[part])
     finally:
         for file in files:
             file.close()
     return [partial(_spilled_reads, path) for path in paths if path.stat().st_size]
+
+
+@numba.njit(cache=True)
+def _partition_order(cells, n_partitions):
+    """Reads ordered by partition (``cell % n_partitions``; a counting sort), and each partition's bounds."""
+    bounds = np.zeros(n_partitions + 1, np.int64)
+    for cell in cells:
+        bounds[cell % n_partitions + 1] += 1
+    bounds = np.cumsum(bounds)
+    fill = bounds[:-1].copy()
+    order = np.empty(cells.size, np.int64)
+    for i in range(cells.size):
+        part = cells[i] % n_partitions
+        order[fill[part]] = i
+        fill[part] += 1
+    return order, bounds
 
 
 def _spilled_reads(path: Path) -> pd.DataFrame:

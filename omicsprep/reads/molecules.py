@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import numba
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -376,30 +377,51 @@ def usable_bam_codes(
             skipped_now, several_now = _gene_checks(names, skip_gene_regex)
             skip_gene = np.append(skip_gene, skipped_now.to_numpy(zero_copy_only=False))
             several_genes = np.append(several_genes, several_now.to_numpy(zero_copy_only=False))
-        gene = np.maximum(chunk.gene, 0)  # a missing gene is caught first
-        checks = {
-            UNUSABLE_ALIGNMENT: (chunk.flag & UNUSABLE_FLAGS) != 0,
-            LOW_MAPQ: chunk.mapq < min_mapq,
-            MISSING_VALUE: (chunk.cell < 0) | (chunk.gene < 0) | (chunk.umi_length < 0),
-            SKIPPED_GENE: skip_gene[gene],
-            SEVERAL_GENES: several_genes[gene],
-        }
-        usable = np.ones(len(chunk.flag), dtype=bool)
-        for reason, failed in checks.items():
-            failed &= usable
-            skipped[reason] += int(failed.sum())
-            usable &= ~failed
-        if usable.any():
-            lengths = chunk.umi_length[usable]
-            umi_lengths.update((int(lengths.min()), int(lengths.max())))
+        usable, counts, shortest, longest = _usable_records(
+            chunk.flag, chunk.mapq, chunk.cell, chunk.gene, chunk.umi_length, chunk.umi_acgt,
+            skip_gene, several_genes, min_mapq, UNUSABLE_FLAGS,
+        )  # fmt: skip
+        for reason, n in zip(BAM_SKIP_REASONS, counts.tolist(), strict=True):
+            skipped[reason] += n
+        if longest >= 0:
+            umi_lengths.update((shortest, longest))
             try:
                 check_umi_lengths(min(umi_lengths), max(umi_lengths))
             except InputError as exc:
                 raise InputError(exc.problem, path=records.path) from exc
-        with_n = usable & ~chunk.umi_acgt
-        skipped[UMI_WITH_N] += int(with_n.sum())
-        usable &= ~with_n
         yield pd.DataFrame({"cell": chunk.cell[usable], "gene": chunk.gene[usable], "umi": chunk.umi[usable]})
+
+
+BAM_SKIP_REASONS = (UNUSABLE_ALIGNMENT, LOW_MAPQ, MISSING_VALUE, SKIPPED_GENE, SEVERAL_GENES, UMI_WITH_N)
+
+
+@numba.njit(cache=True)
+def _usable_records(flag, mapq, cell, gene, umi_length, umi_acgt, skip_gene, several_genes, min_mapq, unusable_flags):
+    """Mask of usable records and records skipped per reason of :data:`BAM_SKIP_REASONS` (the first that applies).
+
+    Also the shortest and longest UMI of the records that pass all but the N check (-1: none does).
+    """
+    usable = np.zeros(flag.size, np.bool_)
+    skipped = np.zeros(len(BAM_SKIP_REASONS), np.int64)
+    shortest, longest = np.int64(1 << 30), np.int64(-1)
+    for i in range(flag.size):
+        if flag[i] & unusable_flags:
+            skipped[0] += 1
+        elif mapq[i] < min_mapq:
+            skipped[1] += 1
+        elif cell[i] < 0 or gene[i] < 0 or umi_length[i] < 0:
+            skipped[2] += 1
+        elif skip_gene[gene[i]]:
+            skipped[3] += 1
+        elif several_genes[gene[i]]:
+            skipped[4] += 1
+        else:
+            shortest, longest = min(shortest, umi_length[i]), max(longest, umi_length[i])
+            if umi_acgt[i]:
+                usable[i] = True
+            else:
+                skipped[5] += 1
+    return usable, skipped, shortest, longest
 
 
 def encode_reads(reads: pa.Table, *, skipped: Counter, path: Path) -> ReadTable:
