@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -32,6 +32,8 @@ from omicsprep.reads.umi import default_threads, numba_threads
 BGZF_EOF = bytes.fromhex("1f8b08040000000000ff0600424302001b0003000000000000000000")
 CHUNK_BYTES = 16 << 20  # inflated bytes scanned at a time (plus one record carried over)
 RAW_READ_BYTES = 4 << 20  # compressed bytes read from the file at a time
+HEADROOM = 1 << 20  # bytes before a chunk's inflated bytes, for the record cut by the chunk before
+MAX_BLOCK_BYTES = 1 << 16  # inflated, of one BGZF block
 RUNS_PER_THREAD = 4  # runs of records scanned in parallel, for balance
 MIN_RUN_RECORDS = 4096
 _MISSING = -1
@@ -202,6 +204,8 @@ def _bgzf_blocks(raw):
             | (np.int64(raw[end - 2]) << 16)
             | (np.int64(raw[end - 1]) << 24)
         )
+        if sizes[n] > 1 << 16:  # more than a block holds
+            return starts[:n], ends[:n], sizes[:n], at, at
         n += 1
         at = end
     return starts[:n], ends[:n], sizes[:n], at, -1
@@ -502,23 +506,33 @@ class BamRecords:
     def __iter__(self) -> Iterator[RecordCodes]:
         if not bgzf_eof_present(self.path):
             raise InputError("BAM is truncated (no BGZF end-of-file block)", path=self.path)
-        with self.path.open("rb") as handle:
+        with self.path.open("rb") as handle, ThreadPoolExecutor(self.threads) as pool:
             carried, records_start = np.empty(0, np.uint8), -1
-            with ThreadPoolExecutor(self.threads) as pool:
-                for blocks in self._block_chunks(handle):
-                    buf = self._inflate(carried, *blocks, pool=pool)
+            chunks = self._block_chunks(handle)
+            # Two buffers, reused (fresh pages cost more than the inflating): the next chunk
+            # inflates into one while this one, in the other, is scanned.
+            buffers = [np.empty(HEADROOM + CHUNK_BYTES + MAX_BLOCK_BYTES, np.uint8) for _ in range(2)]
+            ahead = [self._start_inflating(buffers[0], *blocks, pool=pool) for blocks in itertools.islice(chunks, 1)]
+            for turn in itertools.count(1):
+                if not ahead:
+                    break
+                out, inflating = ahead.pop()
+                for task in inflating:
+                    task.result()
+                buf = self._after(carried, out)
+                ahead += [self._start_inflating(buffers[turn % 2], *b, pool=pool) for b in itertools.islice(chunks, 1)]
+                if records_start < 0:
+                    records_start = _header_end(buf)
+                    if records_start == -2:
+                        raise InputError("is not a BAM file (no BAM magic after inflating)", path=self.path)
                     if records_start < 0:
-                        records_start = _header_end(buf)
-                        if records_start == -2:
-                            raise InputError("is not a BAM file (no BAM magic after inflating)", path=self.path)
-                        if records_start < 0:
-                            carried = buf
-                            continue
-                    offsets, rest = _record_offsets(buf, records_start)
-                    if rest < 0:
-                        raise InputError("corrupt BAM record (shorter than its fixed fields)", path=self.path)
-                    yield self._codes(buf, offsets)
-                    carried, records_start = buf[rest:], 0
+                        carried = buf
+                        continue
+                offsets, rest = _record_offsets(buf, records_start)
+                if rest < 0:
+                    raise InputError("corrupt BAM record (shorter than its fixed fields)", path=self.path)
+                yield self._codes(buf, offsets)
+                carried, records_start = buf[rest:], 0
         if records_start < 0 or carried.size:
             raise InputError("BAM is truncated (ends inside the header or a record)", path=self.path)
 
@@ -583,9 +597,9 @@ class BamRecords:
             if not more:
                 return
 
-    def _inflate(
+    def _start_inflating(
         self,
-        carried: np.ndarray,
+        buffer: np.ndarray,
         raw: bytes,
         starts: np.ndarray,
         ends: np.ndarray,
@@ -593,13 +607,15 @@ class BamRecords:
         offset: int,
         *,
         pool: ThreadPoolExecutor,
-    ) -> np.ndarray:
-        """``carried`` then the blocks' inflated bytes; ``threads`` runs of blocks inflated at once."""
+    ) -> tuple[np.ndarray, list[Future]]:
+        """The part of ``buffer`` that ``threads`` tasks fill with the blocks' inflated bytes, and the tasks.
+
+        The bytes start :data:`HEADROOM` into the buffer, room for the record carried over.
+        """
         import deflate
 
-        out = np.empty(carried.size + int(sizes.sum()), np.uint8)
-        out[: carried.size] = carried
-        out_starts = carried.size + np.concatenate([[0], np.cumsum(sizes)])
+        out = buffer[: HEADROOM + int(sizes.sum())]
+        out_starts = HEADROOM + np.concatenate([[0], np.cumsum(sizes)])
         view = memoryview(raw)
 
         def inflate(first: int, last: int) -> None:
@@ -615,6 +631,12 @@ class BamRecords:
                 out[out_starts[b] : out_starts[b + 1]] = np.frombuffer(block, np.uint8)
 
         bounds = np.linspace(0, len(sizes), min(self.threads, len(sizes)) + 1).astype(int)
-        for done in [pool.submit(inflate, a, b) for a, b in itertools.pairwise(bounds)]:
-            done.result()
-        return out
+        return out, [pool.submit(inflate, a, b) for a, b in itertools.pairwise(bounds)]
+
+    @staticmethod
+    def _after(carried: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """``carried`` followed by the inflated bytes of ``out``: in its headroom where it fits."""
+        if carried.size <= HEADROOM:
+            out[HEADROOM - carried.size : HEADROOM] = carried
+            return out[HEADROOM - carried.size :]
+        return np.concatenate([carried, out[HEADROOM:]])
