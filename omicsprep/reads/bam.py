@@ -2,11 +2,13 @@
 
 A BAM file is a series of BGZF blocks (deflate streams of at most 64 KiB each). Blocks are
 inflated by libdeflate (the ``deflate`` package, which releases the GIL) on a pool of
-threads, a chunk of about :data:`CHUNK_BYTES` at a time, into one buffer; a record cut by
-the chunk's end is carried into the next. Numba kernels then find every record (a serial
-walk over the record lengths), read each one's flag, MAPQ, cell, UMI and gene in parallel,
-and number the cell and gene names in dictionaries that live as long as the reader, so a
-code means one name throughout the file. No Python object is made per read.
+threads, a chunk of about :data:`CHUNK_BYTES` at a time, the next chunk while this one is
+scanned; a record cut by the chunk's end is carried into the next. Numba kernels then find
+every record (a serial walk over the record lengths) and read each one's flag, MAPQ, cell,
+UMI and gene in parallel over runs of records; each run numbers the cell and gene names it
+meets while they are in cache, then the runs' distinct names are numbered in dictionaries
+that live as long as the reader, so a code means one name throughout the file. No Python
+object is made per read.
 
 The cell and UMI come from tags (``CB``, ``UB``, ... of type ``Z``) or from the read name
 (``read_id``: umi_tools extract's ``<read>_<cell>_<umi>``; ``umis``: ``...:CELL_<cell>:UMI_<umi>:...``);
@@ -35,9 +37,8 @@ RAW_READ_BYTES = 4 << 20  # compressed bytes read from the file at a time
 HEADROOM = 1 << 20  # bytes before a chunk's inflated bytes, for the record cut by the chunk before
 MAX_BLOCK_BYTES = 1 << 16  # inflated, of one BGZF block
 RUNS_PER_THREAD = 4  # runs of records scanned in parallel, for balance
-MIN_RUN_RECORDS = 4096
+MIN_RUN_RECORDS = 4096  # fewer runs in a small chunk
 _MISSING = -1
-_NO_UMI_LENGTH = -1
 # umi_source codes of the kernels
 SOURCE_CODES = {"tag": 0, "read_id": 1, "umis": 2}
 _FNV_OFFSET = np.uint64(14695981039346656037)

@@ -198,6 +198,7 @@ def collapse_codes(cell, gene, umi, weight):
     # One sort key, gene above UMI, where both fit in 64 bits; two stable sorts otherwise.
     umi_bits = _bit_length(np.uint64(umi.max())) if n else 0
     one_key = umi_bits + _bit_length(np.uint64(gene.max() if n else 0)) <= 64
+    umi_mask = (np.uint64(1) << np.uint64(umi_bits)) - np.uint64(1) if umi_bits < 64 else ~np.uint64(0)
     out_gene = np.empty(n, np.int64)
     out_umi = np.empty(n, np.uint64)
     out_count = np.empty(n, np.int64)
@@ -207,23 +208,35 @@ def collapse_codes(cell, gene, umi, weight):
         if lo == hi:
             continue
         rows = order[lo:hi]
-        if one_key:
+        k = lo - 1
+        if one_key:  # sorted keys counted in runs; gene and UMI taken back from the key
             keys = np.empty(rows.size, np.uint64)
             for j in range(rows.size):
                 keys[j] = (np.uint64(gene[rows[j]]) << np.uint64(umi_bits)) | umi[rows[j]]
-            rows = rows[np.argsort(keys)]
+            by_key = np.argsort(keys) if weight.size else np.arange(0)
+            if not weight.size:
+                keys.sort()
+            previous = np.uint64(0)
+            for j in range(rows.size):
+                key = keys[by_key[j]] if weight.size else keys[j]
+                reads = weight[rows[by_key[j]]] if weight.size else 1
+                if k >= lo and key == previous:
+                    out_count[k] += reads
+                else:
+                    k += 1
+                    previous = key
+                    out_gene[k], out_umi[k], out_count[k] = key >> np.uint64(umi_bits), key & umi_mask, reads
         else:
             rows = rows[np.argsort(umi[rows], kind="mergesort")]
             rows = rows[np.argsort(gene[rows], kind="mergesort")]
-        k = lo - 1
-        for j in range(rows.size):
-            r = rows[j]
-            reads = weight[r] if weight.size else 1
-            if k >= lo and gene[r] == out_gene[k] and umi[r] == out_umi[k]:
-                out_count[k] += reads
-            else:
-                k += 1
-                out_gene[k], out_umi[k], out_count[k] = gene[r], umi[r], reads
+            for j in range(rows.size):
+                r = rows[j]
+                reads = weight[r] if weight.size else 1
+                if k >= lo and gene[r] == out_gene[k] and umi[r] == out_umi[k]:
+                    out_count[k] += reads
+                else:
+                    k += 1
+                    out_gene[k], out_umi[k], out_count[k] = gene[r], umi[r], reads
         n_molecules[c] = k + 1 - lo
         start = lo
         for j in range(lo + 1, k + 2):  # each (cell, gene): count descending, then UMI
