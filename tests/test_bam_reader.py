@@ -193,6 +193,26 @@ def test_bgzf_blocks_are_many(records_bam):
     assert len(sizes) > 20
 
 
+def test_a_header_longer_than_a_chunk_and_a_bam_without_records(tmp_path, small_chunks):
+    header = {"HD": {"VN": "1.6", "SO": "unsorted"}, "SQ": [{"SN": f"contig{i}", "LN": 1000} for i in range(20_000)]}
+    path = tmp_path / "long_header.bam"
+    with pysam.AlignmentFile(str(path), "wb", header=header) as out:
+        read = pysam.AlignedSegment(out.header)
+        read.query_name, read.flag, read.reference_id, read.reference_start = "r1", 0, 19_999, 10
+        read.query_sequence, read.cigartuples = "ACGT", [(0, 4)]
+        read.set_tags([("CB", "AAAC", "Z"), ("UB", "ACGT", "Z"), ("GX", "G1", "Z")])
+        out.write(read)
+    with pysam.AlignmentFile(str(path), "rb") as written:
+        assert len(str(written.header)) > 3 * bam_reader.CHUNK_BYTES  # the header spans chunks
+    assert_fields_match(read_fields(path), expected_fields(path))
+    empty = tmp_path / "empty.bam"
+    with pysam.AlignmentFile(str(empty), "wb", header=header):
+        pass
+    assert sum(len(chunk.flag) for chunk in bam_reader.BamRecords(empty)) == 0
+    with pytest.raises(InputError, match="no usable read"):
+        counting.count_umis(empty, fmt="bam")
+
+
 @pytest.mark.parametrize("umi_source", ["read_id", "umis"])
 def test_cell_and_umi_from_read_names(tmp_path, small_chunks, umi_source):
     rng = np.random.default_rng(3)
