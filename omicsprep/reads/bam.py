@@ -2,9 +2,9 @@
 
 A BAM file is a series of BGZF blocks (deflate streams of at most 64 KiB each). Blocks are
 inflated by libdeflate (the ``deflate`` package, which releases the GIL) on a pool of
-threads, a chunk of about :data:`CHUNK_BYTES` at a time, the next chunk while this one is
-scanned; a record cut by the chunk's end is carried into the next. Numba kernels then find
-every record (a serial walk over the record lengths) and read each one's flag, MAPQ, cell,
+threads, a chunk of about :data:`CHUNK_BYTES` at a time; a record cut by the chunk's end is
+carried into the next. Numba kernels find every record (a serial walk over the record
+lengths, done on the pool for the next chunk while this one is scanned) and read each one's flag, MAPQ, cell,
 UMI and gene in parallel over runs of records; each run numbers the cell and gene names it
 meets while they are in cache, then the runs' distinct names are numbered in dictionaries
 that live as long as the reader, so a code means one name throughout the file. No Python
@@ -19,6 +19,7 @@ values. UMIs are 2-bit packed (A<C<G<T), with UMIs holding another base (N) flag
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -508,34 +509,52 @@ class BamRecords:
         if not bgzf_eof_present(self.path):
             raise InputError("BAM is truncated (no BGZF end-of-file block)", path=self.path)
         with self.path.open("rb") as handle, ThreadPoolExecutor(self.threads) as pool:
-            carried, records_start = np.empty(0, np.uint8), -1
+            # Chunk i inflates into buffers[i % 3] (reused: fresh pages cost more than the
+            # inflating). While chunk i is scanned, chunk i + 1 is walked on the pool and
+            # chunk i + 2 inflated.
+            buffers = [np.empty(HEADROOM + CHUNK_BYTES + MAX_BLOCK_BYTES, np.uint8) for _ in range(3)]
             chunks = self._block_chunks(handle)
-            # Two buffers, reused (fresh pages cost more than the inflating): the next chunk
-            # inflates into one while this one, in the other, is scanned.
-            buffers = [np.empty(HEADROOM + CHUNK_BYTES + MAX_BLOCK_BYTES, np.uint8) for _ in range(2)]
-            ahead = [self._start_inflating(buffers[0], *blocks, pool=pool) for blocks in itertools.islice(chunks, 1)]
-            for turn in itertools.count(1):
-                if not ahead:
-                    break
-                out, inflating = ahead.pop()
-                for task in inflating:
-                    task.result()
-                buf = self._after(carried, out)
-                ahead += [self._start_inflating(buffers[turn % 2], *b, pool=pool) for b in itertools.islice(chunks, 1)]
-                if records_start < 0:
-                    records_start = _header_end(buf)
-                    if records_start == -2:
-                        raise InputError("is not a BAM file (no BAM magic after inflating)", path=self.path)
-                    if records_start < 0:
-                        carried = buf
-                        continue
-                offsets, rest = _record_offsets(buf, records_start)
-                if rest < 0:
-                    raise InputError("corrupt BAM record (shorter than its fixed fields)", path=self.path)
-                yield self._codes(buf, offsets)
-                carried, records_start = buf[rest:], 0
+            inflating = deque(
+                self._start_inflating(buffers[i], *blocks, pool=pool)
+                for i, blocks in enumerate(itertools.islice(chunks, 2))
+            )
+            started = len(inflating)
+            carried, records_start = np.empty(0, np.uint8), -1
+            walking = pool.submit(self._walk, carried, *inflating.popleft(), records_start) if inflating else None
+            while walking is not None:
+                buf, offsets, rest, records_start = walking.result()
+                carried = buf[rest:]
+                for blocks in itertools.islice(chunks, 1):
+                    inflating.append(self._start_inflating(buffers[started % 3], *blocks, pool=pool))
+                    started += 1
+                walking = pool.submit(self._walk, carried, *inflating.popleft(), records_start) if inflating else None
+                if records_start == 0:  # past the header
+                    yield self._codes(buf, offsets)
         if records_start < 0 or carried.size:
             raise InputError("BAM is truncated (ends inside the header or a record)", path=self.path)
+
+    def _walk(
+        self, carried: np.ndarray, out: np.ndarray, inflating: list[Future], records_start: int
+    ) -> tuple[np.ndarray, np.ndarray, int, int]:
+        """A chunk's bytes (``carried`` then the inflated ones), its whole records' offsets and where the rest begins.
+
+        ``records_start``: where records begin in the chunk (-1: the header is not over yet).
+        Returns that for the next chunk: 0, or -1 while the header goes on (the whole chunk is
+        then the rest).
+        """
+        for task in inflating:
+            task.result()
+        buf = self._after(carried, out)
+        if records_start < 0:
+            records_start = _header_end(buf)
+            if records_start == -2:
+                raise InputError("is not a BAM file (no BAM magic after inflating)", path=self.path)
+            if records_start < 0:
+                return buf, np.empty(0, np.int64), 0, -1
+        offsets, rest = _record_offsets(buf, records_start)
+        if rest < 0:
+            raise InputError("corrupt BAM record (shorter than its fixed fields)", path=self.path)
+        return buf, offsets, int(rest), 0
 
     def _codes(self, buf: np.ndarray, offsets: np.ndarray) -> RecordCodes:
         with numba_threads(self.threads):
