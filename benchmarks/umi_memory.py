@@ -1,12 +1,15 @@
 """Peak memory of ``omicsprep count-umis`` against input size and ``--chunk-rows``.
 
     python benchmarks/umi_memory.py --reads 3000000 12000000 --chunk-rows 500000 5000000 \
-        [--memory-limit-mb 1000]
+        [--memory-limit-mb 1000] [--bam]
 
 Generates a molecule table (Parquet, one row per read; generate.py's reads, written 6M
 reads at a time) per size, cached in the work folder, counts it in a fresh process per
 (size, chunk) and records the process's peak resident memory; the table is appended to
-RESULTS.md. Memory bounded by the chunk size shows as peak memory that stays flat while
+RESULTS.md. With ``--bam`` the input is a BAM instead: umi_bench.py's BAM of
+``--bam-base-reads`` reads, its records repeated to each size (a multiple of it) by
+copying BGZF blocks, so a 100M-read BAM takes seconds rather than the 20 minutes pysam
+needs to write one. Memory bounded by the chunk size shows as peak memory that stays flat while
 the input grows. With ``--memory-limit-mb`` the count runs in a cgroup (v1) with that hard
 limit on memory and swap, so an input larger than the limit shows that it really fits.
 """
@@ -24,6 +27,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from generate import generate_reads  # noqa: E402
 from run import append_results  # noqa: E402
+from umi_bench import benchmark_bam, bgzf_blocks  # noqa: E402
 
 
 def peak_rss_mb(command: list[str]) -> tuple[float, float]:
@@ -52,6 +56,29 @@ def write_table(path: Path, n_reads: int, piece: int = 6_000_000) -> None:
             out.write_table(pa.Table.from_pandas(reads[["cell", "umi", "gene"]], preserve_index=False))
 
 
+def repeated_bam(workdir: Path, base_reads: int, copies: int) -> Path:
+    """umi_bench.py's BAM of ``base_reads`` reads with its records ``copies`` times over.
+
+    The header's BGZF block is kept once (htslib writes the header in blocks of its own),
+    the blocks of records are copied ``copies`` times, then the end-of-file block.
+    """
+    base = benchmark_bam(workdir, base_reads)
+    if copies == 1:
+        return base
+    path = workdir / f"reads_{base_reads}_x{copies}.bam"
+    if path.exists():
+        return path
+    data = base.read_bytes()
+    header_end = 18 + len(bgzf_blocks(data)[0][0]) + 8  # the first block: the header alone
+    eof = data[-28:]
+    with path.open("wb") as out:
+        out.write(data[:header_end])
+        for _ in range(copies):
+            out.write(data[header_end:-28])
+        out.write(eof)
+    return path
+
+
 def in_memory_mb(path: Path) -> int:
     """What holding the whole table in memory as Arrow would take (counted batch by batch)."""
     import pyarrow.parquet as pq
@@ -77,13 +104,20 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/omicsprep-umi"))
     parser.add_argument("--results", type=Path, default=HERE / "RESULTS.md")
     parser.add_argument("--memory-limit-mb", type=int, default=None, help="hard memory limit (cgroup v1)")
+    parser.add_argument("--bam", action="store_true", help="BAM input (umi_bench.py's, repeated) instead of tables")
+    parser.add_argument("--bam-base-reads", type=int, default=10_000_000)
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     rows = []
     for n_reads in args.reads:
-        table = args.workdir / f"molecules_{n_reads}.parquet"
-        if not table.exists():
-            write_table(table, n_reads)
+        if args.bam:
+            if n_reads % args.bam_base_reads:
+                parser.error(f"--reads must be multiples of --bam-base-reads ({args.bam_base_reads}) with --bam")
+            table = repeated_bam(args.workdir, args.bam_base_reads, n_reads // args.bam_base_reads)
+        else:
+            table = args.workdir / f"molecules_{n_reads}.parquet"
+            if not table.exists():
+                write_table(table, n_reads)
         for chunk_rows in args.chunk_rows:
             command = [
                 str(Path(sys.executable).parent / "omicsprep"),
@@ -97,8 +131,9 @@ def main() -> None:
             seconds, peak = peak_rss_mb(limited(command, args.memory_limit_mb))
             row = {
                 "reads": n_reads,
-                "table_mb": round(table.stat().st_size / 2**20),
-                "in_memory_mb": in_memory_mb(table),
+                "input": "bam" if args.bam else "molecules",
+                "input_mb": round(table.stat().st_size / 2**20),
+                **({} if args.bam else {"in_memory_mb": in_memory_mb(table)}),
                 "chunk_rows": chunk_rows,
                 "memory_limit_mb": args.memory_limit_mb or "none",
                 "seconds": round(seconds, 1),
@@ -110,8 +145,13 @@ def main() -> None:
         args.results,
         title="UMI counting memory",
         table=pd.DataFrame(rows),
-        note="Molecule tables (Parquet, a row per read, 5,000 new cells per 6M reads); `in_memory_mb`: the "
-        "whole table as Arrow; peak RSS of the whole process, Python and libraries included.",
+        note=(
+            f"umi_bench.py's BAM of {args.bam_base_reads:,} reads (2,000 cells), its records repeated to each size"
+            if args.bam
+            else "Molecule tables (Parquet, a row per read, 5,000 new cells per 6M reads); `in_memory_mb`: the "
+            "whole table as Arrow"
+        )
+        + "; peak RSS of the whole process, Python and libraries included.",
     )
 
 

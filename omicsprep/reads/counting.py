@@ -1,18 +1,21 @@
 """From reads to a cell x gene count matrix, in memory bounded by a chunk size.
 
-Usable reads are streamed from a BAM/SAM file or a molecule table and spilled to Arrow
+Usable reads are streamed from a BAM/SAM file or a molecule table and spilled to
 partitions by cell (about ``chunk_rows`` reads each); each partition is deduplicated on its
 own, so every cell's molecules are counted together and peak memory follows the chunk size,
-not the input size.
+not the input size. A BAM file's reads travel as integer codes (16 bytes a read, spilled
+as raw arrays); SAM and table reads as Arrow tables of names (spilled as Arrow files).
 """
 
 from __future__ import annotations
 
 import tempfile
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
+import numba
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -22,8 +25,9 @@ from scipy import sparse
 from omicsprep.backend import Backend
 from omicsprep.errors import InputError
 from omicsprep.options import UmiOptions
-from omicsprep.reads.molecules import encode_reads, estimated_reads, usable_reads
-from omicsprep.reads.umi import dedup_reads
+from omicsprep.reads.bam import BamRecords
+from omicsprep.reads.molecules import ReadTable, encode_reads, estimated_reads, usable_bam_codes, usable_reads
+from omicsprep.reads.umi import dedup_reads, numba_threads
 
 
 def count_umis(
@@ -33,6 +37,7 @@ def count_umis(
     options: UmiOptions | None = None,
     spill_dir: str | Path | None = None,
     backend: Backend = "cpu",
+    threads: int | None = None,
 ) -> AnnData:
     """Deduplicated UMI counts, cells x genes, of a BAM/SAM file or a molecule table.
 
@@ -54,10 +59,14 @@ def count_umis(
         Where partitions are spilled (a temporary folder inside it); the system's
         temporary folder when ``None``.
     backend
-        ``cpu``: tables read by pyarrow, molecules deduplicated by Numba (parallel).
-        ``gpu``: tables parsed by cuDF, molecules deduplicated by CUDA
-        kernels (one transfer per partition). BAM/SAM decoding (oxbow) and partitioning
-        by cell run on the CPU either way.
+        ``cpu``: tables read by pyarrow, reads collapsed into molecules and deduplicated by
+        Numba (parallel). ``gpu``: tables parsed by cuDF, reads collapsed by cuDF and
+        molecules deduplicated by CUDA kernels (one transfer per partition). BAM decoding
+        (:mod:`omicsprep.reads.bam`), SAM decoding (oxbow) and partitioning by cell run on
+        the CPU either way.
+    threads
+        Threads that read a BAM file (inflate and scan) and run the CPU's Numba kernels;
+        every core this process may use when ``None``.
 
     Returns
     -------
@@ -73,25 +82,45 @@ def count_umis(
     options = options or UmiOptions()
     skipped: Counter = Counter()
     n_partitions = max(1, int(np.ceil(estimated_reads(path, fmt=fmt) / options.chunk_rows)))
-    batches = usable_reads(
-        path,
-        fmt=fmt,
-        bam=options.bam,
-        table=options.table,
-        skip_gene_regex=options.skip_gene_regex,
-        chunk_rows=options.chunk_rows,
-        skipped=skipped,
-        backend=backend,
-    )
     matrix, n_reads = _CountMatrix(), 0
-    with tempfile.TemporaryDirectory(dir=spill_dir, prefix="omicsprep-umi-") as tmp:
-        for reads in _cell_partitions(batches, n_partitions=n_partitions, spill_dir=Path(tmp)):
-            encoded = encode_reads(reads, skipped=skipped, path=path)
-            n_reads += int(encoded.reads["reads"].sum()) if "reads" in encoded.reads else len(encoded.reads)
-            counts = dedup_reads(
-                encoded.reads, method=options.method, threshold=options.edit_distance_threshold, backend=backend
+    with tempfile.TemporaryDirectory(dir=spill_dir, prefix="omicsprep-umi-") as tmp, numba_threads(threads):
+        if fmt == "bam":
+            records = BamRecords(
+                path,
+                umi_source=options.bam.umi_source,
+                cell_tag=options.bam.cell_tag,
+                umi_tag=options.bam.umi_tag,
+                gene_tag=options.bam.gene_tag,
+                threads=threads,
             )
-            matrix.add(counts, cells=encoded.cells, genes=encoded.genes)
+            chunks = usable_bam_codes(
+                records, min_mapq=options.bam.min_mapq, skip_gene_regex=options.skip_gene_regex, skipped=skipped
+            )
+            partitions = _code_partitions(chunks, n_partitions=n_partitions, spill_dir=Path(tmp))  # reads them all
+            cells, genes = pd.Index(records.cells.names()), pd.Index(records.genes.names())
+            encoded = (ReadTable(reads=load(), cells=cells, genes=genes) for load in partitions)
+        else:
+            batches = usable_reads(
+                path,
+                fmt=fmt,
+                bam=options.bam,
+                table=options.table,
+                skip_gene_regex=options.skip_gene_regex,
+                chunk_rows=options.chunk_rows,
+                skipped=skipped,
+                backend=backend,
+            )
+            encoded = (
+                encode_reads(reads, skipped=skipped, path=path)
+                for reads in _cell_partitions(batches, n_partitions=n_partitions, spill_dir=Path(tmp))
+            )
+        for partition in encoded:
+            reads = partition.reads
+            n_reads += int(reads["reads"].sum()) if "reads" in reads else len(reads)
+            counts = dedup_reads(
+                reads, method=options.method, threshold=options.edit_distance_threshold, backend=backend
+            )
+            matrix.add(counts, cells=partition.cells, genes=partition.genes)
     if n_reads == 0:
         reasons = {reason: n for reason, n in skipped.items() if n}
         raise InputError(f"no usable read (skipped: {reasons or 'none'})", path=path)
@@ -105,6 +134,59 @@ def count_umis(
         "reads_skipped": {reason: int(n) for reason, n in skipped.items()},
     }
     return adata
+
+
+SPILLED_COLUMNS = ("cell", "gene", "umi")
+SPILLED_READ = np.dtype(list(zip(SPILLED_COLUMNS, (np.int32, np.int32, np.uint64), strict=True)))
+
+
+def _code_partitions(
+    chunks: Iterator[pd.DataFrame], *, n_partitions: int, spill_dir: Path
+) -> list[Callable[[], pd.DataFrame]]:
+    """Read every chunk of coded reads and regroup them by cell: a loader per partition.
+
+    A cell's partition is its code modulo ``n_partitions`` (codes are numbered in order of
+    appearance, so partitions take turns). One partition is held in memory; more are
+    appended to raw files of :data:`SPILLED_READ` (16 bytes a read), one per partition.
+    """
+    if n_partitions == 1:
+        whole = pd.concat(list(chunks), ignore_index=True)
+        return [lambda: whole] if len(whole) else []
+    paths = [spill_dir / f"part-{part}.reads" for part in range(n_partitions)]
+    files = [path.open("wb") for path in paths]
+    try:
+        for reads in chunks:
+            order, bounds = _partition_order(reads["cell"].to_numpy(), n_partitions)
+            rows = np.empty(len(reads), dtype=SPILLED_READ)
+            for name in SPILLED_COLUMNS:
+                rows[name] = reads[name].to_numpy()[order]
+            for part in np.flatnonzero(np.diff(bounds)):
+                rows[bounds[part] : bounds[part + 1]].tofile(files[part])
+    finally:
+        for file in files:
+            file.close()
+    return [partial(_spilled_reads, path) for path in paths if path.stat().st_size]
+
+
+@numba.njit(cache=True)
+def _partition_order(cells, n_partitions):
+    """Reads ordered by partition (``cell % n_partitions``; a counting sort), and each partition's bounds."""
+    bounds = np.zeros(n_partitions + 1, np.int64)
+    for cell in cells:
+        bounds[cell % n_partitions + 1] += 1
+    bounds = np.cumsum(bounds)
+    fill = bounds[:-1].copy()
+    order = np.empty(cells.size, np.int64)
+    for i in range(cells.size):
+        part = cells[i] % n_partitions
+        order[fill[part]] = i
+        fill[part] += 1
+    return order, bounds
+
+
+def _spilled_reads(path: Path) -> pd.DataFrame:
+    rows = np.fromfile(path, dtype=SPILLED_READ)
+    return pd.DataFrame({name: rows[name] for name in SPILLED_COLUMNS})
 
 
 def _cell_partitions(batches: Iterator[pa.Table], *, n_partitions: int, spill_dir: Path) -> Iterator[pa.Table]:

@@ -1,10 +1,12 @@
 """Reads with cell, UMI and gene, streamed from BAM/SAM files or molecule tables.
 
-BAM records are decoded by oxbow (Rust, Arrow-native) in batches; tables are read in
-chunks, by pyarrow on the CPU backend and parsed by cuDF on the GPU backend. Both are
-filtered by the same Arrow compute functions, so no Python code runs per read and both
-backends skip the same reads. The usable reads come out as Arrow tables (``cell``, ``umi``,
-``gene``, and ``reads`` when a table row stands for several reads), to be partitioned by cell.
+BAM files are read by :mod:`omicsprep.reads.bam` into integer codes
+(:func:`usable_bam_codes`). SAM records are decoded by oxbow (Rust, Arrow-native) in
+batches; tables are read in chunks, by pyarrow on the CPU backend and parsed by cuDF on the
+GPU backend. Both are filtered by the same Arrow compute functions, so no Python code runs
+per read and both backends skip the same reads. Those usable reads come out as Arrow tables
+(``cell``, ``umi``, ``gene``, and ``reads`` when a table row stands for several reads), to be
+partitioned by cell.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import numba
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -23,7 +26,8 @@ import pyarrow.compute as pc
 from omicsprep.backend import Backend, cudf
 from omicsprep.errors import InputError, existing_file
 from omicsprep.io.text import STREAM_CODECS, cudf_parse_errors, cudf_text_chunks, unparsable
-from omicsprep.reads.umi import pack_umis
+from omicsprep.reads.bam import BamRecords, bgzf_eof_present
+from omicsprep.reads.umi import check_umi_lengths, pack_umis
 
 UmiSource = Literal["tag", "read_id", "umis"]
 # Where the cell barcode and UMI sit in read names: umis-style `...:CELL_<cb>:UMI_<umi>:...`
@@ -33,7 +37,16 @@ READ_NAME_PATTERNS = {
     "read_id": ("_(?P<cell>[^_]+)_[^_]+$", "_(?P<umi>[^_]+)$"),
 }
 UNUSABLE_FLAGS = 0x4 | 0x100 | 0x800  # unmapped, secondary, supplementary
-BGZF_EOF = bytes.fromhex("1f8b08040000000000ff0600424302001b0003000000000000000000")
+MISSING = "-"  # STARsolo's value of a missing CB, UB, GX or GN
+# Why reads are skipped, in the order they are checked (each read counted under its first).
+UNUSABLE_ALIGNMENT, LOW_MAPQ, MISSING_VALUE, SKIPPED_GENE, SEVERAL_GENES, UMI_WITH_N = (
+    "unmapped, secondary or supplementary",
+    "below min_mapq",
+    "missing cell, UMI or gene",
+    "gene matches skip_gene_regex",
+    "several genes",
+    "UMI with N",
+)
 BAM_BYTES_PER_READ = 10  # below any real BAM's, so partitions err on the small side
 
 
@@ -157,11 +170,8 @@ def usable_reads(
 def _bam_reads(path: Path, *, bam: BamOptions, skip_gene_regex: str, skipped: Counter) -> Iterator[pa.Table]:
     import oxbow
 
-    if path.suffix.lower() == ".bam":
-        with path.open("rb") as handle:
-            handle.seek(max(path.stat().st_size - len(BGZF_EOF), 0))
-            if handle.read() != BGZF_EOF:
-                raise InputError("BAM is truncated (no BGZF end-of-file block)", path=path)
+    if path.suffix.lower() == ".bam" and not bgzf_eof_present(path):
+        raise InputError("BAM is truncated (no BGZF end-of-file block)", path=path)
     fields = ["flag", "mapq"] + (["qname"] if bam.umi_source != "tag" else [])
     tags = [(bam.gene_tag, "Z")] + ([(bam.cell_tag, "Z"), (bam.umi_tag, "Z")] if bam.umi_source == "tag" else [])
     if path.suffix.lower() == ".sam":
@@ -178,6 +188,7 @@ def _bam_reads(path: Path, *, bam: BamOptions, skip_gene_regex: str, skipped: Co
             names = batch.column("qname")
             cell = pc.extract_regex(names, cell_pattern).field("cell")
             umi = pc.extract_regex(names, umi_pattern).field("umi")
+        gene, cell, umi = (pc.if_else(pc.equal(values, MISSING), None, values) for values in (gene, cell, umi))
         usable = _usable(
             gene,
             cell,
@@ -311,14 +322,13 @@ def _usable(
     reads) and spread back to the reads.
     """
     genes = pc.dictionary_encode(gene)
+    skipped_gene, several_genes = _gene_checks(genes.dictionary, skip_gene_regex)
     checks = {
-        "unmapped, secondary or supplementary": unusable_alignment,
-        "below min_mapq": low_mapq,
-        "missing cell, UMI or gene": pc.or_(pc.or_(pc.is_null(gene), pc.is_null(cell)), pc.is_null(umi)),
-        "gene matches skip_gene_regex": pc.take(
-            pc.match_substring_regex(genes.dictionary, skip_gene_regex or "$^"), genes.indices
-        ),
-        "several genes": pc.take(pc.match_substring_regex(genes.dictionary, "[;,]"), genes.indices),
+        UNUSABLE_ALIGNMENT: unusable_alignment,
+        LOW_MAPQ: low_mapq,
+        MISSING_VALUE: pc.or_(pc.or_(pc.is_null(gene), pc.is_null(cell)), pc.is_null(umi)),
+        SKIPPED_GENE: pc.take(skipped_gene, genes.indices),
+        SEVERAL_GENES: pc.take(several_genes, genes.indices),
     }
     usable = pa.array(np.ones(len(gene), dtype=bool))
     for reason, failed in checks.items():
@@ -328,6 +338,90 @@ def _usable(
         skipped[reason] += pc.sum(failed).as_py() or 0
         usable = pc.and_(usable, pc.invert(failed))
     return usable
+
+
+def _gene_checks(genes: pa.Array, skip_gene_regex: str) -> tuple[pa.Array, pa.Array]:
+    """Per gene name: whether it matches ``skip_gene_regex``, and whether it names several genes."""
+    return pc.match_substring_regex(genes, skip_gene_regex or "$^"), pc.match_substring_regex(genes, "[;,]")
+
+
+def usable_bam_codes(
+    records: BamRecords, *, min_mapq: int, skip_gene_regex: str, skipped: Counter
+) -> Iterator[pd.DataFrame]:
+    """The usable reads of a BAM as codes, chunk by chunk; skipped ones counted as :func:`usable_reads` counts them.
+
+    Parameters
+    ----------
+    records
+        The file's reader; ``cell`` and ``gene`` are codes into its ``cells`` and ``genes``.
+    min_mapq, skip_gene_regex
+        As :class:`BamOptions` and :class:`~omicsprep.options.UmiOptions` say.
+    skipped
+        Reads skipped, by reason (UMIs with N included, as :func:`encode_reads` counts them).
+
+    Returns
+    -------
+    DataFrames of ``cell``, ``gene`` (int32) and ``umi`` (packed, uint64).
+
+    Raises
+    ------
+    InputError
+        UMIs of mixed lengths or longer than 32 bases; errors of the reader.
+    """
+    skip_gene = np.zeros(0, dtype=bool)
+    several_genes = np.zeros(0, dtype=bool)
+    umi_lengths: set[int] = set()
+    for chunk in records:
+        if records.genes.size > len(skip_gene):  # new genes: their names checked once
+            names = pa.array(records.genes.names(len(skip_gene)), type=pa.string())
+            skipped_now, several_now = _gene_checks(names, skip_gene_regex)
+            skip_gene = np.append(skip_gene, skipped_now.to_numpy(zero_copy_only=False))
+            several_genes = np.append(several_genes, several_now.to_numpy(zero_copy_only=False))
+        usable, counts, shortest, longest = _usable_records(
+            chunk.flag, chunk.mapq, chunk.cell, chunk.gene, chunk.umi_length, chunk.umi_acgt,
+            skip_gene, several_genes, min_mapq, UNUSABLE_FLAGS,
+        )  # fmt: skip
+        for reason, n in zip(BAM_SKIP_REASONS, counts.tolist(), strict=True):
+            skipped[reason] += n
+        if longest >= 0:
+            umi_lengths.update((shortest, longest))
+            try:
+                check_umi_lengths(min(umi_lengths), max(umi_lengths))
+            except InputError as exc:
+                raise InputError(exc.problem, path=records.path) from exc
+        yield pd.DataFrame({"cell": chunk.cell[usable], "gene": chunk.gene[usable], "umi": chunk.umi[usable]})
+
+
+BAM_SKIP_REASONS = (UNUSABLE_ALIGNMENT, LOW_MAPQ, MISSING_VALUE, SKIPPED_GENE, SEVERAL_GENES, UMI_WITH_N)
+
+
+@numba.njit(cache=True)
+def _usable_records(flag, mapq, cell, gene, umi_length, umi_acgt, skip_gene, several_genes, min_mapq, unusable_flags):
+    """Mask of usable records and records skipped per reason of :data:`BAM_SKIP_REASONS` (the first that applies).
+
+    Also the shortest and longest UMI of the records that pass all but the N check (-1: none does).
+    """
+    usable = np.zeros(flag.size, np.bool_)
+    skipped = np.zeros(len(BAM_SKIP_REASONS), np.int64)
+    shortest, longest = np.int64(1 << 30), np.int64(-1)
+    for i in range(flag.size):
+        if flag[i] & unusable_flags:
+            skipped[0] += 1
+        elif mapq[i] < min_mapq:
+            skipped[1] += 1
+        elif cell[i] < 0 or gene[i] < 0 or umi_length[i] < 0:
+            skipped[2] += 1
+        elif skip_gene[gene[i]]:
+            skipped[3] += 1
+        elif several_genes[gene[i]]:
+            skipped[4] += 1
+        else:
+            shortest, longest = min(shortest, umi_length[i]), max(longest, umi_length[i])
+            if umi_acgt[i]:
+                usable[i] = True
+            else:
+                skipped[5] += 1
+    return usable, skipped, shortest, longest
 
 
 def encode_reads(reads: pa.Table, *, skipped: Counter, path: Path) -> ReadTable:
@@ -342,7 +436,7 @@ def encode_reads(reads: pa.Table, *, skipped: Counter, path: Path) -> ReadTable:
         packed, valid = pack_umis(reads.column("umi").combine_chunks())
     except InputError as exc:
         raise InputError(exc.problem, path=path) from exc
-    skipped["UMI with N"] += int((~valid).sum())
+    skipped[UMI_WITH_N] += int((~valid).sum())
     kept = reads.filter(pa.array(valid))
     codes, names = {}, {}
     for name in ("cell", "gene"):

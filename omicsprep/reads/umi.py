@@ -9,6 +9,9 @@ a Hamming distance is a popcount.
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -33,6 +36,25 @@ for _code, _base in enumerate(b"ACGT"):
     _BASE_CODES[_base] = _code
 
 
+def default_threads() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+@contextlib.contextmanager
+def numba_threads(threads: int | None) -> Iterator[None]:
+    """Numba's parallel kernels on ``threads`` threads (every core when ``None``) within the block.
+
+    At most the threads Numba started with; the number before is restored after.
+    """
+    before = numba.get_num_threads()
+    numba.set_num_threads(max(1, min(threads or default_threads(), numba.config.NUMBA_NUM_THREADS)))
+    try:
+        yield
+    finally:
+        numba.set_num_threads(before)
+
+
 def pack_umis(umis: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """Pack equal-length UMI strings into 2-bit codes.
 
@@ -55,14 +77,25 @@ def pack_umis(umis: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     umis = umis.cast(pa.string())
     lengths = pc.binary_length(umis)  # bytes: the kernel walks bytes (a non-ASCII base is a mixed length)
     shortest, longest = (pc.min(lengths).as_py() or 0), (pc.max(lengths).as_py() or 0)
-    if shortest != longest:
-        raise InputError(f"UMIs of mixed lengths ({shortest} to {longest} bases)")
-    if longest > MAX_UMI_LENGTH:
-        raise InputError(f"UMIs of {longest} bases; at most {MAX_UMI_LENGTH} are supported")
+    check_umi_lengths(shortest, longest)
     # Equal lengths: the string data is one contiguous block of n x length bytes.
     offsets = np.frombuffer(umis.buffers()[1], dtype=np.int32)[umis.offset : umis.offset + len(umis) + 1]
     data = np.frombuffer(umis.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[-1]]
     return _pack_equal_length(data, len(umis), longest, _BASE_CODES)
+
+
+def check_umi_lengths(shortest: int, longest: int) -> None:
+    """Refuse UMIs of mixed lengths or longer than :data:`MAX_UMI_LENGTH`.
+
+    Raises
+    ------
+    InputError
+        As :func:`pack_umis` says.
+    """
+    if shortest != longest:
+        raise InputError(f"UMIs of mixed lengths ({shortest} to {longest} bases)")
+    if longest > MAX_UMI_LENGTH:
+        raise InputError(f"UMIs of {longest} bases; at most {MAX_UMI_LENGTH} are supported")
 
 
 @numba.njit(cache=True, parallel=True)
@@ -128,6 +161,133 @@ def collapse_reads(reads: DataFrame) -> DataFrame:
     )
 
 
+SMALL_GROUP = 32  # molecules of a (cell, gene) ordered by insertion sort up to this many
+
+
+@numba.njit(cache=True, parallel=True)
+def collapse_codes(cell, gene, umi, weight):
+    """Reads to molecules sorted as :func:`collapse_reads` sorts them, in Numba on the CPU's cores.
+
+    Parameters
+    ----------
+    cell, gene
+        Non-negative integer codes per read.
+    umi
+        Packed UMIs (uint64).
+    weight
+        Reads each row stands for (int64), or an empty array: one each.
+
+    Returns
+    -------
+    ``cell``, ``gene``, ``umi`` and ``count`` per molecule, and the group starts, as
+    :func:`molecule_groups` returns them.
+    """
+    n = cell.size
+    n_cells = np.int64(cell.max()) + 1 if n else 0
+    # Reads bucketed by cell (a counting sort), then each cell's sorted by gene and UMI.
+    cell_starts = np.zeros(n_cells + 1, np.int64)
+    for i in range(n):
+        cell_starts[cell[i] + 1] += 1
+    for c in range(n_cells):
+        cell_starts[c + 1] += cell_starts[c]
+    fill = cell_starts[:-1].copy()
+    order = np.empty(n, np.int64)
+    for i in range(n):
+        order[fill[cell[i]]] = i
+        fill[cell[i]] += 1
+    # One sort key, gene above UMI, where both fit in 64 bits; two stable sorts otherwise.
+    umi_bits = _bit_length(np.uint64(umi.max())) if n else 0
+    one_key = umi_bits + _bit_length(np.uint64(gene.max() if n else 0)) <= 64
+    umi_mask = (np.uint64(1) << np.uint64(umi_bits)) - np.uint64(1) if umi_bits < 64 else ~np.uint64(0)
+    out_gene = np.empty(n, np.int64)
+    out_umi = np.empty(n, np.uint64)
+    out_count = np.empty(n, np.int64)
+    n_molecules = np.zeros(n_cells, np.int64)
+    for c in numba.prange(n_cells):
+        lo, hi = cell_starts[c], cell_starts[c + 1]
+        if lo == hi:
+            continue
+        rows = order[lo:hi]
+        k = lo - 1
+        if one_key:  # sorted keys counted in runs; gene and UMI taken back from the key
+            keys = np.empty(rows.size, np.uint64)
+            for j in range(rows.size):
+                keys[j] = (np.uint64(gene[rows[j]]) << np.uint64(umi_bits)) | umi[rows[j]]
+            by_key = np.argsort(keys) if weight.size else np.arange(0)
+            if not weight.size:
+                keys.sort()
+            previous = np.uint64(0)
+            for j in range(rows.size):
+                key = keys[by_key[j]] if weight.size else keys[j]
+                reads = weight[rows[by_key[j]]] if weight.size else 1
+                if k >= lo and key == previous:
+                    out_count[k] += reads
+                else:
+                    k += 1
+                    previous = key
+                    out_gene[k], out_umi[k], out_count[k] = key >> np.uint64(umi_bits), key & umi_mask, reads
+        else:
+            rows = rows[np.argsort(umi[rows], kind="mergesort")]
+            rows = rows[np.argsort(gene[rows], kind="mergesort")]
+            for j in range(rows.size):
+                r = rows[j]
+                reads = weight[r] if weight.size else 1
+                if k >= lo and gene[r] == out_gene[k] and umi[r] == out_umi[k]:
+                    out_count[k] += reads
+                else:
+                    k += 1
+                    out_gene[k], out_umi[k], out_count[k] = gene[r], umi[r], reads
+        n_molecules[c] = k + 1 - lo
+        start = lo
+        for j in range(lo + 1, k + 2):  # each (cell, gene): count descending, then UMI
+            if j == k + 1 or out_gene[j] != out_gene[start]:
+                _order_molecules(out_umi, out_count, start, j)
+                start = j
+    ends = np.cumsum(n_molecules)
+    total = ends[-1] if n_cells else 0
+    molecule_cell = np.empty(total, np.int64)
+    molecule_gene = np.empty(total, np.int64)
+    molecule_umi = np.empty(total, np.uint64)
+    molecule_count = np.empty(total, np.int64)
+    new_group = np.zeros(total, np.bool_)
+    for c in numba.prange(n_cells):
+        at, lo = ends[c] - n_molecules[c], cell_starts[c]
+        for j in range(n_molecules[c]):
+            molecule_cell[at + j] = c
+            molecule_gene[at + j] = out_gene[lo + j]
+            molecule_umi[at + j] = out_umi[lo + j]
+            molecule_count[at + j] = out_count[lo + j]
+            new_group[at + j] = j == 0 or out_gene[lo + j] != out_gene[lo + j - 1]
+    starts = np.append(np.flatnonzero(new_group).astype(np.int64), np.int64(total))
+    return molecule_cell, molecule_gene, molecule_umi, molecule_count, starts
+
+
+@numba.njit(cache=True)
+def _bit_length(value):
+    bits = 0
+    while value:
+        value >>= np.uint64(1)
+        bits += 1
+    return bits
+
+
+@numba.njit(cache=True)
+def _order_molecules(umis, counts, lo, hi):
+    """Sort ``lo:hi`` by count descending, ties by UMI (insertion sort for small groups)."""
+    if hi - lo > SMALL_GROUP:
+        order = np.argsort(umis[lo:hi], kind="mergesort")
+        order = order[np.argsort(-counts[lo:hi][order], kind="mergesort")]
+        umis[lo:hi], counts[lo:hi] = umis[lo:hi][order], counts[lo:hi][order]
+        return
+    for i in range(lo + 1, hi):
+        u, c = umis[i], counts[i]
+        j = i - 1
+        while j >= lo and (counts[j] < c or (counts[j] == c and umis[j] > u)):
+            umis[j + 1], counts[j + 1] = umis[j], counts[j]
+            j -= 1
+        umis[j + 1], counts[j + 1] = u, c
+
+
 def dedup_reads(reads: pd.DataFrame, *, method: Method, threshold: int = 1, backend: Backend = "cpu") -> pd.DataFrame:
     """Deduplicated molecules per (cell, gene) of a table of reads.
 
@@ -141,8 +301,8 @@ def dedup_reads(reads: pd.DataFrame, *, method: Method, threshold: int = 1, back
     threshold
         Largest Hamming distance between UMIs of one molecule (network methods).
     backend
-        ``"cpu"`` (pandas and Numba's parallel kernel) or ``"gpu"`` (cuDF and the CUDA
-        kernel, compiled from the same source); the counts are the same.
+        ``"cpu"`` (Numba's parallel collapse and kernel) or ``"gpu"`` (cuDF's collapse and
+        the CUDA kernel, compiled from the same source); the counts are the same.
 
     Returns
     -------
@@ -153,17 +313,18 @@ def dedup_reads(reads: pd.DataFrame, *, method: Method, threshold: int = 1, back
     if reads.empty:
         return pd.DataFrame({"cell": [], "gene": [], "count": []}, dtype=np.int64)
     if backend == "gpu":
-        xp = cupy()
-        frame = cudf().DataFrame({name: xp.asarray(reads[name].to_numpy()) for name in reads.columns})
-    else:
-        xp, frame = np, reads
-    cell, gene, umis, counts, starts = molecule_groups(collapse_reads(frame), xp=xp)
-    if backend == "gpu":
         from omicsprep.reads.umi_cuda import count_groups_gpu
 
+        xp = cupy()
+        frame = cudf().DataFrame({name: xp.asarray(reads[name].to_numpy()) for name in reads.columns})
+        cell, gene, umis, counts, starts = molecule_groups(collapse_reads(frame), xp=xp)
         molecule_counts = count_groups_gpu(umis, counts, starts, METHODS.index(method), threshold, xp=xp).get()
         starts, cell, gene = starts.get(), cell.get(), gene.get()
     else:
+        weight = reads["reads"].to_numpy(np.int64) if "reads" in reads else np.empty(0, np.int64)
+        cell, gene, umis, counts, starts = collapse_codes(
+            reads["cell"].to_numpy(np.int64), reads["gene"].to_numpy(np.int64), reads["umi"].to_numpy(np.uint64), weight
+        )
         molecule_counts = count_groups(umis, counts, starts, METHODS.index(method), threshold)
     return pd.DataFrame({"cell": cell[starts[:-1]], "gene": gene[starts[:-1]], "count": molecule_counts})
 
