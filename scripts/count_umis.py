@@ -17,6 +17,7 @@ def main() -> None:
         fmt=snakemake.params.format,
         options=from_config(UmiOptions, snakemake.params.umi),
         backend=resolve_backend(snakemake.params.backend),
+        threads=snakemake.threads,
     )
     logging.getLogger("omicsprep").info("%s", adata.uns["umi_dedup"])
     if "features" in set(snakemake.input.keys()):  # STARsolo's BAM: gene IDs, named from its gene table
