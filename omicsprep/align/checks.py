@@ -42,7 +42,8 @@ def _zlib() -> ModuleType:
     return zlib
 
 
-def _is_gzip(path: Path) -> bool:
+def is_gzip(path: Path) -> bool:
+    """Whether ``path`` starts with gzip's magic bytes (a name's suffix may lie)."""
     with path.open("rb") as handle:
         return handle.read(2) == GZIP_MAGIC
 
@@ -57,7 +58,7 @@ def _decompressed_blocks(path: Path) -> Iterator[bytes]:
     """
     library = _zlib()
     with path.open("rb") as handle:
-        if not _is_gzip(path):
+        if not is_gzip(path):
             yield from iter(lambda: handle.read(BLOCK_BYTES), b"")
             return
         decompressor = library.decompressobj(31)
@@ -133,7 +134,7 @@ def check_read_counts(fastq_1: list[Path], fastq_2: list[Path], *, threads: int 
 
 
 def _open_text(path: Path) -> IO[str]:
-    return gzip.open(path, "rt") if _is_gzip(path) else path.open()
+    return gzip.open(path, "rt") if is_gzip(path) else path.open()
 
 
 def _records(path: Path, handle: IO[str]) -> Iterator[tuple[str, str]]:

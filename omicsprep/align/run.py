@@ -158,17 +158,12 @@ def _move_into_place(partial: Path, folder: Path) -> None:
     shutil.copytree(partial, folder, dirs_exist_ok=True, copy_function=os.replace)
 
 
-def _is_gzip(path: Path) -> bool:
-    with path.open("rb") as handle:
-        return handle.read(2) == b"\x1f\x8b"
-
-
 def _decompressed(path: Path, folder: Path) -> Path:
     """``path`` itself when plain, else its decompressed copy in ``folder``.
 
     STAR reads plain FASTA and GTF only.
     """
-    if not _is_gzip(path):
+    if not checks.is_gzip(path):
         return path
     folder.mkdir(exist_ok=True)
     plain = folder / path.name.removesuffix(".gz")
