@@ -33,6 +33,9 @@
 #             wheel in .gpu/extra), benchmarks/cellbender_bench.py (its fast setting, --cuda; needs
 #             CellBender's wheels in .gpu/cellbender/, see that script)
 #   e2e       benchmarks/run.py on the GPU at $E2E_CELLS (1000000) cells (data cached in /tmp/ob)
+#   bam       benchmarks/umi_bench.py: BAM in, counts out, CPU backend (all cores) and GPU backend
+#             against umi_tools count, at $BAM_READS (10000000) reads; the BAM (pysam, about 2
+#             minutes) is written in the background from the start, beside the other sections
 # Tables and logs go to $OUT (default: gpu_check_out/).
 set -uo pipefail
 repo=$(pwd)
@@ -44,13 +47,16 @@ exec > >(tee "$log") 2>&1
 export PYTHONUNBUFFERED=1
 
 echo "== machine"; date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc
-# Wheels the RAPIDS bundle lacks (mudata, harmonypy), carried in .gpu/extra/: fetch them here with
-#   pip download --no-deps --python-version 3.12 --only-binary=:all: -d .gpu/extra mudata==0.3.10 harmonypy==2.1.0
-# and add .gpu/extra to carry.
+# Wheels the RAPIDS bundle lacks, carried in .gpu/extra/: fetch them here with
+#   pip download --no-deps --python-version 3.12 --only-binary=:all: -d .gpu/extra mudata==0.3.10 harmonypy==2.1.0 \
+#     oxbow==0.8.2 arro3-core==0.9.1 deflate==0.9.0 pydecontx==0.1.0
+# and, for the bam section, UMI-tools and the two of its dependencies the image lacks, built with a Python 3.12
+# (pyenv's here): pip wheel --no-deps -w .gpu/extra future pybktree, and umi_tools==1.1.6 with --no-build-isolation
+# in a venv holding "setuptools<81" cython numpy. Add .gpu/extra to carry.
 for wheel in .gpu/extra/*.whl; do
   [ -e "$wheel" ] && python3 -m pip install -q --no-deps --target /tmp/gpu-extra "$wheel" >/dev/null 2>&1
 done
-[ -d /tmp/gpu-extra ] && export PYTHONPATH=/tmp/gpu-extra:$PYTHONPATH
+[ -d /tmp/gpu-extra ] && export PYTHONPATH=/tmp/gpu-extra:$PYTHONPATH PATH=/tmp/gpu-extra/bin:$PATH
 # STAR 2.7.10b for the FASTQ tests, carried in .gpu/star/ (Debian rna-star's STAR-avx2 binary
 # and the libraries it links: libhts.so.3, libdeflate.so.0, libhtscodecs.so.2):
 #   cp /usr/lib/rna-star/bin/STAR-avx2 .gpu/star/STAR; cp -L /lib/x86_64-linux-gnu/{libhts.so.3,libdeflate.so.0,libhtscodecs.so.2} .gpu/star/
@@ -65,6 +71,12 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 ||
 python3 -c "import omicsprep.backend as b; print('gpu usable:', b.gpu_unavailable_reason() is None, b.gpu_unavailable_reason() or '')"
 
 wants() { [[ " $sections " == *" $1 "* ]]; }
+
+if wants bam; then
+  python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; from umi_bench import benchmark_bam
+benchmark_bam(Path('/tmp/omicsprep-umi'), ${BAM_READS:-10000000})" > "$out/bam_generate.log" 2>&1 &
+  bam_writer=$!
+fi
 
 tests_status=0
 if wants tests; then
@@ -187,6 +199,13 @@ echo "== end to end: benchmarks/run.py"
 cp -r benchmarks/scaling "$out/scaling"
 python3 benchmarks/run.py --cells ${E2E_CELLS:-1000000} --backends gpu --cores "$(nproc)" --host H200 --workdir /tmp/ob \
   --results "$out/RESULTS_h200.md" --scaling-dir "$out/scaling" --plot "$out/scaling.png" 2>&1 | tail -n 60
+fi
+
+if wants bam; then
+echo "== BAM in, counts out: omicsprep count-umis (CPU on $(nproc) cores, GPU) against umi_tools count"
+wait "$bam_writer" || { echo "BAM generation failed"; tail -n 20 "$out/bam_generate.log"; }
+python3 benchmarks/umi_bench.py --reads "${BAM_READS:-10000000}" --repeats 3 --backends cpu gpu \
+  --results "$out/umi_bench.md" 2>&1 | tail -n 20
 fi
 
 # The GPU tests' verdict is the script's (the other sections report their own failures in the log).

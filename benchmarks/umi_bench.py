@@ -1,23 +1,25 @@
 """UMI counting speed: ``umi_tools count`` against ``omicsprep count-umis`` on the same BAM.
 
-    python benchmarks/umi_bench.py [--reads 10000000] [--repeats 3] [--workdir /tmp/omicsprep-umi]
+    python benchmarks/umi_bench.py [--reads 10000000] [--repeats 3] [--backends cpu gpu] [--workdir /tmp/omicsprep-umi]
 
 Generates a realistic BAM per size (benchmarks/generate.py: skewed genes and PCR
 duplicates, sequencing errors, N, unassigned and multi-gene reads, secondary alignments;
 cached in the work folder; 10M reads take pysam about 2 minutes to write), runs both tools
 end to end (process start included) with the directional method, prints reads/s and the
 ratio, and appends the table with machine, date and command to RESULTS.md. omicsprep runs
-``--repeats`` times (the machine may be shared): its median and best seconds are given,
-the speed-up from the median. ``inflate_only`` is the rate at which one core merely
-decompresses the BAM's BGZF blocks (zlib): the ceiling for any reader on that core;
-``oxbow_decode`` and ``pysam_decode`` time the two readers considered, decoding only what
-deduplication needs.
+``--repeats`` times per backend (the machine may be shared; ``--backends``, cpu by default,
+on all cores): its median and best seconds are given, the speed-up from the median.
+``inflate_only`` is the rate at which one core merely decompresses the BAM's BGZF
+blocks (zlib): the ceiling for any reader on that core; ``oxbow_decode`` and
+``pysam_decode`` time the two readers considered, decoding only what deduplication needs.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
+import shutil
 import struct
 import subprocess
 import sys
@@ -31,15 +33,23 @@ import pandas as pd
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from generate import generate_reads, umi_tools_count_command, write_bam  # noqa: E402
-from run import append_results  # noqa: E402
+from run import append_results, user_environment  # noqa: E402
 
 
 def timed(command: list[str]) -> float:
     start = time.perf_counter()
-    result = subprocess.run(command, capture_output=True, text=True)
+    result = subprocess.run(command, capture_output=True, text=True, env=user_environment())
     if result.returncode != 0:
         raise RuntimeError(f"{command[0]} failed:\n{result.stderr[-3000:]}")
     return time.perf_counter() - start
+
+
+def console_script(name: str) -> str:
+    """A console script of this Python's environment, else the first on PATH (wheels installed with --target)."""
+    found = shutil.which(name, path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    if found is None:
+        raise SystemExit(f"{name} is not installed")
+    return found
 
 
 def benchmark_bam(workdir: Path, n_reads: int) -> Path:
@@ -103,20 +113,27 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/omicsprep-umi"))
     parser.add_argument("--results", type=Path, default=HERE / "RESULTS.md")
     parser.add_argument("--skip-umi-tools-above", type=int, default=None, help="time umi_tools only up to this size")
+    parser.add_argument("--backends", nargs="+", choices=["cpu", "gpu"], default=["cpu"])
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
-    bin_dir = Path(sys.executable).parent
     rows = []
     for n_reads in args.reads:
         bam = benchmark_bam(args.workdir, n_reads)
-        command = [str(bin_dir / "omicsprep"), "count-umis", str(bam), "-o", str(args.workdir / "ours.h5ad")]
-        runs = [timed([*command, "--method", "directional"]) for _ in range(args.repeats)]
-        ours = float(np.median(runs))
-        row = {
-            "reads": n_reads,
-            "omicsprep_s": round(ours, 2),
-            "omicsprep_best_s": round(min(runs), 2),
-            "omicsprep_reads_per_s": round(n_reads / ours),
+        command = [console_script("omicsprep"), "count-umis", str(bam), "-o", str(args.workdir / "ours.h5ad")]
+        size_rows = []
+        for backend in args.backends:
+            runs = [timed([*command, "--method", "directional", "--backend", backend]) for _ in range(args.repeats)]
+            ours = float(np.median(runs))
+            size_rows.append(
+                {
+                    "reads": n_reads,
+                    "backend": backend,
+                    "omicsprep_s": round(ours, 2),
+                    "omicsprep_best_s": round(min(runs), 2),
+                    "omicsprep_reads_per_s": round(n_reads / ours),
+                }
+            )
+        size_rows[0] |= {
             "inflate_only_reads_per_s_per_core": round(n_reads / inflate_seconds(bam)),
             **{
                 f"{reader}_decode_reads_per_s": round(n_reads / decode_seconds(bam, reader))
@@ -124,17 +141,19 @@ def main() -> None:
             },
         }
         if args.skip_umi_tools_above is None or n_reads <= args.skip_umi_tools_above:
-            umi_tools = str(bin_dir / "umi_tools")
+            umi_tools = console_script("umi_tools")
             theirs = timed(
                 umi_tools_count_command(umi_tools, bam, args.workdir / "umi_tools.tsv", method="directional")
             )
-            row |= {
-                "umi_tools_s": round(theirs, 2),
-                "umi_tools_reads_per_s": round(n_reads / theirs),
-                "speedup": round(theirs / ours, 1),
-            }
-        rows.append(row)
-        print(row, flush=True)
+            for row in size_rows:
+                row |= {
+                    "umi_tools_s": round(theirs, 2),
+                    "umi_tools_reads_per_s": round(n_reads / theirs),
+                    "speedup": round(theirs / row["omicsprep_s"], 1),
+                }
+        for row in size_rows:
+            rows.append(row)
+            print(row, flush=True)
     append_results(
         args.results,
         title="UMI counting",

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Literal
 
 import pandas as pd
 from anndata import AnnData
-from matplotlib.figure import Figure
 from scipy import sparse
 
 from omicsprep.errors import OutOfSpaceError
 
 if TYPE_CHECKING:
+    from matplotlib.figure import Figure  # only a type here: matplotlib takes 0.3 s to import
     from mudata import MuData
 
 
