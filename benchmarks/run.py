@@ -100,7 +100,56 @@ def run_workflow(workdir: Path, counts: Path, config: Path, backend: str, cores:
         "obs": pd.read_parquet(rundir / "results" / "bench" / "obs.parquet"),
         "hvg": _hvg(rundir / "results" / "bench" / "processed.h5ad"),
         "steps": times.set_index(["rule", "step"])["seconds"].rename(f"workflow-{backend}"),
+        "phases": phase_breakdown(rundir, times, label=f"workflow-{backend}"),
     }
+
+
+TRANSFER_STEPS = ("to_device", "to_host", "matrices_to_host")
+
+
+def read_phases(log: Path) -> dict[str, float] | None:
+    """The phases line that :func:`omicsprep.workflow.log_phases` wrote into a rule's log (``None``: none)."""
+    from omicsprep.workflow import PHASES_PREFIX
+
+    if not log.is_file():
+        return None
+    lines = [line for line in log.read_text().splitlines() if f" {PHASES_PREFIX}{{" in line]
+    return json.loads(lines[-1].split(f" {PHASES_PREFIX}", 1)[1]) if lines else None
+
+
+def phase_breakdown(rundir: Path, times: pd.DataFrame, *, label: str) -> pd.DataFrame:
+    """Where each rule's wall time went, in seconds: one row per rule and sample.
+
+    ``total`` is the rule's process as Snakemake's ``benchmark:`` measured it; within it
+    ``start_imports`` (interpreter, imports, and the RAPIDS imports of a GPU rule), ``read``
+    and ``write`` (omicsprep.io; writing includes drawing figures), ``transfers`` (steps
+    moving data to and from the GPU), ``compute`` (the rest of the script's body) and
+    ``other`` (Snakemake's wrapper around the script, and the process's exit).
+    """
+    rows = []
+    for _, total in times[times["step"] == "total"].iterrows():
+        phases = read_phases(rundir / "logs" / total["rule"] / f"{total['sample']}.log")
+        if phases is None:
+            continue
+        steps = times[(times["rule"] == total["rule"]) & (times["sample"] == total["sample"])]
+        transfers = float(steps.loc[steps["step"].isin(TRANSFER_STEPS), "seconds"].sum())
+        startup, body = phases.get("startup", float("nan")), phases["body"]
+        read, write, gpu_import = (phases.get(name, 0.0) for name in ("read", "write", "gpu_import"))
+        rows.append(
+            {
+                "run": label,
+                "rule": total["rule"],
+                "sample": total["sample"],
+                "total": total["seconds"],
+                "start_imports": startup + gpu_import,
+                "read": read,
+                "transfers": transfers,
+                "compute": body - read - write - gpu_import - transfers,
+                "write": write,
+                "other": total["seconds"] - startup - body,
+            }
+        )
+    return pd.DataFrame(rows).round(2)
 
 
 def snakemake_command(*args: str) -> list[str]:
@@ -302,7 +351,7 @@ def main() -> None:
     args.scaling_dir.mkdir(parents=True, exist_ok=True)
     for n_cells in args.cells:
         # Each size is recorded as soon as it is done, so a run cut short keeps what it measured.
-        table, steps = benchmark_size(args, n_cells, config, host)
+        table, steps, phases = benchmark_size(args, n_cells, config, host)
         print(table.to_string(index=False), flush=True)
         stamp = append_results(
             args.results,
@@ -318,16 +367,25 @@ def main() -> None:
                     "\nSeconds per rule (`total`: the rule's process, from its `benchmark:` file) "
                     "and per step within it:\n\n" + steps.astype(str).to_markdown(index=False) + "\n"
                 )
+        if phases is not None and not phases.empty:
+            print(phases.to_string(index=False), flush=True)
+            with args.results.open("a") as handle:
+                handle.write(
+                    "\nWhere each rule's seconds went (`benchmarks/run.py`'s `phase_breakdown`: start-up and "
+                    "imports, reading, device transfers, computing, writing, and Snakemake's wrapper and the "
+                    "exit as `other`):\n\n" + phases.to_markdown(index=False) + "\n"
+                )
         table.to_csv(args.scaling_dir / f"{host}-{stamp[:10]}-{n_cells}.tsv", sep="\t", index=False)
         plot(args.scaling_dir, args.plot)
 
 
 def benchmark_size(
     args: argparse.Namespace, n_cells: int, config: Path, host: str
-) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+) -> tuple[pd.DataFrame, pd.DataFrame | None, pd.DataFrame | None]:
     """Run every backend (and the peer) on one generated dataset: one row each, and the timings.
 
-    The timings are the workflow runs' seconds per rule and step (``None`` without a workflow run).
+    The timings are the workflow runs' seconds per rule and step, and per rule where they
+    went (:func:`phase_breakdown`); ``None`` without a workflow run.
     """
     counts = dataset(args.workdir, n_cells, args.genes, jobs=args.cores)
     on_cpu = args.cpu_max_cells is None or n_cells <= args.cpu_max_cells
@@ -335,9 +393,10 @@ def benchmark_size(
     results = [run_workflow(args.workdir, counts, config, backend, args.cores) for backend in backends]
     peer = run_peer(args.workdir, counts, config) if args.peer and on_cpu else None
     steps = pd.concat([result["steps"] for result in results], axis=1).reset_index() if results else None
+    phases = pd.concat([result["phases"] for result in results]) if results else None
     rows = []
     for result in [*results, *([peer] if peer else [])]:
-        shown = {k: v for k, v in result.items() if k not in ("obs", "hvg", "steps")}
+        shown = {k: v for k, v in result.items() if k not in ("obs", "hvg", "steps", "phases")}
         rows.append(
             {
                 "cells": n_cells,
@@ -348,7 +407,7 @@ def benchmark_size(
                 "host": host,
             }
         )
-    return pd.DataFrame(rows), steps
+    return pd.DataFrame(rows), steps, phases
 
 
 if __name__ == "__main__":

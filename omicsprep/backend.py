@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import importlib.util
 import logging
 import math
 import sys
@@ -24,6 +25,7 @@ from typing import Any, Literal
 from anndata import AnnData
 
 from omicsprep.errors import BackendUnavailableError
+from omicsprep.timings import phase
 
 Backend = Literal["cpu", "gpu"]
 
@@ -49,19 +51,40 @@ RECORDED_MODULES = (
 
 @cache
 def gpu_unavailable_reason() -> str | None:
-    """Say why the GPU backend cannot run here, or return ``None`` when it can."""
+    """Say why the GPU backend cannot run here, or return ``None`` when it can.
+
+    CuPy is imported and asked for a device; the other RAPIDS libraries are only looked
+    up, and imported when a step first uses them (:func:`gpu_module`), since importing all
+    of them takes a GPU rule's process about 15 s.
+    """
     try:
-        n_devices = cupy().cuda.runtime.getDeviceCount()
+        with phase("gpu_import"):
+            n_devices = importlib.import_module("cupy").cuda.runtime.getDeviceCount()
     except Exception as exc:  # noqa: BLE001 - any failure means "no usable GPU"
         return f"CuPy/CUDA unusable ({type(exc).__name__}: {exc})"
     if n_devices == 0:
         return "no CUDA device is visible"
-    for name in GPU_MODULES[1:]:
-        try:
-            importlib.import_module(name)
-        except Exception as exc:  # noqa: BLE001
-            return f"cannot import {name} ({type(exc).__name__}: {exc})"
-    return None
+    missing = [name for name in GPU_MODULES[1:] if importlib.util.find_spec(name) is None]
+    return f"not installed: {', '.join(missing)}" if missing else None
+
+
+def gpu_module(name: str) -> ModuleType:
+    """Import a GPU library (its seconds count as phase ``gpu_import``).
+
+    Raises
+    ------
+    BackendUnavailableError
+        It is installed but cannot be imported (a CUDA or driver mismatch, say).
+    """
+    imported = sys.modules.get(name)
+    if imported is not None:
+        return imported
+    try:
+        with phase("gpu_import"):
+            return importlib.import_module(name)
+    except ImportError as exc:
+        msg = f"the GPU backend cannot import {name} ({type(exc).__name__}: {exc})"
+        raise BackendUnavailableError(msg) from exc
 
 
 def resolve_backend(choice: str) -> Backend:
@@ -100,7 +123,7 @@ def resolve_backend(choice: str) -> Backend:
 
 def rapids_singlecell() -> ModuleType:
     """Return the imported ``rapids_singlecell`` module."""
-    return importlib.import_module("rapids_singlecell")
+    return gpu_module("rapids_singlecell")
 
 
 def single_cell_api(backend: Backend) -> ModuleType:
@@ -112,7 +135,7 @@ def single_cell_api(backend: Backend) -> ModuleType:
 
 def cupy() -> ModuleType:
     """Return the imported ``cupy`` module."""
-    return importlib.import_module("cupy")
+    return gpu_module("cupy")
 
 
 def array_module(backend: Backend) -> ModuleType:
@@ -158,17 +181,17 @@ def cupyx_sparse() -> ModuleType:
 
 def cudf() -> ModuleType:
     """Return the imported ``cudf`` module."""
-    return importlib.import_module("cudf")
+    return gpu_module("cudf")
 
 
 def cugraph() -> ModuleType:
     """Return the imported ``cugraph`` module."""
-    return importlib.import_module("cugraph")
+    return gpu_module("cugraph")
 
 
 def cuml() -> ModuleType:
     """Return the imported ``cuml`` module."""
-    return importlib.import_module("cuml")
+    return gpu_module("cuml")
 
 
 def to_device(adata: AnnData, *, backend: Backend) -> None:

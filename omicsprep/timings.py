@@ -1,10 +1,65 @@
-"""Run-time tables: Snakemake benchmark files and the per-step timings of each rule."""
+"""Where a rule's time goes: its phases (start-up, reading, writing), and the run-time tables.
+
+A rule is a process. :func:`omicsprep.workflow.run_script` times its start-up (interpreter
+and imports) and its body; the readers and writers of :mod:`omicsprep.io` count their seconds
+as ``read`` and ``write``, and :mod:`omicsprep.backend` its import of the GPU libraries as
+``gpu_import``, through :func:`phase`. The steps inside (computing, device transfers) are
+timed by :class:`omicsprep.provenance.StepTimer`.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import functools
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import ParamSpec, TypeVar
 
 import pandas as pd
+
+_phase_seconds: dict[str, float] = {}
+_open_phases: list[str] = []
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@contextlib.contextmanager
+def phase(name: str) -> Iterator[None]:
+    """Count the enclosed block's seconds towards this process's phase ``name``.
+
+    A phase inside another counts once, as the outer one (a table written by a writer of
+    several files is that writer's writing).
+    """
+    if _open_phases:
+        yield
+        return
+    _open_phases.append(name)
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        _open_phases.pop()
+        _phase_seconds[name] = _phase_seconds.get(name, 0.0) + time.perf_counter() - start
+
+
+def timed_phase(name: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Decorate a function so that its calls count towards phase ``name`` (see :func:`phase`)."""
+
+    def decorate(function: Callable[P, R]) -> Callable[P, R]:
+        @functools.wraps(function)
+        def timed(*args: P.args, **kwargs: P.kwargs) -> R:
+            with phase(name):
+                return function(*args, **kwargs)
+
+        return timed
+
+    return decorate
+
+
+def phase_seconds() -> dict[str, float]:
+    """Seconds per phase so far in this process."""
+    return dict(_phase_seconds)
 
 
 def run_time_table(

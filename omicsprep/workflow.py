@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -46,8 +49,11 @@ def run_script(main: Callable[[], None], *, log_path: str | Path, sample: str | 
     logging.captureWarnings(capture=True)
     limit_threads(threads)
     return_freed_memory()
+    started = time.perf_counter()
+    startup = seconds_since_process_start()
     try:
         main()
+        log_phases(startup=startup, body=time.perf_counter() - started)
     except (InputError, BackendUnavailableError) as exc:
         if isinstance(exc, InputError) and exc.sample is None and sample is not None:
             exc = exc.for_sample(sample)
@@ -61,6 +67,38 @@ def run_script(main: Callable[[], None], *, log_path: str | Path, sample: str | 
     except Exception:
         log.exception("failed")
         raise
+
+
+def seconds_since_process_start() -> float | None:
+    """Seconds since this process started (Linux; ``None`` elsewhere): for a rule, its start-up and imports."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        # Field 22 of /proc/self/stat: the start in clock ticks after boot (the name in field 2 may hold spaces).
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(
+            int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime")
+        )
+        return max(0.0, time.time() - boot - ticks / os.sysconf("SC_CLK_TCK"))
+    return None
+
+
+PHASES_PREFIX = "phases "
+
+
+def log_phases(*, startup: float | None, body: float) -> None:
+    """Log, as one JSON line after :data:`PHASES_PREFIX`, where the rule's time went.
+
+    ``startup`` (process start to the script's body), ``body`` (the body), and within the
+    body the seconds of each :func:`omicsprep.timings.phase` (``read``, ``write``,
+    ``gpu_import``); ``benchmarks/run.py`` reads it back from the rule's log.
+    """
+    from omicsprep.timings import phase_seconds
+
+    seconds = {"startup": startup, "body": body, **phase_seconds()}
+    log.info(
+        "%s%s",
+        PHASES_PREFIX,
+        json.dumps({name: round(value, 4) for name, value in seconds.items() if value is not None}),
+    )
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:

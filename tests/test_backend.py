@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 
 import pytest
 
-from omicsprep.backend import gpu_unavailable_reason, gpu_workers, module_versions, resolve_backend
+from omicsprep.backend import gpu_module, gpu_unavailable_reason, gpu_workers, module_versions, resolve_backend
 from omicsprep.errors import BackendUnavailableError
 
 
@@ -24,6 +26,25 @@ def test_explicit_gpu_without_one_fails_and_auto_falls_to_cpu():
     with pytest.raises(BackendUnavailableError, match="backend 'gpu' was requested but cannot be used"):
         resolve_backend("gpu")
     assert resolve_backend("auto") == "cpu"
+
+
+def test_a_gpu_library_that_cannot_be_imported_is_a_clear_error(monkeypatch):
+    # The RAPIDS libraries are imported when first used, not when the backend is chosen: one
+    # that is installed and cannot be imported (a CUDA mismatch) still stops with one line.
+    monkeypatch.setitem(sys.modules, "cuml", None)  # makes "import cuml" raise ImportError
+    with pytest.raises(BackendUnavailableError, match=r"the GPU backend cannot import cuml \(ModuleNotFoundError"):
+        gpu_module("cuml")
+
+
+def test_only_cupy_is_imported_to_choose_the_backend():
+    # Checked in a fresh process: choosing the backend must not import cuDF, cuML, cuGraph or
+    # rapids-singlecell (about 15 s on the GPU machine); where a GPU is usable, CuPy is.
+    code = (
+        "import sys; from omicsprep.backend import resolve_backend; resolve_backend('auto'); "
+        "print(sorted(m for m in ('cudf', 'cuml', 'cugraph', 'rapids_singlecell') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
 
 
 @pytest.mark.skipif(gpu_unavailable_reason() is None, reason="a GPU is present")

@@ -54,8 +54,24 @@ def test_quick_benchmark_runs_and_agrees_with_scanpy(tmp_path):
     # call (0.9988 measured).
     assert workflow["ari_vs_peer"] > 0.99
     assert workflow["hvg_overlap_vs_peer"] > 0.98  # 0.987: the HVGs of one cell fewer or more
-    assert "`python benchmarks/run.py --quick" in (tmp_path / "RESULTS.md").read_text()
+    results = (tmp_path / "RESULTS.md").read_text()
+    assert "`python benchmarks/run.py --quick" in results
     assert (tmp_path / "scaling.png").stat().st_size > 0
+    # Where each rule's seconds went: every part measured and none negative (a phase counted
+    # twice would make computing negative), and they add up to the rule's process.
+    header = next(line for line in results.splitlines() if line.startswith("| run "))
+    columns = [cell.strip() for cell in header.strip("|").split("|")]
+    rows = [
+        dict(zip(columns, (cell.strip() for cell in line.strip("|").split("|")), strict=True))
+        for line in results.splitlines()
+        if line.startswith("| workflow-cpu ")
+    ]
+    phases = pd.DataFrame(rows).set_index("rule")[["total", "start_imports", "read", "compute", "write", "other"]]
+    phases = phases.astype(float)
+    assert set(phases.index) >= {"qc", "cluster"}
+    assert (phases >= -0.02).all().all(), phases
+    assert (phases.loc[["qc", "cluster"], ["start_imports", "read", "compute", "write"]] > 0).all().all(), phases
+    assert np.allclose(phases.drop(columns="total").sum(axis=1), phases["total"], atol=0.05)
 
 
 def test_clusters_come_with_the_same_counts():

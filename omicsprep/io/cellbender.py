@@ -11,11 +11,13 @@ from anndata import AnnData
 
 from omicsprep.errors import InputError
 from omicsprep.io.counts import read_counts
+from omicsprep.timings import timed_phase
 
 # Per-droplet estimates CellBender writes for the barcodes it analysed (droplet_latents/).
 DROPLET_LATENTS = ("cell_probability", "background_fraction", "cell_size", "droplet_efficiency")
 
 
+@timed_phase("read")
 def read_cellbender(path: str | Path, *, feature_type: str = "Gene Expression") -> AnnData:
     """CellBender's corrected counts, with its per-barcode estimates.
 

@@ -16,6 +16,7 @@ from anndata import AnnData
 from scipy import sparse
 
 from omicsprep.errors import InputError
+from omicsprep.timings import timed_phase
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +140,7 @@ def has_feature_type(path: str | Path, feature_type: str) -> bool:
 DuplicateBarcodes = Literal["error", "rename"]
 
 
+@timed_phase("read")
 def read_counts(
     path: str | Path,
     *,

@@ -11,6 +11,7 @@ import pandas as pd
 from omicsprep.backend import Backend
 from omicsprep.errors import InputError, existing_file
 from omicsprep.io.text import cudf_text_chunks, line_blocks, unparsable
+from omicsprep.timings import timed_phase
 
 FRAGMENT_COLUMNS = ["chrom", "start", "end", "barcode", "count"]
 FRAGMENT_TYPES = {"chrom": "str", "start": "int64", "end": "int64", "barcode": "str", "count": "int64"}
@@ -89,6 +90,7 @@ def _skip_comment_rows(row) -> str:
     return "skip" if row.text.startswith("#") else "error"
 
 
+@timed_phase("read")
 def read_peaks(path: str | Path) -> pd.DataFrame:
     """Intervals from a BED file: ``chrom``, ``start``, ``end``, and ``strand`` from a sixth column.
 
@@ -113,6 +115,7 @@ def read_peaks(path: str | Path) -> pd.DataFrame:
     return peaks.reset_index(drop=True)
 
 
+@timed_phase("read")
 def read_tss(path: str | Path) -> pd.DataFrame:
     """Transcription start sites of the genes in a BED file: ``chrom`` and ``position``.
 
@@ -128,6 +131,7 @@ def read_tss(path: str | Path) -> pd.DataFrame:
     return pd.DataFrame({"chrom": genes["chrom"], "position": np.where(minus, genes["end"] - 1, genes["start"])})
 
 
+@timed_phase("read")
 def read_chrom_sizes(path: str | Path) -> dict[str, int]:
     """Chromosome lengths from a two-column ``name<TAB>length`` file (UCSC ``chrom.sizes``).
 

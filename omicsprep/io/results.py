@@ -10,12 +10,16 @@ import anndata as ad
 import pandas as pd
 from anndata import AnnData
 
+from omicsprep.timings import timed_phase
 
+
+@timed_phase("read")
 def read_h5ad(path: str | Path) -> AnnData:
     """Read an ``.h5ad`` file written by a previous rule."""
     return ad.read_h5ad(path)
 
 
+@timed_phase("read")
 def read_table(path: str | Path) -> pd.DataFrame:
     """Read a table written by :func:`omicsprep.io.write_table` (Parquet or tab-separated text)."""
     if Path(path).suffix == ".parquet":
@@ -23,6 +27,7 @@ def read_table(path: str | Path) -> pd.DataFrame:
     return pd.read_csv(path, sep="\t")
 
 
+@timed_phase("read")
 def read_provenance(path: str | Path, *, rule: str) -> dict[str, Any]:
     """A rule's provenance record: backend, versions, parameters, step timings.
 
@@ -35,6 +40,7 @@ def read_provenance(path: str | Path, *, rule: str) -> dict[str, Any]:
     return cast(dict[str, Any], read_h5ad_elements(path, [key])[key])
 
 
+@timed_phase("read")
 def read_h5ad_elements(path: str | Path, keys: list[str]) -> dict[str, object]:
     """Read single elements (e.g. ``"obs"``, ``"obsm/X_umap"``) of an ``.h5ad`` file.
 

@@ -16,8 +16,10 @@ from scipy import io as scipy_io
 from scipy import sparse
 
 from omicsprep.errors import InputError, existing_file
+from omicsprep.timings import timed_phase
 
 
+@timed_phase("read")
 def read_solo_summary(path: str | Path) -> pd.Series:
     """``Solo.out/<feature>/Summary.csv``: statistic -> value (fractions as floats).
 
@@ -29,6 +31,7 @@ def read_solo_summary(path: str | Path) -> pd.Series:
     return pd.to_numeric(table["value"], errors="coerce").rename(path.parent.name)
 
 
+@timed_phase("read")
 def read_barcode_stats(path: str | Path) -> pd.Series:
     """``Solo.out/Barcodes.stats``: reads per barcode outcome (``yesWLmatchExact``, ``noNoWLmatch`` ...)."""
     path = existing_file(path)
@@ -39,6 +42,7 @@ def read_barcode_stats(path: str | Path) -> pd.Series:
     return pd.Series({name: int(count) for name, count in rows}, name="reads", dtype=np.int64)
 
 
+@timed_phase("read")
 def read_solo_matrix(folder: str | Path) -> AnnData:
     """A STARsolo matrix folder (``Solo.out/Gene/raw``, ``Solo.out/GeneFull/raw`` ...) as cells x genes.
 
@@ -73,6 +77,7 @@ def read_solo_matrix(folder: str | Path) -> AnnData:
     return adata
 
 
+@timed_phase("read")
 def read_solo_features(path: str | Path) -> pd.DataFrame:
     """A STARsolo ``features.tsv``: ``name`` and ``feature_types`` by gene ID.
 

@@ -19,6 +19,7 @@ from anndata import AnnData
 from scipy import sparse
 
 from omicsprep.errors import OutOfSpaceError
+from omicsprep.timings import phase
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure  # only a type here: matplotlib takes 0.3 s to import
@@ -63,7 +64,8 @@ def atomic_path(path: str | Path, *, expected_bytes: int | None = None) -> Itera
     os.close(fd)
     tmp = Path(tmp_name)
     try:
-        yield tmp
+        with phase("write"):
+            yield tmp
         # mkstemp creates the file private (0600); give it the permissions of a normal file.
         tmp.chmod(0o666 & ~_umask())
         tmp.replace(path)

@@ -478,7 +478,7 @@ class BamRecords:
     cell_tag, umi_tag, gene_tag
         Two-letter tag names.
     threads
-        Threads that inflate blocks and scan records; every core when ``None``.
+        Cores to use, every one when ``None``: half inflate blocks, the others scan records.
 
     ``cells`` and ``genes`` hold the names behind the codes, growing as chunks are read.
 
@@ -502,13 +502,18 @@ class BamRecords:
         self.path = Path(path)
         self.source = SOURCE_CODES[umi_source]
         self.tags = np.array([[ord(c) for c in tag] for tag in (cell_tag, umi_tag, gene_tag)], dtype=np.uint8)
-        self.threads = threads or default_threads()
+        threads = threads or default_threads()
+        # Blocks inflate on the pool while the scan runs: the two share the cores. With a
+        # thread of each per core, the scan's threads and the inflaters contend (16 cores:
+        # 4.9 s against 2.3 s for 10M reads; 2 cores: 6.7 s against 4.1 s).
+        self.inflate_threads = max(1, threads // 2)
+        self.scan_threads = max(1, threads - self.inflate_threads)
         self.cells, self.genes = NameDictionary(), NameDictionary()
 
     def __iter__(self) -> Iterator[RecordCodes]:
         if not bgzf_eof_present(self.path):
             raise InputError("BAM is truncated (no BGZF end-of-file block)", path=self.path)
-        with self.path.open("rb") as handle, ThreadPoolExecutor(self.threads) as pool:
+        with self.path.open("rb") as handle, ThreadPoolExecutor(self.inflate_threads) as pool:
             # Chunk i inflates into buffers[i % 3] (reused: fresh pages cost more than the
             # inflating). While chunk i is scanned, chunk i + 1 is walked on the pool and
             # chunk i + 2 inflated.
@@ -557,7 +562,7 @@ class BamRecords:
         return buf, offsets, int(rest), 0
 
     def _codes(self, buf: np.ndarray, offsets: np.ndarray) -> RecordCodes:
-        with numba_threads(self.threads):
+        with numba_threads(self.scan_threads):
             scanned = _scan_records(
                 buf,
                 offsets,
@@ -566,7 +571,7 @@ class BamRecords:
                 np.frombuffer(b"CELL_", np.uint8),
                 np.frombuffer(b"UMI_", np.uint8),
                 _BASE_CODES,
-                max(1, min(RUNS_PER_THREAD * self.threads, len(offsets) // MIN_RUN_RECORDS)),
+                max(1, min(RUNS_PER_THREAD * self.scan_threads, len(offsets) // MIN_RUN_RECORDS)),
             )
         flag, mapq, run_codes, run_starts, distinct, hashes, starts, lengths, umi, umi_length, umi_acgt, corrupt = (
             scanned
@@ -650,7 +655,7 @@ class BamRecords:
                     ) from exc
                 out[out_starts[b] : out_starts[b + 1]] = np.frombuffer(block, np.uint8)
 
-        bounds = np.linspace(0, len(sizes), min(self.threads, len(sizes)) + 1).astype(int)
+        bounds = np.linspace(0, len(sizes), min(self.inflate_threads, len(sizes)) + 1).astype(int)
         return out, [pool.submit(inflate, a, b) for a, b in itertools.pairwise(bounds)]
 
     @staticmethod
