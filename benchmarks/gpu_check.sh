@@ -32,10 +32,13 @@
 #             not on the GPU machine), benchmarks/decontx_bench.py (pydecontx, CPU, GPU; pydecontx's
 #             wheel in .gpu/extra), benchmarks/cellbender_bench.py (its fast setting, --cuda; needs
 #             CellBender's wheels in .gpu/cellbender/, see that script)
-#   e2e       benchmarks/run.py on the GPU at $E2E_CELLS (1000000) cells (data cached in /tmp/ob)
+#   e2e       benchmarks/run.py on $E2E_BACKENDS (gpu) at $E2E_CELLS (1000000) cells (data cached in /tmp/ob),
+#             with $E2E_ARGS (--fuse: also with qc and cluster fused into one rule); prints where each
+#             rule's seconds went
 #   bam       benchmarks/umi_bench.py: BAM in, counts out, CPU backend (all cores) and GPU backend
 #             against umi_tools count, at $BAM_READS (10000000) reads; the BAM (pysam, about 2
-#             minutes) is written in the background from the start, beside the other sections
+#             minutes) is written in the background from the start, beside the other sections;
+#             $BAM_BENCH_ARGS go to umi_bench.py (--skip-readers, --skip-umi-tools-above 0 to save time)
 # Tables and logs go to $OUT (default: gpu_check_out/).
 set -uo pipefail
 repo=$(pwd)
@@ -196,16 +199,16 @@ fi
 fi
 if wants e2e; then
 echo "== end to end: benchmarks/run.py"
-cp -r benchmarks/scaling "$out/scaling"
-python3 benchmarks/run.py --cells ${E2E_CELLS:-1000000} --backends gpu --cores "$(nproc)" --host H200 --workdir /tmp/ob \
-  --results "$out/RESULTS_h200.md" --scaling-dir "$out/scaling" --plot "$out/scaling.png" 2>&1 | tail -n 60
+# The scaling rows and plot stay on the machine (only a few files come back from $OUT).
+python3 benchmarks/run.py --cells ${E2E_CELLS:-1000000} --backends ${E2E_BACKENDS:-gpu} ${E2E_ARGS:-} --cores "$(nproc)" --host H200 --workdir /tmp/ob \
+  --results "$out/RESULTS_h200.md" --scaling-dir /tmp/ob/scaling --plot /tmp/ob/scaling.png 2>&1 | tail -n 60
 fi
 
 if wants bam; then
 echo "== BAM in, counts out: omicsprep count-umis (CPU on $(nproc) cores, GPU) against umi_tools count"
 wait "$bam_writer" || { echo "BAM generation failed"; tail -n 20 "$out/bam_generate.log"; }
 python3 benchmarks/umi_bench.py --reads "${BAM_READS:-10000000}" --repeats 3 --backends cpu gpu \
-  --results "$out/umi_bench.md" 2>&1 | tail -n 20
+  ${BAM_BENCH_ARGS:-} --results "$out/umi_bench.md" 2>&1 | tail -n 20
 fi
 
 # The GPU tests' verdict is the script's (the other sections report their own failures in the log).

@@ -44,7 +44,7 @@ BENCH_CONFIG = {
     "markers": {"algorithm": "leiden", "resolution": 1.0, "method": "wilcoxon", "n_genes": 25},
     "coexpression": {"enabled": False},  # the scanpy peer has no counterpart (coexpr_bench.py times it)
 }
-COMPUTE_RULES = ("qc", "cluster")
+COMPUTE_RULES = ("qc", "cluster", "qc_cluster")
 
 
 def bench_config(workdir: Path) -> Path:
@@ -82,25 +82,34 @@ def dataset(workdir: Path, n_cells: int, n_genes: int, jobs: int) -> Path:
     return path
 
 
-def run_workflow(workdir: Path, counts: Path, config: Path, backend: str, cores: int) -> dict:
-    rundir = workdir / f"{backend}_{counts.stem}"
+def run_workflow(workdir: Path, counts: Path, config: Path, backend: str, cores: int, *, fused: bool = False) -> dict:
+    """One run of the workflow on ``counts``; with ``fused``, qc and cluster as one rule (fuse_qc_cluster)."""
+    name = f"{backend}-fused" if fused else backend
+    rundir = workdir / f"{name}_{counts.stem}"
     rundir.mkdir(parents=True, exist_ok=True)
     sheet = rundir / "samples.tsv"
     sheet.write_text(f"sample\tinput\nbench\t{counts}\n")
-    wall = run_snakemake(rundir, config=config, sheet=sheet, backend=backend, cores=cores)
+    wall = run_snakemake(
+        rundir,
+        config=config,
+        sheet=sheet,
+        backend=backend,
+        cores=cores,
+        settings=[f"fuse_qc_cluster={str(fused).lower()}"],
+    )
     times = pd.read_csv(rundir / "results" / "run_times.tsv", sep="\t")
     totals = times[times["step"] == "total"].set_index("rule")
     steps = times[times["step"] != "total"]
     return {
-        "label": f"workflow-{backend}",
+        "label": f"workflow-{name}",
         "wall_s": round(wall, 2),
-        "compute_rules_s": round(float(totals.loc[list(COMPUTE_RULES), "seconds"].sum()), 2),
+        "compute_rules_s": round(float(totals.loc[totals.index.isin(COMPUTE_RULES), "seconds"].sum()), 2),
         "steps_s": round(float(steps.loc[~steps["step"].isin(["to_device", "to_host"]), "seconds"].sum()), 2),
         "peak_rss_mb": round(float(totals["max_rss_mb"].max()), 1),
         "obs": pd.read_parquet(rundir / "results" / "bench" / "obs.parquet"),
         "hvg": _hvg(rundir / "results" / "bench" / "processed.h5ad"),
-        "steps": times.set_index(["rule", "step"])["seconds"].rename(f"workflow-{backend}"),
-        "phases": phase_breakdown(rundir, times, label=f"workflow-{backend}"),
+        "steps": times.set_index(["rule", "step"])["seconds"].rename(f"workflow-{name}"),
+        "phases": phase_breakdown(rundir, times, label=f"workflow-{name}"),
     }
 
 
@@ -164,11 +173,13 @@ def run_snakemake(
     sheet: Path,
     backend: str,
     cores: int,
+    settings: Sequence[str] = (),
     extra: Sequence[str] = ("--resources", "gpu=1"),
 ) -> float:
     """Run the whole workflow in ``rundir`` (every job, quietly); its wall seconds.
 
-    ``extra`` arguments are passed on (by default one GPU).
+    ``settings`` (``key=value``) go after ``--config``; ``extra`` arguments are passed on
+    (by default one GPU).
     """
     command = snakemake_command(
         "--directory",
@@ -178,6 +189,7 @@ def run_snakemake(
         "--config",
         f"samples={sheet}",
         f"backend={backend}",
+        *settings,
         "--cores",
         str(cores),
         *extra,
@@ -334,6 +346,7 @@ def main() -> None:
     parser.add_argument("--genes", type=int, default=20_000)
     parser.add_argument("--backends", nargs="+", default=["cpu"], choices=["cpu", "gpu"])
     parser.add_argument("--peer", action="store_true", help="also run the plain scanpy script")
+    parser.add_argument("--fuse", action="store_true", help="also run each backend with fuse_qc_cluster: true")
     parser.add_argument("--quick", action="store_true", help="2,000 cells x 5,000 genes, cpu and peer")
     parser.add_argument("--cpu-max-cells", type=int, default=None, help="skip the CPU backend and peer above this")
     parser.add_argument("--cores", type=int, default=os.cpu_count())
@@ -390,7 +403,11 @@ def benchmark_size(
     counts = dataset(args.workdir, n_cells, args.genes, jobs=args.cores)
     on_cpu = args.cpu_max_cells is None or n_cells <= args.cpu_max_cells
     backends = [b for b in args.backends if b == "gpu" or on_cpu]
-    results = [run_workflow(args.workdir, counts, config, backend, args.cores) for backend in backends]
+    results = [
+        run_workflow(args.workdir, counts, config, backend, args.cores, fused=fused)
+        for backend in backends
+        for fused in ([False, True] if args.fuse else [False])
+    ]
     peer = run_peer(args.workdir, counts, config) if args.peer and on_cpu else None
     steps = pd.concat([result["steps"] for result in results], axis=1).reset_index() if results else None
     phases = pd.concat([result["phases"] for result in results]) if results else None

@@ -114,6 +114,7 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=HERE / "RESULTS.md")
     parser.add_argument("--skip-umi-tools-above", type=int, default=None, help="time umi_tools only up to this size")
     parser.add_argument("--backends", nargs="+", choices=["cpu", "gpu"], default=["cpu"])
+    parser.add_argument("--skip-readers", action="store_true", help="do not time inflating alone, oxbow and pysam")
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -133,13 +134,14 @@ def main() -> None:
                     "omicsprep_reads_per_s": round(n_reads / ours),
                 }
             )
-        size_rows[0] |= {
-            "inflate_only_reads_per_s_per_core": round(n_reads / inflate_seconds(bam)),
-            **{
-                f"{reader}_decode_reads_per_s": round(n_reads / decode_seconds(bam, reader))
-                for reader in ("oxbow", "pysam")
-            },
-        }
+        if not args.skip_readers:
+            size_rows[0] |= {
+                "inflate_only_reads_per_s_per_core": round(n_reads / inflate_seconds(bam)),
+                **{
+                    f"{reader}_decode_reads_per_s": round(n_reads / decode_seconds(bam, reader))
+                    for reader in ("oxbow", "pysam")
+                },
+            }
         if args.skip_umi_tools_above is None or n_reads <= args.skip_umi_tools_above:
             umi_tools = console_script("umi_tools")
             theirs = timed(

@@ -62,6 +62,19 @@ def phase_seconds() -> dict[str, float]:
     return dict(_phase_seconds)
 
 
+def merged_provenance(records: list[Mapping]) -> dict:
+    """One rule's provenance from the records of the steps it ran (rule qc_cluster: qc's and cluster's).
+
+    The backend is the first record's; seconds of steps both ran (moving data to the GPU
+    and back) are added up.
+    """
+    timings: dict[str, float] = {}
+    for record in records:
+        for step, seconds in record.get("timings", {}).items():
+            timings[step] = timings.get(step, 0.0) + float(seconds)
+    return {"backend": records[0].get("backend", ""), "timings": timings}
+
+
 def run_time_table(
     benchmarks: Mapping[tuple[str, str], pd.DataFrame], provenance: Mapping[tuple[str, str], Mapping]
 ) -> pd.DataFrame:

@@ -1,4 +1,4 @@
-"""Plumbing shared by the workflow's scripts: logging to the rule's log, clear errors."""
+"""Plumbing shared by the workflow's scripts: logging to the rule's log, clear errors, shared rule bodies."""
 
 from __future__ import annotations
 
@@ -11,8 +11,14 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from omicsprep.errors import BackendUnavailableError, InputError, OutOfSpaceError
+
+if TYPE_CHECKING:
+    from anndata import AnnData
+
+    from omicsprep.backend import Backend
 
 log = logging.getLogger("omicsprep")
 
@@ -67,6 +73,37 @@ def run_script(main: Callable[[], None], *, log_path: str | Path, sample: str | 
     except Exception:
         log.exception("failed")
         raise
+
+
+def cluster_and_write(adata: AnnData, *, snakemake: Any, h5ad: str, backend: Backend) -> None:
+    """Rule cluster's work on QC'd cells, and its outputs; rules cluster and qc_cluster share it.
+
+    Parameters
+    ----------
+    adata
+        The cells that passed QC.
+    snakemake
+        The rule's ``snakemake`` object: params ``steps`` and ``seed``, outputs ``obs`` and
+        ``markers``, config ``h5ad_compression``.
+    h5ad
+        Where the processed AnnData goes (the rules name that output differently).
+    backend
+        ``"cpu"`` or ``"gpu"``.
+    """
+    from omicsprep import io
+    from omicsprep.options import ClusteringOptions, from_config
+    from omicsprep.pipeline import run_clustering
+
+    options = from_config(ClusteringOptions, snakemake.params.steps)
+    markers = run_clustering(adata, options=options, seed=snakemake.params.seed, backend=backend)
+    io.write_clustering(
+        adata,
+        markers,
+        h5ad=h5ad,
+        obs=snakemake.output.obs,
+        markers_path=snakemake.output.markers,
+        compression=snakemake.config["h5ad_compression"],
+    )
 
 
 def seconds_since_process_start() -> float | None:

@@ -26,3 +26,47 @@ rule cluster:
         seed=config["seed"],
     script:
         "../scripts/cluster.py"
+
+
+# qc and cluster in one process (config fuse_qc_cluster): the same outputs as the two rules,
+# one process start, one import of the GPU libraries and one read of qc.h5ad fewer.
+rule qc_cluster:
+    input:
+        counts=counts_input,
+    output:
+        h5ad=rules.qc.output.h5ad,
+        metrics=rules.qc.output.metrics,
+        processed=rules.cluster.output.h5ad,
+        obs=rules.cluster.output.obs,
+        markers=rules.cluster.output.markers,
+    log:
+        "logs/qc_cluster/{sample}.log",
+    benchmark:
+        "benchmarks/qc_cluster/{sample}.tsv"
+    conda:
+        conda_env_for("qc_cluster")
+    resources:
+        gpu=gpus_for("qc_cluster"),
+    params:
+        backend=backend_for("qc_cluster"),
+        format=counts_format,
+        ambient_corrected=ambient_corrected,
+        metadata=sample_metadata,
+        duplicate_barcodes=config["duplicate_barcodes"],
+        qc=config["qc"],
+        doublets=config["doublets"],
+        steps=cluster_params(),
+        seed=config["seed"],
+    script:
+        "../scripts/qc.py"
+
+
+if config["fuse_qc_cluster"]:
+
+    ruleorder: qc_cluster > qc
+    ruleorder: qc_cluster > cluster
+
+else:
+
+    ruleorder: qc > qc_cluster
+    ruleorder: cluster > qc_cluster

@@ -260,6 +260,19 @@ def backend_for(rule_name):
     return config["backend_per_rule"].get(rule_name, config["backend"])
 
 
+def check_fused_backends():
+    """Under fuse_qc_cluster, qc and cluster run as one job (qc_cluster), so overrides of either cannot apply."""
+    overridden = sorted({"qc", "cluster"} & set(config["backend_per_rule"]))
+    if config["fuse_qc_cluster"] and overridden:
+        raise WorkflowError(
+            f"config: backend_per_rule.{overridden[0]} does not apply with fuse_qc_cluster: true "
+            "(qc and cluster run as one rule): set backend_per_rule.qc_cluster"
+        )
+
+
+check_fused_backends()
+
+
 def gpus_for(rule_name):
     """GPUs requested from the scheduler; none for rules pinned to the CPU."""
     return 0 if backend_for(rule_name) == "cpu" else 1
@@ -359,6 +372,15 @@ def check_reference():
 
 
 check_reference()
+
+
+def produced_by_either(path):
+    """An output path (``rules.qc.output.h5ad``) as a plain pattern, for an input of another rule.
+
+    Given as it is, it ties the consumer to the rule that declared it; as a pattern, Snakemake
+    picks its producer by the rules' order (qc and cluster, or qc_cluster under fuse_qc_cluster).
+    """
+    return str(path)
 
 
 def for_sample(path, sample):
@@ -542,6 +564,7 @@ TIMED_RULES = {
     "call_cells": "h5ad",
     "qc": "h5ad",
     "cluster": "h5ad",
+    "qc_cluster": "processed",
     "coexpression": "provenance",
     "protein": "h5ad",
     "atac": "h5ad",
@@ -554,8 +577,9 @@ def rules_of(sample):
     """The timed rules that run for a sample."""
     runs = {
         "call_cells": sample in RNA_SAMPLES and has_droplets(sample),
-        "qc": sample in RNA_SAMPLES,
-        "cluster": sample in RNA_SAMPLES,
+        "qc": sample in RNA_SAMPLES and not config["fuse_qc_cluster"],
+        "cluster": sample in RNA_SAMPLES and not config["fuse_qc_cluster"],
+        "qc_cluster": sample in RNA_SAMPLES and config["fuse_qc_cluster"],
         "coexpression": sample in RNA_SAMPLES and config["coexpression"]["enabled"],
         "protein": sample in PROTEIN_SAMPLES,
         "atac": sample in ATAC_SAMPLES,
@@ -576,6 +600,11 @@ def timed_samples():
 
 def timed_rules():
     return [rule for _, rule in timed_pairs()]
+
+
+def provenance_rules():
+    """Per timed rule, the rules whose provenance records its output holds (qc_cluster: both)."""
+    return [["qc", "cluster"] if rule == "qc_cluster" else [rule] for rule in timed_rules()]
 
 
 # timed_benchmarks and timed_provenance read the rules' paths, so they are called where run_times

@@ -1,6 +1,6 @@
 rule plot_qc:
     input:
-        metrics=rules.qc.output.metrics,
+        metrics=produced_by_either(rules.qc.output.metrics),
     output:
         histograms=report(
             "results/{sample}/plots/qc_histograms.png",
@@ -24,7 +24,7 @@ rule plot_qc:
 
 rule plot_umap:
     input:
-        h5ad=rules.cluster.output.h5ad,
+        h5ad=produced_by_either(rules.cluster.output.h5ad),
     output:
         clusters=report(
             "results/{sample}/plots/umap_clusters.png",

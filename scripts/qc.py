@@ -1,10 +1,13 @@
-"""Rule qc: read a sample's counts, compute QC metrics, filter cells and genes, score doublets."""
+"""Rule qc: read a sample's counts, compute QC metrics, filter cells and genes, score doublets.
+
+Rule qc_cluster (config fuse_qc_cluster) runs this script and goes on with rule cluster's work.
+"""
 
 from omicsprep import io
 from omicsprep.backend import resolve_backend
 from omicsprep.options import DoubletOptions, QcOptions, from_config
 from omicsprep.pipeline import run_qc
-from omicsprep.workflow import run_script
+from omicsprep.workflow import cluster_and_write, run_script
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
 
@@ -29,6 +32,8 @@ def main() -> None:
     )
     io.write_table(metrics, snakemake.output.metrics, index=True)
     io.write_h5ad(adata, snakemake.output.h5ad, compression=snakemake.config["h5ad_compression"])
+    if "processed" in set(snakemake.output.keys()):  # rule qc_cluster: rule cluster's work, in this process
+        cluster_and_write(adata, snakemake=snakemake, h5ad=snakemake.output.processed, backend=backend)
 
 
 run_script(main, log_path=snakemake.log[0], sample=snakemake.wildcards.sample, threads=snakemake.threads)

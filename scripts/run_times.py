@@ -1,7 +1,7 @@
 """Rule run_times: one table of every rule's benchmark and per-step timings."""
 
 from omicsprep import io
-from omicsprep.timings import run_time_table
+from omicsprep.timings import merged_provenance, run_time_table
 from omicsprep.workflow import run_script
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
@@ -11,7 +11,8 @@ def main() -> None:
     keys = list(zip(snakemake.params.samples, snakemake.params.rules, strict=True))
     benchmarks = {key: io.read_table(path) for key, path in zip(keys, snakemake.input.benchmarks, strict=True)}
     provenance = {
-        key: io.read_provenance(path, rule=key[1]) for key, path in zip(keys, snakemake.input.provenance, strict=True)
+        key: merged_provenance([io.read_provenance(path, rule=rule) for rule in rules])
+        for key, path, rules in zip(keys, snakemake.input.provenance, snakemake.params.provenance_rules, strict=True)
     }
     io.write_table(run_time_table(benchmarks, provenance), snakemake.output.table)
 

@@ -115,7 +115,17 @@ def every_rule_sheet(path: Path) -> Path:
 
 
 def test_gpu_rules_are_the_documented_ones():
-    documented = ["count_umis", "call_cells", "cellbender", "qc", "cluster", "coexpression", "protein", "atac"]
+    documented = [
+        "count_umis",
+        "call_cells",
+        "cellbender",
+        "qc",
+        "cluster",
+        "qc_cluster",
+        "coexpression",
+        "protein",
+        "atac",
+    ]
     assert sorted([*documented, "multiome", "merge"]) == GPU_RULES
 
 
@@ -131,18 +141,22 @@ def test_backend_per_rule_pins_one_rule_to_the_cpu(tmp_path, pinned):
         f"merge:\n  enabled: true\natac:\n  genes: {MULTIOME / 'genes.bed'}\n"
         "cells:\n  ambient:\n    method: cellbender\n"
     )
+    fused = pinned == "qc_cluster"  # it runs instead of qc and cluster, under fuse_qc_cluster
     result = snakemake(
         "-n",
         "--forceall",
         "--config",
         f"samples={sheet}",
         f"backend_per_rule={{{pinned}: cpu}}",
+        f"fuse_qc_cluster={str(fused).lower()}",
         workdir=tmp_path,
         overlay=overlay,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     requests = dry_run_gpu_requests(result.stdout + result.stderr)
-    assert set(GPU_RULES) <= set(requests), requests  # the sheet needs every such rule
+    running = set(GPU_RULES) - ({"qc", "cluster"} if fused else {"qc_cluster"})
+    assert running <= set(requests), requests  # the sheet needs every such rule
+    assert not (set(GPU_RULES) - running) & set(requests)
     assert requests == {rule: {0} if rule == pinned or rule not in GPU_RULES else {1} for rule in requests}
 
 
@@ -169,6 +183,39 @@ def cpu_run(tmp_path_factory):
     result = snakemake("--cores", "2", "--config", f"samples={sheet}", "backend=cpu", workdir=workdir)
     assert result.returncode == 0, result.stderr[-5000:]
     return workdir
+
+
+def test_fused_qc_cluster_writes_what_qc_and_cluster_write(cpu_run, tmp_path):
+    """fuse_qc_cluster: one process (rule qc_cluster) instead of two, and the same outputs."""
+    sheet = write_sheet(tmp_path / "samples.tsv", [f"pbmc_h5\t{PBMC_H5}\t\tb1"], header="sample\tinput\tformat\tbatch")
+    result = snakemake(
+        "--cores", "2", "--config", f"samples={sheet}", "backend=cpu", "fuse_qc_cluster=true", workdir=tmp_path
+    )
+    assert result.returncode == 0, result.stderr[-5000:]
+    fused, separate = tmp_path / "results" / "pbmc_h5", cpu_run / "results" / "pbmc_h5"
+    for table in ("qc/cell_metrics.parquet", "obs.parquet"):
+        pd.testing.assert_frame_equal(pd.read_parquet(fused / table), pd.read_parquet(separate / table))
+    pd.testing.assert_frame_equal(
+        pd.read_csv(fused / "markers.tsv", sep="\t"), pd.read_csv(separate / "markers.tsv", sep="\t")
+    )
+    for name in ("qc.h5ad", "processed.h5ad"):
+        one, two = ad.read_h5ad(fused / name), ad.read_h5ad(separate / name)
+        assert (abs(one.X - two.X)).max() == 0, name
+        pd.testing.assert_frame_equal(one.obs, two.obs)
+        pd.testing.assert_frame_equal(one.var, two.var)
+        assert sorted(one.obsm) == sorted(two.obsm) and sorted(one.layers) == sorted(two.layers)
+        for key in one.obsm:
+            np.testing.assert_allclose(one.obsm[key], two.obsm[key], atol=1e-5, err_msg=key)
+    # One process: no qc or cluster jobs; the run-time table has qc_cluster with both rules' steps.
+    assert not (tmp_path / "logs" / "qc").exists() and not (tmp_path / "logs" / "cluster").exists()
+    times = pd.read_csv(tmp_path / "results" / "run_times.tsv", sep="\t")
+    assert "qc_cluster" in set(times["rule"]) and not {"qc", "cluster"} & set(times["rule"])
+    assert {"total", "doublets", "leiden", "markers"} <= set(times.loc[times["rule"] == "qc_cluster", "step"])
+
+
+def test_fused_qc_cluster_refuses_overrides_of_qc_or_cluster():
+    result = snakemake("-n", "--config", "fuse_qc_cluster=true", "backend_per_rule={cluster: cpu}")
+    expect_failure(result, "config: backend_per_rule.cluster does not apply with fuse_qc_cluster: true")
 
 
 @pytest.mark.parametrize(("sample", "source"), [("pbmc_h5", PBMC_H5), ("pbmc_mtx", PBMC_MTX)])

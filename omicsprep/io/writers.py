@@ -121,6 +121,21 @@ def write_h5ad(adata: AnnData, path: str | Path, *, compression: Literal["lzf", 
         adata.write_h5ad(tmp, compression=compression)
 
 
+def write_clustering(
+    adata: AnnData,
+    markers: pd.DataFrame,
+    *,
+    h5ad: str | Path,
+    obs: str | Path,
+    markers_path: str | Path,
+    compression: Literal["lzf", "gzip"] | None = None,
+) -> None:
+    """Write :func:`omicsprep.pipeline.run_clustering`'s outputs: the markers, the cells' table and the AnnData."""
+    write_table(markers, markers_path)
+    write_table(adata.obs, obs, index=True)
+    write_h5ad(adata, h5ad, compression=compression)
+
+
 def write_h5mu(mdata: MuData, path: str | Path) -> None:
     """Write a MuData to ``path`` atomically."""
     expected = sum(stored_bytes(modality) for modality in mdata.mod.values())
