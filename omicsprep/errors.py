@@ -56,7 +56,7 @@ def existing_file(path: str | Path) -> Path:
 
 
 class OutOfSpaceError(OSError):
-    """The file system filled while an output was written.
+    """An output does not fit: the file system filled while it was written, or has too little room to start.
 
     Parameters
     ----------
@@ -64,9 +64,11 @@ class OutOfSpaceError(OSError):
         The output being written.
     needed_bytes
         About how large the output is (at least what was written before the disk filled).
+    before_writing
+        Whether the output was refused before writing, for lack of room.
     """
 
-    def __init__(self, path: str | Path, *, needed_bytes: int) -> None:
+    def __init__(self, path: str | Path, *, needed_bytes: int, before_writing: bool = False) -> None:
         self.path = Path(path)
         folder = next((parent for parent in [self.path.parent, *self.path.parents] if parent.exists()), Path())
         self.free_bytes = shutil.disk_usage(folder).free
@@ -74,12 +76,30 @@ class OutOfSpaceError(OSError):
         self.needed_bytes = needed_bytes
         super().__init__(
             errno.ENOSPC,
-            f"{self.path}: no space left on the device: about {_size(needed_bytes)} needed, "
+            f"{self.path}: {'not enough' if before_writing else 'no'} space left on the device: "
+            f"about {_size(needed_bytes)} needed, "
             f"{_size(self.free_bytes)} free on {self.mount}",
         )
 
     def __str__(self) -> str:
         return self.strerror or ""  # always set by __init__; OSError types it optional
+
+
+class OutOfMemoryError(MemoryError):
+    """Memory ran out while an output was written.
+
+    Parameters
+    ----------
+    path
+        The output being written.
+    needed_bytes
+        About how large the output is.
+    """
+
+    def __init__(self, path: str | Path, *, needed_bytes: int | None) -> None:
+        self.path = Path(path)
+        size = f" (about {_size(needed_bytes)} to write)" if needed_bytes else ""
+        super().__init__(f"{self.path}: out of memory while writing{size}")
 
 
 def mount_point(path: Path) -> str:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from omicsprep.errors import BackendUnavailableError, InputError, OutOfSpaceError
+from omicsprep.errors import BackendUnavailableError, InputError, OutOfMemoryError, OutOfSpaceError
 
 if TYPE_CHECKING:
     from anndata import AnnData
@@ -27,9 +27,10 @@ def run_script(main: Callable[[], None], *, log_path: str | Path, sample: str | 
     """Run a rule's script body with logging to ``log_path`` and one-line user errors.
 
     Logging, warnings and standard error (the C libraries' too, such as HDF5's error
-    stack) go to the log. Bad input, an unusable backend and a full disk end the rule
-    with a single message naming the sample, the file and the problem, on the console
-    and in the log (with the traceback for a full disk); anything else keeps its
+    stack) go to the log. Bad input, an unusable backend, a full disk (or too little room
+    to start an output) and memory running out while writing end the rule with a single
+    message naming the sample, the file and the problem, on the console and in the log
+    (with the traceback for the last two); anything else keeps its
     traceback, in the log. SIGTERM (a cancelled job) unwinds the script, so that no
     temporary output is left behind.
 
@@ -66,7 +67,7 @@ def run_script(main: Callable[[], None], *, log_path: str | Path, sample: str | 
         log.error("%s", exc)
         print(f"omicsprep error: {exc}", file=console)
         sys.exit(1)
-    except OutOfSpaceError as exc:
+    except (OutOfSpaceError, OutOfMemoryError) as exc:
         log.error("%s", exc, exc_info=True)
         print(f"omicsprep error: sample {sample!r}: {exc}" if sample else f"omicsprep error: {exc}", file=console)
         sys.exit(1)

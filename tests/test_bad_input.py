@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import anndata as ad
@@ -252,29 +251,74 @@ def test_a_full_disk_is_one_line_and_the_traceback_goes_to_the_log(small_disk):
     console = result.stdout + result.stderr
     errors = [line for line in console.splitlines() if "space" in line.lower()]
     assert len(errors) == 1, console[-5000:]
+    # The h5ad does not fit: refused before a byte is written (HDF5 can crash on a full disk).
     assert errors[0].startswith(
-        "omicsprep error: sample 'pbmc': results/pbmc/qc.h5ad: no space left on the device: about "
+        "omicsprep error: sample 'pbmc': results/pbmc/qc.h5ad: not enough space left on the device: about "
     )
     assert f"free on {small_disk / 'results'} (tmpfs)" in errors[0]
     assert "Traceback" not in console
     assert "HDF5" not in console
     log = (small_disk / "logs" / "qc" / "pbmc.log").read_text()
     assert "Traceback" in log
-    assert "No space left on device" in log
+    assert "qc.h5ad: not enough space left on the device" in log
     assert not any((small_disk / "results").rglob("*.*"))  # no temporary or partial output
 
 
-def test_out_of_space_names_what_is_needed_and_free(tmp_path, small_disk):
-    del tmp_path
-    code = textwrap.dedent(f"""
-        import numpy as np
-        from anndata import AnnData
-        from omicsprep import io
-        io.write_h5ad(AnnData(np.ones((1000, 200), dtype=np.float32)), "{small_disk}/results/big.h5ad")
-    """)
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ)
+WRITE_BIG = """
+import sys
+import numpy as np
+from anndata import AnnData
+from omicsprep import io
+values = np.random.default_rng(0).random((1000, 200), dtype=np.float32)  # gzip cannot shrink it much
+io.write_h5ad(AnnData(values), sys.argv[1], compression=sys.argv[2] if len(sys.argv) > 2 else None)
+"""
+
+
+@pytest.mark.parametrize(
+    ("compression", "problem"),
+    [
+        (None, "not enough space left on the device"),  # uncompressed: refused before writing
+        ("gzip", "no space left on the device"),  # compressed, its size unknown: the write fails
+    ],
+)
+def test_out_of_space_names_what_is_needed_and_free(small_disk, compression, problem):
+    output = small_disk / "results" / "big.h5ad"
+    command = [sys.executable, "-c", WRITE_BIG, str(output), *([compression] if compression else [])]
+    result = subprocess.run(command, capture_output=True, text=True, env=os.environ)
     assert "OutOfSpaceError: " in result.stderr
     line = result.stderr.strip().splitlines()[-1]
-    # 800 kB of counts and 72 kB of cell and gene names; a 400 kB tmpfs
-    assert "big.h5ad: no space left on the device: about 871.8 kB needed, 409.6 kB free on " in line, line
+    # 800 kB of values and 72 kB of cell and gene names; a 400 kB tmpfs
+    assert f"big.h5ad: {problem}: about 871.8 kB needed, 409.6 kB free on " in line, line
     assert list((small_disk / "results").iterdir()) == []
+
+
+RUN_OUT_OF_MEMORY = """
+import sys
+import numpy as np
+from anndata import AnnData
+from omicsprep import io
+from omicsprep.workflow import run_script
+
+def no_memory(*args, **kwargs):
+    raise MemoryError  # as h5py or NumPy raise it when an allocation fails
+
+AnnData.write_h5ad = no_memory
+
+def main():
+    io.write_h5ad(AnnData(np.ones((1000, 200), dtype=np.float32)), sys.argv[1])
+
+run_script(main, log_path=sys.argv[2], sample="pbmc")
+"""
+
+
+def test_running_out_of_memory_while_writing_is_one_line(tmp_path):
+    output, log = tmp_path / "results" / "qc.h5ad", tmp_path / "qc.log"
+    result = subprocess.run(
+        [sys.executable, "-c", RUN_OUT_OF_MEMORY, str(output), str(log)], capture_output=True, text=True
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"omicsprep error: sample 'pbmc': {output}: out of memory while writing (about 871.8 kB to write)"
+    ]
+    assert "MemoryError" in log.read_text()  # the traceback, in the log
+    assert list(output.parent.iterdir()) == []  # the temporary file is gone

@@ -9,6 +9,7 @@ import contextlib
 import errno
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +19,7 @@ import pandas as pd
 from anndata import AnnData
 from scipy import sparse
 
-from omicsprep.errors import OutOfSpaceError
+from omicsprep.errors import OutOfMemoryError, OutOfSpaceError
 from omicsprep.timings import phase
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ TEMPORARY_INFIX = ".tmp"
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | Path, *, expected_bytes: int | None = None) -> Iterator[Path]:
+def atomic_path(path: str | Path, *, expected_bytes: int | None = None, check_space: bool = False) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it to ``path`` only on success.
 
     Nothing partial survives a failure: the temporary file is removed when the block
@@ -49,17 +50,25 @@ def atomic_path(path: str | Path, *, expected_bytes: int | None = None) -> Itera
         The output.
     expected_bytes
         About how large the output will be, named when the disk fills.
+    check_space
+        Refuse to start when the file system has less free space than ``expected_bytes``
+        (a full disk can crash HDF5 rather than raise).
 
     Raises
     ------
     OutOfSpaceError
-        The file system ran out of space while writing.
+        Too little free space to start (``check_space``), or the file system ran out of
+        space while writing.
+    OutOfMemoryError
+        Memory ran out while writing.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     prefix = f".{path.name}."
     for stale in path.parent.glob(f"{glob_escape(prefix)}*{TEMPORARY_INFIX}{glob_escape(path.suffix)}"):
         stale.unlink(missing_ok=True)
+    if check_space and expected_bytes and expected_bytes > shutil.disk_usage(path.parent).free:
+        raise OutOfSpaceError(path, needed_bytes=expected_bytes, before_writing=True)
     fd, tmp_name = tempfile.mkstemp(prefix=prefix, suffix=TEMPORARY_INFIX + path.suffix, dir=path.parent)
     os.close(fd)
     tmp = Path(tmp_name)
@@ -69,6 +78,9 @@ def atomic_path(path: str | Path, *, expected_bytes: int | None = None) -> Itera
         # mkstemp creates the file private (0600); give it the permissions of a normal file.
         tmp.chmod(0o666 & ~_umask())
         tmp.replace(path)
+    except MemoryError as exc:
+        tmp.unlink(missing_ok=True)
+        raise OutOfMemoryError(path, needed_bytes=expected_bytes) from exc
     except Exception as exc:
         if out_of_space(exc):
             written = tmp.stat().st_size if tmp.is_file() else 0
@@ -115,9 +127,10 @@ def write_h5ad(adata: AnnData, path: str | Path, *, compression: Literal["lzf", 
     """Write ``adata`` to ``path`` atomically.
 
     Uncompressed by default (anndata's default, and the fastest to write), or with one of
-    HDF5's filters that every h5ad reader has.
+    HDF5's filters that every h5ad reader has. Uncompressed, it does not start without room
+    for the whole file (compressed, the size is not known beforehand).
     """
-    with atomic_path(path, expected_bytes=stored_bytes(adata)) as tmp:
+    with atomic_path(path, expected_bytes=stored_bytes(adata), check_space=compression is None) as tmp:
         adata.write_h5ad(tmp, compression=compression)
 
 
@@ -139,7 +152,7 @@ def write_clustering(
 def write_h5mu(mdata: MuData, path: str | Path) -> None:
     """Write a MuData to ``path`` atomically."""
     expected = sum(stored_bytes(modality) for modality in mdata.mod.values())
-    with atomic_path(path, expected_bytes=expected) as tmp:
+    with atomic_path(path, expected_bytes=expected, check_space=True) as tmp:
         mdata.write_h5mu(tmp)
 
 
