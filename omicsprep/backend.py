@@ -2,9 +2,12 @@
 
 CuPy, cuDF, cuML, cuGraph and rapids-singlecell are imported lazily, on first use, so that
 every other module of omicsprep imports on machines without a GPU. The backend is always
-explicit: ``"auto"`` resolves to ``"gpu"`` only when the RAPIDS stack imports *and* a CUDA
-device is visible; an explicit ``"gpu"`` that cannot be honoured raises
-:class:`~omicsprep.errors.BackendUnavailableError` instead of falling back to the CPU.
+explicit: ``"auto"`` resolves to ``"gpu"`` only when CuPy finds a CUDA device *and* the
+other RAPIDS libraries are installed; an explicit ``"gpu"`` that cannot be honoured raises
+:class:`~omicsprep.errors.BackendUnavailableError` instead of falling back to the CPU. The
+other libraries are imported when first used, not when the backend is chosen, so one that
+is installed but cannot be imported (a CUDA or driver mismatch) stops the rule with that
+error, under ``"auto"`` too, rather than sending it to the CPU.
 """
 
 from __future__ import annotations
@@ -82,7 +85,7 @@ def gpu_module(name: str) -> ModuleType:
     try:
         with phase("gpu_import"):
             return importlib.import_module(name)
-    except ImportError as exc:
+    except Exception as exc:  # a driver or CUDA mismatch raises CUDA's own errors, not only ImportError
         msg = f"the GPU backend cannot import {name} ({type(exc).__name__}: {exc})"
         raise BackendUnavailableError(msg) from exc
 

@@ -109,13 +109,11 @@ def cluster_and_write(adata: AnnData, *, snakemake: Any, h5ad: str, backend: Bac
 
 def seconds_since_process_start() -> float | None:
     """Seconds since this process started (Linux; ``None`` elsewhere): for a rule, its start-up and imports."""
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        # Field 22 of /proc/self/stat: the start in clock ticks after boot (the name in field 2 may hold spaces).
+    with contextlib.suppress(OSError, ValueError, IndexError, AttributeError):
+        # Field 22 of /proc/self/stat: the start, in clock ticks of the boot-time clock (the
+        # name in field 2 may hold spaces).
         ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        boot = next(
-            int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime")
-        )
-        return max(0.0, time.time() - boot - ticks / os.sysconf("SC_CLK_TCK"))
+        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK"))
     return None
 
 

@@ -6,12 +6,7 @@ rule cluster:
     output:
         h5ad="results/{sample}/processed.h5ad",
         obs="results/{sample}/obs.parquet",
-        markers=report(
-            "results/{sample}/markers.tsv",
-            category="Markers",
-            caption="../report/markers.rst",
-            labels={"sample": "{sample}"},
-        ),
+        markers=markers_output(),
     log:
         "logs/cluster/{sample}.log",
     benchmark:
@@ -38,7 +33,7 @@ rule qc_cluster:
         metrics=rules.qc.output.metrics,
         processed=rules.cluster.output.h5ad,
         obs=rules.cluster.output.obs,
-        markers=rules.cluster.output.markers,
+        markers=markers_output(),  # rules.cluster.output would drop the report flag
     log:
         "logs/qc_cluster/{sample}.log",
     benchmark:

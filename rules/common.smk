@@ -374,6 +374,16 @@ def check_reference():
 check_reference()
 
 
+def markers_output():
+    """The marker table, in the report: an output of rule cluster, or of qc_cluster."""
+    return report(
+        "results/{sample}/markers.tsv",
+        category="Markers",
+        caption="../report/markers.rst",
+        labels={"sample": "{sample}"},
+    )
+
+
 def produced_by_either(path):
     """An output path (``rules.qc.output.h5ad``) as a plain pattern, for an input of another rule.
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+from omicsprep.provenance import StepTimer
 from omicsprep.timings import phase, phase_seconds
 from omicsprep.workflow import PHASES_PREFIX
 
@@ -48,3 +49,14 @@ def test_a_rule_logs_its_start_up_reading_and_writing(tmp_path):
     assert 0.2 <= phases["body"] < 60
     assert 0 < phases["read"] < phases["body"] and 0 < phases["write"] < phases["body"]
     assert "gpu_import" not in phases  # nothing asked for the GPU
+
+
+def test_a_step_leaves_out_the_gpu_libraries_it_imports():
+    # A RAPIDS library imported by its first use inside a step (rapids-singlecell in
+    # to_device, say) counts as the rule's gpu_import, not as the step.
+    timer = StepTimer(backend="cpu")
+    with timer.step("to_device"):
+        with phase("gpu_import"):
+            time.sleep(0.2)
+        time.sleep(0.05)
+    assert 0.04 < timer.seconds["to_device"] < 0.15

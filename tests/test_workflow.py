@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import anndata as ad
@@ -211,6 +212,19 @@ def test_fused_qc_cluster_writes_what_qc_and_cluster_write(cpu_run, tmp_path):
     times = pd.read_csv(tmp_path / "results" / "run_times.tsv", sep="\t")
     assert "qc_cluster" in set(times["rule"]) and not {"qc", "cluster"} & set(times["rule"])
     assert {"total", "doublets", "leiden", "markers"} <= set(times.loc[times["rule"] == "qc_cluster", "step"])
+    # The report keeps what rule cluster puts there (a rule's outputs copied as rules.X.output lose it).
+    report = snakemake(
+        "--config",
+        f"samples={sheet}",
+        "backend=cpu",
+        "fuse_qc_cluster=true",
+        "--report",
+        str(tmp_path / "report.zip"),
+        workdir=tmp_path,
+    )
+    assert report.returncode == 0, report.stderr[-3000:]
+    with zipfile.ZipFile(tmp_path / "report.zip") as archive:
+        assert any(name.endswith("/markers.tsv") for name in archive.namelist())
 
 
 def test_fused_qc_cluster_refuses_overrides_of_qc_or_cluster():

@@ -119,7 +119,12 @@ def stored_bytes(adata: AnnData) -> int:
         elif hasattr(array, "nbytes"):
             total += int(array.nbytes)
     for frame in (adata.obs, adata.var):
-        total += int(frame.memory_usage(deep=True).sum())
+        total += int(frame.index.memory_usage(deep=True))
+        for name in frame.columns:
+            column = frame[name]
+            # anndata stores text columns as categories: one value per category, a code per row
+            text = column.dtype == object or pd.api.types.is_string_dtype(column.dtype)
+            total += int((column.astype("category") if text else column).memory_usage(index=False, deep=True))
     return total
 
 
