@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omicsprep.errors import BackendUnavailableError, InputError, OutOfMemoryError, OutOfSpaceError
+from omicsprep.timings import phase_seconds
 
 if TYPE_CHECKING:
     from anndata import AnnData
@@ -127,8 +128,6 @@ def log_phases(*, startup: float | None, body: float) -> None:
     body the seconds of each :func:`omicsprep.timings.phase` (``read``, ``write``,
     ``gpu_import``); ``benchmarks/run.py`` reads it back from the rule's log.
     """
-    from omicsprep.timings import phase_seconds
-
     seconds = {"startup": startup, "body": body, **phase_seconds()}
     log.info(
         "%s%s",
