@@ -2,6 +2,7 @@
 
     python benchmarks/run.py --cells 20000 100000 --backends cpu gpu --peer
     python benchmarks/run.py --quick        # ~1 minute on 2 cores; used by the test suite
+    python benchmarks/run.py --cells 5000 --backends cpu gpu --fused-only --cold   # a fresh machine, then warm
 
 For each size: generates data (benchmarks/generate.py, cached in the work folder), runs the
 workflow with each backend and the peer (benchmarks/peer_scanpy.py) with the same settings,
@@ -22,6 +23,7 @@ import platform
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -82,21 +84,29 @@ def dataset(workdir: Path, n_cells: int, n_genes: int, jobs: int) -> Path:
     return path
 
 
-def run_workflow(workdir: Path, counts: Path, config: Path, backend: str, cores: int, *, fused: bool = False) -> dict:
-    """One run of the workflow on ``counts``; with ``fused``, qc and cluster as one rule (fuse_qc_cluster)."""
-    name = f"{backend}-fused" if fused else backend
+def run_workflow(
+    workdir: Path, counts: Path, config: Path, backend: str, cores: int, *, fused: bool = False, cold: bool = False
+) -> dict:
+    """One run of the workflow on ``counts``.
+
+    With ``fused``, qc, cluster and their figures as one rule (fuse_qc_cluster); with
+    ``cold``, with empty kernel caches (CuPy's and Numba's), as on a fresh machine.
+    """
+    name = (f"{backend}-fused" if fused else backend) + ("-cold" if cold else "")
     rundir = workdir / f"{name}_{counts.stem}"
     rundir.mkdir(parents=True, exist_ok=True)
     sheet = rundir / "samples.tsv"
     sheet.write_text(f"sample\tinput\nbench\t{counts}\n")
-    wall = run_snakemake(
-        rundir,
-        config=config,
-        sheet=sheet,
-        backend=backend,
-        cores=cores,
-        settings=[f"fuse_qc_cluster={str(fused).lower()}"],
-    )
+    with tempfile.TemporaryDirectory(prefix="kernel-caches-", dir=workdir) as caches:
+        wall = run_snakemake(
+            rundir,
+            config=config,
+            sheet=sheet,
+            backend=backend,
+            cores=cores,
+            settings=[f"fuse_qc_cluster={str(fused).lower()}"],
+            environment=empty_kernel_caches(Path(caches)) if cold else {},
+        )
     times = pd.read_csv(rundir / "results" / "run_times.tsv", sep="\t")
     totals = times[times["step"] == "total"].set_index("rule")
     steps = times[times["step"] != "total"]
@@ -175,11 +185,12 @@ def run_snakemake(
     cores: int,
     settings: Sequence[str] = (),
     extra: Sequence[str] = ("--resources", "gpu=1"),
+    environment: dict[str, str] | None = None,
 ) -> float:
     """Run the whole workflow in ``rundir`` (every job, quietly); its wall seconds.
 
     ``settings`` (``key=value``) go after ``--config``; ``extra`` arguments are passed on
-    (by default one GPU).
+    (by default one GPU); ``environment`` adds to :func:`user_environment`.
     """
     command = snakemake_command(
         "--directory",
@@ -197,7 +208,8 @@ def run_snakemake(
         "--quiet",
     )
     start = time.perf_counter()
-    result = subprocess.run(command, capture_output=True, text=True, check=False, env=user_environment())
+    env = {**user_environment(), **(environment or {})}
+    result = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     if result.returncode != 0:
         raise RuntimeError(f"workflow ({backend}) failed:\n{result.stderr[-5000:]}")
     return time.perf_counter() - start
@@ -277,6 +289,18 @@ def user_environment() -> dict[str, str]:
     return {name: value for name, value in os.environ.items() if name != "PYTHONDONTWRITEBYTECODE"}
 
 
+def empty_kernel_caches(folder: Path) -> dict[str, str]:
+    """Environment variables that point the kernel caches at empty folders under ``folder``.
+
+    CuPy's and Numba's compiled kernels, and the CUDA driver's (Numba's PTX is compiled to
+    the GPU's code by the driver).
+    """
+    caches = {name: folder / name.lower() for name in ("CUPY_CACHE_DIR", "NUMBA_CACHE_DIR", "CUDA_CACHE_PATH")}
+    for path in caches.values():
+        path.mkdir(parents=True, exist_ok=True)
+    return {name: str(path) for name, path in caches.items()}
+
+
 def measure_in_child(script: str, *args: str) -> dict | None:
     """Run ``script`` with ``args`` in a fresh Python process; return its JSON row.
 
@@ -347,6 +371,10 @@ def main() -> None:
     parser.add_argument("--backends", nargs="+", default=["cpu"], choices=["cpu", "gpu"])
     parser.add_argument("--peer", action="store_true", help="also run the plain scanpy script")
     parser.add_argument("--fuse", action="store_true", help="also run each backend with fuse_qc_cluster: true")
+    parser.add_argument("--fused-only", action="store_true", help="run each backend with fuse_qc_cluster: true only")
+    parser.add_argument(
+        "--cold", action="store_true", help="run each backend first with empty kernel caches (as on a fresh machine)"
+    )
     parser.add_argument("--quick", action="store_true", help="2,000 cells x 5,000 genes, cpu and peer")
     parser.add_argument("--cpu-max-cells", type=int, default=None, help="skip the CPU backend and peer above this")
     parser.add_argument("--cores", type=int, default=os.cpu_count())
@@ -403,10 +431,12 @@ def benchmark_size(
     counts = dataset(args.workdir, n_cells, args.genes, jobs=args.cores)
     on_cpu = args.cpu_max_cells is None or n_cells <= args.cpu_max_cells
     backends = [b for b in args.backends if b == "gpu" or on_cpu]
+    modes = [True] if args.fused_only else [False, True] if args.fuse else [False]
     results = [
-        run_workflow(args.workdir, counts, config, backend, args.cores, fused=fused)
+        run_workflow(args.workdir, counts, config, backend, args.cores, fused=fused, cold=cold)
         for backend in backends
-        for fused in ([False, True] if args.fuse else [False])
+        for fused in modes
+        for cold in ([True, False] if args.cold else [False])
     ]
     peer = run_peer(args.workdir, counts, config) if args.peer and on_cpu else None
     steps = pd.concat([result["steps"] for result in results], axis=1).reset_index() if results else None

@@ -18,6 +18,7 @@ import importlib.util
 import logging
 import math
 import sys
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from functools import cache
@@ -71,14 +72,55 @@ def gpu_unavailable_reason() -> str | None:
     return f"not installed: {', '.join(missing)}" if missing else None
 
 
+_preparation: list[threading.Thread] = []
+
+
+def prepare_gpu(backend: Backend, *, modules: tuple[str, ...] = ("rapids_singlecell",)) -> None:
+    """Start creating the CUDA context and importing ``modules`` in a background thread.
+
+    A GPU rule calls it right after choosing its backend, so that this start-up (about 1.5 s
+    of context and 1-2 s of imports) overlaps reading its input; the first
+    :func:`gpu_module` call waits for it. A failure is left to that call to report. A
+    no-op on the CPU backend, and after the first call.
+
+    Parameters
+    ----------
+    backend
+        ``"cpu"`` or ``"gpu"``.
+    modules
+        GPU libraries the rule will use.
+    """
+    if backend != "gpu" or _preparation:
+        return
+
+    def prepare() -> None:
+        try:
+            sys.modules["cupy"].cuda.runtime.free(0)  # creates the context without the GIL
+            for name in modules:
+                importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - gpu_module imports again, and reports it
+            pass
+
+    thread = threading.Thread(target=prepare, name="omicsprep-prepare-gpu", daemon=True)
+    _preparation.append(thread)
+    thread.start()
+
+
 def gpu_module(name: str) -> ModuleType:
     """Import a GPU library (its seconds count as phase ``gpu_import``).
+
+    Waits for :func:`prepare_gpu`'s thread first, so that a module is never imported by
+    two threads at once.
 
     Raises
     ------
     BackendUnavailableError
         It is installed but cannot be imported (a CUDA or driver mismatch, say).
     """
+    pending = [thread for thread in _preparation if thread.is_alive() and thread is not threading.current_thread()]
+    if pending:
+        with phase("gpu_import"):
+            pending[0].join()
     imported = sys.modules.get(name)
     if imported is not None:
         return imported

@@ -17,6 +17,8 @@ from omicsprep.errors import BackendUnavailableError, InputError, OutOfMemoryErr
 from omicsprep.timings import phase_seconds
 
 if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
     from anndata import AnnData
 
     from omicsprep.backend import Backend
@@ -33,7 +35,8 @@ def run_script(main: Callable[[], None], *, log_path: str | Path, sample: str | 
     message naming the sample, the file and the problem, on the console and in the log
     (with the traceback for the last two); anything else keeps its
     traceback, in the log. SIGTERM (a cancelled job) unwinds the script, so that no
-    temporary output is left behind.
+    temporary output is left behind. A body that succeeds ends the process at once
+    (:func:`exit_at_once`).
 
     Parameters
     ----------
@@ -75,6 +78,21 @@ def run_script(main: Callable[[], None], *, log_path: str | Path, sample: str | 
     except Exception:
         log.exception("failed")
         raise
+    exit_at_once(log_file, console)
+
+
+def exit_at_once(*streams: Any) -> None:
+    """End a rule's process that succeeded without the interpreter's teardown.
+
+    Every output is closed and renamed by then. The interpreter's teardown (a GPU rule's
+    CUDA context and memory pools, large arrays, module after module) is left to the
+    system, which frees it all at once.
+    """
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr, *streams):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(0)
 
 
 def cluster_and_write(adata: AnnData, *, snakemake: Any, h5ad: str, backend: Backend) -> None:
@@ -106,6 +124,56 @@ def cluster_and_write(adata: AnnData, *, snakemake: Any, h5ad: str, backend: Bac
         markers_path=snakemake.output.markers,
         compression=snakemake.config["h5ad_compression"],
     )
+
+
+def write_qc_figures(metrics: pd.DataFrame, *, sample: str, histograms: str, scatter: str) -> None:
+    """Draw and write the QC figures of every input cell; rules plot_qc and qc_cluster share it.
+
+    Parameters
+    ----------
+    metrics
+        The QC metrics table of :func:`omicsprep.pipeline.run_qc`.
+    sample
+        The figures' title.
+    histograms, scatter
+        Where the histograms and the UMIs-against-genes scatter go.
+    """
+    from omicsprep import io, plotting
+
+    io.write_figure(plotting.qc_histograms(metrics, title=sample), histograms)
+    io.write_figure(plotting.qc_scatter(metrics, title=sample), scatter)
+
+
+def write_embedding_figures(
+    coords: np.ndarray,
+    obs: pd.DataFrame,
+    *,
+    sample: str,
+    cluster_keys: list[str],
+    metric_keys: list[str],
+    clusters: str,
+    metrics: str,
+) -> None:
+    """Draw and write the UMAP coloured by clusters and by QC metrics; rules plot_umap and qc_cluster share it.
+
+    Parameters
+    ----------
+    coords
+        The UMAP coordinates, one row per cell.
+    obs
+        The cells' table, with the columns ``cluster_keys`` and (those present of) ``metric_keys``.
+    sample
+        The figures' title.
+    cluster_keys, metric_keys
+        The columns to colour by: clusters, and QC metrics.
+    clusters, metrics
+        Where the two figures go.
+    """
+    from omicsprep import io, plotting
+
+    io.write_figure(plotting.embedding_panels(coords, obs, keys=cluster_keys, title=sample), clusters)
+    present = [key for key in metric_keys if key in obs]
+    io.write_figure(plotting.embedding_panels(coords, obs, keys=present, title=sample), metrics)
 
 
 def seconds_since_process_start() -> float | None:

@@ -23,12 +23,15 @@ rule cluster:
         "../scripts/cluster.py"
 
 
-# qc and cluster in one process (config fuse_qc_cluster): the same outputs as the two rules,
-# one process start, one import of the GPU libraries and one read of qc.h5ad fewer.
+# qc, cluster and their figures in one process (config fuse_qc_cluster): the same outputs as
+# the four rules, with three process starts, one import of the GPU libraries and the reads of
+# qc.h5ad and processed.h5ad fewer.
 rule qc_cluster:
     input:
         counts=counts_input,
     output:
+        **qc_figure_outputs(),
+        **embedding_figure_outputs(),
         h5ad=rules.qc.output.h5ad,
         metrics=rules.qc.output.metrics,
         processed=rules.cluster.output.h5ad,
@@ -52,6 +55,8 @@ rule qc_cluster:
         doublets=config["doublets"],
         steps=cluster_params(),
         seed=config["seed"],
+        cluster_keys=cluster_keys(),
+        metric_keys=QC_METRIC_COLUMNS,
     script:
         "../scripts/qc.py"
 
@@ -60,8 +65,12 @@ if config["fuse_qc_cluster"]:
 
     ruleorder: qc_cluster > qc
     ruleorder: qc_cluster > cluster
+    ruleorder: qc_cluster > plot_qc
+    ruleorder: qc_cluster > plot_umap
 
 else:
 
     ruleorder: qc > qc_cluster
     ruleorder: cluster > qc_cluster
+    ruleorder: plot_qc > qc_cluster
+    ruleorder: plot_umap > qc_cluster

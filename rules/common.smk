@@ -384,6 +384,42 @@ def markers_output():
     )
 
 
+def qc_figure_outputs():
+    """The QC figures, in the report: outputs of rule plot_qc, or of qc_cluster."""
+    return {
+        "histograms": report(
+            "results/{sample}/plots/qc_histograms.png",
+            category="Quality control",
+            caption="../report/qc_histograms.rst",
+            labels={"sample": "{sample}", "figure": "histograms"},
+        ),
+        "scatter": report(
+            "results/{sample}/plots/qc_scatter.png",
+            category="Quality control",
+            caption="../report/qc_scatter.rst",
+            labels={"sample": "{sample}", "figure": "UMIs vs genes"},
+        ),
+    }
+
+
+def embedding_figure_outputs():
+    """The UMAP figures, in the report: outputs of rule plot_umap, or of qc_cluster."""
+    return {
+        "umap_clusters": report(
+            "results/{sample}/plots/umap_clusters.png",
+            category="Embedding",
+            caption="../report/umap_clusters.rst",
+            labels={"sample": "{sample}", "figure": "clusters"},
+        ),
+        "umap_metrics": report(
+            "results/{sample}/plots/umap_qc.png",
+            category="Embedding",
+            caption="../report/umap_qc.rst",
+            labels={"sample": "{sample}", "figure": "QC metrics"},
+        ),
+    }
+
+
 def produced_by_either(path):
     """An output path (``rules.qc.output.h5ad``) as a plain pattern, for an input of another rule.
 

@@ -5,7 +5,7 @@ Then TF-IDF, LSI, neighbours, UMAP and clusters.
 
 from omicsprep import io
 from omicsprep.atac.fragments import count_fragments
-from omicsprep.backend import resolve_backend
+from omicsprep.backend import prepare_gpu, resolve_backend
 from omicsprep.options import AtacOptions, EmbeddingOptions, from_config
 from omicsprep.pipeline import run_atac
 from omicsprep.workflow import run_script
@@ -15,6 +15,7 @@ snakemake = snakemake  # noqa: F821 - injected by Snakemake
 
 def main() -> None:
     backend = resolve_backend(snakemake.params.backend)
+    prepare_gpu(backend)  # overlaps reading the input
     options = from_config(AtacOptions, snakemake.params.atac)
     cells = io.read_h5ad_elements(snakemake.input.cells, ["obs"])["obs"].index
     given = snakemake.input.keys()

@@ -1,7 +1,7 @@
 """Rule cluster: normalize, HVG, PCA, neighbours, UMAP, Leiden/Louvain and markers."""
 
 from omicsprep import io
-from omicsprep.backend import resolve_backend
+from omicsprep.backend import prepare_gpu, resolve_backend
 from omicsprep.workflow import cluster_and_write, run_script
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
@@ -9,6 +9,7 @@ snakemake = snakemake  # noqa: F821 - injected by Snakemake
 
 def main() -> None:
     backend = resolve_backend(snakemake.params.backend)
+    prepare_gpu(backend)  # overlaps reading the input
     adata = io.read_h5ad(snakemake.input.h5ad)
     cluster_and_write(adata, snakemake=snakemake, h5ad=snakemake.output.h5ad, backend=backend)
 

@@ -1,7 +1,7 @@
 """Rule merge: all samples concatenated, Harmony-corrected, clustered, with integration metrics."""
 
 from omicsprep import io, plotting
-from omicsprep.backend import resolve_backend
+from omicsprep.backend import prepare_gpu, resolve_backend
 from omicsprep.options import ClusteringOptions, MergeOptions, from_config
 from omicsprep.pipeline import run_merge
 from omicsprep.rna.clustering import parse_cluster_key
@@ -10,6 +10,7 @@ from omicsprep.workflow import run_script
 
 def main() -> None:
     backend = resolve_backend(snakemake.params.backend)
+    prepare_gpu(backend)  # overlaps reading the input
     samples = {name: io.read_h5ad(path) for name, path in snakemake.input.items()}
     merged, metrics = run_merge(
         samples,

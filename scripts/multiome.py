@@ -1,7 +1,7 @@
 """Rule multiome: modalities joined by barcode, WNN, joint UMAP and clusters."""
 
 from omicsprep import io, plotting
-from omicsprep.backend import resolve_backend
+from omicsprep.backend import prepare_gpu, resolve_backend
 from omicsprep.options import EmbeddingOptions, MultiomeOptions, from_config
 from omicsprep.pipeline import run_multiome
 from omicsprep.workflow import run_script
@@ -11,6 +11,7 @@ snakemake = snakemake  # noqa: F821 - injected by Snakemake
 
 def main() -> None:
     backend = resolve_backend(snakemake.params.backend)
+    prepare_gpu(backend)  # overlaps reading the input
     modalities = {name: io.read_h5ad(path) for name, path in snakemake.input.items()}
     mdata = run_multiome(
         modalities,

@@ -1,16 +1,18 @@
 """Rule plot_qc: histograms and a scatter plot of every input cell's QC metrics."""
 
-from omicsprep import io, plotting
-from omicsprep.workflow import run_script
+from omicsprep import io
+from omicsprep.workflow import run_script, write_qc_figures
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
 
 
 def main() -> None:
-    metrics = io.read_table(snakemake.input.metrics)
-    sample = snakemake.wildcards.sample
-    io.write_figure(plotting.qc_histograms(metrics, title=sample), snakemake.output.histograms)
-    io.write_figure(plotting.qc_scatter(metrics, title=sample), snakemake.output.scatter)
+    write_qc_figures(
+        io.read_table(snakemake.input.metrics),
+        sample=snakemake.wildcards.sample,
+        histograms=snakemake.output.histograms,
+        scatter=snakemake.output.scatter,
+    )
 
 
 run_script(main, log_path=snakemake.log[0], sample=snakemake.wildcards.sample)

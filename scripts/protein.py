@@ -1,7 +1,7 @@
 """Rule protein: antibody tags' QC, CLR or dsb, PCA, neighbours, UMAP and clusters."""
 
 from omicsprep import io
-from omicsprep.backend import resolve_backend
+from omicsprep.backend import prepare_gpu, resolve_backend
 from omicsprep.cells.calling import called_cells
 from omicsprep.options import EmbeddingOptions, ProteinOptions, from_config
 from omicsprep.pipeline import run_protein
@@ -13,6 +13,7 @@ snakemake = snakemake  # noqa: F821 - injected by Snakemake
 
 def main() -> None:
     backend = resolve_backend(snakemake.params.backend)
+    prepare_gpu(backend)  # overlaps reading the input
     duplicates = snakemake.params.duplicate_barcodes
     adata = io.read_counts(snakemake.input.adt, feature_type="Antibody Capture", duplicate_barcodes=duplicates)
     options = from_config(ProteinOptions, snakemake.params.protein)

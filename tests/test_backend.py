@@ -47,6 +47,34 @@ def test_only_cupy_is_imported_to_choose_the_backend():
     assert result.stdout.strip() == "[]"
 
 
+@pytest.mark.gpu
+def test_preparing_the_gpu_overlaps_the_read_and_the_first_use_waits_for_it():
+    # In a fresh process, as in a rule: the thread imports rapids-singlecell while this one
+    # reads; the first gpu_module call waits for it, then finds the module imported once.
+    code = """
+import sys, threading
+from omicsprep.backend import gpu_module, prepare_gpu, resolve_backend
+backend = resolve_backend("gpu")
+prepare_gpu(backend)
+preparing = [t for t in threading.enumerate() if t.name == "omicsprep-prepare-gpu"]
+module = gpu_module("rapids_singlecell")
+print(len(preparing), any(t.is_alive() for t in preparing), module is sys.modules["rapids_singlecell"])
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["1", "False", "True"]
+
+
+def test_preparing_the_cpu_backend_starts_nothing():
+    import threading
+
+    from omicsprep.backend import prepare_gpu
+
+    before = threading.active_count()
+    prepare_gpu("cpu")
+    assert threading.active_count() == before
+
+
 @pytest.mark.skipif(gpu_unavailable_reason() is None, reason="a GPU is present")
 def test_multi_gpu_without_gpus_fails():
     with (

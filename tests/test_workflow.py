@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import CITESEQ, DROPLETS_H5, DROPLETS_TRUTH, MULTIOME, PBMC_H5, PBMC_MTX, REPO
+from matplotlib import image
 from scipy import sparse
 
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -207,8 +208,14 @@ def test_fused_qc_cluster_writes_what_qc_and_cluster_write(cpu_run, tmp_path):
         assert sorted(one.obsm) == sorted(two.obsm) and sorted(one.layers) == sorted(two.layers)
         for key in one.obsm:
             np.testing.assert_allclose(one.obsm[key], two.obsm[key], atol=1e-5, err_msg=key)
-    # One process: no qc or cluster jobs; the run-time table has qc_cluster with both rules' steps.
-    assert not (tmp_path / "logs" / "qc").exists() and not (tmp_path / "logs" / "cluster").exists()
+    # The figures, drawn from the same tables and embedding as the plot rules draw them from.
+    for figure in ("qc_histograms", "qc_scatter", "umap_clusters", "umap_qc"):
+        drawn, plotted = (image.imread(run / "plots" / f"{figure}.png") for run in (fused, separate))
+        assert drawn.shape == plotted.shape, figure
+        assert np.abs(drawn - plotted).mean() < 0.01, figure
+    # One process: no qc, cluster or plot jobs; the run-time table has qc_cluster with both rules' steps.
+    for rule in ("qc", "cluster", "plot_qc", "plot_umap"):
+        assert not (tmp_path / "logs" / rule).exists(), rule
     times = pd.read_csv(tmp_path / "results" / "run_times.tsv", sep="\t")
     assert "qc_cluster" in set(times["rule"]) and not {"qc", "cluster"} & set(times["rule"])
     assert {"total", "doublets", "leiden", "markers"} <= set(times.loc[times["rule"] == "qc_cluster", "step"])
@@ -225,6 +232,7 @@ def test_fused_qc_cluster_writes_what_qc_and_cluster_write(cpu_run, tmp_path):
     assert report.returncode == 0, report.stderr[-3000:]
     with zipfile.ZipFile(tmp_path / "report.zip") as archive:
         assert any(name.endswith("/markers.tsv") for name in archive.namelist())
+        assert any(name.endswith("/umap_clusters.png") for name in archive.namelist())
 
 
 def test_fused_qc_cluster_refuses_overrides_of_qc_or_cluster():
