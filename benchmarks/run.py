@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import functools
 import json
 import os
 import platform
@@ -85,28 +86,36 @@ def dataset(workdir: Path, n_cells: int, n_genes: int, jobs: int) -> Path:
 
 
 def run_workflow(
-    workdir: Path, counts: Path, config: Path, backend: str, cores: int, *, fused: bool = False, cold: bool = False
+    workdir: Path,
+    counts: Path,
+    config: Path,
+    backend: str,
+    cores: int,
+    *,
+    fused: bool = False,
+    caches: dict[str, str] | None = None,
+    label: str = "",
 ) -> dict:
     """One run of the workflow on ``counts``.
 
     With ``fused``, qc, cluster and their figures as one rule (fuse_qc_cluster); with
-    ``cold``, with empty kernel caches (CuPy's and Numba's), as on a fresh machine.
+    ``caches`` (:func:`kernel_caches`), kernels compiled into and loaded from those folders
+    rather than the machine's; ``label`` is added to the run's name.
     """
-    name = (f"{backend}-fused" if fused else backend) + ("-cold" if cold else "")
+    name = (f"{backend}-fused" if fused else backend) + label
     rundir = workdir / f"{name}_{counts.stem}"
     rundir.mkdir(parents=True, exist_ok=True)
     sheet = rundir / "samples.tsv"
     sheet.write_text(f"sample\tinput\nbench\t{counts}\n")
-    with tempfile.TemporaryDirectory(prefix="kernel-caches-", dir=workdir) as caches:
-        wall = run_snakemake(
-            rundir,
-            config=config,
-            sheet=sheet,
-            backend=backend,
-            cores=cores,
-            settings=[f"fuse_qc_cluster={str(fused).lower()}"],
-            environment=empty_kernel_caches(Path(caches)) if cold else {},
-        )
+    wall = run_snakemake(
+        rundir,
+        config=config,
+        sheet=sheet,
+        backend=backend,
+        cores=cores,
+        settings=[f"fuse_qc_cluster={str(fused).lower()}"],
+        environment=caches,
+    )
     times = pd.read_csv(rundir / "results" / "run_times.tsv", sep="\t")
     totals = times[times["step"] == "total"].set_index("rule")
     steps = times[times["step"] != "total"]
@@ -289,11 +298,11 @@ def user_environment() -> dict[str, str]:
     return {name: value for name, value in os.environ.items() if name != "PYTHONDONTWRITEBYTECODE"}
 
 
-def empty_kernel_caches(folder: Path) -> dict[str, str]:
-    """Environment variables that point the kernel caches at empty folders under ``folder``.
+def kernel_caches(folder: Path) -> dict[str, str]:
+    """Environment variables that point the kernel caches at folders under ``folder``.
 
     CuPy's and Numba's compiled kernels, and the CUDA driver's (Numba's PTX is compiled to
-    the GPU's code by the driver).
+    the GPU's code by the driver). Empty at first, as on a fresh machine.
     """
     caches = {name: folder / name.lower() for name in ("CUPY_CACHE_DIR", "NUMBA_CACHE_DIR", "CUDA_CACHE_PATH")}
     for path in caches.values():
@@ -373,7 +382,9 @@ def main() -> None:
     parser.add_argument("--fuse", action="store_true", help="also run each backend with fuse_qc_cluster: true")
     parser.add_argument("--fused-only", action="store_true", help="run each backend with fuse_qc_cluster: true only")
     parser.add_argument(
-        "--cold", action="store_true", help="run each backend first with empty kernel caches (as on a fresh machine)"
+        "--cold",
+        action="store_true",
+        help="run each backend twice from empty kernel caches: a fresh machine's first run (cold), then its second",
     )
     parser.add_argument("--quick", action="store_true", help="2,000 cells x 5,000 genes, cpu and peer")
     parser.add_argument("--cpu-max-cells", type=int, default=None, help="skip the CPU backend and peer above this")
@@ -432,12 +443,17 @@ def benchmark_size(
     on_cpu = args.cpu_max_cells is None or n_cells <= args.cpu_max_cells
     backends = [b for b in args.backends if b == "gpu" or on_cpu]
     modes = [True] if args.fused_only else [False, True] if args.fuse else [False]
-    results = [
-        run_workflow(args.workdir, counts, config, backend, args.cores, fused=fused, cold=cold)
-        for backend in backends
-        for fused in modes
-        for cold in ([True, False] if args.cold else [False])
-    ]
+    results = []
+    for backend in backends:
+        for fused in modes:
+            run = functools.partial(run_workflow, args.workdir, counts, config, backend, args.cores, fused=fused)
+            if not args.cold:
+                results.append(run())
+                continue
+            # A fresh machine's first run, then its second: the same caches, empty at first.
+            with tempfile.TemporaryDirectory(prefix="kernel-caches-", dir=args.workdir) as folder:
+                caches = kernel_caches(Path(folder))
+                results += [run(caches=caches, label="-cold"), run(caches=caches, label="-warm")]
     peer = run_peer(args.workdir, counts, config) if args.peer and on_cpu else None
     steps = pd.concat([result["steps"] for result in results], axis=1).reset_index() if results else None
     phases = pd.concat([result["phases"] for result in results]) if results else None
