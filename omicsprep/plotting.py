@@ -61,8 +61,33 @@ def qc_histograms(metrics: pd.DataFrame, *, title: str) -> Figure:
     return fig
 
 
+# Scatter plots of more cells show this many, drawn at random (fixed seed): a million points
+# take seconds per panel to draw and look the same.
+MAX_POINTS_SHOWN = 200_000
+
+
+def points_shown(n_points: int) -> np.ndarray:
+    """The indices of the points a scatter plot of ``n_points`` draws: all, or :data:`MAX_POINTS_SHOWN` at random."""
+    if n_points <= MAX_POINTS_SHOWN:
+        return np.arange(n_points)
+    return np.sort(np.random.default_rng(0).choice(n_points, MAX_POINTS_SHOWN, replace=False))
+
+
+def shown_title(title: str, n_points: int) -> str:
+    """``title``, saying how many of the cells are drawn when not all are."""
+    if n_points <= MAX_POINTS_SHOWN:
+        return title
+    return f"{title} ({MAX_POINTS_SHOWN:,} of {n_points:,} cells drawn)"
+
+
 def qc_scatter(metrics: pd.DataFrame, *, title: str) -> Figure:
-    """UMIs against genes per cell, coloured by mitochondrial share, failed cells marked."""
+    """UMIs against genes per cell, coloured by mitochondrial share, failed cells marked.
+
+    Of more than :data:`MAX_POINTS_SHOWN` cells, that many are drawn, at random.
+    """
+    n_cells = len(metrics)
+    metrics = metrics.iloc[points_shown(n_cells)]
+    title = shown_title(title, n_cells)
     fig = Figure(figsize=(6, 5))
     ax = fig.subplots()
     coords = metrics[["total_counts", "n_genes_by_counts"]].to_numpy(dtype=float)
@@ -93,9 +118,18 @@ def qc_scatter(metrics: pd.DataFrame, *, title: str) -> Figure:
 def embedding_panels(coords: np.ndarray, obs: pd.DataFrame, *, keys: list[str], title: str) -> Figure:
     """Scatter plots of a 2-D embedding, one panel per ``obs`` column.
 
-    Categorical columns get a colour per category and labels at category centres;
-    numeric columns a continuous colour map.
+    Categorical columns get a colour per category and labels at category centres (of all
+    cells); numeric columns a continuous colour map. Of more than :data:`MAX_POINTS_SHOWN`
+    cells, that many are drawn, at random.
     """
+    centres = {
+        key: pd.DataFrame(coords, index=obs.index).groupby(obs[key].to_numpy(), observed=True).median()
+        for key in keys
+        if isinstance(obs[key].dtype, pd.CategoricalDtype)
+    }
+    shown = points_shown(len(obs))
+    title = shown_title(title, len(obs))
+    coords, obs = coords[shown], obs.iloc[shown]
     n_cols = min(3, len(keys))
     n_rows = math.ceil(len(keys) / n_cols)
     fig = Figure(figsize=(5.2 * n_cols, 4.6 * n_rows))
@@ -108,8 +142,8 @@ def embedding_panels(coords: np.ndarray, obs: pd.DataFrame, *, keys: list[str], 
             for i, category in enumerate(values.cat.categories):
                 mask = (values == category).to_numpy()
                 ax.scatter(coords[mask, 0], coords[mask, 1], s=size, color=cmap(i % 20), rasterized=True)
-                if mask.any():
-                    x, y = np.median(coords[mask], axis=0)
+                if category in centres[key].index:
+                    x, y = centres[key].loc[category]
                     ax.text(x, y, str(category), fontsize=8, weight="bold", ha="center", va="center")
         else:
             _numeric_scatter(ax, coords, values.to_numpy(dtype=float), size=size)

@@ -129,3 +129,25 @@ def test_cluster_keys_parse_back_to_algorithm_and_resolution(algorithm, resoluti
 )
 def test_other_column_names_are_not_cluster_keys(name):
     assert clustering.parse_cluster_key(name) is None
+
+
+def test_embedding_figure_of_many_cells_draws_a_random_share_and_labels_all():
+    from omicsprep import plotting
+
+    n = plotting.MAX_POINTS_SHOWN + 50_000
+    rng = np.random.default_rng(1)
+    # Two clusters far apart; the label of each sits at the median of all its cells.
+    labels = np.repeat(["a", "b"], [n // 2, n - n // 2])
+    coords = rng.normal(size=(n, 2)) + np.where(labels == "a", 0.0, 100.0)[:, None]
+    obs = pd.DataFrame({"cluster": pd.Categorical(labels)}, index=[f"c{i}" for i in range(n)])
+    fig = plotting.embedding_panels(coords, obs, keys=["cluster"], title="s")
+    ax = fig.axes[0]
+    assert sum(len(c.get_offsets()) for c in ax.collections) == plotting.MAX_POINTS_SHOWN
+    for text in ax.texts:
+        expected = np.median(coords[labels == text.get_text()], axis=0)
+        np.testing.assert_allclose(text.get_position(), expected)
+    assert fig.get_suptitle() == f"s ({plotting.MAX_POINTS_SHOWN:,} of {n:,} cells drawn)"
+    # Fewer cells: every one drawn, the title as given.
+    small = plotting.embedding_panels(coords[:1000], obs.iloc[:1000], keys=["cluster"], title="s")
+    assert sum(len(c.get_offsets()) for c in small.axes[0].collections) == 1000
+    assert small.get_suptitle() == "s"
