@@ -1,18 +1,20 @@
-"""CellBender ``remove-background`` on a generated raw matrix: wall time and quality against the truth.
+"""CellBender and omicsprep's SoupX and DecontX on a generated raw matrix: wall time and quality against the truth.
 
     python benchmarks/cellbender_bench.py [--cells 5000 --barcodes 100000 --genes 20000]
-        [--settings fast default] [--fpr 0.01 0.1] [--total-droplets N] [--workdir /tmp/cellbender-bench] [--cpu]
+        [--ours soupx decontx] [--settings fast default] [--fpr 0.01 0.1] [--total-droplets N]
+        [--workdir /tmp/cellbender-bench] [--cpu]
 
 Generates raw droplets (benchmarks/generate.py: cells of types with exclusive markers among
-empty droplets, a planted ambient share of 5-20% per cell), runs CellBender on them once per
-setting and FPR (on the GPU unless ``--cpu``; the first FPR trains, the others resume from
-its checkpoint and only redo the output), reads its output with
-:func:`omicsprep.io.cellbender.read_cellbender` and scores it against the planted truth:
-cells called (CellBender's probability > 0.5) against the true cells (precision, recall),
-the share of each true cell's counts removed against its planted ambient share, and the
-other types' markers in true cells (counts that can only be ambient) before and after.
-Prints a table and writes it (``cellbender_bench.tsv``) and each run's log to ``$OUT`` (or
-the work folder).
+empty droplets, a planted ambient share of 5-20% per cell). Runs omicsprep's ``call_cells``
+step (emptyDrops, then each of ``--ours`` with the workflow's default settings; on the GPU
+where there is one, unless ``--cpu``), then CellBender once per setting and FPR (on the GPU
+unless ``--cpu``; the first FPR trains, the others resume from its checkpoint and only redo
+the output), read with :func:`omicsprep.io.cellbender.read_cellbender`. Each is scored
+against the planted truth: cells called (CellBender's: probability > 0.5) against the true
+cells (precision, recall); in the true cells called, the share of each one's counts
+removed against its planted ambient share, and the other types' markers (counts that can
+only be ambient) before and after. Prints a table and writes it (``cellbender_bench.tsv``)
+and each CellBender run's log to ``$OUT`` (or the work folder).
 
 On the GPU machine (offline): CellBender and the packages it needs beyond the machine's
 image and the RAPIDS bundle (anndata) travel as wheels in ``.gpu/cellbender/`` (cellbender
@@ -23,7 +25,7 @@ image and the RAPIDS bundle (anndata) travel as wheels in ``.gpu/cellbender/`` (
     bash .gpu/stage.sh && source .gpu/env.sh &&
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/cb .gpu/cellbender/*.whl &&
     export PYTHONPATH=/tmp/cb:$PYTHONPATH PATH=/tmp/cb/bin:$PATH PYTHONUNBUFFERED=1 &&
-    timeout 300 python3 benchmarks/cellbender_bench.py --settings fast --total-droplets 15000
+    timeout 560 python3 benchmarks/cellbender_bench.py --cells 2000 --barcodes 40000 --genes 10000 --total-droplets 6000
 
 Without Jupyter there CellBender logs that it could not make its HTML report; the rest is
 written.
@@ -79,28 +81,50 @@ def foreign_marker_counts(counts, cell_type: np.ndarray, markers: list[np.ndarra
     return total
 
 
-def quality(corrected: AnnData, droplets: RawDroplets) -> dict[str, float]:
-    """CellBender's output scored against the planted truth of ``droplets`` (the matrix it ran on)."""
-    rows = droplets.truth.index.get_indexer(corrected.obs_names)
-    truth = droplets.truth.iloc[rows]
-    raw = droplets.counts[rows]
+def quality(cells: AnnData, droplets: RawDroplets) -> dict[str, float]:
+    """Called cells with corrected counts (``cells``) scored against the planted truth of ``droplets``."""
+    truth = droplets.truth.loc[cells.obs_names]
     is_cell = truth["is_cell"].to_numpy()
-    called = (corrected.obs["cell_probability"] > 0.5).to_numpy()  # CellBender's cut-off
-    removed = 1 - np.asarray(corrected.X[is_cell].sum(axis=1)).ravel() / np.asarray(raw[is_cell].sum(axis=1)).ravel()
+    corrected = cells.X[is_cell]
+    raw = droplets.counts[droplets.truth.index.get_indexer(cells.obs_names[is_cell])]
+    removed = 1 - np.asarray(corrected.sum(axis=1)).ravel() / np.asarray(raw.sum(axis=1)).ravel()
     planted = truth["ambient_fraction"].to_numpy()[is_cell]
-    cell_type = truth["cell_type"].to_numpy()
+    cell_type = truth["cell_type"].to_numpy()[is_cell]
     foreign_raw = foreign_marker_counts(raw, cell_type, droplets.markers)
-    foreign_kept = foreign_marker_counts(corrected.X, cell_type, droplets.markers)
+    foreign_kept = foreign_marker_counts(corrected, cell_type, droplets.markers)
     return {
-        "cells_called": int(called.sum()),
-        "precision": float((called & is_cell).sum() / max(called.sum(), 1)),
-        "recall": float((called & is_cell).sum() / is_cell.sum()),
+        "cells_called": cells.n_obs,
+        "precision": float(is_cell.mean()),
+        "recall": float(is_cell.sum() / droplets.truth["is_cell"].sum()),
         "removed_fraction": float(removed.mean()),
         "planted_fraction": float(planted.mean()),
         "removed_planted_corr": float(np.corrcoef(removed, planted)[0, 1]),
         "foreign_marker_reduction": float(1 - foreign_kept / foreign_raw),
-        "entries_above_raw": int(((corrected.X - raw) > 0).sum()),
+        "entries_above_raw": int(((corrected - raw) > 0).sum()),
     }
+
+
+def called_by_cellbender(output: AnnData) -> AnnData:
+    """The barcodes of CellBender's output that it calls cells (probability above 0.5, its cut-off)."""
+    return output[output.obs["cell_probability"] > 0.5]
+
+
+def run_omicsprep(raw: Path, method: str, *, backend: str) -> tuple[float, AnnData]:
+    """Run the call_cells step (emptyDrops, then ambient ``method``, default settings): seconds, called cells."""
+    from omicsprep.io import read_counts
+    from omicsprep.options import AmbientOptions, CellOptions
+    from omicsprep.pipeline import run_call_cells
+
+    counts = read_counts(raw)
+    start = time.perf_counter()
+    cells, _ = run_call_cells(
+        counts,
+        filtered=None,
+        cellbender=None,
+        options=CellOptions(ambient=AmbientOptions(method=method)),  # type: ignore[arg-type]
+        backend=backend,  # type: ignore[arg-type]
+    )
+    return time.perf_counter() - start, cells
 
 
 def seconds_to_trained(log: str) -> float:
@@ -138,12 +162,13 @@ def main() -> None:
     parser.add_argument(
         "--total-droplets", type=int, help="barcodes analysed (CellBender picks when unset; set it for small matrices)"
     )
-    parser.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=["fast", "default"])
+    parser.add_argument("--ours", nargs="*", choices=["soupx", "decontx"], default=["soupx", "decontx"])
+    parser.add_argument("--settings", nargs="*", choices=list(SETTINGS), default=["fast", "default"])
     parser.add_argument(
         "--fpr", nargs="+", type=float, default=[0.01, 0.1], help="target FPRs; the first trains, the others resume"
     )
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/cellbender-bench"))
-    parser.add_argument("--cpu", action="store_true", help="train on the CPU (default: the GPU)")
+    parser.add_argument("--cpu", action="store_true", help="run on the CPU (default: the GPU)")
     args = parser.parse_args()
     out = Path(os.environ.get("OUT") or args.workdir)
     args.workdir.mkdir(parents=True, exist_ok=True)
@@ -156,6 +181,14 @@ def main() -> None:
     device = "CPU" if args.cpu else _gpu_name()
     options = {"expected_cells": args.cells, "total_droplets": args.total_droplets, "cuda": not args.cpu}
     rows = []
+    table = out / "cellbender_bench.tsv"
+    for method in args.ours:
+        seconds, cells = run_omicsprep(raw, method, backend="cpu" if args.cpu else "gpu")
+        rows.append(
+            {"setting": f"omicsprep {method}", "fpr": np.nan, "seconds": round(seconds, 1)} | quality(cells, droplets)
+        )
+        print(rows[-1], flush=True)
+        pd.DataFrame(rows).to_csv(table, sep="\t", index=False)
     for setting in args.settings:
         folder = args.workdir / setting
         shutil.rmtree(folder, ignore_errors=True)  # a checkpoint of an earlier run would be resumed
@@ -164,15 +197,15 @@ def main() -> None:
             log_path = out / f"cellbender_{setting}_fpr{fpr}.log"
             seconds, output, log = run_cellbender(raw, folder, setting, fpr=fpr, log=log_path, **options)
             row = {
-                "setting": setting,
+                "setting": f"CellBender {setting}",
                 "fpr": fpr,
                 "seconds": round(seconds, 1),
                 "to_trained_s": seconds_to_trained(log),
             }
-            row |= quality(read_cellbender(output), droplets)
+            row |= quality(called_by_cellbender(read_cellbender(output)), droplets)
             print(row, flush=True)
             rows.append(row)
-            pd.DataFrame(rows).to_csv(out / "cellbender_bench.tsv", sep="\t", index=False)
+            pd.DataFrame(rows).to_csv(table, sep="\t", index=False)
     print(f"\n{args.cells} cells among {args.barcodes} barcodes x {args.genes} genes, {device} ({platform.node()})")
     print(pd.DataFrame(rows).to_string(index=False, float_format="%.3f"))
 

@@ -30,8 +30,11 @@
 #             $PROFILE_CELLS (300000) cells, with h5ad writes in $PROFILE_COMPRESSIONS (lzf none)
 #   droplets  issue 17's benchmarks: benchmarks/emptydrops_bench.py (CPU and GPU backends; R is
 #             not on the GPU machine), benchmarks/decontx_bench.py (pydecontx, CPU, GPU; pydecontx's
-#             wheel in .gpu/extra), benchmarks/cellbender_bench.py (its fast setting, --cuda; needs
-#             CellBender's wheels in .gpu/cellbender/, see that script)
+#             wheel in .gpu/extra)
+#   cellbender benchmarks/cellbender_bench.py: omicsprep's SoupX and DecontX, then CellBender's fast
+#             setting and its defaults (--cuda), at 2,000 cells among 40,000 barcodes x 10,000 genes
+#             ($CELLBENDER_ARGS replace these); needs CellBender's wheels in .gpu/cellbender/ (see
+#             that script), which also let the tests run CellBender's --cuda CLI test
 #   e2e       benchmarks/run.py on $E2E_BACKENDS (gpu) at $E2E_CELLS (1000000) cells (data cached in /tmp/ob),
 #             with $E2E_ARGS (--fuse: also with qc, cluster and figures fused into one rule; --fused-only;
 #             --cold: each run first from empty kernel caches, then again); prints where each rule's seconds went
@@ -60,6 +63,10 @@ for wheel in .gpu/extra/*.whl; do
   [ -e "$wheel" ] && python3 -m pip install -q --no-deps --target /tmp/gpu-extra "$wheel" >/dev/null 2>&1
 done
 [ -d /tmp/gpu-extra ] && export PYTHONPATH=/tmp/gpu-extra:$PYTHONPATH PATH=/tmp/gpu-extra/bin:$PATH
+if [ -d .gpu/cellbender ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/cb .gpu/cellbender/*.whl >/dev/null 2>&1
+  export PYTHONPATH=$PYTHONPATH:/tmp/cb PATH=$PATH:/tmp/cb/bin  # after the image's and the bundle's packages
+fi
 # STAR 2.7.10b for the FASTQ tests, carried in .gpu/star/ (Debian rna-star's STAR-avx2 binary
 # and the libraries it links: libhts.so.3, libdeflate.so.0, libhtscodecs.so.2):
 #   cp /usr/lib/rna-star/bin/STAR-avx2 .gpu/star/STAR; cp -L /lib/x86_64-linux-gnu/{libhts.so.3,libdeflate.so.0,libhtscodecs.so.2} .gpu/star/
@@ -190,12 +197,12 @@ echo "== droplets: emptyDrops (500,000 barcodes x 33,000 genes, 10,000 cells, ni
 python3 benchmarks/emptydrops_bench.py --skip-r --gpu --profile 2>&1 | tail -n 40
 echo "== droplets: DecontX (10,000 cells x 33,000 genes), pydecontx, CPU and GPU"
 python3 benchmarks/decontx_bench.py --backend cpu gpu gpu 2>&1 | tail -n 20
-if [ -d .gpu/cellbender ]; then
-  echo "== droplets: CellBender (fast setting, --cuda)"
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/cb .gpu/cellbender/*.whl >/dev/null 2>&1
-  PYTHONPATH=/tmp/cb:$PYTHONPATH PATH=/tmp/cb/bin:$PATH timeout 420 python3 benchmarks/cellbender_bench.py \
-    --settings fast --total-droplets 15000 2>&1 | tail -n 20
 fi
+if wants cellbender; then
+echo "== cellbender: omicsprep's SoupX and DecontX, CellBender fast and default (--cuda)"
+# The table is rewritten after each run, so a run cut short by the timeout keeps the rows before it.
+timeout "${CELLBENDER_TIMEOUT:-560}" python3 benchmarks/cellbender_bench.py \
+  ${CELLBENDER_ARGS:---cells 2000 --barcodes 40000 --genes 10000 --total-droplets 6000} 2>&1 | tail -n 20
 fi
 if wants e2e; then
 echo "== end to end: benchmarks/run.py"

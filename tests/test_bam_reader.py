@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import array
 import re
-import sys
 from pathlib import Path
 
+import generate
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import REPO
 
 from omicsprep.errors import InputError
 from omicsprep.options import UmiOptions
@@ -18,9 +17,6 @@ from omicsprep.reads import bam as bam_reader
 from omicsprep.reads import counting
 from omicsprep.reads.molecules import READ_NAME_PATTERNS
 from omicsprep.reads.umi import collapse_codes, collapse_reads, molecule_groups
-
-sys.path.insert(0, str(REPO / "benchmarks"))
-import generate
 
 pysam = pytest.importorskip("pysam")
 

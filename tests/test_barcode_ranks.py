@@ -4,19 +4,15 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import generate
 import numpy as np
 import pytest
-from conftest import REPO
 
 from omicsprep.cells.ranks import BarcodeRanks, barcode_ranks, smooth_spline
-
-sys.path.insert(0, str(REPO / "benchmarks"))
-import generate
 
 BARCODE_RANKS_R = r"""
 suppressMessages(library(DropletUtils))

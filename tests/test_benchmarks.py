@@ -5,13 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import generate
 import numpy as np
 import pandas as pd
 import pytest
 from conftest import REPO
-
-sys.path.insert(0, str(REPO / "benchmarks"))
-import generate
 
 
 def test_generator_is_deterministic_and_realistic(monkeypatch):

@@ -12,11 +12,12 @@ import sys
 from dataclasses import replace
 
 import anndata as ad
+import generate
 import igraph
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import REPO, repeated_entries
+from conftest import repeated_entries
 from scipy import sparse, stats
 from sklearn.metrics import adjusted_rand_score
 
@@ -25,9 +26,6 @@ from omicsprep.network import coexpression
 from omicsprep.options import CoexpressionOptions, MetacellOptions, PerClusterOptions
 from omicsprep.pipeline import run_coexpression, run_coexpression_per_cluster
 from omicsprep.rna.preprocessing import normalize
-
-sys.path.insert(0, str(REPO / "benchmarks"))
-import generate
 
 OPTIONS = CoexpressionOptions(top_k=20, metacells=MetacellOptions(method="none", n_metacells=200))
 

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 
+import generate
 import numpy as np
 import pytest
-from conftest import REPO
 from scipy import sparse
 
 from omicsprep.cells.decontx import DecontXResult, _entries, decontx, fit_dirichlet_shares
 from omicsprep.errors import InputError
-
-sys.path.insert(0, str(REPO / "benchmarks"))
-import generate
 
 
 @dataclass(frozen=True)

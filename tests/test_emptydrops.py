@@ -10,6 +10,7 @@ import subprocess
 import sys
 from functools import cache
 
+import generate
 import numba
 import numpy as np
 import pandas as pd
@@ -21,9 +22,6 @@ from scipy import sparse
 from omicsprep.cells import montecarlo
 from omicsprep.cells.emptydrops import empty_drops, empty_drops_cell_ranger
 from omicsprep.errors import InputError
-
-sys.path.insert(0, str(REPO / "benchmarks"))
-import generate
 
 NITERS = 2000
 CALLED = 0.001

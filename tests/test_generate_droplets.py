@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
+import generate
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import REPO
 
 from omicsprep.options import UmiOptions
 from omicsprep.reads import counting
 from omicsprep.reads.umi import METHODS
-
-sys.path.insert(0, str(REPO / "benchmarks"))
-import generate
 
 N_CELLS, N_BARCODES, N_GENES = 100, 3_000, 500
 

@@ -308,9 +308,6 @@ def test_gpu_result_writes_as_h5ad(clustered_both, tmp_path):
 @pytest.fixture(scope="module")
 def molecule_table(tmp_path_factory):
     """Generated reads as a molecule table (with N UMIs, unassigned and multi-gene reads)."""
-    from conftest import REPO
-
-    sys.path.insert(0, str(REPO / "benchmarks"))
     import generate
 
     path = tmp_path_factory.mktemp("umi") / "molecules.parquet"
@@ -328,15 +325,12 @@ def test_molecule_tables_are_read_by_cudf_as_by_pyarrow(tmp_path, suffix):
     import csv
     from collections import Counter
 
+    import generate
     import pandas as pd
     import pyarrow as pa
-    from conftest import REPO
 
     from omicsprep.options import UmiOptions
     from omicsprep.reads.molecules import BamOptions, TableOptions, usable_reads
-
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    import generate
 
     reads = generate.generate_reads(30_000, n_cells=100, n_genes=500, umi_length=10, seed=5)[["gene", "cell", "umi"]]
     reads.loc[reads.index[:50], "cell"] = None

@@ -12,14 +12,13 @@ import dataclasses
 import gzip
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import generate_fastq
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import REPO
 
 from omicsprep.align import checks
 from omicsprep.align.chemistry import Chemistry, chemistry
@@ -31,9 +30,6 @@ from omicsprep.io.star import read_barcode_stats, read_solo_matrix, read_solo_su
 from omicsprep.options import AlignOptions, UmiOptions
 from omicsprep.reads.counting import count_umis
 from omicsprep.reads.molecules import BamOptions
-
-sys.path.insert(0, str(REPO / "benchmarks"))
-import generate_fastq
 
 pytestmark = pytest.mark.skipif(shutil.which("STAR") is None, reason="STAR is not on PATH (Debian: rna-star)")
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import generate
 import pandas as pd
 import pyarrow as pa
 import pytest
@@ -19,9 +20,6 @@ from omicsprep.options import UmiOptions
 from omicsprep.reads import counting
 from omicsprep.reads.molecules import BamOptions, TableOptions, estimated_reads
 from omicsprep.reads.umi import METHODS, pack_umis
-
-sys.path.insert(0, str(REPO / "benchmarks"))
-import generate
 
 UMI_DATA = REPO / "tests" / "data" / "umi_tools"
 UMI_TOOLS_BAM = UMI_DATA / "chr19_gene_tags.bam"

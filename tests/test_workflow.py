@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
@@ -15,10 +14,8 @@ import pandas as pd
 import pytest
 from conftest import CITESEQ, DROPLETS_H5, DROPLETS_TRUTH, MULTIOME, PBMC_H5, PBMC_MTX, REPO
 from matplotlib import image
-from scipy import sparse
-
-sys.path.insert(0, str(REPO / "benchmarks"))
 from run import snakemake_command
+from scipy import sparse
 
 from omicsprep import io
 
