@@ -179,4 +179,5 @@ def test_cellbender_cli_end_to_end(tmp_path, cuda):
     # epochs varies (on the H200 52 of 60 called were true cells); quality is checked on the
     # fixture's 60-epoch run above and by benchmarks/cellbender_bench.py.
     filtered = read_cellbender(run_dir / "cb_filtered.h5")
-    assert filtered.obs_names.tolist() == corrected.obs_names[corrected.obs["cell_probability"] > 0.5].tolist()
+    called = corrected.obs_names[corrected.obs["cell_probability"] > 0.5]
+    assert sorted(filtered.obs_names) == sorted(called)  # in another order
