@@ -34,6 +34,7 @@ written.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import platform
 import re
@@ -54,17 +55,19 @@ from generate import RawDroplets, generate_raw_droplets, write_10x_h5  # noqa: E
 
 from omicsprep.cells.cellbender import remove_background_command  # noqa: E402
 from omicsprep.io.cellbender import read_cellbender  # noqa: E402
+from omicsprep.options import CellbenderOptions  # noqa: E402
 
-# Faster than CellBender's defaults within what its docs call safe: a third of the epochs
-# (its docs: 150 typical) at three times the learning rate (they advise at most 1e-3),
-# larger posterior batches (GPU memory allowing), and only features expected to carry at
-# least one ambient count in cells (the docs' speed-up; the rest are left as they are).
+# CellBender's defaults, and the workflow's (omicsprep.options.CellbenderOptions): faster
+# within what CellBender's docs call safe: a third of the epochs (its docs: 150 typical) at
+# three times the learning rate (they advise at most 1e-3), larger posterior batches (GPU
+# memory allowing), and only features expected to carry at least one ambient count in cells
+# (the docs' speed-up; the rest are left as they are).
 SETTINGS: dict[str, dict] = {
     "default": {},
     "fast": {
-        "epochs": 50,
-        "learning_rate": 3e-4,
-        "extra": ["--posterior-batch-size", "1024", "--projected-ambient-count-threshold", "1"],
+        name: value
+        for name, value in dataclasses.asdict(CellbenderOptions()).items()
+        if name not in ("fpr", "total_droplets")  # given per run
     },
 }
 

@@ -404,14 +404,21 @@ class DecontxOptions:
 class CellbenderOptions:
     """CellBender ``remove-background`` (``ambient.method: cellbender``).
 
-    ``epochs`` of training, its false positive rate ``fpr``; ``learning_rate`` and
-    ``total_droplets`` are CellBender's own when ``None``.
+    ``epochs`` of training, its false positive rate ``fpr``, ``learning_rate``,
+    ``total_droplets``, ``posterior_batch_size`` and ``projected_ambient_count_threshold``
+    (CellBender's own where ``None``). The defaults are a fast setting: a third of
+    CellBender's epochs at three times its learning rate, larger posterior batches, and only
+    the features expected to hold an ambient count in cells. On one H200 it trained 2.6x
+    faster than CellBender's defaults (150 epochs, 1e-4, 128, 0.1) and called and removed
+    the same (benchmarks/RESULTS.md).
     """
 
-    epochs: int = 150
+    epochs: int = 50
     fpr: float = 0.01
-    learning_rate: float | None = None
+    learning_rate: float | None = 3e-4
     total_droplets: int | None = None
+    posterior_batch_size: int | None = 1024
+    projected_ambient_count_threshold: float | None = 1.0
 
 
 @dataclass(frozen=True)

@@ -467,6 +467,8 @@ def cellbender_command(wildcards, threads):
         epochs=settings["epochs"],
         learning_rate=settings["learning_rate"],
         fpr=settings["fpr"],
+        posterior_batch_size=settings["posterior_batch_size"],
+        projected_ambient_count_threshold=settings["projected_ambient_count_threshold"],
         cpu_threads=threads,
     )
     return shlex.join(command)

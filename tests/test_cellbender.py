@@ -57,9 +57,10 @@ def test_command_options():
         epochs=50,
         learning_rate=3e-4,
         fpr=0.05,
+        posterior_batch_size=1024,
+        projected_ambient_count_threshold=1.0,
         cuda=True,
         cpu_threads=4,
-        extra=["--posterior-batch-size", "1024"],
     )
     assert argv[2:] == [
         "--input",
@@ -76,11 +77,13 @@ def test_command_options():
         "20000",
         "--learning-rate",
         "0.0003",
+        "--posterior-batch-size",
+        "1024",
+        "--projected-ambient-count-threshold",
+        "1.0",
         "--cpu-threads",
         "4",
         "--cuda",
-        "--posterior-batch-size",
-        "1024",
     ]
 
 

@@ -32,9 +32,10 @@ def remove_background_command(
     epochs: int = DEFAULT_EPOCHS,
     learning_rate: float | None = None,
     fpr: float = DEFAULT_FPR,
+    posterior_batch_size: int | None = None,
+    projected_ambient_count_threshold: float | None = None,
     cuda: bool = False,
     cpu_threads: int | None = None,
-    extra: Sequence[str] = (),
 ) -> list[str]:
     """The argv of ``cellbender remove-background`` (CellBender 0.4.0) on a raw matrix.
 
@@ -61,12 +62,17 @@ def remove_background_command(
     fpr
         Target false positive rate: the share of true (cell) counts that may be removed
         with the background; 0.01 is CellBender's default.
+    posterior_batch_size
+        Droplets per batch when sampling the posterior; CellBender's 128 when ``None``
+        (larger is faster where the GPU's memory allows).
+    projected_ambient_count_threshold
+        Only features expected to hold at least this many ambient counts over all cells are
+        modelled (the others are left as they are); CellBender's 0.1 when ``None`` (larger
+        is faster).
     cuda
         Train on the GPU.
     cpu_threads
         PyTorch threads on the CPU; all logical cores when ``None``.
-    extra
-        Further arguments, passed as they are (e.g. ``["--posterior-batch-size", "512"]``).
 
     Returns
     -------
@@ -102,11 +108,15 @@ def remove_background_command(
         argv += ["--total-droplets-included", str(total_droplets)]
     if learning_rate is not None:
         argv += ["--learning-rate", str(learning_rate)]
+    if posterior_batch_size is not None:
+        argv += ["--posterior-batch-size", str(posterior_batch_size)]
+    if projected_ambient_count_threshold is not None:
+        argv += ["--projected-ambient-count-threshold", str(projected_ambient_count_threshold)]
     if cpu_threads is not None:
         argv += ["--cpu-threads", str(cpu_threads)]
     if cuda:
         argv.append("--cuda")
-    return argv + list(extra)
+    return argv
 
 
 def aligned_counts(
