@@ -14,6 +14,8 @@ rule atac:
         conda_env_for("atac")
     resources:
         gpu=gpus_for("atac"),
+        mem_mb=memory_for("atac"),
+        disk_mb=disk_for("atac"),
     params:
         backend=backend_for("atac"),
         atac=config["atac"],

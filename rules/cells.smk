@@ -26,6 +26,8 @@ rule call_cells:
         conda_env_for("call_cells")
     resources:
         gpu=gpus_for("call_cells"),
+        mem_mb=memory_for("call_cells"),
+        disk_mb=disk_for("call_cells"),
     params:
         backend=backend_for("call_cells"),
         raw_format=raw_format,
@@ -52,6 +54,8 @@ rule cellbender:
         "../envs/cellbender.yaml"
     resources:
         gpu=gpus_for("cellbender"),
+        mem_mb=memory_for("cellbender"),
+        disk_mb=disk_for("cellbender"),
     params:
         command=cellbender_command,
         run_dir=cellbender_run_dir,

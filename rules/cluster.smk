@@ -15,6 +15,8 @@ rule cluster:
         conda_env_for("cluster")
     resources:
         gpu=gpus_for("cluster"),
+        mem_mb=memory_for("cluster"),
+        disk_mb=disk_for("cluster"),
     params:
         backend=backend_for("cluster"),
         steps=cluster_params(),
@@ -45,6 +47,8 @@ rule qc_cluster:
         conda_env_for("qc_cluster")
     resources:
         gpu=gpus_for("qc_cluster"),
+        mem_mb=memory_for("qc_cluster"),
+        disk_mb=disk_for("qc_cluster"),
     params:
         backend=backend_for("qc_cluster"),
         format=counts_format,

@@ -34,6 +34,8 @@ rule coexpression:
         conda_env_for("coexpression")
     resources:
         gpu=gpus_for("coexpression"),
+        mem_mb=memory_for("coexpression"),
+        disk_mb=disk_for("coexpression"),
     params:
         backend=backend_for("coexpression"),
         coexpression=config["coexpression"],

@@ -19,6 +19,7 @@ from omicsprep.rna.clustering import cluster_key
 from omicsprep.errors import InputError
 from omicsprep.io import COEXPRESSION_FILES, READ_FORMATS, resolve_format
 from omicsprep.options import ClusteringOptions, EmbeddingOptions
+from omicsprep import resources
 
 CONFIG_SCHEMA = Path(workflow.basedir) / "config" / "schemas" / "config.schema.yaml"
 SAMPLES_SCHEMA = Path(workflow.basedir) / "config" / "schemas" / "samples.schema.yaml"
@@ -276,6 +277,24 @@ check_fused_backends()
 def gpus_for(rule_name):
     """GPUs requested from the scheduler; none for rules pinned to the CPU."""
     return 0 if backend_for(rule_name) == "cpu" else 1
+
+
+def memory_for(rule_name):
+    """The rule's ``mem_mb``: from its inputs' size, more at each retry (omicsprep.resources)."""
+
+    def mem_mb(wildcards, input, attempt):
+        return resources.memory_mb(rule_name, inputs_mb=resources.paths_mb(input), attempt=attempt)
+
+    return mem_mb
+
+
+def disk_for(rule_name):
+    """The rule's ``disk_mb``: its outputs' expected size, from its inputs' (omicsprep.resources)."""
+
+    def disk_mb(wildcards, input):
+        return resources.disk_mb(rule_name, inputs_mb=resources.paths_mb(input))
+
+    return disk_mb
 
 
 def conda_env_for(rule_name):

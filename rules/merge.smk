@@ -25,6 +25,8 @@ rule merge:
         conda_env_for("merge")
     resources:
         gpu=gpus_for("merge"),
+        mem_mb=memory_for("merge"),
+        disk_mb=disk_for("merge"),
     params:
         backend=backend_for("merge"),
         merge=config["merge"],

@@ -20,6 +20,8 @@ rule multiome:
         conda_env_for("multiome")
     resources:
         gpu=gpus_for("multiome"),
+        mem_mb=memory_for("multiome"),
+        disk_mb=disk_for("multiome"),
     params:
         backend=backend_for("multiome"),
         multiome=config["multiome"],

@@ -13,6 +13,8 @@ rule protein:
         conda_env_for("protein")
     resources:
         gpu=gpus_for("protein"),
+        mem_mb=memory_for("protein"),
+        disk_mb=disk_for("protein"),
     params:
         backend=backend_for("protein"),
         protein=config["protein"],

@@ -12,6 +12,8 @@ rule qc:
         conda_env_for("qc")
     resources:
         gpu=gpus_for("qc"),
+        mem_mb=memory_for("qc"),
+        disk_mb=disk_for("qc"),
     params:
         backend=backend_for("qc"),
         format=counts_format,

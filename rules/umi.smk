@@ -14,6 +14,8 @@ rule count_umis:
         conda_env_for("count_umis")
     resources:
         gpu=gpus_for("count_umis"),
+        mem_mb=memory_for("count_umis"),
+        disk_mb=disk_for("count_umis"),
     params:
         backend=backend_for("count_umis"),
         umi=umi_settings,

@@ -22,6 +22,8 @@ import yaml
 from conftest import PBMC_H5, REPO
 from test_workflow import workflow_command, write_sheet
 
+from omicsprep import resources
+
 pytestmark = pytest.mark.workflow
 
 PROFILE = REPO / "profiles" / "slurm"
@@ -117,6 +119,18 @@ def profile_resource(profile: dict, rule: str, name: str, attempt: int):
     return eval(value, {"attempt": attempt}) if isinstance(value, str) and "attempt" in value else value
 
 
+def asked_memory(profile: dict, rule: str, attempt: int, *, inputs: list[str]) -> int | str:
+    """The mem_mb a job asks for: the profile's for its rule where it sets one, else its rule's
+    model of its inputs (``<TBD>`` in a dry run while they are missing), else the profile's default.
+    """
+    if rule not in resources.MODELS or "mem_mb" in profile["set-resources"].get(rule, {}):
+        return profile_resource(profile, rule, "mem_mb", attempt)
+    try:
+        return resources.memory_mb(rule, inputs_mb=resources.paths_mb(inputs), attempt=attempt)
+    except FileNotFoundError:
+        return "<TBD>"
+
+
 def documented_slurm_arguments() -> list[str]:
     """The README's command line for SLURM, less ``snakemake``."""
     line = next(
@@ -133,10 +147,12 @@ def dry_run_jobs(output: str) -> list[dict]:
     for block in re.split(r"\n(?=rule \w+:\n)", output)[1:]:
         threads = re.search(r"^\s+threads: (\d+)$", block, flags=re.MULTILINE)
         resources = re.search(r"^\s+resources: (.*)$", block, flags=re.MULTILINE)
+        inputs = re.search(r"^\s+input: (.*)$", block, flags=re.MULTILINE)
         jobs.append(
             {
                 "rule": re.match(r"rule (\w+):", block).group(1),
                 "threads": int(threads.group(1)) if threads else 1,
+                "inputs": inputs.group(1).split(", ") if inputs else [],
                 **dict(item.split("=", 1) for item in (resources.group(1).split(", ") if resources else [])),
             }
         )
@@ -166,11 +182,11 @@ def test_documented_slurm_command_applies_the_slurm_profile(tmp_path):
         # CPUs when it is set, and for the threads otherwise.
         assert job.get("cpus_per_task") in (None, str(job["threads"])), rule
         asked = {name: job.get(name) for name in ("threads", "slurm_partition", "mem_mb", "runtime", "gpu")}
+        inputs = [path if Path(path).is_absolute() else str(tmp_path / path) for path in job["inputs"]]
         expected = {
             "threads": profile["set-threads"].get(rule, 1),
-            **{
-                name: str(profile_resource(profile, rule, name, 1)) for name in ("slurm_partition", "mem_mb", "runtime")
-            },
+            **{name: str(profile_resource(profile, rule, name, 1)) for name in ("slurm_partition", "runtime")},
+            "mem_mb": str(asked_memory(profile, rule, 1, inputs=inputs)),
             "gpu": None if rule in ("plot_qc", "plot_umap", "run_times") else "0" if rule == "cluster" else "1",
         }
         assert asked == expected, rule
@@ -198,12 +214,15 @@ def test_workflow_through_shipped_slurm_profile(slurm_cluster, tmp_path):
     assert jobs.loc[cancelled, "rule"] == "qc"
     assert jobs.loc[cancelled, "attempt"] == 1
 
-    # What each job asked for is what the shipped profile and the config say.
+    # What each job asked for is what the shipped profile, the config and the rules' memory
+    # models (of the job's inputs) say.
     profile = yaml.safe_load((PROFILE / "config.yaml").read_text())
+    inputs = {"qc": [str(PBMC_H5)], "cluster": [str(tmp_path / "slurm" / "results" / "pbmc" / "qc.h5ad")]}
     for job_id, job in jobs.iterrows():
         rule, attempt = job["rule"], job["attempt"]
         assert job["Partition"] == profile_resource(profile, rule, "slurm_partition", attempt), job_id
-        assert megabytes(job["MinMemoryNode"]) == profile_resource(profile, rule, "mem_mb", attempt), job_id
+        memory = asked_memory(profile, rule, attempt, inputs=inputs.get(rule, []))
+        assert megabytes(job["MinMemoryNode"]) == memory, job_id
         assert minutes(job["TimeLimit"]) == profile_resource(profile, rule, "runtime", attempt), job_id
         assert int(job["NumCPUs"]) == profile["set-threads"].get(rule, 1), job_id
     qc, cluster, plot_qc = (jobs[jobs["rule"] == rule] for rule in ("qc", "cluster", "plot_qc"))

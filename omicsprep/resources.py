@@ -1,0 +1,115 @@
+"""Host memory and disk a rule's job needs, from the size of its inputs.
+
+The rules declare ``mem_mb`` and ``disk_mb`` with these (``rules/common.smk`` wraps them as
+Snakemake's callable resources), so local runs and cluster profiles size each job by its
+data rather than by one figure per rule. Each rule's figures are a base (the Python process,
+its libraries and the GPU runtime) plus a multiple of its inputs' megabytes, calibrated by
+``benchmarks/resources_bench.py`` and the atlas-size runs in ``benchmarks/RESULTS.md``
+(section "Resources follow the data"). Memory grows with each retry (``attempt``).
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+MB = 1_000_000
+
+
+@dataclass(frozen=True)
+class ResourceModel:
+    """A rule's needs: ``base + per_input x inputs`` megabytes, of memory and of disk.
+
+    Attributes
+    ----------
+    memory_base_mb
+        Memory of the rule's process before its data: interpreter, libraries, CUDA context.
+    memory_per_input_mb
+        Peak memory per megabyte of inputs (compressed matrices expand when read).
+    disk_per_input_mb
+        Outputs per megabyte of inputs.
+    disk_base_mb
+        Outputs of any size (figures, tables).
+    """
+
+    memory_base_mb: float
+    memory_per_input_mb: float
+    disk_per_input_mb: float
+    disk_base_mb: float = 100.0
+
+
+# Measured (benchmarks/RESULTS.md, "Resources follow the data"): on the CPU backend, qc's peak
+# was 1.6 GB for a 198 MB matrix and 2.7 GB for a 981 MB one (20,000 and 100,000 cells), and
+# cluster's 0.9 and 2.0 GB for its 120 and 588 MB input; on the GPU at 3,000,000 cells qc's
+# host peak was 78 GB for a 29 GB matrix. 3,000 MB plus 3x the inputs covers all of them.
+# Outputs: qc writes 0.6x its input, cluster 2.1-2.3x its input (the embeddings and layers),
+# qc_cluster 2.0x.
+MATRIX_MEMORY = {"memory_base_mb": 3000.0, "memory_per_input_mb": 3.0}
+MATRIX_RULE = ResourceModel(**MATRIX_MEMORY, disk_per_input_mb=1.5)
+MODELS: dict[str, ResourceModel] = {
+    # Reads are streamed in chunks: memory follows the chunk and the cells, not the file
+    # (0.37-0.54 GB from 10M to 100M reads, README "Counting UMIs from reads").
+    "count_umis": ResourceModel(memory_base_mb=4000, memory_per_input_mb=0.1, disk_per_input_mb=0.2),
+    # Not measured: a raw matrix read whole, plus emptyDrops' and the quick clustering's copies.
+    "call_cells": ResourceModel(memory_base_mb=3000, memory_per_input_mb=4.0, disk_per_input_mb=0.5),
+    "cellbender": ResourceModel(memory_base_mb=4000, memory_per_input_mb=4.0, disk_per_input_mb=2.0),
+    "qc": ResourceModel(**MATRIX_MEMORY, disk_per_input_mb=1.0),
+    "cluster": ResourceModel(**MATRIX_MEMORY, disk_per_input_mb=2.5),
+    "qc_cluster": ResourceModel(**MATRIX_MEMORY, disk_per_input_mb=2.5),
+    # Not measured: as a matrix rule.
+    "coexpression": MATRIX_RULE,
+    "protein": MATRIX_RULE,
+    # Fragments are streamed in chunks; the cells x tiles matrix is what stays (1.35 GB peak
+    # for a 4.2 GB fragments file, benchmarks/RESULTS.md "Fragments to tiles").
+    "atac": ResourceModel(memory_base_mb=3000, memory_per_input_mb=0.5, disk_per_input_mb=0.5),
+    "multiome": MATRIX_RULE,
+    # Not measured against inputs: the samples are concatenated in memory, their matrices and
+    # the merged one.
+    "merge": ResourceModel(memory_base_mb=4000, memory_per_input_mb=4.0, disk_per_input_mb=1.5),
+}
+
+
+def memory_mb(rule: str, *, inputs_mb: float, attempt: int = 1) -> int:
+    """Megabytes of host memory for a job of ``rule`` whose inputs total ``inputs_mb``.
+
+    Parameters
+    ----------
+    rule
+        A rule of :data:`MODELS`.
+    inputs_mb
+        The job's inputs, megabytes on disk.
+    attempt
+        Snakemake's attempt (1 first): each retry asks for that many times more.
+
+    Returns
+    -------
+    Whole megabytes.
+    """
+    model = MODELS[rule]
+    return int(model.memory_base_mb + model.memory_per_input_mb * inputs_mb) * attempt
+
+
+def disk_mb(rule: str, *, inputs_mb: float) -> int:
+    """Megabytes of disk for the outputs of a job of ``rule`` whose inputs total ``inputs_mb``."""
+    model = MODELS[rule]
+    return int(model.disk_base_mb + model.disk_per_input_mb * inputs_mb)
+
+
+def paths_mb(paths: Iterable[str]) -> float:
+    """Megabytes on disk of files, and of every file within folders (a MatrixMarket folder, a Zarr store).
+
+    Raises
+    ------
+    FileNotFoundError
+        A path does not exist yet, named as given (Snakemake then sizes the job once it does).
+    """
+    total = 0
+    for path in paths:
+        location = Path(path)
+        if not location.exists():
+            raise FileNotFoundError(errno.ENOENT, "no such file or directory", path)
+        files = location.rglob("*") if location.is_dir() else [location]
+        total += sum(file.stat().st_size for file in files if file.is_file())
+    return total / MB

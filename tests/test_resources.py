@@ -1,0 +1,36 @@
+"""The rules' memory and disk from the size of their inputs (omicsprep.resources)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from conftest import PBMC_MTX, REPO
+
+from omicsprep import resources
+
+
+def test_every_rule_that_reads_data_sizes_itself_from_its_inputs():
+    rules = "".join(path.read_text() for path in (REPO / "rules").glob("*.smk"))
+    sized = set(re.findall(r'mem_mb=memory_for\("(\w+)"\)', rules))
+    assert sized == set(re.findall(r'disk_mb=disk_for\("(\w+)"\)', rules)) == set(resources.MODELS)
+    # Every rule that may use the GPU reads a matrix, reads or fragments.
+    assert set(re.findall(r'backend_for\("(\w+)"\)', rules)) <= sized
+
+
+def test_memory_grows_with_the_inputs_and_each_retry():
+    small, large = (resources.memory_mb("qc", inputs_mb=size) for size in (10, 10_000))
+    model = resources.MODELS["qc"]
+    assert large - small == pytest.approx(model.memory_per_input_mb * 9_990, abs=1)
+    assert resources.memory_mb("qc", inputs_mb=10_000, attempt=2) == 2 * large
+    assert resources.disk_mb("qc", inputs_mb=10_000) > resources.disk_mb("qc", inputs_mb=10)
+
+
+def test_folders_count_their_files_and_a_missing_input_is_named_as_given():
+    # A MatrixMarket folder: its three files.
+    expected = sum(path.stat().st_size for path in PBMC_MTX.iterdir() if path.is_file()) / resources.MB
+    assert resources.paths_mb([str(PBMC_MTX)]) == pytest.approx(expected)
+    missing = "results/nowhere/qc.h5ad"
+    with pytest.raises(FileNotFoundError) as raised:  # Snakemake then waits for the input to size the job
+        resources.paths_mb([str(PBMC_MTX), missing])
+    assert raised.value.filename == missing
