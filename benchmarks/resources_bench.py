@@ -25,7 +25,15 @@ import pandas as pd
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
-from run import append_results, bench_config, dataset, machine, run_snakemake, snakemake_command  # noqa: E402
+from run import (  # noqa: E402
+    append_results,
+    bench_config,
+    dataset,
+    machine,
+    run_arguments,
+    run_snakemake,
+    snakemake_command,
+)
 
 from omicsprep.resources import disk_mb, memory_mb, paths_mb  # noqa: E402
 
@@ -33,16 +41,7 @@ from omicsprep.resources import disk_mb, memory_mb, paths_mb  # noqa: E402
 def job_sizes(rundir: Path, config: Path, sheet: Path, settings: list[str]) -> pd.DataFrame:
     """Per job (rule, sample): its inputs' and outputs' MB, from Snakemake's detailed summary."""
     result = subprocess.run(
-        snakemake_command(
-            "--directory",
-            str(rundir),
-            "--configfile",
-            str(config),
-            "--config",
-            f"samples={sheet}",
-            *settings,
-            "--detailed-summary",
-        ),
+        snakemake_command(*run_arguments(rundir, config=config, sheet=sheet), *settings, "--detailed-summary"),
         capture_output=True,
         text=True,
         check=True,

@@ -185,6 +185,11 @@ def snakemake_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), *args]
 
 
+def run_arguments(rundir: Path, *, config: Path, sheet: Path) -> list[str]:
+    """Snakemake's arguments for a run in ``rundir``; ``--config`` comes last, so that more settings may follow."""
+    return ["--directory", str(rundir), "--configfile", str(config), "--config", f"samples={sheet}"]
+
+
 def run_snakemake(
     rundir: Path,
     *,
@@ -202,12 +207,7 @@ def run_snakemake(
     (by default one GPU); ``environment`` adds to :func:`user_environment`.
     """
     command = snakemake_command(
-        "--directory",
-        str(rundir),
-        "--configfile",
-        str(config),
-        "--config",
-        f"samples={sheet}",
+        *run_arguments(rundir, config=config, sheet=sheet),
         f"backend={backend}",
         *settings,
         "--cores",
