@@ -29,7 +29,6 @@ from run import (  # noqa: E402
     append_results,
     bench_config,
     dataset,
-    machine,
     run_arguments,
     run_snakemake,
     snakemake_command,
@@ -108,7 +107,7 @@ def main() -> None:
         append_results(
             args.results,
             title="Memory and disk per rule against its inputs",
-            note=f"{machine()}; backend {args.backend}; generated counts x {args.genes} genes; "
+            note=f"Backend {args.backend}; generated counts x {args.genes} genes; "
             "`mem_mb_asked`, `disk_mb_asked`: omicsprep.resources for these inputs, first attempt.",
             table=table,
         )
