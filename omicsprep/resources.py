@@ -22,6 +22,8 @@ MB = 1_000_000
 class ResourceModel:
     """A rule's needs: ``base + per_input x inputs`` megabytes, of memory and of disk.
 
+    The defaults are a matrix rule's (a matrix read whole): see :data:`MODELS`.
+
     Attributes
     ----------
     memory_base_mb
@@ -34,37 +36,37 @@ class ResourceModel:
         Outputs of any size (figures, tables).
     """
 
-    memory_base_mb: float
-    memory_per_input_mb: float
-    disk_per_input_mb: float
+    # Measured (benchmarks/RESULTS.md, "Resources follow the data"): on the CPU backend, qc's
+    # peak was 1.6-1.7 GB for a 198 MB matrix and 2.7 GB for a 981 MB one (20,000 and 100,000
+    # cells), and cluster's 0.8-0.9 and 2.0 GB for its 120 and 588 MB input; on the GPU at
+    # 3,000,000 cells qc's host peak was 78 GB for a 29 GB matrix. 3,000 MB plus 3x the inputs
+    # covers all of them.
+    memory_base_mb: float = 3000.0
+    memory_per_input_mb: float = 3.0
+    disk_per_input_mb: float = 1.5
     disk_base_mb: float = 100.0
 
 
-# Measured (benchmarks/RESULTS.md, "Resources follow the data"): on the CPU backend, qc's peak
-# was 1.6 GB for a 198 MB matrix and 2.7 GB for a 981 MB one (20,000 and 100,000 cells), and
-# cluster's 0.9 and 2.0 GB for its 120 and 588 MB input; on the GPU at 3,000,000 cells qc's
-# host peak was 78 GB for a 29 GB matrix. 3,000 MB plus 3x the inputs covers all of them.
 # Outputs: qc writes 0.6x its input, cluster 2.1-2.3x its input (the embeddings and layers),
-# qc_cluster 2.0x.
-MATRIX_MEMORY = {"memory_base_mb": 3000.0, "memory_per_input_mb": 3.0}
-MATRIX_RULE = ResourceModel(**MATRIX_MEMORY, disk_per_input_mb=1.5)
+# qc_cluster 1.9-2.0x.
 MODELS: dict[str, ResourceModel] = {
     # Reads are streamed in chunks: memory follows the chunk and the cells, not the file
     # (0.37-0.54 GB from 10M to 100M reads, README "Counting UMIs from reads").
     "count_umis": ResourceModel(memory_base_mb=4000, memory_per_input_mb=0.1, disk_per_input_mb=0.2),
     # Not measured: a raw matrix read whole, plus emptyDrops' and the quick clustering's copies.
-    "call_cells": ResourceModel(memory_base_mb=3000, memory_per_input_mb=4.0, disk_per_input_mb=0.5),
+    "call_cells": ResourceModel(memory_per_input_mb=4.0, disk_per_input_mb=0.5),
+    # Not measured: CellBender reads the raw matrix into its own process (PyTorch, pyro).
     "cellbender": ResourceModel(memory_base_mb=4000, memory_per_input_mb=4.0, disk_per_input_mb=2.0),
-    "qc": ResourceModel(**MATRIX_MEMORY, disk_per_input_mb=1.0),
-    "cluster": ResourceModel(**MATRIX_MEMORY, disk_per_input_mb=2.5),
-    "qc_cluster": ResourceModel(**MATRIX_MEMORY, disk_per_input_mb=2.5),
+    "qc": ResourceModel(disk_per_input_mb=1.0),
+    "cluster": ResourceModel(disk_per_input_mb=2.5),
+    "qc_cluster": ResourceModel(disk_per_input_mb=2.5),
     # Not measured: as a matrix rule.
-    "coexpression": MATRIX_RULE,
-    "protein": MATRIX_RULE,
+    "coexpression": ResourceModel(),
+    "protein": ResourceModel(),
     # Fragments are streamed in chunks; the cells x tiles matrix is what stays (1.35 GB peak
     # for a 4.2 GB fragments file, benchmarks/RESULTS.md "Fragments to tiles").
-    "atac": ResourceModel(memory_base_mb=3000, memory_per_input_mb=0.5, disk_per_input_mb=0.5),
-    "multiome": MATRIX_RULE,
+    "atac": ResourceModel(memory_per_input_mb=0.5, disk_per_input_mb=0.5),
+    "multiome": ResourceModel(),
     # Not measured against inputs: the samples are concatenated in memory, their matrices and
     # the merged one.
     "merge": ResourceModel(memory_base_mb=4000, memory_per_input_mb=4.0, disk_per_input_mb=1.5),

@@ -146,14 +146,14 @@ def dry_run_jobs(output: str) -> list[dict]:
     jobs = []
     for block in re.split(r"\n(?=rule \w+:\n)", output)[1:]:
         threads = re.search(r"^\s+threads: (\d+)$", block, flags=re.MULTILINE)
-        resources = re.search(r"^\s+resources: (.*)$", block, flags=re.MULTILINE)
+        listed = re.search(r"^\s+resources: (.*)$", block, flags=re.MULTILINE)
         inputs = re.search(r"^\s+input: (.*)$", block, flags=re.MULTILINE)
         jobs.append(
             {
                 "rule": re.match(r"rule (\w+):", block).group(1),
                 "threads": int(threads.group(1)) if threads else 1,
                 "inputs": inputs.group(1).split(", ") if inputs else [],
-                **dict(item.split("=", 1) for item in (resources.group(1).split(", ") if resources else [])),
+                **dict(item.split("=", 1) for item in (listed.group(1).split(", ") if listed else [])),
             }
         )
     return jobs
