@@ -89,6 +89,39 @@ def coexpr(args: argparse.Namespace) -> None:
     io.write_coexpression(result, figures, paths={key: args.output / name for key, name in names.items()})
 
 
+# The workflow's configuration and its schema, beside the package in a checkout of the workflow.
+WORKFLOW_CONFIG = Path(__file__).resolve().parents[1] / "config" / "config.yaml"
+CONFIG_SCHEMA = WORKFLOW_CONFIG.parent / "schemas" / "config.schema.yaml"
+
+
+def workflow_config(paths: list[Path]) -> dict:
+    """The workflow's configuration with ``paths`` on top (later files win, section by section), validated."""
+    import yaml
+    from snakemake.utils import update_config, validate
+
+    config: dict = {}
+    for path in [WORKFLOW_CONFIG, *paths]:
+        try:
+            update_config(config, yaml.safe_load(path.read_text()) or {})
+        except OSError as exc:
+            raise InputError(f"cannot be read ({exc.strerror})", path=path) from exc
+    validate(config, schema=str(CONFIG_SCHEMA), set_default=True)
+    return config
+
+
+def warm_kernels(args: argparse.Namespace) -> None:
+    """Compile the kernels of qc and cluster into this machine's caches."""
+    import time
+
+    from omicsprep.backend import resolve_backend
+    from omicsprep.warmup import warm_kernels
+
+    backend = resolve_backend(args.backend)
+    start = time.perf_counter()
+    warm_kernels(workflow_config(args.configfile), backend=backend)
+    log.info("%s kernels of qc and cluster compiled and cached in %.1f s", backend, time.perf_counter() - start)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the ``omicsprep`` command named in ``argv`` (the process's arguments by default)."""
     parser = argparse.ArgumentParser(prog="omicsprep")
@@ -158,6 +191,19 @@ def main(argv: list[str] | None = None) -> None:
     )
     network.add_argument("--seed", type=int, default=0)
     network.set_defaults(run=coexpr)
+    warm = commands.add_parser(
+        "warm-kernels",
+        help="compile the kernels of qc and cluster once per machine (or shared cache folder), before the first run",
+    )
+    warm.add_argument(
+        "--configfile",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="the run's configuration files, over config/config.yaml: the settings whose kernels are compiled",
+    )
+    warm.add_argument("--backend", choices=["auto", "cpu", "gpu"], default="auto")
+    warm.set_defaults(run=warm_kernels)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s")
     try:

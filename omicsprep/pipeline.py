@@ -64,6 +64,7 @@ def run_qc(
     doublet_options: DoubletOptions,
     seed: int,
     backend: Backend,
+    keep_on_device: bool = False,
 ) -> tuple[AnnData, pd.DataFrame]:
     """QC metrics, cell filtering, gene filtering and doublet scoring.
 
@@ -80,11 +81,14 @@ def run_qc(
         Seed for doublet simulation.
     backend
         ``"cpu"`` or ``"gpu"``.
+    keep_on_device
+        Leave the cells that passed on the GPU, for the next step of the same process
+        (:func:`run_clustering`), rather than bring them back.
 
     Returns
     -------
-    The cells that passed (in host memory) and a table of every input cell's metrics with
-    ``passed`` and ``fail_reason`` columns.
+    The cells that passed (in host memory, unless ``keep_on_device``) and a table of every
+    input cell's metrics with ``passed`` and ``fail_reason`` columns.
     """
     timer = StepTimer(backend=backend)
     n_input = adata.n_obs
@@ -127,8 +131,9 @@ def run_qc(
                 adata = adata[~doublets].copy()
                 qc.require_cells(adata, minimum=options.min_cells_left, after="doublet removal")
     metrics["passed"] = metrics["fail_reason"] == ""
-    with timer.step("to_host"):
-        to_host(adata)
+    if not keep_on_device:
+        with timer.step("to_host"):
+            to_host(adata)
     log.info("qc: kept %d of %d cells, %d genes", adata.n_obs, n_input, adata.n_vars)
     params = {"qc": asdict(options), "doublets": asdict(doublet_options), "seed": seed}
     record_provenance(adata, rule="qc", backend=backend, params=params, timings=timer.seconds)
@@ -214,7 +219,7 @@ def run_clustering(adata: AnnData, *, options: ClusteringOptions, seed: int, bac
     Parameters
     ----------
     adata
-        QC'd raw counts in host memory; comes back in host memory.
+        QC'd raw counts, in host memory or on the GPU; comes back in host memory.
     options
         Each step's options.
     seed

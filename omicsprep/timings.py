@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import ParamSpec, TypeVar
@@ -18,7 +19,7 @@ from typing import ParamSpec, TypeVar
 import pandas as pd
 
 _phase_seconds: dict[str, float] = {}
-_open_phases: list[str] = []
+_open = threading.local()  # each thread's open phase, so that a background writer's phases nest apart
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -28,18 +29,18 @@ R = TypeVar("R")
 def phase(name: str) -> Iterator[None]:
     """Count the enclosed block's seconds towards this process's phase ``name``.
 
-    A phase inside another counts once, as the outer one (a table written by a writer of
-    several files is that writer's writing).
+    A phase inside another of the same thread counts once, as the outer one (a table
+    written by a writer of several files is that writer's writing).
     """
-    if _open_phases:
+    if getattr(_open, "name", None) is not None:
         yield
         return
-    _open_phases.append(name)
+    _open.name = name
     start = time.perf_counter()
     try:
         yield
     finally:
-        _open_phases.pop()
+        _open.name = None
         _phase_seconds[name] = _phase_seconds.get(name, 0.0) + time.perf_counter() - start
 
 

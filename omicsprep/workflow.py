@@ -95,35 +95,68 @@ def exit_at_once(*streams: Any) -> None:
     os._exit(0)
 
 
-def cluster_and_write(adata: AnnData, *, snakemake: Any, h5ad: str, backend: Backend) -> None:
-    """Rule cluster's work on QC'd cells, and its outputs; rules cluster and qc_cluster share it.
+def write_qc(adata: AnnData, metrics: pd.DataFrame, *, snakemake: Any) -> None:
+    """Rule qc's outputs, from the cells that passed (brought to host memory first); rules qc and qc_cluster share it.
 
     Parameters
     ----------
     adata
-        The cells that passed QC.
+        The cells that passed QC, in host memory or on the GPU.
+    metrics
+        Every input cell's QC metrics.
     snakemake
-        The rule's ``snakemake`` object: params ``steps`` and ``seed``, outputs ``obs`` and
-        ``markers``, config ``h5ad_compression``.
-    h5ad
-        Where the processed AnnData goes (the rules name that output differently).
-    backend
-        ``"cpu"`` or ``"gpu"``.
+        The rule's ``snakemake`` object: outputs ``metrics`` and ``h5ad``, config ``h5ad_compression``.
     """
     from omicsprep import io
+    from omicsprep.backend import to_host
+
+    to_host(adata)
+    io.write_table(metrics, snakemake.output.metrics, index=True)
+    io.write_h5ad(adata, snakemake.output.h5ad, compression=snakemake.config["h5ad_compression"])
+
+
+def cluster(adata: AnnData, *, snakemake: Any, backend: Backend) -> pd.DataFrame:
+    """Rule cluster's work on QC'd cells, in place; rules cluster and qc_cluster share it.
+
+    Parameters
+    ----------
+    adata
+        The cells that passed QC, in host memory or on the GPU; back in host memory after.
+    snakemake
+        The rule's ``snakemake`` object: params ``steps`` and ``seed``.
+    backend
+        ``"cpu"`` or ``"gpu"``.
+
+    Returns
+    -------
+    The marker genes table.
+    """
     from omicsprep.options import ClusteringOptions, from_config
     from omicsprep.pipeline import run_clustering
 
     options = from_config(ClusteringOptions, snakemake.params.steps)
-    markers = run_clustering(adata, options=options, seed=snakemake.params.seed, backend=backend)
-    io.write_clustering(
-        adata,
-        markers,
-        h5ad=h5ad,
-        obs=snakemake.output.obs,
-        markers_path=snakemake.output.markers,
-        compression=snakemake.config["h5ad_compression"],
-    )
+    return run_clustering(adata, options=options, seed=snakemake.params.seed, backend=backend)
+
+
+def write_clustering(adata: AnnData, markers: pd.DataFrame, *, snakemake: Any, h5ad: str) -> None:
+    """Rule cluster's outputs: the markers, the cells' table and the AnnData; rules cluster and qc_cluster share it.
+
+    Parameters
+    ----------
+    adata
+        The clustered cells, in host memory.
+    markers
+        The marker genes table.
+    snakemake
+        The rule's ``snakemake`` object: outputs ``obs`` and ``markers``, config ``h5ad_compression``.
+    h5ad
+        Where the processed AnnData goes (the rules name that output differently).
+    """
+    from omicsprep import io
+
+    io.write_table(markers, snakemake.output.markers)
+    io.write_table(adata.obs, snakemake.output.obs, index=True)
+    io.write_h5ad(adata, h5ad, compression=snakemake.config["h5ad_compression"])
 
 
 def write_qc_figures(metrics: pd.DataFrame, *, sample: str, histograms: str, scatter: str) -> None:
@@ -174,6 +207,43 @@ def write_embedding_figures(
     io.write_figure(plotting.embedding_panels(coords, obs, keys=cluster_keys, title=sample), clusters)
     present = [key for key in metric_keys if key in obs]
     io.write_figure(plotting.embedding_panels(coords, obs, keys=present, title=sample), metrics)
+
+
+def write_run_times(
+    *,
+    benchmarks: list[str],
+    provenance: list[str],
+    samples: list[str],
+    rules: list[str],
+    provenance_rules: list[list[str]],
+    table: str,
+) -> None:
+    """Rule run_times: one table of every timed rule's ``benchmark:`` file and per-step timings.
+
+    Snakemake runs it in its own process (``run:``): a few small reads are not worth a new
+    interpreter's start.
+
+    Parameters
+    ----------
+    benchmarks, provenance
+        Per timed rule and sample: its benchmark file, and the output holding its provenance.
+    samples, rules
+        The sample and rule of each.
+    provenance_rules
+        The rules whose records each output holds (rule qc_cluster's: qc's and cluster's).
+    table
+        Where the table goes.
+    """
+    from omicsprep import io
+    from omicsprep.timings import merged_provenance, run_time_table
+
+    keys = list(zip(samples, rules, strict=True))
+    times = {key: io.read_table(path) for key, path in zip(keys, benchmarks, strict=True)}
+    records = {
+        key: merged_provenance([io.read_provenance(path, rule=rule) for rule in names])
+        for key, path, names in zip(keys, provenance, provenance_rules, strict=True)
+    }
+    io.write_table(run_time_table(times, records), table)
 
 
 def seconds_since_process_start() -> float | None:

@@ -10,11 +10,17 @@ rule run_times:
         ),
     log:
         "logs/run_times/all.log",
-    conda:
-        "../envs/cpu.yaml"
+    localrule: True
     params:
         samples=timed_samples(),
         rules=timed_rules(),
         provenance_rules=provenance_rules(),
-    script:
-        "../scripts/run_times.py"
+    run:
+        write_run_times(
+            benchmarks=list(input.benchmarks),
+            provenance=list(input.provenance),
+            samples=params.samples,
+            rules=params.rules,
+            provenance_rules=params.provenance_rules,
+            table=output.table,
+        )

@@ -2,7 +2,7 @@
 
 from omicsprep import io
 from omicsprep.backend import prepare_gpu, resolve_backend
-from omicsprep.workflow import cluster_and_write, run_script
+from omicsprep.workflow import cluster, run_script, write_clustering
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
 
@@ -11,7 +11,8 @@ def main() -> None:
     backend = resolve_backend(snakemake.params.backend)
     prepare_gpu(backend)  # overlaps reading the input
     adata = io.read_h5ad(snakemake.input.h5ad)
-    cluster_and_write(adata, snakemake=snakemake, h5ad=snakemake.output.h5ad, backend=backend)
+    markers = cluster(adata, snakemake=snakemake, backend=backend)
+    write_clustering(adata, markers, snakemake=snakemake, h5ad=snakemake.output.h5ad)
 
 
 run_script(main, log_path=snakemake.log[0], sample=snakemake.wildcards.sample, threads=snakemake.threads)

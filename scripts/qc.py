@@ -4,11 +4,23 @@ Rule qc_cluster (config fuse_qc_cluster) runs this script and goes on with the w
 cluster, plot_qc and plot_umap.
 """
 
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
 from omicsprep import io
 from omicsprep.backend import prepare_gpu, resolve_backend
 from omicsprep.options import DoubletOptions, QcOptions, from_config
 from omicsprep.pipeline import run_qc
-from omicsprep.workflow import cluster_and_write, run_script, write_embedding_figures, write_qc_figures
+from omicsprep.workflow import (
+    cluster,
+    run_script,
+    write_clustering,
+    write_embedding_figures,
+    write_qc,
+    write_qc_figures,
+)
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
 
@@ -25,24 +37,35 @@ def main() -> None:
     adata.obs["sample"] = snakemake.wildcards.sample
     for column, value in snakemake.params.metadata.items():
         adata.obs[column] = value
+    fused = "processed" in set(snakemake.output.keys())
     adata, metrics = run_qc(
         adata,
         options=from_config(QcOptions, snakemake.params.qc),
         doublet_options=from_config(DoubletOptions, snakemake.params.doublets),
         seed=snakemake.params.seed,
         backend=backend,
+        keep_on_device=fused,
     )
-    io.write_table(metrics, snakemake.output.metrics, index=True)
-    io.write_h5ad(adata, snakemake.output.h5ad, compression=snakemake.config["h5ad_compression"])
-    if "processed" not in set(snakemake.output.keys()):
+    if not fused:
+        write_qc(adata, metrics, snakemake=snakemake)
         return
-    # Rule qc_cluster: the work of rules cluster, plot_qc and plot_umap, in this process.
-    cluster_and_write(adata, snakemake=snakemake, h5ad=snakemake.output.processed, backend=backend)
-    sample, output = snakemake.wildcards.sample, snakemake.output
+    # Rule qc_cluster: the work of rules cluster, plot_qc and plot_umap, in this process, on
+    # the cells left on the GPU. qc's outputs (from a copy: clustering changes the counts in
+    # place) and the figures are written in the background meanwhile.
+    with io.background_writes() as write_later:
+        write_later(write_qc, adata.copy(), metrics, snakemake=snakemake)
+        markers = cluster(adata, snakemake=snakemake, backend=backend)
+        write_later(write_figures, metrics, adata.obsm["X_umap"], adata.obs.copy(), output=snakemake.output)
+        write_clustering(adata, markers, snakemake=snakemake, h5ad=snakemake.output.processed)
+
+
+def write_figures(metrics: pd.DataFrame, coords: np.ndarray, obs: pd.DataFrame, *, output: Any) -> None:
+    """Rules plot_qc's and plot_umap's figures."""
+    sample = snakemake.wildcards.sample
     write_qc_figures(metrics, sample=sample, histograms=output.histograms, scatter=output.scatter)
     write_embedding_figures(
-        adata.obsm["X_umap"],
-        adata.obs,
+        coords,
+        obs,
         sample=sample,
         cluster_keys=snakemake.params.cluster_keys,
         metric_keys=snakemake.params.metric_keys,
