@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -49,7 +49,14 @@ def qc_histograms(metrics: pd.DataFrame, *, title: str) -> Figure:
         shown = np.log10(values.clip(lower=1)) if log_scale else values
         bins = np.histogram_bin_edges(shown.dropna(), bins=50)
         groups = [shown[metrics["passed"]].dropna(), shown[~metrics["passed"]].dropna()]
-        ax.hist(groups, bins=bins, stacked=True, color=["#4c72b0", "#dd8452"], label=["passed", "failed"])
+        ax.hist(
+            groups,
+            bins=bins,
+            stacked=True,
+            histtype="stepfilled",  # one shape per group: 50 bars each cost a second per figure
+            color=["#4c72b0", "#dd8452"],
+            label=["passed", "failed"],
+        )
         ax.set_xlabel(f"log10 {label}" if log_scale else label)
         ax.set_ylabel("cells")
     for ax in axes[len(panels) :]:
@@ -94,7 +101,7 @@ def qc_scatter(metrics: pd.DataFrame, *, title: str) -> Figure:
     if "pct_counts_mt" in metrics:
         _numeric_scatter(ax, coords, metrics["pct_counts_mt"].to_numpy(dtype=float), size=4, label="% mitochondrial")
     else:
-        ax.scatter(coords[:, 0], coords[:, 1], s=4, rasterized=True)
+        _dots(ax, coords, size=4, color="C0")
     failed = ~metrics["passed"]
     ax.scatter(
         metrics.loc[failed, "total_counts"],
@@ -141,7 +148,7 @@ def embedding_panels(coords: np.ndarray, obs: pd.DataFrame, *, keys: list[str], 
         if isinstance(values.dtype, pd.CategoricalDtype):
             for i, category in enumerate(values.cat.categories):
                 mask = (values == category).to_numpy()
-                ax.scatter(coords[mask, 0], coords[mask, 1], s=size, color=cmap(i % 20), rasterized=True)
+                _dots(ax, coords[mask], size=size, color=cmap(i % 20))
                 if category in centres[key].index:
                     x, y = centres[key].loc[category]
                     ax.text(x, y, str(category), fontsize=8, weight="bold", ha="center", va="center")
@@ -169,7 +176,7 @@ def _numeric_scatter(ax: Axes, coords: np.ndarray, values: np.ndarray, *, size: 
     a layer of one colour as repeated markers, and a colour per point far more slowly.
     """
     finite = np.isfinite(values)
-    ax.scatter(coords[~finite, 0], coords[~finite, 1], s=size, color="lightgrey", rasterized=True)
+    _dots(ax, coords[~finite], size=size, color="lightgrey")
     low, high = (values[finite].min(), values[finite].max()) if finite.any() else (0.0, 1.0)
     norm = Normalize(low, high if high > low else low + 1)
     cmap = colormaps["viridis"]
@@ -178,10 +185,26 @@ def _numeric_scatter(ax: Axes, coords: np.ndarray, values: np.ndarray, *, size: 
     for level in range(COLOUR_LEVELS):
         layer = levels == level
         if layer.any():
-            ax.scatter(
-                coords[layer, 0], coords[layer, 1], s=size, color=cmap((level + 0.5) / COLOUR_LEVELS), rasterized=True
-            )
+            _dots(ax, coords[layer], size=size, color=cmap((level + 0.5) / COLOUR_LEVELS))
     ax.figure.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=ax, shrink=0.8, label=label)
+
+
+def _dots(ax: Axes, coords: np.ndarray, *, size: float, color: Any) -> None:
+    """Points of one colour, ``size`` their area in points² as in ``scatter``, rasterized.
+
+    Drawn as a line's markers: several times faster than a scatter plot's collection, whose
+    limits Matplotlib finds from every marker's outline.
+    """
+    ax.plot(
+        coords[:, 0],
+        coords[:, 1],
+        linestyle="none",
+        marker="o",
+        markersize=math.sqrt(size),
+        markeredgewidth=0,
+        color=color,
+        rasterized=True,
+    )
 
 
 def module_correlation(eigengenes: pd.DataFrame, *, title: str) -> Figure:

@@ -209,43 +209,6 @@ def write_embedding_figures(
     io.write_figure(plotting.embedding_panels(coords, obs, keys=present, title=sample), metrics)
 
 
-def write_run_times(
-    *,
-    benchmarks: list[str],
-    provenance: list[str],
-    samples: list[str],
-    rules: list[str],
-    provenance_rules: list[list[str]],
-    table: str,
-) -> None:
-    """Rule run_times: one table of every timed rule's ``benchmark:`` file and per-step timings.
-
-    Snakemake runs it in its own process (``run:``): a few small reads are not worth a new
-    interpreter's start.
-
-    Parameters
-    ----------
-    benchmarks, provenance
-        Per timed rule and sample: its benchmark file, and the output holding its provenance.
-    samples, rules
-        The sample and rule of each.
-    provenance_rules
-        The rules whose records each output holds (rule qc_cluster's: qc's and cluster's).
-    table
-        Where the table goes.
-    """
-    from omicsprep import io
-    from omicsprep.timings import merged_provenance, run_time_table
-
-    keys = list(zip(samples, rules, strict=True))
-    times = {key: io.read_table(path) for key, path in zip(keys, benchmarks, strict=True)}
-    records = {
-        key: merged_provenance([io.read_provenance(path, rule=rule) for rule in names])
-        for key, path, names in zip(keys, provenance, provenance_rules, strict=True)
-    }
-    io.write_table(run_time_table(times, records), table)
-
-
 def seconds_since_process_start() -> float | None:
     """Seconds since this process started (Linux; ``None`` elsewhere): for a rule, its start-up and imports."""
     with contextlib.suppress(OSError, ValueError, IndexError, AttributeError):

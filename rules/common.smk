@@ -20,7 +20,6 @@ from omicsprep.errors import InputError
 from omicsprep.io import COEXPRESSION_FILES, READ_FORMATS, resolve_format
 from omicsprep.options import ClusteringOptions, EmbeddingOptions
 from omicsprep import resources
-from omicsprep.workflow import write_run_times
 
 CONFIG_SCHEMA = Path(workflow.basedir) / "config" / "schemas" / "config.schema.yaml"
 SAMPLES_SCHEMA = Path(workflow.basedir) / "config" / "schemas" / "samples.schema.yaml"

@@ -10,17 +10,11 @@ rule run_times:
         ),
     log:
         "logs/run_times/all.log",
-    localrule: True
+    conda:
+        "../envs/cpu.yaml"
     params:
         samples=timed_samples(),
         rules=timed_rules(),
         provenance_rules=provenance_rules(),
-    run:
-        write_run_times(
-            benchmarks=list(input.benchmarks),
-            provenance=list(input.provenance),
-            samples=params.samples,
-            rules=params.rules,
-            provenance_rules=params.provenance_rules,
-            table=output.table,
-        )
+    script:
+        "../scripts/run_times.py"

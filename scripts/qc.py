@@ -50,13 +50,16 @@ def main() -> None:
         write_qc(adata, metrics, snakemake=snakemake)
         return
     # Rule qc_cluster: the work of rules cluster, plot_qc and plot_umap, in this process, on
-    # the cells left on the GPU. qc's outputs (from a copy: clustering changes the counts in
-    # place) and the figures are written in the background meanwhile.
+    # the cells left on the GPU. The .h5ad files are written in the background (HDF5 lets
+    # Python run meanwhile): qc's, from a copy (clustering changes the counts in place),
+    # while clustering computes; cluster's while the figures are drawn (from a copy of the
+    # cells' table, which writing an .h5ad changes).
     with io.background_writes() as write_later:
         write_later(write_qc, adata.copy(), metrics, snakemake=snakemake)
         markers = cluster(adata, snakemake=snakemake, backend=backend)
-        write_later(write_figures, metrics, adata.obsm["X_umap"], adata.obs.copy(), output=snakemake.output)
-        write_clustering(adata, markers, snakemake=snakemake, h5ad=snakemake.output.processed)
+        obs = adata.obs.copy()
+        write_later(write_clustering, adata, markers, snakemake=snakemake, h5ad=snakemake.output.processed)
+        write_figures(metrics, adata.obsm["X_umap"], obs, output=snakemake.output)
 
 
 def write_figures(metrics: pd.DataFrame, coords: np.ndarray, obs: pd.DataFrame, *, output: Any) -> None:
