@@ -73,33 +73,41 @@ def gpu_unavailable_reason() -> str | None:
 
 
 _preparation: list[threading.Thread] = []
+_prepared: dict[str, threading.Event] = {}  # set once prepare_gpu's thread is done with the module
 
 
 def prepare_gpu(backend: Backend, *, modules: tuple[str, ...] = ("rapids_singlecell",)) -> None:
-    """Start creating the CUDA context and importing ``modules`` in a background thread.
+    """Start creating the CUDA context and importing ``modules``, in order, in a background thread.
 
     A GPU rule calls it right after choosing its backend, so that this start-up (about 1.5 s
-    of context and 1-2 s of imports) overlaps reading its input; the first
-    :func:`gpu_module` call waits for it. A failure is left to that call to report. A
-    no-op on the CPU backend, and after the first call.
+    of context and 1-2 s per library) overlaps reading its input, and the imports of
+    libraries needed later (cuGraph, for clustering) overlap the first steps too; a
+    :func:`gpu_module` call for one of ``modules`` waits for that one only. A failure is
+    left to that call to report. A no-op on the CPU backend, and after the first call.
 
     Parameters
     ----------
     backend
         ``"cpu"`` or ``"gpu"``.
     modules
-        GPU libraries the rule will use.
+        GPU libraries the rule will use, in the order it first uses them.
     """
     if backend != "gpu" or _preparation:
         return
+    imported = {name: threading.Event() for name in modules}
+    _prepared.update(imported)
 
     def prepare() -> None:
         try:
             sys.modules["cupy"].cuda.runtime.free(0)  # creates the context without the GIL
             for name in modules:
                 importlib.import_module(name)
+                imported[name].set()
         except Exception:  # noqa: BLE001 - gpu_module imports again, and reports it
             pass
+        finally:
+            for event in imported.values():
+                event.set()
 
     thread = threading.Thread(target=prepare, name="omicsprep-prepare-gpu", daemon=True)
     _preparation.append(thread)
@@ -109,7 +117,8 @@ def prepare_gpu(backend: Backend, *, modules: tuple[str, ...] = ("rapids_singlec
 def gpu_module(name: str) -> ModuleType:
     """Import a GPU library (its seconds count as phase ``gpu_import``).
 
-    Waits for :func:`prepare_gpu`'s thread first, so that a module is never imported by
+    A library that :func:`prepare_gpu`'s thread imports is waited for; before any other
+    is imported, that thread is waited for whole, so that a module is never imported by
     two threads at once.
 
     Raises
@@ -117,10 +126,17 @@ def gpu_module(name: str) -> ModuleType:
     BackendUnavailableError
         It is installed but cannot be imported (a CUDA or driver mismatch, say).
     """
-    pending = [thread for thread in _preparation if thread.is_alive() and thread is not threading.current_thread()]
-    if pending:
+    imported = sys.modules.get(name)
+    # A module being imported is in sys.modules already, marked as initializing.
+    if imported is not None and not getattr(imported.__spec__, "_initializing", False):
+        return imported
+    if threading.current_thread() not in _preparation:
         with phase("gpu_import"):
-            pending[0].join()
+            if name in _prepared:
+                _prepared[name].wait()
+            else:
+                for thread in _preparation:
+                    thread.join()
     imported = sys.modules.get(name)
     if imported is not None:
         return imported

@@ -242,12 +242,19 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 
 
 def limit_threads(threads: int) -> None:
-    """Keep BLAS/OpenMP pools and Numba within ``threads`` (a rule's share of the cores)."""
-    import numba
+    """Keep BLAS/OpenMP pools and Numba within ``threads`` (a rule's share of the cores).
+
+    Numba is told through its environment variable when not imported yet (a light rule
+    need not pay for importing it).
+    """
     from threadpoolctl import threadpool_limits
 
     threadpool_limits(limits=threads)
-    numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+    if "numba" in sys.modules:
+        numba = sys.modules["numba"]
+        numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+    else:
+        os.environ["NUMBA_NUM_THREADS"] = str(max(1, min(threads, os.cpu_count() or 1)))
 
 
 MMAP_THRESHOLD = 4 << 20  # bytes; glibc's M_MMAP_THRESHOLD
@@ -267,9 +274,11 @@ def return_freed_memory() -> None:
     import ctypes
     import ctypes.util
 
-    import pyarrow as pa
-
-    pa.set_memory_pool(pa.system_memory_pool())
+    if "pyarrow" in sys.modules:
+        pa = sys.modules["pyarrow"]
+        pa.set_memory_pool(pa.system_memory_pool())
+    else:  # read when Arrow first allocates (a light rule need not pay for importing it)
+        os.environ["ARROW_DEFAULT_MEMORY_POOL"] = "system"
     name = ctypes.util.find_library("c")
     libc = ctypes.CDLL(name) if name else None
     if libc is not None and hasattr(libc, "mallopt"):  # glibc (Linux); elsewhere the defaults stay

@@ -27,7 +27,9 @@ snakemake = snakemake  # noqa: F821 - injected by Snakemake
 
 def main() -> None:
     backend = resolve_backend(snakemake.params.backend)
-    prepare_gpu(backend)  # overlaps reading the input
+    fused = "processed" in set(snakemake.output.keys())
+    # Overlapping reading the input; cuGraph (clustering) the first steps too.
+    prepare_gpu(backend, modules=("rapids_singlecell", "cuml", "cugraph") if fused else ("rapids_singlecell", "cuml"))
     adata = io.read_counts(
         snakemake.input.counts,
         fmt=snakemake.params.format,
@@ -37,7 +39,6 @@ def main() -> None:
     adata.obs["sample"] = snakemake.wildcards.sample
     for column, value in snakemake.params.metadata.items():
         adata.obs[column] = value
-    fused = "processed" in set(snakemake.output.keys())
     adata, metrics = run_qc(
         adata,
         options=from_config(QcOptions, snakemake.params.qc),

@@ -48,21 +48,26 @@ def test_only_cupy_is_imported_to_choose_the_backend():
 
 
 @pytest.mark.gpu
-def test_preparing_the_gpu_overlaps_the_read_and_the_first_use_waits_for_it():
-    # In a fresh process, as in a rule: the thread imports rapids-singlecell while this one
-    # reads; the first gpu_module call waits for it, then finds the module imported once.
+def test_preparing_the_gpu_overlaps_the_read_and_each_first_use_waits_for_its_module():
+    # In a fresh process, as in a rule: the thread imports rapids-singlecell, then cuGraph,
+    # while this one goes on; each first gpu_module call waits for its module only (one
+    # the thread does not import waits for the whole thread), which is then imported once.
     code = """
 import sys, threading
 from omicsprep.backend import gpu_module, prepare_gpu, resolve_backend
 backend = resolve_backend("gpu")
-prepare_gpu(backend)
+prepare_gpu(backend, modules=("rapids_singlecell", "cugraph"))
 preparing = [t for t in threading.enumerate() if t.name == "omicsprep-prepare-gpu"]
-module = gpu_module("rapids_singlecell")
-print(len(preparing), any(t.is_alive() for t in preparing), module is sys.modules["rapids_singlecell"])
+single_cell = gpu_module("rapids_singlecell")
+print(single_cell is sys.modules["rapids_singlecell"], not getattr(single_cell.__spec__, "_initializing", False))
+graph = gpu_module("cugraph")
+print(graph is sys.modules["cugraph"], not getattr(graph.__spec__, "_initializing", False))
+gpu_module("cuml")
+print(len(preparing), any(t.is_alive() for t in preparing))
 """
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split() == ["1", "False", "True"]
+    assert result.stdout.split() == ["True", "True", "True", "True", "1", "False"]
 
 
 def test_preparing_the_cpu_backend_starts_nothing():
