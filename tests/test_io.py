@@ -8,7 +8,7 @@ import time
 import anndata as ad
 import numpy as np
 import pytest
-from conftest import CITESEQ, MOUSE_ZARR, PBMC_H5, PBMC_MTX
+from conftest import CITESEQ, DROPLETS_H5, MOUSE_ZARR, PBMC_H5, PBMC_MTX
 from scipy import sparse
 
 from omicsprep import io
@@ -22,6 +22,19 @@ def test_detect_format_of_each_kind(tmp_path):
     assert io.detect_format(PBMC_MTX) == "10x_mtx"
     assert io.detect_format(MOUSE_ZARR) == "zarr"
     assert io.detect_format(tmp_path / "x.h5ad") == "h5ad"
+
+
+@pytest.mark.parametrize("path", [PBMC_H5, DROPLETS_H5], ids=["filtered", "raw"])
+def test_10x_h5_reads_as_scanpy_reads_it_with_32_bit_indices(path):
+    import scanpy as sc
+
+    expected = sc.read_10x_h5(path, gex_only=False)
+    adata = io.read_counts(path)
+    assert adata.X.dtype == np.float32 and adata.X.indices.dtype == adata.X.indptr.dtype == np.int32
+    assert (adata.X != expected.X).nnz == 0
+    assert adata.obs.equals(expected.obs) and list(adata.obs_names) == list(expected.obs_names)
+    expected.var_names_make_unique()
+    assert adata.var.equals(expected.var) and list(adata.var_names) == list(expected.var_names)
 
 
 def test_h5_and_mtx_folders_hold_the_same_matrix():

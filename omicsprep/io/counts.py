@@ -6,9 +6,12 @@ Formats are detected from the path: 10x HDF5 and MatrixMarket, h5ad and zarr.
 from __future__ import annotations
 
 import logging
+import os
 import warnings
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import anndata as ad
 import numpy as np
@@ -102,11 +105,68 @@ def _read_mtx_folder(path: Path) -> AnnData:
     return sc.read_10x_mtx(path, var_names="gene_symbols", make_unique=True, gex_only=False)
 
 
-def _read_any(path: Path, fmt: InputFormat) -> AnnData:
+# Elements of a 10x HDF5 matrix read at a time: each block is converted (64-bit indices to
+# 32-bit, integer counts to float32) as read, so no full-size copy in the file's types is held.
+H5_READ_BLOCK = 1 << 25
+
+
+def _read_10x_h5(path: Path) -> AnnData:
+    """A 10x HDF5 matrix (Cell Ranger 3 and later) as scanpy's ``read_10x_h5`` reads it.
+
+    Float32 counts (integer counts converted) with 32-bit indices where they fit, converted
+    a block at a time as read; ``var`` holds ``gene_ids``, ``feature_types`` and every
+    other feature field, ``obs`` the ``filtered_barcodes`` flags where present. Older
+    files (Cell Ranger 2: a group per genome) are read by scanpy.
+    """
+    import h5py
     import scanpy as sc
 
+    with h5py.File(path, "r") as handle:
+        if "matrix" not in handle:
+            return sc.read_10x_h5(path, gex_only=False)
+        group = handle["matrix"]
+        n_features, n_barcodes = (int(size) for size in group["shape"][:])
+        indptr = group["indptr"][:]
+        fits = max(int(indptr[-1]), n_features) < np.iinfo(np.int32).max
+        index_dtype = np.int32 if fits else np.int64
+        values = group["data"]
+        data = _read_converted(values, np.float32 if values.dtype.kind in "iu" else values.dtype)
+        matrix = sparse.csr_matrix(
+            (data, _read_converted(group["indices"], index_dtype), indptr.astype(index_dtype)),
+            shape=(n_barcodes, n_features),
+            copy=False,
+        )
+        obs = {"obs_names": group["barcodes"][:].astype(str)}
+        if "filtered_barcodes" in group:
+            obs["filtered_barcodes"] = group["filtered_barcodes"][:].astype(bool)
+        features = group["features"]
+        var = {"var_names": features["name"][:].astype(str)}
+        if "gene_id" in features:  # a probe-barcode matrix
+            var |= {"gene_ids": features["gene_id"][:].astype(str), "probe_ids": features["id"][:].astype(str)}
+        else:
+            var["gene_ids"] = features["id"][:].astype(str)
+        var["feature_types"] = features["feature_type"][:].astype(str)
+        named = ("name", "feature_type", "id", "gene_id", "_all_tag_keys")
+        for name, field in features.items():
+            if isinstance(field, h5py.Dataset) and name not in named:
+                var[name] = field[:].astype(bool if field.dtype.kind == "b" else str)
+    return AnnData(matrix, obs=obs, var=var)
+
+
+def _read_converted(dataset: Any, dtype: np.dtype | type) -> np.ndarray:
+    """A one-dimensional HDF5 dataset as an array of ``dtype``, read and converted a block at a time."""
+    out = np.empty(dataset.shape, dtype=dtype)
+    if dataset.dtype == out.dtype:
+        dataset.read_direct(out)
+        return out
+    for start in range(0, out.size, H5_READ_BLOCK):
+        out[start : start + H5_READ_BLOCK] = dataset[start : start + H5_READ_BLOCK]
+    return out
+
+
+def _read_any(path: Path, fmt: InputFormat) -> AnnData:
     if fmt == "10x_h5":
-        return sc.read_10x_h5(path, gex_only=False)
+        return _read_10x_h5(path)
     if fmt == "10x_mtx":
         return _read_mtx_folder(path)
     if fmt == "h5ad":
@@ -238,7 +298,8 @@ def _compact_csr(matrix: sparse.spmatrix | np.ndarray) -> sparse.csr_matrix:
     return matrix
 
 
-# Values are checked a block at a time, so that the checks hold no copy of the matrix.
+# Values are checked a block at a time, several blocks at once (NumPy lets threads run
+# together), so that the checks hold no copy of the matrix.
 CHECK_BLOCK = 1 << 24
 
 
@@ -246,11 +307,23 @@ def _check_counts(adata: AnnData, *, path: Path, fractional: bool) -> None:
     values = adata.X.data
     if values.size == 0:
         raise InputError(f"matrix has no non-zero counts ({adata.n_obs} cells x {adata.n_vars} genes)", path=path)
-    for start in range(0, values.size, CHECK_BLOCK):
-        block = values[start : start + CHECK_BLOCK]
-        if not np.isfinite(block).all():
-            raise InputError("matrix holds NaN or infinite values; raw counts expected", path=path)
-        if block.min() < 0:
-            raise InputError("matrix holds negative values; raw counts expected", path=path)
-        if not fractional and not np.array_equal(block, np.round(block)):
-            raise InputError("matrix holds non-integer values (normalized data?); raw counts expected", path=path)
+    blocks = (values[start : start + CHECK_BLOCK] for start in range(0, values.size, CHECK_BLOCK))
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        problems = {problem for problem in pool.map(partial(_value_problem, fractional=fractional), blocks) if problem}
+    # The same message whichever block is checked first: the first kind found, in this order.
+    for problem in VALUE_PROBLEMS:
+        if problem in problems:
+            raise InputError(f"matrix holds {problem}; raw counts expected", path=path)
+
+
+VALUE_PROBLEMS = ("NaN or infinite values", "negative values", "non-integer values (normalized data?)")
+
+
+def _value_problem(block: np.ndarray, *, fractional: bool) -> str | None:
+    if not np.isfinite(block).all():
+        return VALUE_PROBLEMS[0]
+    if block.min() < 0:
+        return VALUE_PROBLEMS[1]
+    if not fractional and not np.array_equal(block, np.round(block)):
+        return VALUE_PROBLEMS[2]
+    return None
