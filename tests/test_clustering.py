@@ -142,12 +142,12 @@ def test_embedding_figure_of_many_cells_draws_a_random_share_and_labels_all():
     obs = pd.DataFrame({"cluster": pd.Categorical(labels)}, index=[f"c{i}" for i in range(n)])
     fig = plotting.embedding_panels(coords, obs, keys=["cluster"], title="s")
     ax = fig.axes[0]
-    assert sum(len(c.get_offsets()) for c in ax.collections) == plotting.MAX_POINTS_SHOWN
+    assert sum(len(line.get_xdata()) for line in ax.lines) == plotting.MAX_POINTS_SHOWN
     for text in ax.texts:
         expected = np.median(coords[labels == text.get_text()], axis=0)
         np.testing.assert_allclose(text.get_position(), expected)
     assert fig.get_suptitle() == f"s ({plotting.MAX_POINTS_SHOWN:,} of {n:,} cells drawn)"
     # Fewer cells: every one drawn, the title as given.
     small = plotting.embedding_panels(coords[:1000], obs.iloc[:1000], keys=["cluster"], title="s")
-    assert sum(len(c.get_offsets()) for c in small.axes[0].collections) == 1000
+    assert sum(len(line.get_xdata()) for line in small.axes[0].lines) == 1000
     assert small.get_suptitle() == "s"
