@@ -37,7 +37,8 @@
 #             that script), which also let the tests run CellBender's --cuda CLI test
 #   e2e       benchmarks/run.py on $E2E_BACKENDS (gpu) at $E2E_CELLS (1000000) cells (data cached in /tmp/ob),
 #             with $E2E_ARGS (--fuse: also with qc, cluster and figures fused into one rule; --fused-only;
-#             --cold: each run first from empty kernel caches, then again); prints where each rule's seconds went
+#             --cold: each run first from empty kernel caches, then again; --cold --setup: omicsprep warm-kernels
+#             into the empty caches first, timed); prints where each rule's seconds went
 #   bam       benchmarks/umi_bench.py: BAM in, counts out, CPU backend (all cores) and GPU backend
 #             against umi_tools count, at $BAM_READS (10000000) reads; the BAM (pysam, about 2
 #             minutes) is written in the background from the start, beside the other sections;
