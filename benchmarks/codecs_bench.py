@@ -58,9 +58,14 @@ def measure(adata: ad.AnnData, folder: Path, mode: str) -> dict:
     start = time.perf_counter()
     back = ad.read_h5ad(path) if suffix == ".h5ad" else ad.read_zarr(path)
     read = time.perf_counter() - start
-    assert back.shape == adata.shape and back.X.nnz == adata.X.nnz
+    if back.shape != adata.shape or back.X.nnz != adata.X.nnz:
+        msg = f"{mode}: read back {back.shape}, {back.X.nnz} non-zeros; wrote {adata.shape}, {adata.X.nnz}"
+        raise RuntimeError(msg)
     size = size_bytes(path)
-    shutil.rmtree(path) if path.is_dir() else path.unlink()
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
     return {"mode": mode, "write_s": round(written, 2), "read_s": round(read, 2), "size_mb": round(size / 1e6, 1)}
 
 
@@ -80,7 +85,8 @@ def main() -> None:
         adata = ad.read_h5ad(source)
         with tempfile.TemporaryDirectory(dir=args.workdir) as folder:
             for mode in args.modes:
-                row = {"input": source.name, "cells": adata.n_obs, "nnz": adata.X.nnz, **measure(adata, Path(folder), mode)}
+                row = {"input": source.name, "cells": adata.n_obs, "nnz": adata.X.nnz}
+                row |= measure(adata, Path(folder), mode)
                 print(row, flush=True)
                 rows.append(row)
     table = pd.DataFrame(rows)
