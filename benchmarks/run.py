@@ -62,20 +62,16 @@ def bench_config(workdir: Path) -> Path:
 
 def bench_settings(workdir: Path) -> dict:
     """:func:`bench_config`'s settings with the schema's defaults filled in."""
-    from snakemake.utils import validate
+    from omicsprep.cli import workflow_config
 
-    config = yaml.safe_load(bench_config(workdir).read_text())
-    validate(config, schema=str(REPO / "config" / "schemas" / "config.schema.yaml"), set_default=True)
-    return config
+    return workflow_config([bench_config(workdir)])
 
 
 def clustering_options(config: dict):
     """The cluster rule's options from a whole configuration: a section per field, as the workflow gives them."""
-    from dataclasses import fields
+    from omicsprep.options import ClusteringOptions, from_sections
 
-    from omicsprep.options import ClusteringOptions, from_config
-
-    return from_config(ClusteringOptions, {option.name: config[option.name] for option in fields(ClusteringOptions)})
+    return from_sections(ClusteringOptions, config)
 
 
 def dataset(workdir: Path, n_cells: int, n_genes: int, jobs: int) -> Path:

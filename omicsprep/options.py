@@ -58,6 +58,15 @@ def from_config(options_class: type[Options], section: Mapping[str, Any]) -> Opt
     return options_class(**values)
 
 
+def from_sections(options_class: type[Options], config: Mapping[str, Any]) -> Options:
+    """``options_class`` whose every field is a whole section of the workflow's configuration.
+
+    As :class:`ClusteringOptions` and :class:`EmbeddingOptions` gather sections ``normalize``
+    through ``markers`` (:func:`from_config` on each).
+    """
+    return from_config(options_class, {option.name: config[option.name] for option in fields(options_class)})
+
+
 @dataclass(frozen=True)
 class FilterOptions:
     """Cell filter (:func:`omicsprep.rna.qc.qc_pass_mask`): fixed limits, and MAD outliers with ``mad``."""

@@ -11,7 +11,6 @@ as a setup step, compiles what later runs load.
 
 from __future__ import annotations
 
-from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -77,7 +76,7 @@ def warm_kernels(config: dict[str, Any], *, backend: Backend, n_cells: int = 400
     n_cells, n_genes
         The generated sample's size.
     """
-    from omicsprep.options import ClusteringOptions, DoubletOptions, QcOptions, from_config
+    from omicsprep.options import ClusteringOptions, DoubletOptions, QcOptions, from_config, from_sections
     from omicsprep.pipeline import run_clustering, run_qc
 
     adata = generated_counts(n_cells=n_cells, n_genes=n_genes, seed=config["seed"])
@@ -89,5 +88,4 @@ def warm_kernels(config: dict[str, Any], *, backend: Backend, n_cells: int = 400
         backend=backend,
         keep_on_device=True,
     )
-    sections = {option.name: config[option.name] for option in fields(ClusteringOptions)}
-    run_clustering(adata, options=from_config(ClusteringOptions, sections), seed=config["seed"], backend=backend)
+    run_clustering(adata, options=from_sections(ClusteringOptions, config), seed=config["seed"], backend=backend)

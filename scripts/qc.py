@@ -4,8 +4,6 @@ Rule qc_cluster (config fuse_qc_cluster) runs this script and goes on with the w
 cluster, plot_qc and plot_umap.
 """
 
-from typing import Any
-
 import numpy as np
 import pandas as pd
 
@@ -60,12 +58,12 @@ def main() -> None:
         markers = cluster(adata, snakemake=snakemake, backend=backend)
         obs = adata.obs.copy()
         write_later(write_clustering, adata, markers, snakemake=snakemake, h5ad=snakemake.output.processed)
-        write_figures(metrics, adata.obsm["X_umap"], obs, output=snakemake.output)
+        write_figures(metrics, adata.obsm["X_umap"], obs)
 
 
-def write_figures(metrics: pd.DataFrame, coords: np.ndarray, obs: pd.DataFrame, *, output: Any) -> None:
+def write_figures(metrics: pd.DataFrame, coords: np.ndarray, obs: pd.DataFrame) -> None:
     """Rules plot_qc's and plot_umap's figures."""
-    sample = snakemake.wildcards.sample
+    sample, output = snakemake.wildcards.sample, snakemake.output
     write_qc_figures(metrics, sample=sample, histograms=output.histograms, scatter=output.scatter)
     write_embedding_figures(
         coords,
