@@ -17,7 +17,7 @@ import pandas as pd
 from sklearn.metrics import adjusted_rand_score
 
 from omicsprep.io import read_h5ad_elements
-from omicsprep.rna.clustering import parse_cluster_key
+from omicsprep.options import parse_cluster_key
 
 
 def compare_sample(run_a: Path, run_b: Path, sample: str) -> list[dict]:

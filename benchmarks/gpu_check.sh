@@ -39,6 +39,8 @@
 #             with $E2E_ARGS (--fuse: also with qc, cluster and figures fused into one rule; --fused-only;
 #             --cold: each run first from empty kernel caches, then again; --cold --setup: omicsprep warm-kernels
 #             into the empty caches first, timed); prints where each rule's seconds went
+#   codecs    benchmarks/codecs_bench.py on the qc.h5ad and processed.h5ad of the e2e section's latest run at
+#             $CODECS_CELLS (100000) cells (run e2e first, in the same call or on the same machine)
 #   bam       benchmarks/umi_bench.py: BAM in, counts out, CPU backend (all cores) and GPU backend
 #             against umi_tools count, at $BAM_READS (10000000) reads; the BAM (pysam, about 2
 #             minutes) is written in the background from the start, beside the other sections;
@@ -210,6 +212,14 @@ echo "== end to end: benchmarks/run.py"
 # The scaling rows and plot stay on the machine (only a few files come back from $OUT).
 python3 benchmarks/run.py --cells ${E2E_CELLS:-1000000} --backends ${E2E_BACKENDS:-gpu} ${E2E_ARGS:-} --cores "$(nproc)" --host H200 --workdir /tmp/ob \
   --results "$out/RESULTS_h200.md" --scaling-dir /tmp/ob/scaling --plot /tmp/ob/scaling.png 2>&1 | tail -n 60
+fi
+
+if wants codecs; then
+cells=${CODECS_CELLS:-100000}
+echo "== output stores and codecs: benchmarks/codecs_bench.py on the e2e section's outputs at $cells cells"
+run_dir=$(ls -td /tmp/ob/*_"$cells"x*/ 2>/dev/null | head -n 1)
+python3 benchmarks/codecs_bench.py "$run_dir/results/bench/qc.h5ad" "$run_dir/results/bench/processed.h5ad" \
+  --workdir /tmp --results "$out/codecs_h200.md" 2>&1 | tail -n 25
 fi
 
 if wants bam; then

@@ -38,9 +38,8 @@ from run import append_results, bench_settings, clustering_options  # noqa: E402
 
 from omicsprep import io, plotting  # noqa: E402
 from omicsprep.backend import resolve_backend  # noqa: E402
-from omicsprep.options import MergeOptions, from_config  # noqa: E402
+from omicsprep.options import MergeOptions, cluster_key, from_config  # noqa: E402
 from omicsprep.pipeline import run_merge  # noqa: E402
-from omicsprep.rna.clustering import cluster_key  # noqa: E402
 
 LABELS = cluster_key("leiden", 1.0)
 

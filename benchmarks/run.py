@@ -103,6 +103,7 @@ def run_workflow(
     rundir.mkdir(parents=True, exist_ok=True)
     sheet = rundir / "samples.tsv"
     sheet.write_text(f"sample\tinput\nbench\t{counts}\n")
+    launched = time.time()
     wall = run_snakemake(
         rundir,
         config=config,
@@ -125,6 +126,7 @@ def run_workflow(
         "hvg": _hvg(rundir / "results" / "bench" / "processed.h5ad"),
         "steps": times.set_index(["rule", "step"])["seconds"].rename(f"workflow-{name}"),
         "phases": phase_breakdown(rundir, times, label=f"workflow-{name}"),
+        "outside": outside_rules(rundir, launched=launched, wall=wall, label=f"workflow-{name}"),
     }
 
 
@@ -177,6 +179,35 @@ def phase_breakdown(rundir: Path, times: pd.DataFrame, *, label: str) -> pd.Data
             }
         )
     return pd.DataFrame(rows).round(2)
+
+
+def outside_rules(rundir: Path, *, launched: float, wall: float, label: str) -> dict:
+    """Where a run's wall time went outside its rules' processes, in seconds.
+
+    From the rules' start and end (their logs' phases lines) against the run's launch:
+    ``before_first_rule`` (Snakemake's start, parsing the workflow and building the DAG),
+    ``between_rules`` (no rule's process running: Snakemake finishing one job and
+    starting the next), ``after_last_rule`` (Snakemake's end), and ``in_rules`` (at
+    least one rule's process running).
+    """
+    spans = sorted(
+        (phases["started_at"], phases["ended_at"])
+        for log in (rundir / "logs").glob("*/*.log")
+        if (phases := read_phases(log)) is not None and phases.get("started_at", 0.0) >= launched - 1.0
+    )
+    in_rules, covered_until = 0.0, spans[0][0]
+    for start, end in spans:
+        in_rules += max(0.0, end - max(start, covered_until))
+        covered_until = max(covered_until, end)
+    before, after = spans[0][0] - launched, launched + wall - covered_until
+    return {
+        "run": label,
+        "wall": round(wall, 2),
+        "in_rules": round(in_rules, 2),
+        "before_first_rule": round(before, 2),
+        "between_rules": round(wall - in_rules - before - after, 2),
+        "after_last_rule": round(after, 2),
+    }
 
 
 def snakemake_command(*args: str) -> list[str]:
@@ -417,7 +448,7 @@ def main() -> None:
     args.scaling_dir.mkdir(parents=True, exist_ok=True)
     for n_cells in args.cells:
         # Each size is recorded as soon as it is done, so a run cut short keeps what it measured.
-        table, steps, phases = benchmark_size(args, n_cells, config, host)
+        table, steps, phases, outside = benchmark_size(args, n_cells, config, host)
         print(table.to_string(index=False), flush=True)
         stamp = append_results(
             args.results,
@@ -441,17 +472,25 @@ def main() -> None:
                     "imports, reading, device transfers, computing, writing, and Snakemake's wrapper and the "
                     "exit as `other`):\n\n" + phases.to_markdown(index=False) + "\n"
                 )
+        if outside is not None:
+            print(outside.to_string(index=False), flush=True)
+            with args.results.open("a") as handle:
+                handle.write(
+                    "\nWhere each run's seconds went outside its rules' processes (`outside_rules`: Snakemake's "
+                    "start, its work between jobs, its end):\n\n" + outside.to_markdown(index=False) + "\n"
+                )
         table.to_csv(args.scaling_dir / f"{host}-{stamp[:10]}-{n_cells}.tsv", sep="\t", index=False)
         plot(args.scaling_dir, args.plot)
 
 
 def benchmark_size(
     args: argparse.Namespace, n_cells: int, config: Path, host: str
-) -> tuple[pd.DataFrame, pd.DataFrame | None, pd.DataFrame | None]:
+) -> tuple[pd.DataFrame, pd.DataFrame | None, pd.DataFrame | None, pd.DataFrame | None]:
     """Run every backend (and the peer) on one generated dataset: one row each, and the timings.
 
-    The timings are the workflow runs' seconds per rule and step, and per rule where they
-    went (:func:`phase_breakdown`); ``None`` without a workflow run.
+    The timings are the workflow runs' seconds per rule and step, per rule where they went
+    (:func:`phase_breakdown`), and per run where they went outside the rules
+    (:func:`outside_rules`); ``None`` without a workflow run.
     """
     counts = dataset(args.workdir, n_cells, args.genes, jobs=args.cores)
     on_cpu = args.cpu_max_cells is None or n_cells <= args.cpu_max_cells
@@ -474,9 +513,10 @@ def benchmark_size(
     peer = run_peer(args.workdir, counts, config) if args.peer and on_cpu else None
     steps = pd.concat([result["steps"] for result in results], axis=1).reset_index() if results else None
     phases = pd.concat([result["phases"] for result in results]) if results else None
+    outside = pd.DataFrame([result["outside"] for result in results]) if results else None
     rows = []
     for result in [*results, *([peer] if peer else [])]:
-        shown = {k: v for k, v in result.items() if k not in ("obs", "hvg", "steps", "phases")}
+        shown = {k: v for k, v in result.items() if k not in ("obs", "hvg", "steps", "phases", "outside")}
         rows.append(
             {
                 "cells": n_cells,
@@ -487,7 +527,7 @@ def benchmark_size(
                 "host": host,
             }
         )
-    return pd.DataFrame(rows), steps, phases
+    return pd.DataFrame(rows), steps, phases, outside
 
 
 if __name__ == "__main__":

@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import get_type_hints
 
 from omicsprep.errors import BackendUnavailableError, InputError
-from omicsprep.options import CoexpressionOptions, MetacellOptions, NormalizeOptions, Options, UmiOptions
-from omicsprep.reads.umi import METHODS
+from omicsprep.options import METHODS, CoexpressionOptions, MetacellOptions, NormalizeOptions, Options, UmiOptions
 
 log = logging.getLogger("omicsprep")
 

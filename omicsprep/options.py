@@ -10,18 +10,42 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, get_origin, get_type_hints
-
-from omicsprep.network.coexpression import Correlation, Pooling
-from omicsprep.reads.molecules import BamOptions, TableOptions
-from omicsprep.reads.umi import Method
-from omicsprep.rna.clustering import Algorithm, MarkerMethod
-from omicsprep.rna.preprocessing import HvgFlavor
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, get_args, get_origin, get_type_hints
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 Options = TypeVar("Options", bound="DataclassInstance")
+
+# The values options take are defined here, not in the modules that use them, so that this
+# module imports nothing but the standard library: the workflow reads it while Snakemake
+# parses the rules, in every Snakemake process.
+HvgFlavor = Literal["seurat_v3", "seurat", "cell_ranger"]
+MarkerMethod = Literal["wilcoxon", "t-test", "logreg"]
+Algorithm = Literal["leiden", "louvain"]
+ALGORITHMS: tuple[Algorithm, ...] = get_args(Algorithm)
+Correlation = Literal["pearson", "spearman"]
+Pooling = Literal["none", "knn", "kmeans"]
+Method = Literal["unique", "percentile", "cluster", "adjacency", "directional"]
+METHODS: tuple[str, ...] = get_args(Method)
+UmiSource = Literal["tag", "read_id", "umis"]
+
+
+def cluster_key(algorithm: Algorithm, resolution: float) -> str:
+    """Name of the ``obs`` column holding clusters at one resolution, e.g. ``leiden_1.0``."""
+    return f"{algorithm}_{float(resolution)}"
+
+
+def parse_cluster_key(key: str) -> tuple[Algorithm, float] | None:
+    """The algorithm and resolution of a :func:`cluster_key` column name; ``None`` for other names."""
+    for algorithm in ALGORITHMS:
+        if key.startswith(f"{algorithm}_"):
+            try:
+                resolution = float(key.removeprefix(f"{algorithm}_"))
+            except ValueError:
+                return None
+            return (algorithm, resolution) if cluster_key(algorithm, resolution) == key else None
+    return None
 
 
 def from_config(options_class: type[Options], section: Mapping[str, Any]) -> Options:
@@ -32,8 +56,7 @@ def from_config(options_class: type[Options], section: Mapping[str, Any]) -> Opt
     Parameters
     ----------
     options_class
-        An options dataclass of this module (or :class:`~omicsprep.reads.molecules.BamOptions`,
-        :class:`~omicsprep.reads.molecules.TableOptions`).
+        An options dataclass of this module.
     section
         Its configuration section (the workflow's, validated by the schema).
 
@@ -336,6 +359,31 @@ class MergeOptions:
     allow_partial: bool = False
     dask: bool = False
     harmony: HarmonyOptions = field(default_factory=HarmonyOptions)
+
+
+@dataclass(frozen=True)
+class BamOptions:
+    """Where a BAM/SAM file keeps cell, UMI and gene, and which alignments count.
+
+    ``umi_source`` is ``tag`` or the read name (``read_id``: umi_tools extract; ``umis``).
+    Tag names: Cell Ranger/STARsolo ``CB``/``UB``/``GX``, Drop-seq ``XC``/``XM``/``GE``.
+    """
+
+    cell_tag: str = "CB"
+    umi_tag: str = "UB"
+    gene_tag: str = "GX"
+    umi_source: UmiSource = "tag"
+    min_mapq: int = 0
+
+
+@dataclass(frozen=True)
+class TableOptions:
+    """Column names of a molecule table; ``count_column`` holds reads per row, if any."""
+
+    cell_column: str = "cell"
+    umi_column: str = "umi"
+    gene_column: str = "gene"
+    count_column: str | None = None
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,8 @@ from omicsprep.options import (
     ProteinOptions,
     QcOptions,
     UmapOptions,
+    cluster_key,
+    parse_cluster_key,
 )
 from omicsprep.protein import normalization
 from omicsprep.provenance import StepTimer, record_provenance
@@ -255,7 +257,7 @@ def run_clustering(adata: AnnData, *, options: ClusteringOptions, seed: int, bac
             clustering.cluster_graph(adata, algorithm=algorithm, resolutions=resolutions, seed=seed, backend=backend)
     markers = options.markers
     with timer.step("markers"):
-        groupby = clustering.cluster_key(markers.algorithm, markers.resolution)
+        groupby = cluster_key(markers.algorithm, markers.resolution)
         clustering.rank_markers(adata, groupby=groupby, method=markers.method, backend=backend)
     with timer.step("to_host"):
         to_host(adata)
@@ -709,7 +711,7 @@ def run_merge(
         ``louvain`` nor ``markers``).
     labels
         The per-sample cluster column whose conservation is measured (a
-        :func:`omicsprep.rna.clustering.cluster_key`); the merged cells are clustered by
+        :func:`omicsprep.options.cluster_key`); the merged cells are clustered by
         Leiden at its resolution, before and after Harmony, to measure it.
     seed
         Seed for PCA, Harmony, UMAP and Leiden.
@@ -733,7 +735,7 @@ def run_merge(
         ``options.dask`` on the GPU backend, and fewer than ``n_gpus`` GPUs or no
         dask-cuda.
     """
-    parsed_labels = clustering.parse_cluster_key(labels)
+    parsed_labels = parse_cluster_key(labels)
     if parsed_labels is None:
         raise ValueError(f"labels {labels!r} is not a cluster column name (such as leiden_1.0)")
     _, resolution = parsed_labels
@@ -798,7 +800,7 @@ def run_merge(
                 "embedding": embedding,
                 "batch_mixing": round(integration.batch_mixing(adata, key=key), 4),
                 "label_conservation": round(
-                    integration.label_conservation(adata, clusters=clustering.cluster_key("leiden", resolution)), 4
+                    integration.label_conservation(adata, clusters=cluster_key("leiden", resolution)), 4
                 ),
             }
         )

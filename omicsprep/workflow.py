@@ -227,14 +227,15 @@ def log_phases(*, startup: float | None, body: float) -> None:
 
     ``startup`` (process start to the script's body), ``body`` (the body), and within the
     body the seconds of each :func:`omicsprep.timings.phase` (``read``, ``write``,
-    ``gpu_import``); ``benchmarks/run.py`` reads it back from the rule's log.
+    ``gpu_import``); and the process's start and this moment (``started_at``, ``ended_at``,
+    seconds since the epoch), which place the rule on the run's timeline.
+    ``benchmarks/run.py`` reads it back from the rule's log.
     """
+    ended_at = time.time()
     seconds = {"startup": startup, "body": body, **phase_seconds()}
-    log.info(
-        "%s%s",
-        PHASES_PREFIX,
-        json.dumps({name: round(value, 4) for name, value in seconds.items() if value is not None}),
-    )
+    line = {name: round(value, 4) for name, value in seconds.items() if value is not None}
+    line |= {"started_at": round(ended_at - body - (startup or 0.0), 3), "ended_at": round(ended_at, 3)}
+    log.info("%s%s", PHASES_PREFIX, json.dumps(line))
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:

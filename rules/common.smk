@@ -5,20 +5,19 @@ import difflib
 import re
 import shlex
 import sys
+import threading
 from dataclasses import fields
 from pathlib import Path
 
 import pandas as pd
 import yaml
-from jsonschema import Draft202012Validator
+from jsonschema import Draft202012Validator, validators
 from snakemake.exceptions import WorkflowError
-from snakemake.utils import validate
 
 from omicsprep.cells.cellbender import remove_background_command
-from omicsprep.rna.clustering import cluster_key
 from omicsprep.errors import InputError
 from omicsprep.io import COEXPRESSION_FILES, READ_FORMATS, resolve_format
-from omicsprep.options import ClusteringOptions, EmbeddingOptions
+from omicsprep.options import ClusteringOptions, EmbeddingOptions, cluster_key
 from omicsprep import resources
 
 CONFIG_SCHEMA = Path(workflow.basedir) / "config" / "schemas" / "config.schema.yaml"
@@ -32,13 +31,13 @@ def validated_config(config):
     as text: text where the schema wants a number, a boolean or a list is read as YAML
     first. Every problem is named on one line, with its key.
     """
-    schema = yaml.safe_load(CONFIG_SCHEMA.read_text())
+    schema = read_yaml(CONFIG_SCHEMA.read_text())
     validator = Draft202012Validator(schema)
     while True:
         retyped = False
         for error in validator.iter_errors(config):
             if error.validator == "type" and isinstance(error.instance, str) and error.absolute_path:
-                value = yaml.safe_load(error.instance)
+                value = read_yaml(error.instance)
                 if not isinstance(value, str) and Draft202012Validator(error.schema).is_valid(value):
                     set_nested(config, list(error.absolute_path), value)
                     retyped = True
@@ -52,8 +51,30 @@ def validated_config(config):
         raise WorkflowError(
             "config: " + "; ".join(problems) + " (keys and defaults: config/schemas/config.schema.yaml)"
         )
-    validate(config, schema=str(CONFIG_SCHEMA), set_default=True)
+    filling_defaults(Draft202012Validator)(schema).validate(config)
     return config
+
+
+def read_yaml(text):
+    """YAML text as Python values, by libyaml (about 8x faster than PyYAML's Python parser)."""
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
+def filling_defaults(validator_class):
+    """``validator_class`` that fills in the schema's defaults as it validates.
+
+    jsonschema's recipe, as snakemake.utils.validate(set_default=True) uses it, on the
+    schema already read (that function reads the file again, with a slower parser).
+    """
+    check_properties = validator_class.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        for name, subschema in properties.items():
+            if "default" in subschema:
+                instance.setdefault(name, subschema["default"])
+        yield from check_properties(validator, properties, instance, schema)
+
+    return validators.extend(validator_class, {"properties": set_defaults})
 
 
 def set_nested(mapping, keys, value):
@@ -120,7 +141,7 @@ def load_sample_sheet(path):
     repeated = sorted(samples.loc[samples["sample"].duplicated(), "sample"].unique())
     if repeated:
         raise WorkflowError(f"{where}: samples listed more than once: {repeated}")
-    validator = Draft202012Validator(yaml.safe_load(SAMPLES_SCHEMA.read_text()))
+    validator = Draft202012Validator(read_yaml(SAMPLES_SCHEMA.read_text()))
     for number, row in samples.iterrows():
         for error in validator.iter_errors({column: row[column] for column in KNOWN_COLUMNS if column in row}):
             column = error.absolute_path[0] if error.absolute_path else None
@@ -703,3 +724,23 @@ def final_outputs():
         *(rules.merge.output if config["merge"]["enabled"] else []),
         rules.run_times.output.table,
     ]
+
+
+def cancel_rescheduling_timers():
+    """Cancel Snakemake's pending scheduler timers, once every job has ended.
+
+    While jobs run, Snakemake's scheduler wakes itself every second on a threading.Timer
+    (the --max-jobs-per-timespan check), and its process waits for the last one before it
+    exits: up to a second of every run.
+    """
+    for thread in threading.enumerate():
+        if isinstance(thread, threading.Timer):
+            thread.cancel()
+
+
+onsuccess:
+    cancel_rescheduling_timers()
+
+
+onerror:
+    cancel_rescheduling_timers()

@@ -2,9 +2,8 @@
 
 from omicsprep import io, plotting
 from omicsprep.backend import prepare_gpu, resolve_backend
-from omicsprep.options import ClusteringOptions, MergeOptions, from_config
+from omicsprep.options import ClusteringOptions, MergeOptions, from_config, parse_cluster_key
 from omicsprep.pipeline import run_merge
-from omicsprep.rna.clustering import parse_cluster_key
 from omicsprep.workflow import run_script
 
 

@@ -57,19 +57,32 @@ def test_quick_benchmark_runs_and_agrees_with_scanpy(tmp_path):
     assert (tmp_path / "scaling.png").stat().st_size > 0
     # Where each rule's seconds went: every part measured and none negative (a phase counted
     # twice would make computing negative), and they add up to the rule's process.
-    header = next(line for line in results.splitlines() if line.startswith("| run "))
-    columns = [cell.strip() for cell in header.strip("|").split("|")]
-    rows = [
-        dict(zip(columns, (cell.strip() for cell in line.strip("|").split("|")), strict=True))
-        for line in results.splitlines()
-        if line.startswith("| workflow-cpu ")
-    ]
-    phases = pd.DataFrame(rows).set_index("rule")[["total", "start_imports", "read", "compute", "write", "other"]]
-    phases = phases.astype(float)
+    phases = markdown_table(results, "start_imports").set_index("rule")
+    phases = phases[["total", "start_imports", "read", "compute", "write", "other"]].astype(float)
     assert set(phases.index) >= {"qc", "cluster"}
     assert (phases >= -0.02).all().all(), phases
     assert (phases.loc[["qc", "cluster"], ["start_imports", "read", "compute", "write"]] > 0).all().all(), phases
     assert np.allclose(phases.drop(columns="total").sum(axis=1), phases["total"], atol=0.05)
+    # And outside the rules: Snakemake's start, its work between jobs and its end, with the
+    # rules' time, make the run's wall time.
+    outside = markdown_table(results, "before_first_rule").iloc[0]
+    parts = outside[["in_rules", "before_first_rule", "between_rules", "after_last_rule"]].astype(float)
+    assert (parts >= 0).all() and parts["in_rules"] >= phases["total"].max(), outside
+    assert parts.sum() == pytest.approx(float(outside["wall"]), abs=0.05)
+    assert parts["in_rules"] < float(workflow["wall_s"])
+
+
+def markdown_table(text: str, column: str) -> pd.DataFrame:
+    """The first Markdown table in ``text`` whose header has ``column``."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| ") and f" {column} " in line)
+    header = [cell.strip() for cell in lines[start].strip("|").split("|")]
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append(dict(zip(header, (cell.strip() for cell in line.strip("|").split("|")), strict=True)))
+    return pd.DataFrame(rows)
 
 
 def test_clusters_come_with_the_same_counts():

@@ -12,7 +12,8 @@ from cellbender_bench import called_by_cellbender, quality
 from conftest import REPO
 from generate import gene_names, generate_raw_droplets, write_10x_h5
 
-from omicsprep.cells.cellbender import aligned_counts, remove_background_command
+from omicsprep.cells.ambient import aligned_counts
+from omicsprep.cells.cellbender import remove_background_command
 from omicsprep.errors import InputError
 from omicsprep.io.cellbender import read_cellbender
 

@@ -9,7 +9,7 @@ import scanpy as sc
 from conftest import CLUSTER_OPTIONS, NO_DOUBLETS, QC_OPTIONS
 from sklearn.metrics import adjusted_rand_score
 
-from omicsprep import io
+from omicsprep import io, options
 from omicsprep.pipeline import run_clustering, run_qc
 from omicsprep.rna import clustering
 
@@ -120,15 +120,15 @@ def test_louvain_is_seeded(mouse_clustered):
 @pytest.mark.parametrize("algorithm", ["leiden", "louvain"])
 @pytest.mark.parametrize("resolution", [1.0, 0.25, 2, 1e-3, 10.5])
 def test_cluster_keys_parse_back_to_algorithm_and_resolution(algorithm, resolution):
-    key = clustering.cluster_key(algorithm, resolution)
-    assert clustering.parse_cluster_key(key) == (algorithm, float(resolution))
+    key = options.cluster_key(algorithm, resolution)
+    assert options.parse_cluster_key(key) == (algorithm, float(resolution))
 
 
 @pytest.mark.parametrize(
     "name", ["sample", "leiden", "leiden_", "leiden_x", "leiden_1", "wnn_leiden_1.0", "kmeans_1.0"]
 )
 def test_other_column_names_are_not_cluster_keys(name):
-    assert clustering.parse_cluster_key(name) is None
+    assert options.parse_cluster_key(name) is None
 
 
 def test_embedding_figure_of_many_cells_draws_a_random_share_and_labels_all():

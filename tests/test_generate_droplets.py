@@ -9,9 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from omicsprep.options import UmiOptions
+from omicsprep.options import METHODS, UmiOptions
 from omicsprep.reads import counting
-from omicsprep.reads.umi import METHODS
 
 N_CELLS, N_BARCODES, N_GENES = 100, 3_000, 500
 

@@ -329,8 +329,8 @@ def test_molecule_tables_are_read_by_cudf_as_by_pyarrow(tmp_path, suffix):
     import pandas as pd
     import pyarrow as pa
 
-    from omicsprep.options import UmiOptions
-    from omicsprep.reads.molecules import BamOptions, TableOptions, usable_reads
+    from omicsprep.options import BamOptions, TableOptions, UmiOptions
+    from omicsprep.reads.molecules import usable_reads
 
     reads = generate.generate_reads(30_000, n_cells=100, n_genes=500, umi_length=10, seed=5)[["gene", "cell", "umi"]]
     reads.loc[reads.index[:50], "cell"] = None

@@ -14,6 +14,7 @@ from omicsprep import options
 from omicsprep.options import (
     AlignOptions,
     AtacOptions,
+    BamOptions,
     CellOptions,
     ClusteringOptions,
     CoexpressionOptions,
@@ -28,7 +29,6 @@ from omicsprep.options import (
     UmiOptions,
     from_config,
 )
-from omicsprep.reads.molecules import BamOptions
 
 SCHEMA = yaml.safe_load((REPO / "config" / "schemas" / "config.schema.yaml").read_text())
 # Each options class and its configuration section; None: its fields are top-level sections.

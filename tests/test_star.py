@@ -27,9 +27,8 @@ from omicsprep.align.star import genome_generate_command, sa_index_bases, solo_c
 from omicsprep.errors import InputError
 from omicsprep.io.counts import read_counts
 from omicsprep.io.star import read_barcode_stats, read_solo_matrix, read_solo_summary
-from omicsprep.options import AlignOptions, UmiOptions
+from omicsprep.options import AlignOptions, BamOptions, UmiOptions
 from omicsprep.reads.counting import count_umis
-from omicsprep.reads.molecules import BamOptions
 
 pytestmark = pytest.mark.skipif(shutil.which("STAR") is None, reason="STAR is not on PATH (Debian: rna-star)")
 

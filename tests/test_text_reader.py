@@ -136,7 +136,8 @@ def test_fragment_and_molecule_readers_on_the_gpu_share_the_reader(tmp_path, cud
     from collections import Counter
 
     from omicsprep import io
-    from omicsprep.reads.molecules import BamOptions, TableOptions, usable_reads
+    from omicsprep.options import BamOptions, TableOptions
+    from omicsprep.reads.molecules import usable_reads
 
     fragments = tmp_path / "fragments.tsv"
     fragments.write_text("#comment\n" + "".join(LINES))

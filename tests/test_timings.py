@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from omicsprep.provenance import StepTimer
 from omicsprep.timings import phase, phase_seconds
 from omicsprep.workflow import PHASES_PREFIX
@@ -42,13 +44,18 @@ run_script(main, log_path=sys.argv[2])
 def test_a_rule_logs_its_start_up_reading_and_writing(tmp_path):
     # In a process of its own, as a rule runs: run_script takes over standard error.
     log = tmp_path / "rule.log"
+    launched = time.time()
     subprocess.run([sys.executable, "-c", RULE_BODY, str(tmp_path / "out.h5ad"), str(log)], check=True)
+    exited = time.time()
     line = next(line for line in log.read_text().splitlines() if f" {PHASES_PREFIX}{{" in line)
     phases = json.loads(line.split(f" {PHASES_PREFIX}", 1)[1])
     assert 0.2 < phases["startup"] < 60  # the interpreter and the imports, before the body
     assert 0.2 <= phases["body"] < 60
     assert 0 < phases["read"] < phases["body"] and 0 < phases["write"] < phases["body"]
     assert "gpu_import" not in phases  # nothing asked for the GPU
+    # The process on the run's timeline: started after the launch, ended before the exit.
+    assert launched - 0.05 <= phases["started_at"] < phases["ended_at"] <= exited
+    assert phases["ended_at"] - phases["started_at"] == pytest.approx(phases["startup"] + phases["body"], abs=0.01)
 
 
 def test_a_step_leaves_out_the_gpu_libraries_it_imports():

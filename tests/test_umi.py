@@ -16,10 +16,10 @@ import pytest
 from conftest import REPO
 
 from omicsprep.errors import InputError
-from omicsprep.options import UmiOptions
+from omicsprep.options import METHODS, BamOptions, TableOptions, UmiOptions
 from omicsprep.reads import counting
-from omicsprep.reads.molecules import BamOptions, TableOptions, estimated_reads
-from omicsprep.reads.umi import METHODS, pack_umis
+from omicsprep.reads.molecules import estimated_reads
+from omicsprep.reads.umi import pack_umis
 
 UMI_DATA = REPO / "tests" / "data" / "umi_tools"
 UMI_TOOLS_BAM = UMI_DATA / "chr19_gene_tags.bam"
@@ -45,7 +45,8 @@ CUDA_KERNEL_CHECK = """
 import sys
 from collections import Counter
 import numpy as np
-from omicsprep.reads.molecules import BamOptions, encode_reads, usable_reads
+from omicsprep.options import BamOptions
+from omicsprep.reads.molecules import encode_reads, usable_reads
 from omicsprep.reads.umi import collapse_reads, count_groups, molecule_groups
 from omicsprep.reads.umi_cuda import count_groups_gpu
 sys.path.insert(0, "benchmarks")

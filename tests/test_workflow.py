@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -126,6 +127,18 @@ def test_gpu_rules_are_the_documented_ones():
         "atac",
     ]
     assert sorted([*documented, "multiome", "merge"]) == GPU_RULES
+
+
+def test_the_rules_import_no_heavy_library():
+    # Every Snakemake process (a run, a dry run, each SLURM job) parses the rules: what
+    # rules/common.smk imports from omicsprep must leave AnnData, Numba and SciPy unimported
+    # (about 1.5 s of start-up, and as much again of teardown, on 2 cores).
+    imports = [line for line in (REPO / "rules" / "common.smk").read_text().splitlines() if "omicsprep" in line]
+    imports = [line for line in imports if line.startswith(("from omicsprep", "import omicsprep"))]
+    check = "import sys\n" + "\n".join(imports) + "\nprint(sorted({'anndata', 'numba', 'scipy'} & set(sys.modules)))"
+    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True)
+    assert len(imports) >= 5
+    assert result.stdout.strip() == "[]"
 
 
 @pytest.mark.parametrize("pinned", GPU_RULES)

@@ -7,14 +7,17 @@ uncorrected in ``layers["counts_uncorrected"]``, each cell's removed share in
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
+import pandas as pd
 from anndata import AnnData
 from scipy import sparse
 
 from omicsprep.backend import Backend, to_device, to_host
-from omicsprep.cells import cellbender, decontx, soupx
+from omicsprep.cells import decontx, soupx
 from omicsprep.errors import InputError
-from omicsprep.options import AmbientOptions
+from omicsprep.options import AmbientOptions, cluster_key
 from omicsprep.rna import clustering, preprocessing
 
 UNCORRECTED_LAYER = "counts_uncorrected"
@@ -41,7 +44,7 @@ def quick_clusters(cells: AnnData, *, resolution: float, seed: int, backend: Bac
     clustering.neighbors(work, n_neighbors=QUICK_NEIGHBORS, n_pcs=QUICK_PCS, metric="euclidean", backend=backend)
     clustering.cluster_graph(work, algorithm="leiden", resolutions=(resolution,), seed=seed, backend=backend)
     to_host(work)
-    return work.obs[clustering.cluster_key("leiden", resolution)].cat.codes.to_numpy()
+    return work.obs[cluster_key("leiden", resolution)].cat.codes.to_numpy()
 
 
 def remove_ambient(
@@ -139,9 +142,49 @@ def _cellbender_counts(cells: AnnData, corrected: AnnData | None) -> sparse.csr_
     if corrected is None:
         raise InputError("ambient method cellbender, but no CellBender output was given")
     try:
-        return cellbender.aligned_counts(corrected, barcodes=cells.obs_names, genes=cells.var_names)
+        return aligned_counts(corrected, barcodes=cells.obs_names, genes=cells.var_names)
     except KeyError as exc:
         raise InputError(
             f"CellBender's output lacks called cells or genes of the raw matrix ({exc.args[0]}): "
             "raise cells.ambient.cellbender.total_droplets"
         ) from exc
+
+
+def aligned_counts(
+    corrected: AnnData, *, barcodes: Sequence[str] | pd.Index, genes: Sequence[str] | pd.Index
+) -> sparse.csr_matrix:
+    """CellBender's corrected counts for the given barcodes and genes, in their order.
+
+    Parameters
+    ----------
+    corrected
+        What :func:`omicsprep.io.cellbender.read_cellbender` returns: corrected counts of
+        every barcode of the raw matrix (zero for barcodes CellBender did not analyse).
+    barcodes
+        The barcodes wanted (e.g. the called cells), each present in ``corrected``.
+    genes
+        The genes wanted, by ``corrected.var_names`` (gene names made unique as
+        :func:`omicsprep.io.read_counts` makes them).
+
+    Returns
+    -------
+    ``len(barcodes)`` x ``len(genes)`` counts, float32.
+
+    Raises
+    ------
+    KeyError
+        A barcode or gene is missing from ``corrected`` (it was run on another matrix).
+    """
+    rows = _positions(corrected.obs_names, barcodes, what="barcode")
+    cols = _positions(corrected.var_names, genes, what="gene")
+    matrix = sparse.csr_matrix(corrected.X)
+    return sparse.csr_matrix(matrix[rows][:, cols], dtype="float32")
+
+
+def _positions(index: pd.Index, names: Sequence[str] | pd.Index, *, what: str) -> np.ndarray:
+    positions = index.get_indexer(pd.Index(names))
+    missing = positions < 0
+    if missing.any():
+        shown = ", ".join(map(repr, pd.Index(names)[missing][:3]))
+        raise KeyError(f"{missing.sum()} {what}(s) not in CellBender's output ({shown}): was it run on this matrix?")
+    return positions

@@ -1,21 +1,16 @@
-"""CellBender ``remove-background`` as an ambient RNA method: its command line, and its output aligned to ours.
+"""CellBender ``remove-background`` as an ambient RNA method: its command line.
 
 CellBender (Fleming et al. 2023) is run as its own program, in its own environment
 (``envs/cellbender.yaml``); :func:`omicsprep.io.cellbender.read_cellbender` reads what it
-writes. It writes ``ckpt.tar.gz`` (and, with Jupyter on the path, ``tmp.report.ipynb``) into
-its working directory, whatever ``--output`` says, and resumes from a checkpoint it finds
-there: run each sample in a folder of its own.
+writes, and :func:`omicsprep.cells.ambient.aligned_counts` aligns that to our cells. It
+writes ``ckpt.tar.gz`` (and, with Jupyter on the path, ``tmp.report.ipynb``) into its
+working directory, whatever ``--output`` says, and resumes from a checkpoint it finds there:
+run each sample in a folder of its own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
-
-import numpy as np
-import pandas as pd
-from anndata import AnnData
-from scipy import sparse
 
 # CellBender's own default (argparser.py, --fpr): the share of true counts it may remove.
 DEFAULT_FPR = 0.01
@@ -117,43 +112,3 @@ def remove_background_command(
     if cuda:
         argv.append("--cuda")
     return argv
-
-
-def aligned_counts(
-    corrected: AnnData, *, barcodes: Sequence[str] | pd.Index, genes: Sequence[str] | pd.Index
-) -> sparse.csr_matrix:
-    """CellBender's corrected counts for the given barcodes and genes, in their order.
-
-    Parameters
-    ----------
-    corrected
-        What :func:`omicsprep.io.cellbender.read_cellbender` returns: corrected counts of
-        every barcode of the raw matrix (zero for barcodes CellBender did not analyse).
-    barcodes
-        The barcodes wanted (e.g. the called cells), each present in ``corrected``.
-    genes
-        The genes wanted, by ``corrected.var_names`` (gene names made unique as
-        :func:`omicsprep.io.read_counts` makes them).
-
-    Returns
-    -------
-    ``len(barcodes)`` x ``len(genes)`` counts, float32.
-
-    Raises
-    ------
-    KeyError
-        A barcode or gene is missing from ``corrected`` (it was run on another matrix).
-    """
-    rows = _positions(corrected.obs_names, barcodes, what="barcode")
-    cols = _positions(corrected.var_names, genes, what="gene")
-    matrix = sparse.csr_matrix(corrected.X)
-    return sparse.csr_matrix(matrix[rows][:, cols], dtype="float32")
-
-
-def _positions(index: pd.Index, names: Sequence[str] | pd.Index, *, what: str) -> np.ndarray:
-    positions = index.get_indexer(pd.Index(names))
-    missing = positions < 0
-    if missing.any():
-        shown = ", ".join(map(repr, pd.Index(names)[missing][:3]))
-        raise KeyError(f"{missing.sum()} {what}(s) not in CellBender's output ({shown}): was it run on this matrix?")
-    return positions

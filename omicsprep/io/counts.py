@@ -19,81 +19,12 @@ from anndata import AnnData
 from scipy import sparse
 
 from omicsprep.errors import InputError
+from omicsprep.io.formats import READ_FORMATS, InputFormat, resolve_format
 from omicsprep.timings import timed_phase
 
 log = logging.getLogger(__name__)
 
-InputFormat = Literal["10x_h5", "10x_mtx", "h5ad", "zarr", "bam", "sam", "molecules"]
-FORMATS: tuple[str, ...] = ("10x_h5", "10x_mtx", "h5ad", "zarr", "bam", "sam", "molecules")
-# Reads (aligned, or a molecule table): counted into a matrix by UMI deduplication
-# (omicsprep.reads.counting) first.
-READ_FORMATS: tuple[str, ...] = ("bam", "sam", "molecules")
-MOLECULE_TABLE_SUFFIXES = (".parquet", ".csv", ".tsv")
-_MTX_NAMES = ("matrix.mtx", "matrix.mtx.gz")
 _MTX_FEATURES = ("features.tsv.gz", "features.tsv", "genes.tsv", "genes.tsv.gz")
-
-
-def detect_format(path: str | Path) -> InputFormat:
-    """Guess the format of a count matrix from its path.
-
-    Parameters
-    ----------
-    path
-        A 10x HDF5 file (``.h5``), a 10x MatrixMarket folder, an ``.h5ad`` file or an
-        AnnData ``.zarr`` store.
-
-    Returns
-    -------
-    One of :data:`FORMATS`.
-
-    Raises
-    ------
-    InputError
-        The path is missing or its format is not recognised.
-    """
-    path = Path(path)
-    if not path.exists():
-        raise InputError("does not exist", path=path)
-    suffix = path.suffix.lower()
-    if suffix == ".zarr" or (path.is_dir() and any((path / name).exists() for name in (".zgroup", "zarr.json"))):
-        return "zarr"
-    if path.is_dir():
-        if any((path / name).exists() for name in _MTX_NAMES):
-            return "10x_mtx"
-        raise InputError(
-            "is a folder but neither a 10x MatrixMarket folder (no matrix.mtx[.gz]) nor a .zarr store",
-            path=path,
-        )
-    if suffix == ".h5":
-        return "10x_h5"
-    if suffix == ".h5ad":
-        return "h5ad"
-    if suffix in (".bam", ".sam"):
-        return suffix[1:]  # type: ignore[return-value]
-    if any(s.lower() in MOLECULE_TABLE_SUFFIXES for s in path.suffixes):
-        return "molecules"
-    raise InputError(
-        f"unknown format (extension {suffix or 'none'!r}); expected one of {', '.join(FORMATS)} "
-        "or a 'format' column in the sample sheet",
-        path=path,
-    )
-
-
-def resolve_format(path: str | Path, *, fmt: str | None = None) -> InputFormat:
-    """Check that ``path`` exists and return its format: ``fmt`` when given, else detected.
-
-    Raises
-    ------
-    InputError
-        Missing path, or a format that is neither given nor recognisable.
-    """
-    if not Path(path).exists():
-        raise InputError("does not exist", path=path)
-    if not fmt:
-        return detect_format(path)
-    if fmt not in FORMATS:
-        raise InputError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}", path=path)
-    return fmt  # type: ignore[return-value]
 
 
 def _read_mtx_folder(path: Path) -> AnnData:
@@ -214,7 +145,7 @@ def read_counts(
     Parameters
     ----------
     path
-        The matrix, in any of :data:`FORMATS`.
+        The matrix, in any of :data:`~omicsprep.io.formats.FORMATS`.
     fmt
         Its format; detected from ``path`` when ``None``.
     feature_type

@@ -192,19 +192,6 @@ def write_figure(figure: Figure, path: str | Path) -> None:
         figure.savefig(tmp, dpi=110, bbox_inches="tight", format=Path(path).suffix.lstrip("."))
 
 
-# A sample's co-expression files by key: the workflow's coexpression rule writes them all into
-# results/{sample}/coexpression/, the ``omicsprep coexpr`` command those write_coexpression writes.
-COEXPRESSION_FILES = {
-    "edges": "edges.parquet",
-    "modules": "modules.tsv",
-    "per_cluster": "modules_per_cluster.tsv",
-    "eigengenes": "eigengenes.parquet",
-    "provenance": "provenance.json",
-    "correlation": "module_correlation.png",
-    "umap": "module_scores_umap.png",
-}
-
-
 def write_coexpression(
     result: dict[str, pd.DataFrame], figures: dict[str, Figure], paths: dict[str, str | Path]
 ) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from types import ModuleType
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -21,11 +21,10 @@ from scipy import sparse
 
 from omicsprep.backend import BLOCK_BYTES, Backend, array_module, asnumpy, cuml, tf32_products
 from omicsprep.errors import InputError
-from omicsprep.rna.clustering import Algorithm, partition_graph
+from omicsprep.options import Algorithm, Correlation, Pooling
+from omicsprep.rna.clustering import partition_graph
 from omicsprep.rna.preprocessing import normalize
 
-Correlation = Literal["pearson", "spearman"]
-Pooling = Literal["none", "knn", "kmeans"]
 UNASSIGNED = "unassigned"
 # The GPU's split products (:func:`_gram_blocks`) hold two more copies of the standardized
 # matrix; above this size the products stay in float32, so 20,000 genes fit in 8 GB.

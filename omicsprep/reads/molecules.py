@@ -15,7 +15,6 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import numba
 import numpy as np
@@ -26,10 +25,10 @@ import pyarrow.compute as pc
 from omicsprep.backend import Backend, cudf
 from omicsprep.errors import InputError, existing_file
 from omicsprep.io.text import STREAM_CODECS, cudf_parse_errors, cudf_text_chunks, unparsable
+from omicsprep.options import BamOptions, TableOptions
 from omicsprep.reads.bam import BamRecords, bgzf_eof_present
 from omicsprep.reads.umi import check_umi_lengths, pack_umis
 
-UmiSource = Literal["tag", "read_id", "umis"]
 # Where the cell barcode and UMI sit in read names: umis-style `...:CELL_<cb>:UMI_<umi>:...`
 # and umi_tools extract's `<read>_<cb>_<umi>`.
 READ_NAME_PATTERNS = {
@@ -48,31 +47,6 @@ UNUSABLE_ALIGNMENT, LOW_MAPQ, MISSING_VALUE, SKIPPED_GENE, SEVERAL_GENES, UMI_WI
     "UMI with N",
 )
 BAM_BYTES_PER_READ = 10  # below any real BAM's, so partitions err on the small side
-
-
-@dataclass(frozen=True)
-class BamOptions:
-    """Where a BAM/SAM file keeps cell, UMI and gene, and which alignments count.
-
-    ``umi_source`` is ``tag`` or the read name (``read_id``: umi_tools extract; ``umis``).
-    Tag names: Cell Ranger/STARsolo ``CB``/``UB``/``GX``, Drop-seq ``XC``/``XM``/``GE``.
-    """
-
-    cell_tag: str = "CB"
-    umi_tag: str = "UB"
-    gene_tag: str = "GX"
-    umi_source: UmiSource = "tag"
-    min_mapq: int = 0
-
-
-@dataclass(frozen=True)
-class TableOptions:
-    """Column names of a molecule table; ``count_column`` holds reads per row, if any."""
-
-    cell_column: str = "cell"
-    umi_column: str = "umi"
-    gene_column: str = "gene"
-    count_column: str | None = None
 
 
 @dataclass

@@ -13,7 +13,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numba
 import numpy as np
@@ -23,13 +23,12 @@ import pyarrow.compute as pc
 
 from omicsprep.backend import Backend, cudf, cupy
 from omicsprep.errors import InputError
+from omicsprep.options import METHODS, Method
 from omicsprep.reads import umi_kernels
 
 if TYPE_CHECKING:
     from pandas import DataFrame  # or cudf.DataFrame
 
-Method = Literal["unique", "percentile", "cluster", "adjacency", "directional"]
-METHODS: tuple[str, ...] = ("unique", "percentile", "cluster", "adjacency", "directional")
 MAX_UMI_LENGTH = 32  # 2 bits a base in a uint64
 _BASE_CODES = np.full(256, 255, dtype=np.uint8)
 for _code, _base in enumerate(b"ACGT"):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Sequence
-from typing import Literal, get_args
 
 import numpy as np
 import pandas as pd
@@ -14,29 +13,9 @@ from scipy import sparse
 
 from omicsprep.backend import Backend, cudf, cugraph, rapids_singlecell
 from omicsprep.jit_cache import cache_umap_kernels
+from omicsprep.options import Algorithm, MarkerMethod, cluster_key
 
 log = logging.getLogger(__name__)
-
-MarkerMethod = Literal["wilcoxon", "t-test", "logreg"]
-Algorithm = Literal["leiden", "louvain"]
-ALGORITHMS: tuple[Algorithm, ...] = get_args(Algorithm)
-
-
-def cluster_key(algorithm: Algorithm, resolution: float) -> str:
-    """Name of the ``obs`` column holding clusters at one resolution, e.g. ``leiden_1.0``."""
-    return f"{algorithm}_{float(resolution)}"
-
-
-def parse_cluster_key(key: str) -> tuple[Algorithm, float] | None:
-    """The algorithm and resolution of a :func:`cluster_key` column name; ``None`` for other names."""
-    for algorithm in ALGORITHMS:
-        if key.startswith(f"{algorithm}_"):
-            try:
-                resolution = float(key.removeprefix(f"{algorithm}_"))
-            except ValueError:
-                return None
-            return (algorithm, resolution) if cluster_key(algorithm, resolution) == key else None
-    return None
 
 
 def neighbors(

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import logging
-from typing import Literal
 
 import numpy as np
 from anndata import AnnData
 from scipy import sparse
 
 from omicsprep.backend import Backend, copy_blocks, gather, materialize, rapids_singlecell, single_cell_api
+from omicsprep.options import HvgFlavor
 
 log = logging.getLogger(__name__)
-
-HvgFlavor = Literal["seurat_v3", "seurat", "cell_ranger"]
 
 
 def holds_counts(adata: AnnData) -> bool:
