@@ -67,3 +67,23 @@ def test_a_step_leaves_out_the_gpu_libraries_it_imports():
             time.sleep(0.2)
         time.sleep(0.05)
     assert 0.04 < timer.seconds["to_device"] < 0.15
+
+
+def test_provenance_is_read_back_as_anndata_reads_it(tmp_path):
+    # Rule run_times reads provenance records with h5py alone (it starts without AnnData).
+    import anndata as ad
+    import numpy as np
+
+    from omicsprep import io
+    from omicsprep.provenance import record_provenance
+
+    adata = ad.AnnData(np.ones((3, 2), dtype=np.float32))
+    params = {"qc": {"min_genes": 200, "gene_groups": {"mt": "^MT-"}}, "seed": 0}
+    record_provenance(adata, rule="qc", backend="cpu", params=params, timings={"doublets": 1.25, "filter": 0.5})
+    path = tmp_path / "qc.h5ad"
+    io.write_h5ad(adata, path)
+    record = io.read_provenance(path, rule="qc")
+    assert record == io.read_h5ad_elements(path, ["uns/omicsprep/qc"])["uns/omicsprep/qc"]
+    assert record["timings"] == {"doublets": 1.25, "filter": 0.5}
+    assert record["backend"] == "cpu" and json.loads(record["params"]) == params
+    assert record["versions"]["anndata"] == ad.__version__

@@ -1,21 +1,29 @@
-"""Reading back what earlier rules wrote: h5ad files (whole or by element), tables, provenance."""
+"""Reading back what earlier rules wrote: h5ad files (whole or by element), tables, provenance.
+
+AnnData is imported by the readers that return it: rule run_times reads tables and
+provenance records only, and starts without it.
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any
 
-import anndata as ad
+import h5py
 import pandas as pd
-from anndata import AnnData
 
 from omicsprep.timings import timed_phase
+
+if TYPE_CHECKING:
+    from anndata import AnnData
 
 
 @timed_phase("read")
 def read_h5ad(path: str | Path) -> AnnData:
     """Read an ``.h5ad`` file written by a previous rule."""
+    import anndata as ad
+
     return ad.read_h5ad(path)
 
 
@@ -36,8 +44,20 @@ def read_provenance(path: str | Path, *, rule: str) -> dict[str, Any]:
     """
     if Path(path).suffix == ".json":
         return json.loads(Path(path).read_text())
-    key = f"uns/omicsprep/{rule}"
-    return cast(dict[str, Any], read_h5ad_elements(path, [key])[key])
+    with h5py.File(path, "r") as handle:
+        return _record(handle[f"uns/omicsprep/{rule}"])
+
+
+def _record(group: h5py.Group) -> dict[str, Any]:
+    # What omicsprep.provenance.record_provenance stores: text and numbers, in dictionaries.
+    values: dict[str, Any] = {}
+    for name, node in group.items():
+        if isinstance(node, h5py.Group):
+            values[name] = _record(node)
+        else:
+            value = node[()]
+            values[name] = value.decode() if isinstance(value, bytes) else value.item()
+    return values
 
 
 @timed_phase("read")
@@ -46,7 +66,7 @@ def read_h5ad_elements(path: str | Path, keys: list[str]) -> dict[str, object]:
 
     Cheaper than reading the file: the matrix and layers stay on disk.
     """
-    import h5py
+    import anndata as ad
 
     with h5py.File(path, "r") as handle:
         return {key: ad.io.read_elem(handle[key]) for key in keys}

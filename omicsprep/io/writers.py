@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import pandas as pd
-from anndata import AnnData
 from scipy import sparse
 
 from omicsprep.errors import OutOfMemoryError, OutOfSpaceError
 from omicsprep.timings import phase
 
 if TYPE_CHECKING:
+    from anndata import AnnData
     from matplotlib.figure import Figure  # only a type here: matplotlib takes 0.3 s to import
     from mudata import MuData
 
