@@ -179,3 +179,11 @@ def test_a_failed_background_write_raises_when_the_block_ends(tmp_path):
     with pytest.raises(OutOfSpaceError), io.background_writes() as write_later:
         write_later(fail)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_every_name_of_io_is_found_in_its_module():
+    # omicsprep.io imports each name at first use: a name listed there must exist in its module.
+    for name in io.__all__:
+        assert getattr(io, name) is not None, name
+    with pytest.raises(AttributeError, match="no attribute 'read_everything'"):
+        _ = io.read_everything
