@@ -457,30 +457,34 @@ def main() -> None:
             table=table.drop(columns=["host"]),
             level="####",
         )
-        if steps is not None:
-            print(steps.to_string(index=False), flush=True)
-            with args.results.open("a") as handle:
-                handle.write(
-                    "\nSeconds per rule (`total`: the rule's process, from its `benchmark:` file) "
-                    "and per step within it:\n\n" + steps.astype(str).to_markdown(index=False) + "\n"
-                )
-        if phases is not None and not phases.empty:
-            print(phases.to_string(index=False), flush=True)
-            with args.results.open("a") as handle:
-                handle.write(
-                    "\nWhere each rule's seconds went (`benchmarks/run.py`'s `phase_breakdown`: start-up and "
-                    "imports, reading, device transfers, computing, writing, and Snakemake's wrapper and the "
-                    "exit as `other`):\n\n" + phases.to_markdown(index=False) + "\n"
-                )
-        if outside is not None:
-            print(outside.to_string(index=False), flush=True)
-            with args.results.open("a") as handle:
-                handle.write(
-                    "\nWhere each run's seconds went outside its rules' processes (`outside_rules`: Snakemake's "
-                    "start, its work between jobs, its end):\n\n" + outside.to_markdown(index=False) + "\n"
-                )
+        append_table(
+            args.results,
+            "Seconds per rule (`total`: the rule's process, from its `benchmark:` file) and per step within it",
+            None if steps is None else steps.astype(str),
+        )
+        append_table(
+            args.results,
+            "Where each rule's seconds went (`benchmarks/run.py`'s `phase_breakdown`: start-up and imports, "
+            "reading, device transfers, computing, writing, and Snakemake's wrapper and the exit as `other`)",
+            phases,
+        )
+        append_table(
+            args.results,
+            "Where each run's seconds went outside its rules' processes (`outside_rules`: Snakemake's start, "
+            "its work between jobs, its end)",
+            outside,
+        )
         table.to_csv(args.scaling_dir / f"{host}-{stamp[:10]}-{n_cells}.tsv", sep="\t", index=False)
         plot(args.scaling_dir, args.plot)
+
+
+def append_table(path: Path, intro: str, frame: pd.DataFrame | None) -> None:
+    """Print ``frame`` and append it to ``path`` (RESULTS.md) after ``intro``; nothing for none or an empty one."""
+    if frame is None or frame.empty:
+        return
+    print(frame.to_string(index=False), flush=True)
+    with path.open("a") as handle:
+        handle.write(f"\n{intro}:\n\n" + frame.to_markdown(index=False) + "\n")
 
 
 def benchmark_size(
