@@ -38,7 +38,9 @@
 #   e2e       benchmarks/run.py on $E2E_BACKENDS (gpu) at $E2E_CELLS (1000000) cells (data cached in /tmp/ob),
 #             with $E2E_ARGS (--fuse: also with qc, cluster and figures fused into one rule; --fused-only;
 #             --cold: each run first from empty kernel caches, then again; --cold --setup: omicsprep warm-kernels
-#             into the empty caches first, timed); prints where each rule's seconds went
+#             into the empty caches first, timed); prints where each rule's seconds went; with $E2E_TRACE
+#             (a name), every process of the run sampled by py-spy (its wheel in .gpu/extra) into
+#             $OUT/trace_$E2E_TRACE.json.gz, summarized by benchmarks/trace_summary.py
 #   codecs    benchmarks/codecs_bench.py on the qc.h5ad and processed.h5ad of the e2e section's latest run at
 #             $CODECS_CELLS (100000) cells (run e2e first, in the same call or on the same machine)
 #   bam       benchmarks/umi_bench.py: BAM in, counts out, CPU backend (all cores) and GPU backend
@@ -58,7 +60,7 @@ export PYTHONUNBUFFERED=1
 echo "== machine"; date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc
 # Wheels the RAPIDS bundle lacks, carried in .gpu/extra/: fetch them here with
 #   pip download --no-deps --python-version 3.12 --only-binary=:all: -d .gpu/extra mudata==0.3.10 harmonypy==2.1.0 \
-#     oxbow==0.8.2 arro3-core==0.9.1 deflate==0.9.0 pydecontx==0.1.0
+#     oxbow==0.8.2 arro3-core==0.9.1 deflate==0.9.0 pydecontx==0.1.0 py-spy==0.4.3
 # and, for the bam section, UMI-tools and the two of its dependencies the image lacks, built with a Python 3.12
 # (pyenv's here): pip wheel --no-deps -w .gpu/extra future pybktree, and umi_tools==1.1.6 with --no-build-isolation
 # in a venv holding "setuptools<81" cython numpy. Add .gpu/extra to carry.
@@ -210,8 +212,15 @@ fi
 if wants e2e; then
 echo "== end to end: benchmarks/run.py"
 # The scaling rows and plot stay on the machine (only a few files come back from $OUT).
-python3 benchmarks/run.py --cells ${E2E_CELLS:-1000000} --backends ${E2E_BACKENDS:-gpu} ${E2E_ARGS:-} --cores "$(nproc)" --host H200 --workdir /tmp/ob \
+tracer=()
+[ -n "${E2E_TRACE:-}" ] && tracer=(py-spy record --subprocesses --nonblocking --rate 100 --format chrometrace
+  --output "$out/trace_${E2E_TRACE}.json" --)
+"${tracer[@]}" python3 benchmarks/run.py --cells ${E2E_CELLS:-1000000} --backends ${E2E_BACKENDS:-gpu} ${E2E_ARGS:-} --cores "$(nproc)" --host H200 --workdir /tmp/ob \
   --results "$out/RESULTS_h200.md" --scaling-dir /tmp/ob/scaling --plot /tmp/ob/scaling.png 2>&1 | tail -n 60
+if [ -n "${E2E_TRACE:-}" ]; then
+  gzip -f "$out/trace_${E2E_TRACE}.json"
+  python3 benchmarks/trace_summary.py "$out/trace_${E2E_TRACE}.json.gz" | head -n 60
+fi
 fi
 
 if wants codecs; then
