@@ -64,9 +64,12 @@ echo "== machine"; date -u; nvidia-smi --query-gpu=name,driver_version,memory.to
 # and, for the bam section, UMI-tools and the two of its dependencies the image lacks, built with a Python 3.12
 # (pyenv's here): pip wheel --no-deps -w .gpu/extra future pybktree, and umi_tools==1.1.6 with --no-build-isolation
 # in a venv holding "setuptools<81" cython numpy. Add .gpu/extra to carry.
-for wheel in .gpu/extra/*.whl; do
-  [ -e "$wheel" ] && python3 -m pip install -q --no-deps --target /tmp/gpu-extra "$wheel" >/dev/null 2>&1
-done
+# All in one call, so that each wheel's scripts land in one bin/ (pip --target keeps an existing
+# folder); one at a time if that fails.
+rm -rf /tmp/gpu-extra; python3 -m pip install -q --no-deps --target /tmp/gpu-extra .gpu/extra/*.whl >/dev/null 2>&1 \
+  || for wheel in .gpu/extra/*.whl; do
+    [ -e "$wheel" ] && python3 -m pip install -q --no-deps --target /tmp/gpu-extra "$wheel" >/dev/null 2>&1
+  done
 [ -d /tmp/gpu-extra ] && export PYTHONPATH=/tmp/gpu-extra:$PYTHONPATH PATH=/tmp/gpu-extra/bin:$PATH
 if [ -d .gpu/cellbender ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/cb .gpu/cellbender/*.whl >/dev/null 2>&1
