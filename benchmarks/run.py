@@ -147,7 +147,8 @@ def phase_breakdown(rundir: Path, times: pd.DataFrame, *, label: str) -> pd.Data
     """Where each rule's wall time went, in seconds: one row per rule and sample.
 
     ``total`` is the rule's process as Snakemake's ``benchmark:`` measured it; within it
-    ``start_imports`` (interpreter, imports, and the RAPIDS imports of a GPU rule), ``read``
+    ``start_imports`` (interpreter, imports, the pipeline's import in the body, and the
+    RAPIDS imports of a GPU rule), ``read``
     and ``write`` (omicsprep.io; writing includes drawing figures), ``transfers`` (steps
     moving data to and from the GPU), ``compute`` (the rest of the script's body) and
     ``other`` (Snakemake's wrapper around the script, and the process's exit). Beside them,
@@ -162,17 +163,18 @@ def phase_breakdown(rundir: Path, times: pd.DataFrame, *, label: str) -> pd.Data
         steps = times[(times["rule"] == total["rule"]) & (times["sample"] == total["sample"])]
         transfers = float(steps.loc[steps["step"].isin(TRANSFER_STEPS), "seconds"].sum())
         startup, body = phases.get("startup", float("nan")), phases["body"]
-        read, write, gpu_import = (phases.get(name, 0.0) for name in ("read", "write", "gpu_import"))
+        read, write, imports = (phases.get(name, 0.0) for name in ("read", "write", "imports"))
+        imports += phases.get("gpu_import", 0.0)
         rows.append(
             {
                 "run": label,
                 "rule": total["rule"],
                 "sample": total["sample"],
                 "total": total["seconds"],
-                "start_imports": startup + gpu_import,
+                "start_imports": startup + imports,
                 "read": read,
                 "transfers": transfers,
-                "compute": body - read - write - gpu_import - transfers,
+                "compute": body - read - write - imports - transfers,
                 "write": write,
                 "background_write": phases.get("background_write", 0.0),
                 "other": total["seconds"] - startup - body,

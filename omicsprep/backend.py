@@ -24,12 +24,13 @@ from contextlib import contextmanager
 from functools import cache
 from itertools import pairwise
 from types import ModuleType
-from typing import Any, Literal
-
-from anndata import AnnData
+from typing import TYPE_CHECKING, Any, Literal
 
 from omicsprep.errors import BackendUnavailableError
 from omicsprep.timings import phase
+
+if TYPE_CHECKING:
+    from anndata import AnnData
 
 Backend = Literal["cpu", "gpu"]
 

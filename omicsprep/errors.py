@@ -6,6 +6,7 @@ import contextlib
 import errno
 import os
 import shutil
+from functools import partial
 from pathlib import Path
 
 
@@ -27,6 +28,10 @@ class InputError(ValueError):
         self.path = None if path is None else str(path)
         self.sample = sample
         super().__init__(self._message())
+
+    def __reduce__(self) -> tuple:
+        # Rebuilt from what it was made of when raised in a rule's second process (pickled back).
+        return partial(type(self), path=self.path, sample=self.sample), (self.problem,)
 
     def _message(self) -> str:
         where = []
@@ -74,6 +79,7 @@ class OutOfSpaceError(OSError):
         self.free_bytes = shutil.disk_usage(folder).free
         self.mount = mount_point(folder)
         self.needed_bytes = needed_bytes
+        self.before_writing = before_writing
         super().__init__(
             errno.ENOSPC,
             f"{self.path}: {'not enough' if before_writing else 'no'} space left on the device: "
@@ -83,6 +89,10 @@ class OutOfSpaceError(OSError):
 
     def __str__(self) -> str:
         return self.strerror or ""  # always set by __init__; OSError types it optional
+
+    def __reduce__(self) -> tuple:
+        # Rebuilt (pickled back from a rule's second process) with the free space of that moment.
+        return partial(type(self), needed_bytes=self.needed_bytes, before_writing=self.before_writing), (self.path,)
 
 
 class OutOfMemoryError(MemoryError):
@@ -98,8 +108,13 @@ class OutOfMemoryError(MemoryError):
 
     def __init__(self, path: str | Path, *, needed_bytes: int | None) -> None:
         self.path = Path(path)
+        self.needed_bytes = needed_bytes
         size = f" (about {_size(needed_bytes)} to write)" if needed_bytes else ""
         super().__init__(f"{self.path}: out of memory while writing{size}")
+
+    def __reduce__(self) -> tuple:
+        # Rebuilt from what it was made of when raised in a rule's second process (pickled back).
+        return partial(type(self), needed_bytes=self.needed_bytes), (self.path,)
 
 
 def mount_point(path: Path) -> str:

@@ -2,8 +2,9 @@
 
 A rule is a process. :func:`omicsprep.workflow.run_script` times its start-up (interpreter
 and imports) and its body; the readers and writers of :mod:`omicsprep.io` count their seconds
-as ``read`` and ``write``, and :mod:`omicsprep.backend` its import of the GPU libraries as
-``gpu_import``, through :func:`phase`. The steps inside (computing, device transfers) are
+as ``read`` and ``write``, :mod:`omicsprep.backend` its import of the GPU libraries as
+``gpu_import``, and :mod:`omicsprep.workflow` its import of the pipeline as ``imports``,
+through :func:`phase`. The steps inside (computing, device transfers) are
 timed by :class:`omicsprep.provenance.StepTimer`.
 """
 
@@ -14,9 +15,10 @@ import functools
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import ParamSpec, TypeVar
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
-import pandas as pd
+if TYPE_CHECKING:
+    import pandas as pd
 
 _phase_seconds: dict[str, float] = {}
 _open = threading.local()  # each thread's open phase, so that a background writer's phases nest apart
@@ -93,6 +95,8 @@ def run_time_table(
     Columns ``sample``, ``rule``, ``backend``, ``step``, ``seconds``, ``max_rss_mb``; the
     row with step ``total`` is the whole process as Snakemake measured it.
     """
+    import pandas as pd  # here: every rule imports this module, before its GPU start-up (prepare_gpu)
+
     rows = []
     for (sample, rule), bench in benchmarks.items():
         record = provenance.get((sample, rule), {})

@@ -3,20 +3,24 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import logging
 import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omicsprep.errors import BackendUnavailableError, InputError, OutOfMemoryError, OutOfSpaceError
-from omicsprep.timings import phase_seconds
+from omicsprep.timings import phase, phase_seconds
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+    from types import ModuleType
+
     import numpy as np
     import pandas as pd
     from anndata import AnnData
@@ -95,6 +99,84 @@ def exit_at_once(*streams: Any) -> None:
     os._exit(0)
 
 
+@contextlib.contextmanager
+def background_process(*, preload: str | None = None) -> Iterator[Callable[..., None]]:
+    """Yield ``run_later(function, *args, **kwargs)``: the functions run in a second process meanwhile.
+
+    A rule's figures are drawn there while it goes on computing and writing: drawing holds
+    the interpreter, which a thread would share. The process is forked when the block
+    starts, so a rule enters it first, while it is small (a copy of its memory stays
+    shared until it exits) and has no GPU context, threads or input yet; ``preload``, a
+    module, is imported there meanwhile. Functions and arguments travel pickled, when
+    given. They run one at a time, in order; the block ends when all have finished, and
+    the first that failed raises then (an exception of the block itself comes first). The
+    block's wait for them counts as phase ``write``. Where processes are not forked
+    (other systems than Linux, where forking is unsafe or missing), each runs at once, here.
+    """
+    if sys.platform != "linux":
+        yield _run_now
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    executor = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("fork"))
+    futures: list[Future[None]] = [executor.submit(_preload, preload)]  # forks now
+
+    def run_later(function: Callable[..., None], /, *args: Any, **kwargs: Any) -> None:
+        futures.append(executor.submit(function, *args, **kwargs))
+
+    try:
+        yield run_later
+    finally:
+        with phase("write"):
+            executor.shutdown(wait=True)
+    for future in futures:
+        future.result()
+
+
+def _run_now(function: Callable[..., None], /, *args: Any, **kwargs: Any) -> None:
+    function(*args, **kwargs)
+
+
+def _preload(module: str | None) -> None:
+    if module is not None:
+        importlib.import_module(module)
+
+
+def quality_control(
+    adata: AnnData, *, snakemake: Any, backend: Backend, keep_on_device: bool
+) -> tuple[AnnData, pd.DataFrame]:
+    """Rule qc's work (:func:`omicsprep.pipeline.run_qc`); rules qc and qc_cluster share it.
+
+    The pipeline is imported here (:func:`_pipeline`).
+
+    Parameters
+    ----------
+    adata
+        The sample's raw counts, in host memory.
+    snakemake
+        The rule's ``snakemake`` object: params ``qc``, ``doublets`` and ``seed``.
+    backend
+        ``"cpu"`` or ``"gpu"``.
+    keep_on_device
+        Leave the cells that passed on the GPU, for clustering in the same process.
+
+    Returns
+    -------
+    The cells that passed and every input cell's metrics, as :func:`~omicsprep.pipeline.run_qc` returns them.
+    """
+    from omicsprep.options import DoubletOptions, QcOptions, from_config
+
+    return _pipeline().run_qc(
+        adata,
+        options=from_config(QcOptions, snakemake.params.qc),
+        doublet_options=from_config(DoubletOptions, snakemake.params.doublets),
+        seed=snakemake.params.seed,
+        backend=backend,
+        keep_on_device=keep_on_device,
+    )
+
+
 def write_qc(adata: AnnData, metrics: pd.DataFrame, *, snakemake: Any) -> None:
     """Rule qc's outputs, from the cells that passed (brought to host memory first); rules qc and qc_cluster share it.
 
@@ -132,10 +214,19 @@ def cluster(adata: AnnData, *, snakemake: Any, backend: Backend) -> pd.DataFrame
     The marker genes table.
     """
     from omicsprep.options import ClusteringOptions, from_config
-    from omicsprep.pipeline import run_clustering
 
     options = from_config(ClusteringOptions, snakemake.params.steps)
-    return run_clustering(adata, options=options, seed=snakemake.params.seed, backend=backend)
+    return _pipeline().run_clustering(adata, options=options, seed=snakemake.params.seed, backend=backend)
+
+
+def _pipeline() -> ModuleType:
+    """:mod:`omicsprep.pipeline`, imported at first use (phase ``imports``).
+
+    A GPU rule imports it after its start-up began (:func:`omicsprep.backend.prepare_gpu`):
+    creating the CUDA context, which lets Python run, overlaps this import.
+    """
+    with phase("imports"):
+        return importlib.import_module("omicsprep.pipeline")
 
 
 def write_clustering(adata: AnnData, markers: pd.DataFrame, *, snakemake: Any, h5ad: str) -> None:
@@ -227,7 +318,7 @@ def log_phases(*, startup: float | None, body: float) -> None:
 
     ``startup`` (process start to the script's body), ``body`` (the body), and within the
     body the seconds of each :func:`omicsprep.timings.phase` (``read``, ``write``,
-    ``gpu_import``); and the process's start and this moment (``started_at``, ``ended_at``,
+    ``gpu_import``, ``imports``); and the process's start and this moment (``started_at``, ``ended_at``,
     seconds since the epoch), which place the rule on the run's timeline.
     ``benchmarks/run.py`` reads it back from the rule's log.
     """

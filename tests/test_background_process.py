@@ -1,0 +1,75 @@
+"""A rule's second process (figures drawn beside the computing), and errors that come back from it whole."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from omicsprep.errors import InputError, OutOfMemoryError, OutOfSpaceError
+from omicsprep.timings import phase_seconds
+from omicsprep.workflow import background_process
+
+forking = pytest.mark.skipif(sys.platform != "linux", reason="the second process is forked on Linux only")
+
+
+def record_pid(path: Path, *, pause: float = 0.0) -> None:
+    time.sleep(pause)
+    with path.open("a") as handle:
+        handle.write(f"{os.getpid()} {'json' in sys.modules}\n")
+
+
+def refuse(path: Path) -> None:
+    raise InputError("not a count matrix", path=path, sample="s1")
+
+
+@forking
+def test_functions_run_in_order_in_one_other_process_beside_the_block(tmp_path):
+    calls = tmp_path / "calls.txt"
+    before = phase_seconds().get("write", 0.0)
+    started = time.perf_counter()
+    with background_process(preload="json") as run_later:
+        run_later(record_pid, calls, pause=0.4)
+        run_later(record_pid, calls)
+        time.sleep(0.4)  # the block's own work, meanwhile
+    elapsed = time.perf_counter() - started
+    lines = calls.read_text().splitlines()
+    assert len(lines) == 2 and len(set(lines)) == 1  # in order, one process
+    pid, preloaded = lines[0].split()
+    assert int(pid) != os.getpid() and preloaded == "True"
+    assert elapsed < 0.75  # overlapped, not 0.8 s in a row
+    assert phase_seconds()["write"] - before < 0.35  # the block's wait: only what was left
+
+
+@forking
+def test_a_failure_there_raises_here_whole_when_the_block_ends(tmp_path):
+    calls = tmp_path / "calls.txt"
+    with pytest.raises(InputError) as raised, background_process() as run_later:
+        run_later(refuse, tmp_path / "counts.h5")
+        run_later(record_pid, calls)  # later functions still run
+    assert str(raised.value) == f"sample 's1': file '{tmp_path / 'counts.h5'}': not a count matrix"
+    assert calls.exists()
+
+
+@forking
+def test_an_error_of_the_block_comes_first(tmp_path):
+    with pytest.raises(RuntimeError, match="the block"), background_process() as run_later:
+        run_later(refuse, tmp_path / "counts.h5")
+        raise RuntimeError("the block")
+
+
+def test_the_errors_users_read_survive_pickling(tmp_path):
+    errors = [
+        InputError("matrix is empty", path=tmp_path / "x.h5", sample="s1"),
+        OutOfSpaceError(tmp_path / "out.h5ad", needed_bytes=5 * 10**9, before_writing=True),
+        OutOfMemoryError(tmp_path / "out.h5ad", needed_bytes=10**9),
+    ]
+    for error in errors:
+        copy = pickle.loads(pickle.dumps(error))
+        assert type(copy) is type(error)
+        assert str(copy).split(" free on ")[0] == str(error).split(" free on ")[0]  # free space: measured again
+        assert copy.path == error.path
