@@ -37,6 +37,42 @@ def test_10x_h5_reads_as_scanpy_reads_it_with_32_bit_indices(path):
     assert adata.var.equals(expected.var) and list(adata.var_names) == list(expected.var_names)
 
 
+def rewrite_matrix(source, target, *, dtypes: dict[str, str]) -> None:
+    """A copy of a 10x HDF5 file with its matrix stored contiguous and unfiltered, in ``dtypes`` (field to type)."""
+    import h5py
+
+    with h5py.File(source, "r") as original, h5py.File(target, "w") as copy:
+        for name in original:
+            original.copy(original[name], copy, name=name)
+        for field, dtype in dtypes.items():
+            values = original["matrix"][field][:]
+            del copy["matrix"][field]
+            copy["matrix"].create_dataset(field, data=values.astype(dtype))
+
+
+@pytest.mark.parametrize(
+    "dtypes",
+    [{"data": "<i4", "indices": "<i8"}, {"data": ">f4", "indices": ">i4"}],
+    ids=["cell-ranger-types", "big-endian"],
+)
+def test_an_unfiltered_10x_h5_is_read_in_threads_to_the_same_matrix(tmp_path, dtypes):
+    # Cell Ranger compresses its matrices (HDF5 reads them); uncompressed ones are read straight from the file.
+    plain = tmp_path / "plain.h5"
+    rewrite_matrix(PBMC_H5, plain, dtypes=dtypes)
+    expected, adata = io.read_counts(PBMC_H5), io.read_counts(plain)
+    assert adata.X.indices.dtype == np.int32
+    for field in ("data", "indices", "indptr"):
+        assert np.array_equal(getattr(adata.X, field), getattr(expected.X, field)), field
+
+
+def test_a_truncated_10x_h5_is_refused_clearly(tmp_path):
+    plain = tmp_path / "plain.h5"
+    rewrite_matrix(PBMC_H5, plain, dtypes={"data": "<i4", "indices": "<i8"})
+    os.truncate(plain, plain.stat().st_size // 2)
+    with pytest.raises(InputError, match="cannot be read as 10x_h5"):
+        io.read_counts(plain)
+
+
 def test_h5_and_mtx_folders_hold_the_same_matrix():
     from_h5 = io.read_counts(PBMC_H5)
     from_mtx = io.read_counts(PBMC_MTX)
