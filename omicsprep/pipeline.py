@@ -8,7 +8,7 @@ pays those costs once.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import asdict
 from typing import TYPE_CHECKING, NamedTuple
@@ -215,7 +215,14 @@ def run_call_cells(
     return cells, calls
 
 
-def run_clustering(adata: AnnData, *, options: ClusteringOptions, seed: int, backend: Backend) -> pd.DataFrame:
+def run_clustering(
+    adata: AnnData,
+    *,
+    options: ClusteringOptions,
+    seed: int,
+    backend: Backend,
+    on_normalized: Callable[[AnnData], None] | None = None,
+) -> pd.DataFrame:
     """Normalization, HVG, PCA, neighbours, UMAP, Leiden, Louvain and markers, in place.
 
     Parameters
@@ -228,6 +235,10 @@ def run_clustering(adata: AnnData, *, options: ClusteringOptions, seed: int, bac
         Seed for PCA, UMAP and clustering.
     backend
         ``"cpu"`` or ``"gpu"``.
+    on_normalized
+        Called with ``adata`` once ``X`` holds its log-normalized values and
+        ``layers["counts"]`` the counts, neither of which changes afterwards (a rule starts
+        writing them then).
 
     Returns
     -------
@@ -238,6 +249,8 @@ def run_clustering(adata: AnnData, *, options: ClusteringOptions, seed: int, bac
         to_device(adata, backend=backend)
     with timer.step("normalize"):
         preprocessing.normalize(adata, target_sum=options.normalize.target_sum, backend=backend)
+    if on_normalized is not None:
+        on_normalized(adata)
     with timer.step("hvg"):
         preprocessing.highly_variable_genes(
             adata, flavor=options.hvg.flavor, n_top_genes=options.hvg.n_top_genes, backend=backend

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from anndata import AnnData
 
     from omicsprep.backend import Backend
+    from omicsprep.io import H5adParts
 
 log = logging.getLogger("omicsprep")
 
@@ -197,7 +198,9 @@ def write_qc(adata: AnnData, metrics: pd.DataFrame, *, snakemake: Any) -> None:
     io.write_h5ad(adata, snakemake.output.h5ad, compression=snakemake.config["h5ad_compression"])
 
 
-def cluster(adata: AnnData, *, snakemake: Any, backend: Backend) -> pd.DataFrame:
+def cluster(
+    adata: AnnData, *, snakemake: Any, backend: Backend, on_normalized: Callable[[AnnData], None] | None = None
+) -> pd.DataFrame:
     """Rule cluster's work on QC'd cells, in place; rules cluster and qc_cluster share it.
 
     Parameters
@@ -208,6 +211,8 @@ def cluster(adata: AnnData, *, snakemake: Any, backend: Backend) -> pd.DataFrame
         The rule's ``snakemake`` object: params ``steps`` and ``seed``.
     backend
         ``"cpu"`` or ``"gpu"``.
+    on_normalized
+        Called once the normalized matrix and the counts are final (:func:`omicsprep.pipeline.run_clustering`).
 
     Returns
     -------
@@ -216,7 +221,9 @@ def cluster(adata: AnnData, *, snakemake: Any, backend: Backend) -> pd.DataFrame
     from omicsprep.options import ClusteringOptions, from_config
 
     options = from_config(ClusteringOptions, snakemake.params.steps)
-    return _pipeline().run_clustering(adata, options=options, seed=snakemake.params.seed, backend=backend)
+    return _pipeline().run_clustering(
+        adata, options=options, seed=snakemake.params.seed, backend=backend, on_normalized=on_normalized
+    )
 
 
 def _pipeline() -> ModuleType:
@@ -229,7 +236,7 @@ def _pipeline() -> ModuleType:
         return importlib.import_module("omicsprep.pipeline")
 
 
-def write_clustering(adata: AnnData, markers: pd.DataFrame, *, snakemake: Any, h5ad: str) -> None:
+def write_clustering(adata: AnnData, markers: pd.DataFrame, *, snakemake: Any, h5ad: str | H5adParts) -> None:
     """Rule cluster's outputs: the markers, the cells' table and the AnnData; rules cluster and qc_cluster share it.
 
     Parameters
@@ -241,13 +248,38 @@ def write_clustering(adata: AnnData, markers: pd.DataFrame, *, snakemake: Any, h
     snakemake
         The rule's ``snakemake`` object: outputs ``obs`` and ``markers``, config ``h5ad_compression``.
     h5ad
-        Where the processed AnnData goes (the rules name that output differently).
+        Where the processed AnnData goes (the rules name that output differently), or its
+        file with the matrices written already (:func:`write_normalized`), finished here.
     """
     from omicsprep import io
 
     io.write_table(markers, snakemake.output.markers)
     io.write_table(adata.obs, snakemake.output.obs, index=True)
-    io.write_h5ad(adata, h5ad, compression=snakemake.config["h5ad_compression"])
+    if isinstance(h5ad, str):
+        io.write_h5ad(adata, h5ad, compression=snakemake.config["h5ad_compression"])
+    else:
+        h5ad.finish(adata)
+
+
+def write_normalized(processed: H5adParts, adata: AnnData, *, qc_cells: AnnData) -> None:
+    """Write the processed AnnData's normalized matrix and counts, final before clustering ends.
+
+    The counts are those of ``qc_cells``, the copy of the cells written as rule qc's output
+    (in host memory by then, or brought there): rule cluster reads its counts from that file.
+
+    Parameters
+    ----------
+    processed
+        The processed AnnData's file.
+    adata
+        The cells being clustered, with ``X`` normalized (in host memory or on the GPU).
+    qc_cells
+        Rule qc's AnnData of the same cells.
+    """
+    from omicsprep.backend import asnumpy
+
+    processed.write("X", asnumpy(adata.X))
+    processed.write("layers", {"counts": asnumpy(qc_cells.X)})
 
 
 def write_qc_figures(metrics: pd.DataFrame, *, sample: str, histograms: str, scatter: str) -> None:

@@ -4,6 +4,7 @@ Rule qc_cluster (config fuse_qc_cluster) runs this script and goes on with the w
 cluster, plot_qc and plot_umap.
 """
 
+from functools import partial
 from typing import TYPE_CHECKING
 
 from omicsprep import io
@@ -15,6 +16,7 @@ from omicsprep.workflow import (
     run_script,
     write_clustering,
     write_embedding_figures,
+    write_normalized,
     write_qc,
     write_qc_figures,
 )
@@ -39,9 +41,10 @@ def qc_and_cluster() -> None:
     """Rule qc_cluster: the work of rules qc, cluster, plot_qc and plot_umap, in this process.
 
     The cells that passed stay on the GPU for clustering. The figures are drawn in a second
-    process, forked first. The .h5ad files are written in the background (HDF5 lets Python
-    run meanwhile): qc's, from a copy (clustering changes the counts in place), while
-    clustering computes; cluster's while the UMAP figures are drawn (from a copy of the
+    process, forked first. The outputs are written in the background (HDF5 lets Python run
+    meanwhile), in order: qc's, from a copy (clustering changes the counts in place), while
+    clustering computes; then the processed AnnData's normalized matrix and counts, once
+    final; its rest once clustered, while the UMAP figures are drawn (from a copy of the
     cells' table, which writing an .h5ad changes).
     """
     sample, output = snakemake.wildcards.sample, snakemake.output
@@ -51,9 +54,15 @@ def qc_and_cluster() -> None:
         prepare_gpu(backend, modules=("rapids_singlecell", "cuml", "cugraph"))
         adata, metrics = quality_control(read_counts(), snakemake=snakemake, backend=backend, keep_on_device=True)
         draw_later(write_qc_figures, metrics, sample=sample, histograms=output.histograms, scatter=output.scatter)
-        with io.background_writes() as write_later:
-            write_later(write_qc, adata.copy(), metrics, snakemake=snakemake)
-            markers = cluster(adata, snakemake=snakemake, backend=backend)
+        qc_cells = adata.copy()
+        compression = snakemake.config["h5ad_compression"]
+        with (
+            io.h5ad_in_parts(adata, output.processed, compression=compression) as processed,
+            io.background_writes() as write_later,
+        ):
+            write_later(write_qc, qc_cells, metrics, snakemake=snakemake)
+            normalized = partial(write_later, write_normalized, processed, qc_cells=qc_cells)
+            markers = cluster(adata, snakemake=snakemake, backend=backend, on_normalized=normalized)
             draw_later(
                 write_embedding_figures,
                 adata.obsm["X_umap"],
@@ -64,7 +73,7 @@ def qc_and_cluster() -> None:
                 clusters=output.umap_clusters,
                 metrics=output.umap_metrics,
             )
-            write_later(write_clustering, adata, markers, snakemake=snakemake, h5ad=output.processed)
+            write_later(write_clustering, adata, markers, snakemake=snakemake, h5ad=processed)
 
 
 def read_counts() -> "AnnData":

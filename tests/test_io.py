@@ -7,6 +7,7 @@ import time
 
 import anndata as ad
 import numpy as np
+import pandas as pd
 import pytest
 from conftest import CITESEQ, DROPLETS_H5, MOUSE_ZARR, PBMC_H5, PBMC_MTX
 from scipy import sparse
@@ -214,6 +215,46 @@ def test_a_failed_background_write_raises_when_the_block_ends(tmp_path):
 
     with pytest.raises(OutOfSpaceError), io.background_writes() as write_later:
         write_later(fail)
+    assert list(tmp_path.iterdir()) == []
+
+
+def clustered_cells() -> ad.AnnData:
+    adata = io.read_counts(PBMC_H5)[:300].copy()
+    adata.layers["counts"] = adata.X.copy()
+    adata.X = adata.X.log1p()
+    adata.obs["cluster"] = np.where(np.arange(adata.n_obs) % 3 == 0, "a", "b")  # text, written as categories
+    adata.obsm["X_umap"] = np.arange(adata.n_obs * 2, dtype=np.float32).reshape(-1, 2)
+    adata.obsp["connectivities"] = sparse.eye(adata.n_obs, format="csr")
+    adata.uns["params"] = {"seed": 0, "method": "leiden"}
+    return adata
+
+
+def test_an_h5ad_written_in_parts_holds_what_write_h5ad_writes(tmp_path):
+    whole, parted = clustered_cells(), clustered_cells()
+    io.write_h5ad(whole, tmp_path / "whole.h5ad")
+    with io.h5ad_in_parts(parted, tmp_path / "parted.h5ad") as parts:
+        parts.write("X", parted.X)
+        parts.write("layers", dict(parted.layers))
+        parted.X = parted.X.copy()  # another copy of the same values, as brought back from the GPU
+        parts.finish(parted)
+    one, two = ad.read_h5ad(tmp_path / "whole.h5ad"), ad.read_h5ad(tmp_path / "parted.h5ad")
+    assert (one.X != two.X).nnz == 0 and (one.layers["counts"] != two.layers["counts"]).nnz == 0
+    pd.testing.assert_frame_equal(one.obs, two.obs)
+    pd.testing.assert_frame_equal(one.var, two.var)
+    assert isinstance(two.obs["cluster"].dtype, pd.CategoricalDtype)
+    np.testing.assert_array_equal(one.obsm["X_umap"], two.obsm["X_umap"])
+    assert (one.obsp["connectivities"] != two.obsp["connectivities"]).nnz == 0
+    assert two.uns["params"] == {"seed": 0, "method": "leiden"}
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["parted.h5ad", "whole.h5ad"]
+
+
+def test_an_h5ad_in_parts_leaves_nothing_unless_finished_with_what_was_written(tmp_path):
+    adata = clustered_cells()
+    with pytest.raises(RuntimeError, match="not finished"), io.h5ad_in_parts(adata, tmp_path / "a.h5ad") as parts:
+        parts.write("X", adata.X)
+    with pytest.raises(ValueError, match="X changed"), io.h5ad_in_parts(adata, tmp_path / "a.h5ad") as parts:
+        parts.write("X", adata.X)
+        parts.finish(adata[:, :100].copy())
     assert list(tmp_path.iterdir()) == []
 
 

@@ -216,6 +216,9 @@ def test_fused_qc_cluster_writes_what_qc_and_cluster_write(cpu_run, tmp_path):
         pd.testing.assert_frame_equal(one.obs, two.obs)
         pd.testing.assert_frame_equal(one.var, two.var)
         assert sorted(one.obsm) == sorted(two.obsm) and sorted(one.layers) == sorted(two.layers)
+        assert sorted(one.obsp) == sorted(two.obsp) and sorted(one.uns) == sorted(two.uns)
+        for key in one.layers:
+            assert (one.layers[key] != two.layers[key]).nnz == 0, key
         for key in one.obsm:
             np.testing.assert_allclose(one.obsm[key], two.obsm[key], atol=1e-5, err_msg=key)
     # The figures, drawn from the same tables and embedding as the plot rules draw them from.

@@ -50,10 +50,11 @@ def _read_10x_h5(path: Path) -> AnnData:
     files (Cell Ranger 2: a group per genome) are read by scanpy.
     """
     import h5py
-    import scanpy as sc
 
     with h5py.File(path, "r") as handle:
         if "matrix" not in handle:
+            import scanpy as sc  # here: its import is most of the reading of a small matrix
+
             return sc.read_10x_h5(path, gex_only=False)
         group = handle["matrix"]
         n_features, n_barcodes = (int(size) for size in group["shape"][:])
@@ -131,7 +132,7 @@ def _read_contiguous(path: str, *, offset: int, stored: np.dtype, out: np.ndarra
 def _read_block(fd: int, start: int, *, offset: int, stored: np.dtype, out: np.ndarray) -> None:
     target = out[start : start + H5_READ_BLOCK]
     buffer = target if target.dtype == stored else np.empty(target.size, dtype=stored)
-    view = memoryview(buffer).cast("B")
+    view = buffer.data.cast("B")
     done, position = 0, offset + start * stored.itemsize
     while done < view.nbytes:
         n_read = os.preadv(fd, [view[done:]], position + done)

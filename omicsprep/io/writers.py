@@ -38,7 +38,9 @@ TEMPORARY_INFIX = ".tmp"
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | Path, *, expected_bytes: int | None = None, check_space: bool = False) -> Iterator[Path]:
+def atomic_path(
+    path: str | Path, *, expected_bytes: int | None = None, check_space: bool = False, timed: bool = True
+) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it to ``path`` only on success.
 
     Nothing partial survives a failure: the temporary file is removed when the block
@@ -54,6 +56,8 @@ def atomic_path(path: str | Path, *, expected_bytes: int | None = None, check_sp
     check_space
         Refuse to start when the file system has less free space than ``expected_bytes``
         (a full disk can crash HDF5 rather than raise).
+    timed
+        Count the block as phase ``write`` (not where the block spans other work, written in parts).
 
     Raises
     ------
@@ -74,11 +78,13 @@ def atomic_path(path: str | Path, *, expected_bytes: int | None = None, check_sp
     os.close(fd)
     tmp = Path(tmp_name)
     try:
-        with phase("write"):
+        with phase("write") if timed else contextlib.nullcontext():
             yield tmp
         # mkstemp creates the file private (0600); give it the permissions of a normal file.
         tmp.chmod(0o666 & ~_umask())
         tmp.replace(path)
+    except (OutOfSpaceError, OutOfMemoryError):  # reported already, by another output's writer
+        raise
     except MemoryError as exc:
         tmp.unlink(missing_ok=True)
         raise OutOfMemoryError(path, needed_bytes=expected_bytes) from exc
@@ -138,6 +144,106 @@ def write_h5ad(adata: AnnData, path: str | Path, *, compression: Literal["lzf", 
     """
     with atomic_path(path, expected_bytes=stored_bytes(adata), check_space=compression is None) as tmp:
         adata.write_h5ad(tmp, compression=compression)
+
+
+class H5adParts:
+    """An .h5ad written in parts: elements that are final early, then the rest (:func:`h5ad_in_parts`).
+
+    The file holds what :func:`write_h5ad` writes, element for element.
+    """
+
+    def __init__(self, path: Path, *, compression: Literal["lzf", "gzip"] | None) -> None:
+        self._path = path
+        self._dataset_kwargs = {"compression": compression} if compression else {}
+        self._file: Any = None
+        self._written: dict[str, Any] = {}  # each element written: its shape (mappings: their members')
+        self.finished = False
+
+    def write(self, key: str, value: Any) -> None:
+        """Write one element of the AnnData (``"X"``, ``"layers"``, ...), in host memory, that will not change."""
+        from anndata.io import write_elem
+
+        if self._file is None:
+            import h5py
+
+            self._file = h5py.File(self._path, "w")
+            # As anndata's write_h5ad marks the file.
+            self._file.attrs["encoding-type"] = "anndata"
+            self._file.attrs["encoding-version"] = "0.1.0"
+        write_elem(self._file, key, value, dataset_kwargs=self._dataset_kwargs)
+        self._written[key] = _shapes(value)  # not the value: its memory is freed once written
+
+    def finish(self, adata: AnnData) -> None:
+        """Write every element of ``adata`` not written yet, and close the file.
+
+        ``adata`` holds the values written before (its ``X`` and layers may be other copies
+        of them, on the GPU say; only their shapes are checked); text columns of ``obs``
+        and ``var`` become categories, as :meth:`anndata.AnnData.write_h5ad` makes them.
+        """
+        for key, shapes in self._written.items():
+            final = _shapes(dict(adata.layers) if key == "layers" else getattr(adata, key))
+            if final != shapes:
+                raise ValueError(f"{self._path}: {key} changed after it was written ({shapes}, then {final})")
+        adata.strings_to_categoricals()
+        elements = {
+            "X": adata.X,
+            "obs": adata.obs,
+            "var": adata.var,
+            "obsm": dict(adata.obsm),
+            "varm": dict(adata.varm),
+            "obsp": dict(adata.obsp),
+            "varp": dict(adata.varp),
+            "layers": dict(adata.layers),
+            "uns": dict(adata.uns),
+        }
+        if adata.raw is not None:
+            elements["raw"] = adata.raw
+        for key, value in elements.items():
+            if key not in self._written:
+                self.write(key, value)
+        self.close()
+        self.finished = True
+
+    def close(self) -> None:
+        """Close the file (as it stands: :func:`h5ad_in_parts` removes an unfinished one)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def _shapes(value: Any) -> Any:
+    """An element's shape, or its members' shapes (a mapping: layers, obsm)."""
+    if isinstance(value, dict):
+        return {key: _shapes(member) for key, member in value.items()}
+    return getattr(value, "shape", None)
+
+
+@contextlib.contextmanager
+def h5ad_in_parts(
+    adata: AnnData, path: str | Path, *, compression: Literal["lzf", "gzip"] | None = None
+) -> Iterator[H5adParts]:
+    """Yield an :class:`H5adParts` for ``path``, put in place atomically when the block ends.
+
+    A rule writes the large elements of an output that are final before the rest is
+    computed (its normalized matrix and counts, say) in the background, beside the rest of
+    its work, and :meth:`H5adParts.finish` the rest before the block ends. Nothing is left
+    when the block raises. Uncompressed, it does not start without room for about two
+    copies of ``adata``'s matrices (its estimate, as the output's matrix and counts).
+
+    Raises
+    ------
+    RuntimeError
+        The block ended without :meth:`H5adParts.finish`.
+    """
+    expected = 2 * stored_bytes(adata)
+    with atomic_path(path, expected_bytes=expected, check_space=compression is None, timed=False) as tmp:
+        parts = H5adParts(tmp, compression=compression)
+        try:
+            yield parts
+        finally:
+            parts.close()
+        if not parts.finished:
+            raise RuntimeError(f"{path}: written in parts, but not finished")
 
 
 @contextlib.contextmanager
