@@ -117,11 +117,11 @@ def out_of_space(exc: BaseException) -> bool:
 
 
 def stored_bytes(adata: AnnData) -> int:
-    """About how many bytes ``adata`` takes uncompressed on disk: its matrices' and tables' buffers."""
+    """About how many bytes ``adata`` takes uncompressed on disk: its matrices' and tables' buffers (host or GPU)."""
     total = 0
     arrays = [adata.X, *adata.layers.values(), *adata.obsm.values(), *adata.varm.values(), *adata.obsp.values()]
     for array in arrays:
-        if sparse.issparse(array):
+        if sparse.issparse(array) or hasattr(array, "indptr"):  # SciPy's or CuPy's compressed matrices
             total += array.data.nbytes + array.indices.nbytes + array.indptr.nbytes
         elif hasattr(array, "nbytes"):
             total += int(array.nbytes)
