@@ -248,6 +248,39 @@ def test_fused_qc_cluster_writes_what_qc_and_cluster_write(cpu_run, tmp_path):
         assert any(name.endswith("/umap_clusters.png") for name in archive.namelist())
 
 
+@pytest.mark.gpu
+def test_fused_qc_cluster_on_the_gpu_writes_what_qc_and_cluster_write(tmp_path):
+    """On the GPU, where the cells stay on the device from qc to cluster and the processed
+    .h5ad is written in parts: the same matrices, QC and doublet calls, genes and embedding
+    keys as qc and cluster write (clusters: cuGraph's Leiden may order its work otherwise)."""
+    from sklearn.metrics import adjusted_rand_score
+
+    sheet = write_sheet(tmp_path / "samples.tsv", [f"pbmc_h5\t{PBMC_H5}"], header="sample\tinput")
+    outputs = {}
+    for fused in (False, True):
+        workdir = tmp_path / ("fused" if fused else "separate")
+        targets = [f"results/pbmc_h5/{name}" for name in ("processed.h5ad", "plots/umap_clusters.png")]
+        settings = [f"samples={sheet}", "backend=gpu", f"fuse_qc_cluster={str(fused).lower()}"]
+        result = snakemake(*targets, "--cores", "4", "--resources", "gpu=1", "--config", *settings, workdir=workdir)
+        assert result.returncode == 0, result.stderr[-5000:]
+        outputs[fused] = workdir / "results" / "pbmc_h5"
+    for name in ("qc.h5ad", "processed.h5ad"):
+        one, two = (ad.read_h5ad(outputs[fused] / name) for fused in (True, False))
+        for key in ("X", *one.layers):
+            first, second = (adata.X if key == "X" else adata.layers[key] for adata in (one, two))
+            assert abs(first - second).max() < 1e-6, (name, key)
+        pd.testing.assert_frame_equal(one.var, two.var)
+        assert list(one.obs_names) == list(two.obs_names) and sorted(one.obs) == sorted(two.obs)
+        for column in ("total_counts", "n_genes_by_counts", "doublet_score", "predicted_doublet"):
+            pd.testing.assert_series_equal(one.obs[column], two.obs[column])
+        assert sorted(one.obsm) == sorted(two.obsm) and sorted(one.obsp) == sorted(two.obsp)
+        assert sorted(one.uns) == sorted(two.uns)
+        if "leiden_1.0" in one.obs:
+            assert adjusted_rand_score(one.obs["leiden_1.0"], two.obs["leiden_1.0"]) > 0.9
+    for figure in ("qc_histograms", "qc_scatter", "umap_clusters", "umap_qc"):
+        assert image.imread(outputs[True] / "plots" / f"{figure}.png").size > 0, figure
+
+
 def test_fused_qc_cluster_refuses_overrides_of_qc_or_cluster():
     result = snakemake("-n", "--config", "fuse_qc_cluster=true", "backend_per_rule={cluster: cpu}")
     expect_failure(result, "config: backend_per_rule.cluster does not apply with fuse_qc_cluster: true")
