@@ -181,7 +181,7 @@ class H5adParts:
         and ``var`` become categories, as :meth:`anndata.AnnData.write_h5ad` makes them.
         """
         for key, shapes in self._written.items():
-            final = _shapes(dict(adata.layers) if key == "layers" else getattr(adata, key))
+            final = _shapes(named_layers(adata) if key == "layers" else getattr(adata, key))
             if final != shapes:
                 raise ValueError(f"{self._path}: {key} changed after it was written ({shapes}, then {final})")
         adata.strings_to_categoricals()
@@ -193,7 +193,7 @@ class H5adParts:
             "varm": dict(adata.varm),
             "obsp": dict(adata.obsp),
             "varp": dict(adata.varp),
-            "layers": dict(adata.layers),
+            "layers": named_layers(adata),
             "uns": dict(adata.uns),
         }
         if adata.raw is not None:
@@ -209,6 +209,11 @@ class H5adParts:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def named_layers(adata: AnnData) -> dict[str, Any]:
+    """``adata``'s layers, without ``X``, which anndata 0.13 also lists as the layer ``None``."""
+    return {key: value for key, value in adata.layers.items() if key is not None}
 
 
 def _shapes(value: Any) -> Any:
