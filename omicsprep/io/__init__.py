@@ -16,6 +16,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from omicsprep.timings import phase
+
 if TYPE_CHECKING:
     from omicsprep.io.cellbender import read_cellbender
     from omicsprep.io.counts import DuplicateBarcodes, has_feature_type, read_counts
@@ -146,7 +148,8 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     if name not in _MODULES:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_MODULES[name]}"), name)
+    with phase("imports"):  # a reader's libraries (AnnData, h5py) load here, before its read phase
+        value = getattr(importlib.import_module(f"{__name__}.{_MODULES[name]}"), name)
     globals()[name] = value  # later uses find it without this function
     return value
 
