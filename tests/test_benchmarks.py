@@ -115,3 +115,39 @@ def test_merge_step_benchmark_runs_on_the_cpu(tmp_path):
     assert "The merge step alone" in table
     assert "| mixing_after" in table
     assert " cpu |" in table
+
+
+def test_trace_summary_gives_each_thread_its_call_paths(tmp_path, capsys, monkeypatch):
+    """py-spy's chrometrace events (a frame opens and closes): seconds per thread and call path."""
+    import gzip
+    import json
+
+    import trace_summary
+
+    def frame(ph: str, name: str, filename: str, ts: int, tid: int = 1) -> dict:
+        return {"ph": ph, "name": name, "args": {"filename": filename, "line": 1}, "pid": 7, "tid": tid, "ts": ts}
+
+    script, reader = "/run/.snakemake/scripts/tmp1.qc.py", "/src/omicsprep/io/counts.py"
+    events = [
+        frame("B", 'process 7:"python qc.py"', "", 0),
+        frame("B", "main", script, 0),
+        frame("B", "read_counts", reader, 0),
+        frame("B", "read", "/site/h5py/dataset.py", 0),
+        frame("E", "read", "/site/h5py/dataset.py", 40_000),  # 0.04 s in h5py below read_counts
+        frame("E", "read_counts", reader, 40_000),
+        frame("E", "main", script, 50_000),  # 0.01 s in main itself
+        frame("E", 'process 7:"python qc.py"', "", 50_000),
+        frame("B", 'process 7:"python qc.py"', "", 0, tid=2),
+        frame("B", "import_module", "/usr/lib/importlib/__init__.py", 0, tid=2),
+        frame("E", "import_module", "/usr/lib/importlib/__init__.py", 900_000, tid=2),  # idle gaps count 0.05 s at most
+    ]
+    trace = tmp_path / "trace.json.gz"
+    with gzip.open(trace, "wt") as handle:
+        json.dump(events, handle)
+    monkeypatch.setattr(sys, "argv", ["trace_summary.py", str(trace), "--min-seconds", "0"])
+    trace_summary.main()
+    lines = capsys.readouterr().out.splitlines()
+    assert "0.05 s" in lines[1] and "thread 1" in lines[1]
+    assert lines[2].strip() == "0.04  main (tmp1.qc.py:1) > read_counts (counts.py:1) > read (dataset.py:1)"
+    assert lines[3].strip() == "0.01  main (tmp1.qc.py:1)"
+    assert "0.05 s" in lines[5] and "thread 2" in lines[5]
