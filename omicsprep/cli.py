@@ -94,17 +94,29 @@ CONFIG_SCHEMA = WORKFLOW_CONFIG.parent / "schemas" / "config.schema.yaml"
 
 
 def workflow_config(paths: list[Path]) -> dict:
-    """The workflow's configuration with ``paths`` on top (later files win, section by section), validated."""
-    import yaml
-    from snakemake.utils import update_config, validate
+    """The workflow's configuration with ``paths`` on top (later files win, section by section), validated.
+
+    Raises
+    ------
+    InputError
+        A file cannot be read, or the configuration breaks its schema (the first problem).
+    """
+    from jsonschema import ValidationError
+    from snakemake.utils import update_config
+
+    from omicsprep.configuration import fill_defaults, read_yaml
 
     config: dict = {}
     for path in [WORKFLOW_CONFIG, *paths]:
         try:
-            update_config(config, yaml.safe_load(path.read_text()) or {})
+            update_config(config, read_yaml(path.read_text()) or {})
         except OSError as exc:
             raise InputError(f"cannot be read ({exc.strerror})", path=path) from exc
-    validate(config, schema=str(CONFIG_SCHEMA), set_default=True)
+    try:
+        fill_defaults(config, read_yaml(CONFIG_SCHEMA.read_text()))
+    except ValidationError as exc:
+        key = ".".join(map(str, exc.absolute_path)) or "config"
+        raise InputError(f"{key}: {exc.message}", path=paths[-1] if paths else WORKFLOW_CONFIG) from exc
     return config
 
 

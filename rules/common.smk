@@ -10,11 +10,11 @@ from dataclasses import fields
 from pathlib import Path
 
 import pandas as pd
-import yaml
-from jsonschema import Draft202012Validator, validators
+from jsonschema import Draft202012Validator
 from snakemake.exceptions import WorkflowError
 
 from omicsprep.cells.cellbender import remove_background_command
+from omicsprep.configuration import fill_defaults, read_yaml
 from omicsprep.errors import InputError
 from omicsprep.io import COEXPRESSION_FILES, READ_FORMATS, resolve_format
 from omicsprep.options import ClusteringOptions, EmbeddingOptions, cluster_key
@@ -51,30 +51,8 @@ def validated_config(config):
         raise WorkflowError(
             "config: " + "; ".join(problems) + " (keys and defaults: config/schemas/config.schema.yaml)"
         )
-    filling_defaults(Draft202012Validator)(schema).validate(config)
+    fill_defaults(config, schema)
     return config
-
-
-def read_yaml(text):
-    """YAML text as Python values, by libyaml (about 8x faster than PyYAML's Python parser)."""
-    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-
-
-def filling_defaults(validator_class):
-    """``validator_class`` that fills in the schema's defaults as it validates.
-
-    jsonschema's recipe, as snakemake.utils.validate(set_default=True) uses it, on the
-    schema already read (that function reads the file again, with a slower parser).
-    """
-    check_properties = validator_class.VALIDATORS["properties"]
-
-    def set_defaults(validator, properties, instance, schema):
-        for name, subschema in properties.items():
-            if "default" in subschema:
-                instance.setdefault(name, subschema["default"])
-        yield from check_properties(validator, properties, instance, schema)
-
-    return validators.extend(validator_class, {"properties": set_defaults})
 
 
 def set_nested(mapping, keys, value):

@@ -133,3 +133,20 @@ def test_provenance_of_built_options_is_the_section():
 def test_unknown_keys_are_refused(section, unknown):
     with pytest.raises(ValueError, match=f"unknown keys \\['{unknown}'\\]"):
         from_config(CoexpressionOptions, section)
+
+
+def test_the_configuration_gets_the_schemas_defaults_as_snakemake_fills_them():
+    # omicsprep.configuration fills them as snakemake.utils.validate(set_default=True) does,
+    # on the shipped config and on a partial one (defaults of nested sections too).
+    import copy
+
+    from snakemake.utils import validate
+
+    from omicsprep.configuration import fill_defaults, read_yaml
+
+    schema_path = REPO / "config" / "schemas" / "config.schema.yaml"
+    for config in (yaml.safe_load((REPO / "config" / "config.yaml").read_text()), {"samples": "s.tsv", "qc": {}}):
+        ours, snakemakes = copy.deepcopy(config), copy.deepcopy(config)
+        fill_defaults(ours, read_yaml(schema_path.read_text()))
+        validate(snakemakes, schema=str(schema_path), set_default=True)
+        assert ours == snakemakes

@@ -56,3 +56,14 @@ def test_a_bad_configuration_file_is_named(tmp_path):
         result.stderr.strip().splitlines()[-1]
         == f"omicsprep error: file '{missing}': cannot be read (No such file or directory)"
     )
+
+
+def test_a_configuration_that_breaks_the_schema_is_named_with_its_key(tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text("qc:\n  min_cells_left: many\n")
+    command = [sys.executable, "-m", "omicsprep.cli", "warm-kernels", "--backend", "cpu", "--configfile", str(config)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"omicsprep error: file '{config}': qc.min_cells_left: 'many' is not of type 'integer'"
+    )
