@@ -153,7 +153,7 @@ def phase_breakdown(rundir: Path, times: pd.DataFrame, *, label: str) -> pd.Data
     moving data to and from the GPU), ``compute`` (the rest of the script's body) and
     ``other`` (Snakemake's wrapper around the script, and the process's exit). Beside them,
     ``background_write``: writing done in a background thread while the rule went on
-    (:func:`omicsprep.io.background_writes`), overlapping the others.
+    (:func:`omicsprep.background.background_writes`), overlapping the others.
     """
     rows = []
     for _, total in times[times["step"] == "total"].iterrows():

@@ -10,7 +10,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +18,6 @@ from omicsprep.errors import BackendUnavailableError, InputError, OutOfMemoryErr
 from omicsprep.timings import phase, phase_seconds
 
 if TYPE_CHECKING:
-    from concurrent.futures import Future
     from types import ModuleType
 
     import numpy as np
@@ -98,50 +97,6 @@ def exit_at_once(*streams: Any) -> None:
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
     os._exit(0)
-
-
-@contextlib.contextmanager
-def background_process(*, preload: str | None = None) -> Iterator[Callable[..., None]]:
-    """Yield ``run_later(function, *args, **kwargs)``: the functions run in a second process meanwhile.
-
-    A rule's figures are drawn there while it goes on computing and writing: drawing holds
-    the interpreter, which a thread would share. The process is forked when the block
-    starts, so a rule enters it first, while it is small (a copy of its memory stays
-    shared until it exits) and has no GPU context, threads or input yet; ``preload``, a
-    module, is imported there meanwhile. Functions and arguments travel pickled, when
-    given. They run one at a time, in order; the block ends when all have finished, and
-    the first that failed raises then (an exception of the block itself comes first). The
-    block's wait for them counts as phase ``write``. Where processes are not forked
-    (other systems than Linux, where forking is unsafe or missing), each runs at once, here.
-    """
-    if sys.platform != "linux":
-        yield _run_now
-        return
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    executor = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("fork"))
-    futures: list[Future[None]] = [executor.submit(_preload, preload)]  # forks now
-
-    def run_later(function: Callable[..., None], /, *args: Any, **kwargs: Any) -> None:
-        futures.append(executor.submit(function, *args, **kwargs))
-
-    try:
-        yield run_later
-    finally:
-        with phase("write"):
-            executor.shutdown(wait=True)
-    for future in futures:
-        future.result()
-
-
-def _run_now(function: Callable[..., None], /, *args: Any, **kwargs: Any) -> None:
-    function(*args, **kwargs)
-
-
-def _preload(module: str | None) -> None:
-    if module is not None:
-        importlib.import_module(module)
 
 
 def quality_control(

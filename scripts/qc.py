@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 from omicsprep import io
 from omicsprep.backend import prepare_gpu, resolve_backend
+from omicsprep.background import background_process, background_writes
 from omicsprep.workflow import (
-    background_process,
     cluster,
     quality_control,
     run_script,
@@ -58,7 +58,7 @@ def qc_and_cluster() -> None:
         compression = snakemake.config["h5ad_compression"]
         with (
             io.h5ad_in_parts(adata, output.processed, compression=compression) as processed,
-            io.background_writes() as write_later,
+            background_writes() as write_later,
         ):
             write_later(write_qc, qc_cells, metrics, snakemake=snakemake)
             normalized = partial(write_later, write_normalized, processed, qc_cells=qc_cells)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 
 import anndata as ad
 import numpy as np
@@ -13,8 +12,7 @@ from conftest import CITESEQ, DROPLETS_H5, MOUSE_ZARR, PBMC_H5, PBMC_MTX
 from scipy import sparse
 
 from omicsprep import io
-from omicsprep.errors import InputError, OutOfSpaceError
-from omicsprep.timings import phase_seconds
+from omicsprep.errors import InputError
 
 
 def test_detect_format_of_each_kind(tmp_path):
@@ -188,34 +186,6 @@ def test_has_feature_type_reads_the_feature_list_only():
     assert not io.has_feature_type(PBMC_H5, "Antibody Capture")
     assert not io.has_feature_type(PBMC_MTX, "Antibody Capture")
     assert io.has_feature_type(CITESEQ / "cells", "Antibody Capture")
-
-
-def test_background_writes_overlap_the_block_in_order_and_count_apart():
-    before = phase_seconds()
-    written = []
-    started = time.perf_counter()
-    with io.background_writes() as write_later:
-        write_later(lambda name: (time.sleep(0.3), written.append(name)), "first")
-        write_later(written.append, "second")
-        time.sleep(0.3)  # the block's own work, meanwhile
-    assert written == ["first", "second"]
-    assert time.perf_counter() - started < 0.5  # overlapped, not 0.6 s in a row
-    after = phase_seconds()
-    assert after["background_write"] - before.get("background_write", 0.0) >= 0.3
-    assert after["write"] - before.get("write", 0.0) < 0.2  # the block's wait, only what was left
-
-
-def test_a_failed_background_write_raises_when_the_block_ends(tmp_path):
-    target = tmp_path / "out.tsv"
-
-    def fail() -> None:
-        with io.atomic_path(target) as tmp:
-            tmp.write_text("partial")
-            raise OSError(28, "No space left on device")
-
-    with pytest.raises(OutOfSpaceError), io.background_writes() as write_later:
-        write_later(fail)
-    assert list(tmp_path.iterdir()) == []
 
 
 def clustered_cells() -> ad.AnnData:

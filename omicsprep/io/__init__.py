@@ -48,7 +48,6 @@ if TYPE_CHECKING:
     from omicsprep.io.writers import (
         H5adParts,
         atomic_path,
-        background_writes,
         glob_escape,
         h5ad_in_parts,
         out_of_space,
@@ -72,7 +71,6 @@ _MODULES = {
     "MOLECULE_TABLE_SUFFIXES": "formats",
     "READ_FORMATS": "formats",
     "atomic_path": "writers",
-    "background_writes": "writers",
     "H5adParts": "writers",
     "h5ad_in_parts": "writers",
     "detect_format": "formats",
@@ -114,7 +112,6 @@ __all__ = [
     "H5adParts",
     "InputFormat",
     "atomic_path",
-    "background_writes",
     "detect_format",
     "fragment_chunks",
     "glob_escape",

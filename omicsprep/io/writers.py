@@ -11,8 +11,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -249,36 +248,6 @@ def h5ad_in_parts(
             parts.close()
         if not parts.finished:
             raise RuntimeError(f"{path}: written in parts, but not finished")
-
-
-@contextlib.contextmanager
-def background_writes() -> Iterator[Callable[..., None]]:
-    """Yield ``write_later(writer, *args, **kwargs)``: writers run in a background thread meanwhile.
-
-    A rule then goes on computing (on the GPU, mostly) while its earlier outputs are written:
-    HDF5 lets other threads run while it writes. The writers run one at a time, in the
-    order given; the block ends when all have finished, and the first that failed raises
-    then (an exception of the block itself comes first). Their seconds count as phase
-    ``background_write``, and the block's wait for them as ``write``.
-    """
-    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="omicsprep-writer")
-    futures: list[Future[None]] = []
-
-    def write_later(writer: Callable[..., None], /, *args: Any, **kwargs: Any) -> None:
-        futures.append(executor.submit(_write_in_background, writer, *args, **kwargs))
-
-    try:
-        yield write_later
-    finally:
-        with phase("write"):
-            executor.shutdown(wait=True)
-    for future in futures:
-        future.result()
-
-
-def _write_in_background(writer: Callable[..., None], /, *args: Any, **kwargs: Any) -> None:
-    with phase("background_write"):
-        writer(*args, **kwargs)
 
 
 def write_h5mu(mdata: MuData, path: str | Path) -> None:

@@ -1,4 +1,4 @@
-"""A rule's second process (figures drawn beside the computing), and errors that come back from it whole."""
+"""Work beside a rule's main thread: writes in a background thread, figures in a second process, errors back whole."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from omicsprep import io
+from omicsprep.background import background_process, background_writes
 from omicsprep.errors import InputError, OutOfMemoryError, OutOfSpaceError
 from omicsprep.timings import phase_seconds
-from omicsprep.workflow import background_process
 
 forking = pytest.mark.skipif(sys.platform != "linux", reason="the second process is forked on Linux only")
 
@@ -73,3 +74,31 @@ def test_the_errors_users_read_survive_pickling(tmp_path):
         assert type(copy) is type(error)
         assert str(copy).split(" free on ")[0] == str(error).split(" free on ")[0]  # free space: measured again
         assert copy.path == error.path
+
+
+def test_background_writes_overlap_the_block_in_order_and_count_apart():
+    before = phase_seconds()
+    written = []
+    started = time.perf_counter()
+    with background_writes() as write_later:
+        write_later(lambda name: (time.sleep(0.3), written.append(name)), "first")
+        write_later(written.append, "second")
+        time.sleep(0.3)  # the block's own work, meanwhile
+    assert written == ["first", "second"]
+    assert time.perf_counter() - started < 0.5  # overlapped, not 0.6 s in a row
+    after = phase_seconds()
+    assert after["background_write"] - before.get("background_write", 0.0) >= 0.3
+    assert after["write"] - before.get("write", 0.0) < 0.2  # the block's wait, only what was left
+
+
+def test_a_failed_background_write_raises_when_the_block_ends(tmp_path):
+    target = tmp_path / "out.tsv"
+
+    def fail() -> None:
+        with io.atomic_path(target) as tmp:
+            tmp.write_text("partial")
+            raise OSError(28, "No space left on device")
+
+    with pytest.raises(OutOfSpaceError), background_writes() as write_later:
+        write_later(fail)
+    assert list(tmp_path.iterdir()) == []

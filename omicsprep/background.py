@@ -1,0 +1,89 @@
+"""Work beside a rule's main thread: outputs written in a background thread, figures drawn in a second process.
+
+Each yields a function that queues work; the work runs in order, the block ends when all of
+it has finished (the wait counts as phase ``write``), and the first failure raises then
+(an exception of the block itself comes first).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import sys
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from omicsprep.timings import phase
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
+
+
+@contextlib.contextmanager
+def background_writes() -> Iterator[Callable[..., None]]:
+    """Yield ``write_later(writer, *args, **kwargs)``: writers run in a background thread meanwhile.
+
+    A rule then goes on computing (on the GPU, mostly) while its earlier outputs are
+    written: HDF5 lets other threads run while it writes. The writers' seconds count as
+    phase ``background_write``.
+    """
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="omicsprep-writer")
+    with _in_order(executor, wrap=_write_in_background) as write_later:
+        yield write_later
+
+
+@contextlib.contextmanager
+def background_process(*, preload: str | None = None) -> Iterator[Callable[..., None]]:
+    """Yield ``run_later(function, *args, **kwargs)``: the functions run in a second process meanwhile.
+
+    A rule's figures are drawn there while it goes on computing and writing: drawing holds
+    the interpreter, which a thread would share. The process is forked when the block
+    starts, so a rule enters it first, while it is small (a copy of its memory stays
+    shared until it exits) and has no GPU context, threads or input yet; ``preload``, a
+    module, is imported there meanwhile. Functions and arguments travel pickled. Where
+    processes are not forked (other systems than Linux, where forking is unsafe or
+    missing), each runs at once, here.
+    """
+    if sys.platform != "linux":
+        yield _run_now
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    executor = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("fork"))
+    with _in_order(executor) as run_later:
+        run_later(_preload, preload)  # forks now
+        yield run_later
+
+
+@contextlib.contextmanager
+def _in_order(executor: Executor, *, wrap: Callable[..., None] | None = None) -> Iterator[Callable[..., None]]:
+    """Yield ``later(function, *args, **kwargs)``: submits to ``executor`` (one worker: in order), through ``wrap``."""
+    futures: list[Future[None]] = []
+
+    def later(function: Callable[..., None], /, *args: Any, **kwargs: Any) -> None:
+        job = (wrap, function, *args) if wrap is not None else (function, *args)
+        futures.append(executor.submit(*job, **kwargs))
+
+    try:
+        yield later
+    finally:
+        with phase("write"):
+            executor.shutdown(wait=True)
+    for future in futures:
+        future.result()
+
+
+def _write_in_background(writer: Callable[..., None], /, *args: Any, **kwargs: Any) -> None:
+    with phase("background_write"):
+        writer(*args, **kwargs)
+
+
+def _run_now(function: Callable[..., None], /, *args: Any, **kwargs: Any) -> None:
+    function(*args, **kwargs)
+
+
+def _preload(module: str | None) -> None:
+    if module is not None:
+        importlib.import_module(module)
