@@ -147,10 +147,10 @@ def phase_breakdown(rundir: Path, times: pd.DataFrame, *, label: str) -> pd.Data
     """Where each rule's wall time went, in seconds: one row per rule and sample.
 
     ``total`` is the rule's process as Snakemake's ``benchmark:`` measured it; within it
-    ``start_imports`` (interpreter, imports, the pipeline's import in the body, and the
-    RAPIDS imports of a GPU rule), ``read``
-    and ``write`` (omicsprep.io; writing includes drawing figures), ``transfers`` (steps
-    moving data to and from the GPU), ``compute`` (the rest of the script's body) and
+    ``start_imports`` (interpreter, imports, the pipeline's and readers' imports in the
+    body, and the RAPIDS imports of a GPU rule), ``read`` and ``write`` (omicsprep.io;
+    writing includes waiting for the figures drawn in a second process), ``transfers``
+    (steps moving data to and from the GPU), ``compute`` (the rest of the script's body) and
     ``other`` (Snakemake's wrapper around the script, and the process's exit). Beside them,
     ``background_write``: writing done in a background thread while the rule went on
     (:func:`omicsprep.background.background_writes`), overlapping the others.

@@ -3,9 +3,10 @@
 A rule is a process. :func:`omicsprep.workflow.run_script` times its start-up (interpreter
 and imports) and its body; the readers and writers of :mod:`omicsprep.io` count their seconds
 as ``read`` and ``write``, :mod:`omicsprep.backend` its import of the GPU libraries as
-``gpu_import``, and :mod:`omicsprep.workflow` its import of the pipeline as ``imports``,
-through :func:`phase`. The steps inside (computing, device transfers) are
-timed by :class:`omicsprep.provenance.StepTimer`.
+``gpu_import``, and :mod:`omicsprep.io` (a reader's or writer's module, at first use) and
+:mod:`omicsprep.workflow` (the pipeline) their imports as ``imports``, through
+:func:`phase`. The steps inside (computing, device transfers) are timed by
+:class:`omicsprep.provenance.StepTimer`.
 """
 
 from __future__ import annotations

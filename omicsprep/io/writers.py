@@ -180,7 +180,7 @@ class H5adParts:
         and ``var`` become categories, as :meth:`anndata.AnnData.write_h5ad` makes them.
         """
         for key, shapes in self._written.items():
-            final = _shapes(named_layers(adata) if key == "layers" else getattr(adata, key))
+            final = _shapes(_named_layers(adata) if key == "layers" else getattr(adata, key))
             if final != shapes:
                 raise ValueError(f"{self._path}: {key} changed after it was written ({shapes}, then {final})")
         adata.strings_to_categoricals()
@@ -192,7 +192,7 @@ class H5adParts:
             "varm": dict(adata.varm),
             "obsp": dict(adata.obsp),
             "varp": dict(adata.varp),
-            "layers": named_layers(adata),
+            "layers": _named_layers(adata),
             "uns": dict(adata.uns),
         }
         if adata.raw is not None:
@@ -210,7 +210,7 @@ class H5adParts:
             self._file = None
 
 
-def named_layers(adata: AnnData) -> dict[str, Any]:
+def _named_layers(adata: AnnData) -> dict[str, Any]:
     """``adata``'s layers, without ``X``, which anndata 0.13 also lists as the layer ``None``."""
     return {key: value for key, value in adata.layers.items() if key is not None}
 
