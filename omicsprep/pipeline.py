@@ -8,8 +8,8 @@ pays those costs once.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -221,7 +221,7 @@ def run_clustering(
     options: ClusteringOptions,
     seed: int,
     backend: Backend,
-    on_normalized: Callable[[AnnData], None] | None = None,
+    after_step: Callable[[str, AnnData], None] | None = None,
 ) -> pd.DataFrame:
     """Normalization, HVG, PCA, neighbours, UMAP, Leiden, Louvain and markers, in place.
 
@@ -235,41 +235,47 @@ def run_clustering(
         Seed for PCA, UMAP and clustering.
     backend
         ``"cpu"`` or ``"gpu"``.
-    on_normalized
-        Called with ``adata`` once ``X`` holds its log-normalized values and
-        ``layers["counts"]`` the counts, neither of which changes afterwards (a rule starts
-        writing them then).
+    after_step
+        Called with each step's name and ``adata`` as the step ends, so that a rule can
+        write or draw what is final meanwhile: after ``normalize``, ``X`` (log-normalized)
+        and ``layers["counts"]``; after ``umap``, ``obsm["X_umap"]``.
 
     Returns
     -------
     The marker genes table.
     """
     timer = StepTimer(backend=backend)
-    with timer.step("to_device"):
+
+    @contextmanager
+    def step(name: str) -> Iterator[None]:
+        with timer.step(name):
+            yield
+        if after_step is not None:
+            after_step(name, adata)
+
+    with step("to_device"):
         to_device(adata, backend=backend)
-    with timer.step("normalize"):
+    with step("normalize"):
         preprocessing.normalize(adata, target_sum=options.normalize.target_sum, backend=backend)
-    if on_normalized is not None:
-        on_normalized(adata)
-    with timer.step("hvg"):
+    with step("hvg"):
         preprocessing.highly_variable_genes(
             adata, flavor=options.hvg.flavor, n_top_genes=options.hvg.n_top_genes, backend=backend
         )
-    with timer.step("pca"):
+    with step("pca"):
         preprocessing.pca(adata, n_comps=options.pca.n_comps, seed=seed, backend=backend)
-    with timer.step("neighbors"):
+    with step("neighbors"):
         _neighbors(adata, options=options.neighbors, use_rep="X_pca", backend=backend)
-    with timer.step("umap"):
+    with step("umap"):
         clustering.umap(adata, min_dist=options.umap.min_dist, seed=seed, backend=backend)
     clusterings: dict[clustering.Algorithm, tuple[float, ...]] = {
         "leiden": options.leiden.resolutions,
         "louvain": options.louvain.resolutions,
     }
     for algorithm, resolutions in clusterings.items():
-        with timer.step(algorithm):
+        with step(algorithm):
             clustering.cluster_graph(adata, algorithm=algorithm, resolutions=resolutions, seed=seed, backend=backend)
     markers = options.markers
-    with timer.step("markers"):
+    with step("markers"):
         groupby = cluster_key(markers.algorithm, markers.resolution)
         clustering.rank_markers(adata, groupby=groupby, method=markers.method, backend=backend)
     with timer.step("to_host"):

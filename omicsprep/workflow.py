@@ -154,7 +154,7 @@ def write_qc(adata: AnnData, metrics: pd.DataFrame, *, snakemake: Any) -> None:
 
 
 def cluster(
-    adata: AnnData, *, snakemake: Any, backend: Backend, on_normalized: Callable[[AnnData], None] | None = None
+    adata: AnnData, *, snakemake: Any, backend: Backend, after_step: Callable[[str, AnnData], None] | None = None
 ) -> pd.DataFrame:
     """Rule cluster's work on QC'd cells, in place; rules cluster and qc_cluster share it.
 
@@ -166,8 +166,8 @@ def cluster(
         The rule's ``snakemake`` object: params ``steps`` and ``seed``.
     backend
         ``"cpu"`` or ``"gpu"``.
-    on_normalized
-        Called once the normalized matrix and the counts are final (:func:`omicsprep.pipeline.run_clustering`).
+    after_step
+        Called as each step ends (:func:`omicsprep.pipeline.run_clustering`).
 
     Returns
     -------
@@ -177,7 +177,7 @@ def cluster(
 
     options = from_config(ClusteringOptions, snakemake.params.steps)
     return _pipeline().run_clustering(
-        adata, options=options, seed=snakemake.params.seed, backend=backend, on_normalized=on_normalized
+        adata, options=options, seed=snakemake.params.seed, backend=backend, after_step=after_step
     )
 
 
@@ -265,7 +265,7 @@ def write_embedding_figures(
     clusters: str,
     metrics: str,
 ) -> None:
-    """Draw and write the UMAP coloured by clusters and by QC metrics; rules plot_umap and qc_cluster share it.
+    """Draw and write the UMAP coloured by clusters and by QC metrics (rule plot_umap).
 
     Parameters
     ----------
@@ -280,11 +280,33 @@ def write_embedding_figures(
     clusters, metrics
         Where the two figures go.
     """
+    write_embedding_figure(coords, obs, sample=sample, keys=cluster_keys, path=clusters)
+    write_embedding_figure(coords, obs, sample=sample, keys=metric_keys, path=metrics)
+
+
+def write_embedding_figure(coords: np.ndarray, obs: pd.DataFrame, *, sample: str, keys: list[str], path: str) -> None:
+    """Draw and write the UMAP with a panel per column of ``obs`` among ``keys`` (those present).
+
+    Rule qc_cluster draws the metrics' figure once UMAP is done, beside clustering, and the
+    clusters' after; rule plot_umap both (:func:`write_embedding_figures`).
+
+    Parameters
+    ----------
+    coords
+        The UMAP coordinates, one row per cell.
+    obs
+        The cells' table.
+    sample
+        The figure's title.
+    keys
+        The columns to colour by.
+    path
+        Where the figure goes.
+    """
     from omicsprep import io, plotting
 
-    io.write_figure(plotting.embedding_panels(coords, obs, keys=cluster_keys, title=sample), clusters)
-    present = [key for key in metric_keys if key in obs]
-    io.write_figure(plotting.embedding_panels(coords, obs, keys=present, title=sample), metrics)
+    present = [key for key in keys if key in obs]
+    io.write_figure(plotting.embedding_panels(coords, obs, keys=present, title=sample), path)
 
 
 def seconds_since_process_start() -> float | None:

@@ -10,7 +10,7 @@ snakemake = snakemake  # noqa: F821 - injected by Snakemake
 def main() -> None:
     backend = resolve_backend(snakemake.params.backend)
     # Overlapping reading the input; cuGraph (clustering) the first steps too.
-    prepare_gpu(backend, modules=("rapids_singlecell", "cuml", "cugraph"))
+    prepare_gpu(backend, modules=("rapids_singlecell", "cuml", "pylibcugraph"))
     adata = io.read_h5ad(snakemake.input.h5ad)
     markers = cluster(adata, snakemake=snakemake, backend=backend)
     write_clustering(adata, markers, snakemake=snakemake, h5ad=snakemake.output.h5ad)

@@ -4,18 +4,19 @@ Rule qc_cluster (config fuse_qc_cluster) runs this script and goes on with the w
 cluster, plot_qc and plot_umap.
 """
 
+from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING
 
 from omicsprep import io
-from omicsprep.backend import prepare_gpu, resolve_backend
+from omicsprep.backend import asnumpy, prepare_gpu, resolve_backend
 from omicsprep.background import background_process, background_writes
 from omicsprep.workflow import (
     cluster,
     quality_control,
     run_script,
     write_clustering,
-    write_embedding_figures,
+    write_embedding_figure,
     write_normalized,
     write_qc,
     write_qc_figures,
@@ -44,14 +45,15 @@ def qc_and_cluster() -> None:
     process, forked first. The outputs are written in the background (HDF5 lets Python run
     meanwhile), in order: qc's, from a copy (clustering changes the counts in place), while
     clustering computes; then the processed AnnData's normalized matrix and counts, once
-    final; its rest once clustered, while the UMAP figures are drawn (from a copy of the
-    cells' table, which writing an .h5ad changes).
+    final; its rest once clustered. Each figure is drawn once what it shows is final (the
+    UMAP by QC metrics while the cells are clustered), from copies: writing an .h5ad
+    changes the cells' table.
     """
     sample, output = snakemake.wildcards.sample, snakemake.output
     with background_process(preload="omicsprep.plotting") as draw_later:
         backend = resolve_backend(snakemake.params.backend)
-        # Overlapping importing the pipeline and reading the input; cuGraph the first steps too.
-        prepare_gpu(backend, modules=("rapids_singlecell", "cuml", "cugraph"))
+        # Overlapping importing the pipeline and reading the input; pylibcugraph the first steps too.
+        prepare_gpu(backend, modules=("rapids_singlecell", "cuml", "pylibcugraph"))
         adata, metrics = quality_control(read_counts(), snakemake=snakemake, backend=backend, keep_on_device=True)
         draw_later(write_qc_figures, metrics, sample=sample, histograms=output.histograms, scatter=output.scatter)
         qc_cells = adata.copy()
@@ -61,19 +63,41 @@ def qc_and_cluster() -> None:
             background_writes() as write_later,
         ):
             write_later(write_qc, qc_cells, metrics, snakemake=snakemake)
-            normalized = partial(write_later, write_normalized, processed, qc_cells=qc_cells)
-            markers = cluster(adata, snakemake=snakemake, backend=backend, on_normalized=normalized)
-            draw_later(
-                write_embedding_figures,
-                adata.obsm["X_umap"],
-                adata.obs.copy(),
-                sample=sample,
-                cluster_keys=snakemake.params.cluster_keys,
-                metric_keys=snakemake.params.metric_keys,
-                clusters=output.umap_clusters,
-                metrics=output.umap_metrics,
+            after_step = partial(
+                write_what_is_final,
+                processed=processed,
+                qc_cells=qc_cells,
+                write_later=write_later,
+                draw_later=draw_later,
             )
+            markers = cluster(adata, snakemake=snakemake, backend=backend, after_step=after_step)
+            keys, path = snakemake.params.cluster_keys, output.umap_clusters
+            coords, obs = adata.obsm["X_umap"], adata.obs[keys].copy()
+            draw_later(write_embedding_figure, coords, obs, sample=sample, keys=keys, path=path)
             write_later(write_clustering, adata, markers, snakemake=snakemake, h5ad=processed)
+
+
+def write_what_is_final(
+    step: str,
+    adata: "AnnData",
+    *,
+    processed: "io.H5adParts",
+    qc_cells: "AnnData",
+    write_later: Callable[..., None],
+    draw_later: Callable[..., None],
+) -> None:
+    """As clustering's ``step`` ends, start writing or drawing what it made final.
+
+    After ``normalize`` the processed AnnData's matrices; after ``umap`` the UMAP coloured
+    by QC metrics, from a copy of its coordinates (in host memory) and of the metrics.
+    """
+    if step == "normalize":
+        write_later(write_normalized, processed, adata, qc_cells=qc_cells)
+    elif step == "umap":
+        keys = [key for key in snakemake.params.metric_keys if key in adata.obs]
+        coords, obs = asnumpy(adata.obsm["X_umap"]), adata.obs[keys].copy()
+        path = snakemake.output.umap_metrics
+        draw_later(write_embedding_figure, coords, obs, sample=snakemake.wildcards.sample, keys=keys, path=path)
 
 
 def read_counts() -> "AnnData":

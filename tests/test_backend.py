@@ -41,7 +41,7 @@ def test_only_cupy_is_imported_to_choose_the_backend():
     # rapids-singlecell (about 15 s on the GPU machine); where a GPU is usable, CuPy is.
     code = (
         "import sys; from omicsprep.backend import resolve_backend; resolve_backend('auto'); "
-        "print(sorted(m for m in ('cudf', 'cuml', 'cugraph', 'rapids_singlecell') if m in sys.modules))"
+        "print(sorted(m for m in ('cudf', 'cuml', 'pylibcugraph', 'rapids_singlecell') if m in sys.modules))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
@@ -56,12 +56,12 @@ def test_preparing_the_gpu_overlaps_the_read_and_each_first_use_waits_for_its_mo
 import sys, threading
 from omicsprep.backend import gpu_module, prepare_gpu, resolve_backend
 backend = resolve_backend("gpu")
-prepare_gpu(backend, modules=("rapids_singlecell", "cugraph"))
+prepare_gpu(backend, modules=("rapids_singlecell", "pylibcugraph"))
 preparing = [t for t in threading.enumerate() if t.name == "omicsprep-prepare-gpu"]
 single_cell = gpu_module("rapids_singlecell")
 print(single_cell is sys.modules["rapids_singlecell"], not getattr(single_cell.__spec__, "_initializing", False))
-graph = gpu_module("cugraph")
-print(graph is sys.modules["cugraph"], not getattr(graph.__spec__, "_initializing", False))
+graph = gpu_module("pylibcugraph")
+print(graph is sys.modules["pylibcugraph"], not getattr(graph.__spec__, "_initializing", False))
 gpu_module("cuml")
 print(len(preparing), any(t.is_alive() for t in preparing))
 """
@@ -109,7 +109,8 @@ import importlib, json, os, pkgutil, sys
 from dataclasses import replace
 
 CUDA_KERNELS = ("omicsprep.reads.umi_cuda", "omicsprep.cells.montecarlo_cuda")  # imported by the GPU path only
-GPU = ("cupy", "cupyx", "cudf", "cuml", "cugraph", "rapids_singlecell", "dask_cuda", "numba.cuda", *CUDA_KERNELS)
+GPU = ("cupy", "cupyx", "cudf", "cuml", "cugraph", "pylibcugraph", "rapids_singlecell", "dask_cuda", "numba.cuda")
+GPU += CUDA_KERNELS
 IMPORTLIB = os.path.dirname(importlib.__file__)
 asked = []
 

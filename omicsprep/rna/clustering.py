@@ -11,7 +11,7 @@ import pandas as pd
 from anndata import AnnData
 from scipy import sparse
 
-from omicsprep.backend import Backend, cudf, cugraph, rapids_singlecell
+from omicsprep.backend import Backend, asnumpy, cupy, cupyx_sparse, pylibcugraph, rapids_singlecell
 from omicsprep.jit_cache import cache_umap_kernels
 from omicsprep.options import Algorithm, MarkerMethod, cluster_key
 
@@ -79,10 +79,12 @@ def cluster_graph(
 ) -> None:
     """Leiden or Louvain clusters at each resolution, in ``obs["<algorithm>_<resolution>"]``.
 
-    GPU: cuGraph (Leiden for at most 100 iterations; Louvain takes no seed). CPU: igraph,
-    Leiden until the partition is stable, Louvain by its multilevel algorithm (scanpy's
-    igraph flavour ignores the resolution, its default flavour needs the unmaintained
-    ``louvain`` package). Clusters are numbered by decreasing size on both backends.
+    GPU: cuGraph's engine (:func:`partition_graph`; Leiden for at most 100 iterations;
+    Louvain takes no seed). CPU: igraph, Leiden until the partition is stable, Louvain by
+    its multilevel algorithm (scanpy's igraph flavour ignores the resolution, its default
+    flavour needs the unmaintained ``louvain`` package). Clusters are numbered by
+    decreasing size on both backends; ``uns[<key>]`` holds the parameters (and on the GPU
+    the partition's modularity), as scanpy and rapids-singlecell record them.
 
     Parameters
     ----------
@@ -100,9 +102,13 @@ def cluster_graph(
     for resolution in resolutions:
         key = cluster_key(algorithm, resolution)
         if backend == "gpu":
-            seeded = {"rng": seed} if algorithm == "leiden" else {}
-            getattr(rapids_singlecell().tl, algorithm)(adata, resolution=resolution, key_added=key, **seeded)
-            adata.obs[key] = _ordered_categories(adata.obs[key].to_numpy())
+            labels, modularity = _partition_gpu(
+                adata.obsp["connectivities"], algorithm=algorithm, resolution=resolution, seed=seed
+            )
+            adata.obs[key] = _ordered_categories(labels)
+            seeded = {"random_state": seed} if algorithm == "leiden" else {}
+            params = {"resolution": resolution, **seeded, "n_iterations": GPU_MAX_LEVELS}
+            adata.uns[key] = {"params": params, "modularity": modularity}
         elif algorithm == "leiden":
             import scanpy as sc
 
@@ -128,13 +134,14 @@ def partition_graph(
 ) -> np.ndarray:
     """Communities of a weighted undirected graph, by modularity at ``resolution``.
 
-    CPU: igraph (Leiden until stable; Louvain by its multilevel algorithm). GPU: cuGraph
-    on a cuDF edge list (Leiden for at most 100 iterations; Louvain takes no seed).
+    CPU: igraph (Leiden until stable; Louvain by its multilevel algorithm). GPU: cuGraph's
+    engine, pylibcugraph (Leiden for at most 100 levels; Louvain takes no seed).
 
     Parameters
     ----------
     adjacency
-        Symmetric weights (host memory); only the upper triangle is read.
+        Symmetric weights (host memory; on the GPU backend also GPU memory); only the
+        upper triangle is read.
     algorithm
         ``"leiden"`` or ``"louvain"``.
     resolution
@@ -146,14 +153,11 @@ def partition_graph(
 
     Returns
     -------
-    A community number per vertex; ``-1`` for vertices without edges on the GPU (cuGraph
-    drops them), each its own community on the CPU.
+    A community number per vertex; vertices without edges are each their own community.
     """
-    upper = sparse.triu(adjacency, k=1).tocoo()
     if backend == "gpu":
-        return _partition_cugraph(
-            upper, n_vertices=adjacency.shape[0], algorithm=algorithm, resolution=resolution, seed=seed
-        )
+        return _partition_gpu(adjacency, algorithm=algorithm, resolution=resolution, seed=seed)[0]
+    upper = sparse.triu(adjacency, k=1).tocoo()
     import igraph
 
     graph = igraph.Graph(n=adjacency.shape[0], edges=np.column_stack([upper.row, upper.col]).tolist())
@@ -172,21 +176,56 @@ def partition_graph(
     return np.asarray(partition.membership)
 
 
-def _partition_cugraph(
-    upper: sparse.coo_matrix, *, n_vertices: int, algorithm: Algorithm, resolution: float, seed: int
-) -> np.ndarray:
-    edges = cudf().DataFrame(
-        {"src": upper.row.astype(np.int32), "dst": upper.col.astype(np.int32), "weight": upper.data.astype(np.float32)}
+GPU_MAX_LEVELS = 100  # Leiden's and Louvain's levels on the GPU (rapids-singlecell's default)
+
+
+def _partition_gpu(
+    adjacency: sparse.spmatrix, *, algorithm: Algorithm, resolution: float, seed: int
+) -> tuple[np.ndarray, float]:
+    """Communities and their modularity by pylibcugraph, as cuGraph's ``leiden`` and ``louvain`` run them.
+
+    The graph is built as ``cugraph.Graph.from_cudf_edgelist`` builds an undirected one
+    (symmetrized, duplicate edges dropped, renumbered), on every vertex, with weights in
+    single precision as rapids-singlecell passes them.
+    """
+    cp, plc = cupy(), pylibcugraph()
+    on_device = adjacency if cupyx_sparse().issparse(adjacency) else cupyx_sparse().csr_matrix(adjacency)
+    upper = cupyx_sparse().triu(on_device, k=1).tocoo()
+    handle = plc.ResourceHandle()
+    graph = plc.SGGraph(
+        resource_handle=handle,
+        graph_properties=plc.GraphProperties(is_symmetric=True, is_multigraph=False),
+        src_or_offset_array=upper.row.astype(cp.int32),
+        dst_or_index_array=upper.col.astype(cp.int32),
+        weight_array=upper.data.astype(cp.float32),
+        store_transposed=False,
+        renumber=True,
+        vertices_array=cp.arange(adjacency.shape[0], dtype=cp.int32),
+        drop_multi_edges=True,
+        symmetrize=True,
     )
-    graph = cugraph().Graph(directed=False)
-    graph.from_cudf_edgelist(edges, source="src", destination="dst", edge_attr="weight", renumber=True)
     if algorithm == "leiden":
-        parts, _ = cugraph().leiden(graph, resolution=resolution, random_state=seed, max_iter=100)
+        vertices, parts, modularity = plc.leiden(
+            resource_handle=handle,
+            random_state=seed,
+            graph=graph,
+            max_level=GPU_MAX_LEVELS,
+            resolution=resolution,
+            theta=1.0,
+            do_expensive_check=False,
+        )
     else:
-        parts, _ = cugraph().louvain(graph, resolution=resolution)
-    labels = np.full(n_vertices, -1, dtype=np.int64)
-    labels[parts["vertex"].to_numpy()] = parts["partition"].to_numpy()
-    return labels
+        vertices, parts, modularity = plc.louvain(
+            resource_handle=handle,
+            graph=graph,
+            max_level=GPU_MAX_LEVELS,
+            threshold=1e-7,
+            resolution=resolution,
+            do_expensive_check=False,
+        )
+    labels = np.full(adjacency.shape[0], -1, dtype=np.int64)
+    labels[asnumpy(vertices)] = asnumpy(parts)
+    return labels, float(modularity)
 
 
 def _ordered_categories(labels: np.ndarray) -> pd.Categorical:
