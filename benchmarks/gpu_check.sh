@@ -41,7 +41,7 @@
 #             into the empty caches first, timed); prints where each rule's seconds went; with $E2E_TRACE
 #             (a name), every process of the run sampled by py-spy (its wheel in .gpu/extra) into
 #             $OUT/trace_$E2E_TRACE.json.gz, summarized by benchmarks/trace_summary.py; the rules' logs of
-#             the runs at $E2E_CELLS go to $OUT/log_<run>_<rule>_<time>.log
+#             the runs at $E2E_CELLS go to $OUT/rule_logs_<time>.tgz
 #   codecs    benchmarks/codecs_bench.py on the qc.h5ad and processed.h5ad of the e2e section's latest run at
 #             $CODECS_CELLS (100000) cells (run e2e first, in the same call or on the same machine)
 #   bam       benchmarks/umi_bench.py: BAM in, counts out, CPU backend (all cores) and GPU backend
@@ -221,14 +221,13 @@ tracer=()
   --output "$out/trace_${E2E_TRACE}.json" --)
 "${tracer[@]}" python3 benchmarks/run.py --cells ${E2E_CELLS:-1000000} --backends ${E2E_BACKENDS:-gpu} ${E2E_ARGS:-} --cores "$(nproc)" --host H200 --workdir /tmp/ob \
   --results "$out/RESULTS_h200.md" --scaling-dir /tmp/ob/scaling --plot /tmp/ob/scaling.png 2>&1 | tail -n 60
-# Each run's rule logs (step ends, GPU start-up, phases: the rules' timelines), named by run and time.
+# The runs' rule logs (step ends, GPU start-up, phases: the rules' timelines), in one archive
+# (few files come back from $OUT).
+logs=()
 for cells in ${E2E_CELLS:-1000000}; do
-  for run_dir in /tmp/ob/*_"$cells"x*/; do
-    for rule_log in "$run_dir"logs/*/*.log; do
-      [ -e "$rule_log" ] && cp "$rule_log" "$out/log_$(basename "$run_dir")_$(basename "$(dirname "$rule_log")")_$(date -u +%H%M%S).log"
-    done
-  done
+  for run_dir in /tmp/ob/*_"$cells"x*/; do [ -d "$run_dir/logs" ] && logs+=("${run_dir#/tmp/ob/}logs"); done
 done
+[ ${#logs[@]} -gt 0 ] && tar czf "$out/rule_logs_$(date -u +%H%M%S).tgz" -C /tmp/ob "${logs[@]}"
 if [ -n "${E2E_TRACE:-}" ]; then
   gzip -f "$out/trace_${E2E_TRACE}.json"
   python3 benchmarks/trace_summary.py "$out/trace_${E2E_TRACE}.json.gz" | head -n 60
