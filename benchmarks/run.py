@@ -21,6 +21,7 @@ import functools
 import json
 import os
 import platform
+import re
 import shlex
 import subprocess
 import sys
@@ -143,6 +144,24 @@ def read_phases(log: Path) -> dict[str, float] | None:
     return json.loads(lines[-1].split(f" {PHASES_PREFIX}", 1)[1]) if lines else None
 
 
+STEP_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \S+ omicsprep\.provenance: step (\S+) +([\d.]+) s$")
+
+
+def step_spans(log: Path) -> list[tuple[str, float, float]]:
+    """Each step a rule's log records: its name, start and end (seconds since the epoch).
+
+    From the lines :class:`omicsprep.provenance.StepTimer` logs as a step ends, time-stamped
+    in this machine's local time (the rule ran here).
+    """
+    spans = []
+    for line in log.read_text().splitlines():
+        if match := STEP_LINE.match(line):
+            stamp, name, seconds = match.groups()
+            ended = dt.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            spans.append((name, ended - float(seconds), ended))
+    return spans
+
+
 def phase_breakdown(rundir: Path, times: pd.DataFrame, *, label: str) -> pd.DataFrame:
     """Where each rule's wall time went, in seconds: one row per rule and sample.
 
@@ -153,13 +172,19 @@ def phase_breakdown(rundir: Path, times: pd.DataFrame, *, label: str) -> pd.Data
     (steps moving data to and from the GPU), ``compute`` (the rest of the script's body) and
     ``other`` (Snakemake's wrapper around the script, and the process's exit). Beside them,
     ``background_write``: writing done in a background thread while the rule went on
-    (:func:`omicsprep.background.background_writes`), overlapping the others.
+    (:func:`omicsprep.background.background_writes`), overlapping the others. And when,
+    on the rule's timeline (:func:`step_spans`): ``first_step_at`` (the process's start
+    to its first step's: all the first step waited for), ``steps_span`` (its first step's
+    start to its last step's end) and ``after_steps`` (its last step's end to the body's
+    end: the writes and figures waited for).
     """
     rows = []
     for _, total in times[times["step"] == "total"].iterrows():
-        phases = read_phases(rundir / "logs" / total["rule"] / f"{total['sample']}.log")
+        log = rundir / "logs" / total["rule"] / f"{total['sample']}.log"
+        phases = read_phases(log)
         if phases is None:
             continue
+        spans = step_spans(log) or [("", float("nan"), float("nan"))]
         steps = times[(times["rule"] == total["rule"]) & (times["sample"] == total["sample"])]
         transfers = float(steps.loc[steps["step"].isin(TRANSFER_STEPS), "seconds"].sum())
         startup, body = phases.get("startup", float("nan")), phases["body"]
@@ -178,6 +203,9 @@ def phase_breakdown(rundir: Path, times: pd.DataFrame, *, label: str) -> pd.Data
                 "write": write,
                 "background_write": phases.get("background_write", 0.0),
                 "other": total["seconds"] - startup - body,
+                "first_step_at": spans[0][1] - phases["started_at"],
+                "steps_span": spans[-1][2] - spans[0][1],
+                "after_steps": phases["ended_at"] - spans[-1][2],
             }
         )
     return pd.DataFrame(rows).round(2)
@@ -467,7 +495,8 @@ def main() -> None:
         append_table(
             args.results,
             "Where each rule's seconds went (`benchmarks/run.py`'s `phase_breakdown`: start-up and imports, "
-            "reading, device transfers, computing, writing, and Snakemake's wrapper and the exit as `other`)",
+            "reading, device transfers, computing, writing, and Snakemake's wrapper and the exit as `other`; "
+            "on its timeline, when its first step started, the span of its steps, and its end after them)",
             phases,
         )
         append_table(

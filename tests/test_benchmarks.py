@@ -63,6 +63,12 @@ def test_quick_benchmark_runs_and_agrees_with_scanpy(tmp_path):
     assert (phases >= -0.02).all().all(), phases
     assert (phases.loc[["qc", "cluster"], ["start_imports", "read", "compute", "write"]] > 0).all().all(), phases
     assert np.allclose(phases.drop(columns="total").sum(axis=1), phases["total"], atol=0.05)
+    # On each rule's timeline: before its first step, its steps, after them, and the exit.
+    timeline = markdown_table(results, "start_imports").set_index("rule")
+    timeline = timeline[["first_step_at", "steps_span", "after_steps", "other", "total"]].astype(float)
+    assert (timeline.loc[["qc", "cluster"], ["first_step_at", "steps_span"]] > 0).all().all(), timeline
+    assert (timeline["after_steps"] >= 0).all(), timeline
+    assert np.allclose(timeline.drop(columns="total").sum(axis=1), timeline["total"], atol=0.05), timeline
     # And outside the rules: Snakemake's start, its work between jobs and its end, with the
     # rules' time, make the run's wall time.
     outside = markdown_table(results, "before_first_rule").iloc[0]
