@@ -184,7 +184,8 @@ def phase_breakdown(rundir: Path, times: pd.DataFrame, *, label: str) -> pd.Data
         phases = read_phases(log)
         if phases is None:
             continue
-        spans = step_spans(log) or [("", float("nan"), float("nan"))]
+        spans = step_spans(log)
+        first_start, last_end = (spans[0][1], spans[-1][2]) if spans else (float("nan"), float("nan"))
         steps = times[(times["rule"] == total["rule"]) & (times["sample"] == total["sample"])]
         transfers = float(steps.loc[steps["step"].isin(TRANSFER_STEPS), "seconds"].sum())
         startup, body = phases.get("startup", float("nan")), phases["body"]
@@ -203,9 +204,9 @@ def phase_breakdown(rundir: Path, times: pd.DataFrame, *, label: str) -> pd.Data
                 "write": write,
                 "background_write": phases.get("background_write", 0.0),
                 "other": total["seconds"] - startup - body,
-                "first_step_at": spans[0][1] - phases["started_at"],
-                "steps_span": spans[-1][2] - spans[0][1],
-                "after_steps": phases["ended_at"] - spans[-1][2],
+                "first_step_at": first_start - phases["started_at"],
+                "steps_span": last_end - first_start,
+                "after_steps": phases["ended_at"] - last_end,
             }
         )
     return pd.DataFrame(rows).round(2)
