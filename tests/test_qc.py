@@ -14,7 +14,7 @@ from omicsprep import io
 from omicsprep.errors import InputError
 from omicsprep.options import DoubletOptions, FilterOptions
 from omicsprep.pipeline import run_qc
-from omicsprep.rna import qc
+from omicsprep.rna import doublets, qc
 
 
 def test_gene_groups_match_human_and_mouse_names():
@@ -85,6 +85,18 @@ def test_mad_filtering_and_doublets_are_reproducible(pbmc):
     assert not first.obs["predicted_doublet"].any()
     assert "batches" not in first.uns["scrublet"]  # scored whole: no groups recorded
     assert 1000 < first.n_obs < 1107
+
+
+@pytest.mark.parametrize(("n_cells", "seed"), [(150, 0), (201, 1), (20_000, 0), (20_000, 7), (70_000, 2)])
+def test_simulated_pairs_are_scikit_learns_draw(n_cells, seed):
+    """The vectorized draw gives scikit-learn's integers in its order (scanpy's pairs), beyond
+    2^32 too (70,000 cells); 150 cells is scikit-learn's own permutation."""
+    from sklearn.utils.random import sample_without_replacement
+
+    grid, n_doublets = n_cells * n_cells, 2 * n_cells
+    expected = sample_without_replacement(grid, n_doublets, random_state=np.random.RandomState(seed))
+    ours = doublets.sample_without_replacement(grid, n_doublets, random_state=np.random.RandomState(seed))
+    np.testing.assert_array_equal(ours, expected)
 
 
 def test_large_samples_are_scored_for_doublets_in_random_groups(mouse_path):

@@ -19,7 +19,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 from anndata import AnnData
-from sklearn.utils.random import sample_without_replacement
 
 from omicsprep.backend import Backend, array_module, asnumpy, cuml, single_cell_api
 
@@ -51,6 +50,28 @@ def doublet_pairs(n_cells: int, *, n_doublets: int, seed: int) -> np.ndarray:
     """
     cells = sample_without_replacement(n_cells * n_cells, n_doublets, random_state=np.random.RandomState(seed))
     return np.vstack(np.unravel_index(cells, (n_cells, n_cells))).T
+
+
+def sample_without_replacement(n_population: int, n_samples: int, *, random_state: np.random.RandomState) -> np.ndarray:
+    """scikit-learn's ``sample_without_replacement``, the same integers in the same order, vectorized.
+
+    For the small samples of a large population that Scrublet draws (at most 1% of it),
+    scikit-learn calls ``random_state.randint(n_population)`` once per integer and draws
+    again on a repeat: 0.1 s per 40,000, seconds for a sample scored in groups. A
+    ``RandomState`` gives the same stream one value or many at a time, so the first
+    ``n_samples`` distinct values of a vector of draws are the same integers; other ratios
+    go to scikit-learn itself.
+    """
+    if n_population == 0 or n_samples / n_population > 0.01:  # scikit-learn's own choice of method
+        from sklearn.utils.random import sample_without_replacement as sample_in_loop
+
+        return sample_in_loop(n_population, n_samples, random_state=random_state)
+    draws = np.empty(0, dtype=np.int64)
+    while True:
+        draws = np.concatenate([draws, random_state.randint(n_population, size=n_samples)])
+        _, first = np.unique(draws, return_index=True)
+        if len(first) >= n_samples:
+            return draws[np.sort(first)[:n_samples]]
 
 
 def scrublet(counts: Any, *, expected_rate: float, n_comps: int, seed: int, backend: Backend) -> DoubletScores:
