@@ -35,6 +35,10 @@
 #             setting and its defaults (--cuda), at 2,000 cells among 40,000 barcodes x 10,000 genes
 #             ($CELLBENDER_ARGS replace these); needs CellBender's wheels in .gpu/cellbender/ (see
 #             that script), which also let the tests run CellBender's --cuda CLI test
+#   transfers benchmarks/transfer_bench.py: a CSR matrix of $TRANSFER_NNZ (800000000) non-zeros to the GPU and back,
+#             CuPy's copies against omicsprep.backend's staged ones in 1, 2, 4 and 8 threads
+#   doublets  benchmarks/doublets_bench.py: Scrublet's stages in one group of $DOUBLETS_CELLS (20000) cells, on
+#             $DOUBLETS_BACKENDS (gpu cpu), $DOUBLETS_REPEATS (3) times
 #   e2e       benchmarks/run.py on $E2E_BACKENDS (gpu) at $E2E_CELLS (1000000) cells (data cached in /tmp/ob),
 #             with $E2E_ARGS (--fuse: also with qc, cluster and figures fused into one rule; --fused-only;
 #             --cold: each run first from empty kernel caches, then again; --cold --setup: omicsprep warm-kernels
@@ -212,6 +216,15 @@ echo "== cellbender: omicsprep's SoupX and DecontX, CellBender fast and default 
 # The table is rewritten after each run, so a run cut short by the timeout keeps the rows before it.
 timeout "${CELLBENDER_TIMEOUT:-560}" python3 benchmarks/cellbender_bench.py \
   ${CELLBENDER_ARGS:---cells 2000 --barcodes 40000 --genes 10000 --total-droplets 6000} 2>&1 | tail -n 20
+fi
+if wants transfers; then
+echo "== a count matrix to the GPU and back: CuPy's copies against the staged ones (benchmarks/transfer_bench.py)"
+python3 benchmarks/transfer_bench.py --nnz "${TRANSFER_NNZ:-800000000}" 2>&1 | tail -n 12
+fi
+if wants doublets; then
+echo "== Scrublet's stages in one group of ${DOUBLETS_CELLS:-20000} cells (benchmarks/doublets_bench.py)"
+python3 benchmarks/doublets_bench.py --cells "${DOUBLETS_CELLS:-20000}" --backends ${DOUBLETS_BACKENDS:-gpu cpu} \
+  --repeats "${DOUBLETS_REPEATS:-3}" 2>&1 | tail -n 30
 fi
 if wants e2e; then
 echo "== end to end: benchmarks/run.py"

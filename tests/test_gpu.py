@@ -23,9 +23,13 @@ from sklearn.metrics import adjusted_rand_score
 
 from omicsprep import io
 from omicsprep.backend import (
+    STAGED_MIN_BYTES,
     asnumpy,
     cupy,
+    cupyx_sparse,
+    device_to_host,
     gpu_workers,
+    host_to_device,
     resolve_backend,
     shard_to_gpus,
     tf32_products,
@@ -787,3 +791,24 @@ def test_repeated_sparse_entries_are_summed_on_the_gpu():
         coexpression.standardize(dense, method="pearson", backend="cpu"),
         rtol=1e-5,
     )
+
+
+@pytest.mark.parametrize("shape", [(1000,), (STAGED_MIN_BYTES // 2 + 12_345,), (9_000, 3_001)])
+def test_staged_copies_round_trip_exactly(shape):
+    """Arrays below and above the staged size (over chunk edges, strided) and a CSR
+    matrix's layers go to the GPU and back unchanged."""
+    from anndata import AnnData
+
+    host = np.random.default_rng(0).random(shape, dtype=np.float32)
+    for source in (host, host[::2]):
+        device = host_to_device(source)
+        np.testing.assert_array_equal(cupy().asnumpy(device), source)
+        np.testing.assert_array_equal(device_to_host(device[::-1]), source[::-1])
+    counts = sparse.random(50_000, 4_000, density=0.1, format="csr", dtype=np.float32, random_state=0)
+    adata = AnnData(counts.copy(), layers={"counts": counts.copy()})
+    to_device(adata, backend="gpu")
+    assert all(isinstance(matrix, cupyx_sparse().csr_matrix) for matrix in (adata.X, adata.layers["counts"]))
+    to_host(adata)
+    for matrix in (adata.X, adata.layers["counts"]):
+        assert sparse.isspmatrix_csr(matrix)
+        assert_same_values(matrix, counts, "staged CSR")

@@ -1,0 +1,109 @@
+"""Where Scrublet's seconds go in one group of cells: each stage of ``doublets.scrublet``, timed.
+
+    python benchmarks/doublets_bench.py --cells 20000 --backends cpu gpu [--repeats 3]
+
+A sample scored in groups (``doublets.max_cells_per_run``, 20,000 by default) repeats these
+stages once per group: 50 times at 1M cells. Generated counts (``generate.py``) of
+``--cells`` cells are scored ``--repeats`` times on each backend; the first GPU repeat
+compiles kernels. Each stage's seconds are inclusive (the PCA's fit is inside the
+embedding), measured with the device synchronized before and after, which the pipeline
+does not do: the total is slightly above an unmeasured call's, printed first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pandas as pd
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from generate import generate  # noqa: E402 - found through sys.path, set just above
+
+
+def timed_stages(backend: str, seconds: dict[str, float]) -> list[tuple[object, str, object]]:
+    """Wrap the stages of ``doublets.scrublet`` with synchronized timers; returns what to restore."""
+    from omicsprep.backend import cuml, cupy, single_cell_api
+    from omicsprep.rna import doublets
+
+    synchronize = cupy().cuda.Device().synchronize if backend == "gpu" else lambda: None
+    if backend == "gpu":
+        pca, search = cuml().decomposition.PCA, cuml().neighbors.NearestNeighbors
+    else:
+        from sklearn.decomposition import PCA as pca
+        from sklearn.neighbors import NearestNeighbors as search
+    api = single_cell_api(backend)
+    targets = [
+        (doublets, name, name.strip("_"))
+        for name in ("AnnData", "_expressed", "doublet_pairs", "_embed", "_neighbour_scores", "_threshold")
+    ]
+    targets += [(api.pp, name, name) for name in ("normalize_total", "log1p", "highly_variable_genes")]
+    targets += [(pca, "fit", "pca_fit"), (pca, "transform", "pca_transform")]
+    targets += [(search, "fit", "neighbours_fit"), (search, "kneighbors", "neighbours_search")]
+    restore = []
+    for owner, name, label in targets:
+        original = getattr(owner, name)
+
+        @functools.wraps(original)
+        def wrapper(*args, _original=original, _label=label, **kwargs):
+            synchronize()
+            start = time.perf_counter()
+            result = _original(*args, **kwargs)
+            synchronize()
+            seconds[_label] += time.perf_counter() - start
+            return result
+
+        restore.append((owner, name, original))
+        setattr(owner, name, wrapper)
+    return restore
+
+
+def measure(counts, *, backend: str, repeats: int) -> pd.DataFrame:
+    from omicsprep.backend import cupy, cupyx_sparse
+    from omicsprep.rna import doublets
+
+    matrix = cupyx_sparse().csr_matrix(counts) if backend == "gpu" else counts
+    synchronize = cupy().cuda.Device().synchronize if backend == "gpu" else lambda: None
+    rows = []
+    for repeat in range(repeats):
+        synchronize()
+        start = time.perf_counter()
+        doublets.scrublet(matrix, expected_rate=0.06, n_comps=30, seed=repeat, backend=backend)
+        synchronize()
+        plain = time.perf_counter() - start
+        seconds: dict[str, float] = defaultdict(float)
+        restore = timed_stages(backend, seconds)
+        try:
+            start = time.perf_counter()
+            doublets.scrublet(matrix, expected_rate=0.06, n_comps=30, seed=repeat, backend=backend)
+            synchronize()
+            seconds["total"] = time.perf_counter() - start
+        finally:
+            for owner, name, original in restore:
+                setattr(owner, name, original)
+        rows.append({"backend": backend, "repeat": repeat, "plain_total": plain, **seconds})
+    return pd.DataFrame(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cells", type=int, default=20_000)
+    parser.add_argument("--genes", type=int, default=20_000)
+    parser.add_argument("--backends", nargs="+", choices=["cpu", "gpu"], default=["cpu"])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    counts = generate(args.cells, args.genes, seed=0)
+    print(f"{args.cells} cells x {args.genes} genes, {counts.nnz} non-zeros")
+    table = pd.concat([measure(counts, backend=backend, repeats=args.repeats) for backend in args.backends])
+    columns = ["backend", "repeat", "plain_total", "total"]
+    table = table[columns + sorted(set(table.columns) - set(columns))].round(4)
+    print(table.T.to_markdown())
+
+
+if __name__ == "__main__":
+    main()
