@@ -211,7 +211,9 @@ def write_clustering(adata: AnnData, markers: pd.DataFrame, *, snakemake: Any, h
     io.write_table(markers, snakemake.output.markers)
     io.write_table(adata.obs, snakemake.output.obs, index=True)
     if isinstance(h5ad, str):
-        io.write_h5ad(adata, h5ad, compression=snakemake.config["h5ad_compression"])
+        compression = snakemake.config["h5ad_compression"]
+        with io.h5ad_in_parts(adata, h5ad, compression=compression, timed=True) as whole:
+            whole.finish(adata)  # as write_h5ad writes it, the counts sharing the normalized matrix's indices
     else:
         h5ad.finish(adata)
 
@@ -233,8 +235,9 @@ def write_normalized(processed: H5adParts, adata: AnnData, *, qc_cells: AnnData)
     """
     from omicsprep.backend import asnumpy
 
-    processed.write("X", asnumpy(adata.X))
-    processed.write("layers", {"counts": asnumpy(qc_cells.X)})
+    normalized = asnumpy(adata.X)
+    processed.write("X", normalized)
+    processed.write_layers({"counts": asnumpy(qc_cells.X)}, x=normalized)
 
 
 def write_qc_figures(metrics: pd.DataFrame, *, sample: str, histograms: str, scatter: str) -> None:

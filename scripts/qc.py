@@ -59,7 +59,10 @@ def qc_and_cluster() -> None:
         qc_cells = adata.copy()
         compression = snakemake.config["h5ad_compression"]
         with (
-            io.h5ad_in_parts(adata, output.processed, compression=compression) as processed,
+            # Its normalized matrix and the counts: about two matrices of the cells.
+            io.h5ad_in_parts(
+                adata, output.processed, compression=compression, expected_bytes=2 * io.stored_bytes(adata)
+            ) as processed,
             background_writes() as write_later,
         ):
             write_later(write_qc, qc_cells, metrics, snakemake=snakemake)

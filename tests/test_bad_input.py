@@ -297,6 +297,7 @@ def test_out_of_space_names_what_is_needed_and_free(small_disk, compression, pro
 
 RUN_OUT_OF_MEMORY = """
 import sys
+import h5py
 import numpy as np
 from anndata import AnnData
 from omicsprep import io
@@ -305,7 +306,7 @@ from omicsprep.workflow import run_script
 def no_memory(*args, **kwargs):
     raise MemoryError  # as h5py or NumPy raise it when an allocation fails
 
-AnnData.write_h5ad = no_memory
+h5py.Group.create_dataset = no_memory
 
 def main():
     io.write_h5ad(AnnData(np.ones((1000, 200), dtype=np.float32)), sys.argv[1])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import anndata as ad
+import h5py
 import numpy as np
 import pandas as pd
 import pytest
@@ -190,6 +191,7 @@ def test_has_feature_type_reads_the_feature_list_only():
 
 def clustered_cells() -> ad.AnnData:
     adata = io.read_counts(PBMC_H5)[:300].copy()
+    adata.X.sort_indices()  # as the pipeline's matrices are: the layers below share X's indices
     adata.layers["counts"] = adata.X.copy()
     adata.X = adata.X.log1p()
     adata.obs["cluster"] = np.where(np.arange(adata.n_obs) % 3 == 0, "a", "b")  # text, written as categories
@@ -199,23 +201,56 @@ def clustered_cells() -> ad.AnnData:
     return adata
 
 
-def test_an_h5ad_written_in_parts_holds_what_write_h5ad_writes(tmp_path):
-    whole, parted = clustered_cells(), clustered_cells()
+def encodings(path) -> dict[str, tuple]:
+    """Every element of an HDF5 file, by its path (hard links too): anndata encoding, shape, data type."""
+    found = {}
+
+    def walk(group, prefix: str) -> None:
+        for name, item in group.items():
+            attrs = item.attrs
+            found[prefix + name] = (
+                attrs.get("encoding-type"),
+                attrs.get("encoding-version"),
+                tuple(attrs.get("shape", ())),
+                getattr(item, "dtype", None),
+            )
+            if isinstance(item, h5py.Group):
+                walk(item, f"{prefix}{name}/")
+
+    with h5py.File(path) as file:
+        walk(file, "")
+    return found
+
+
+def test_an_h5ad_written_in_parts_holds_what_anndata_writes(tmp_path):
+    """Written whole or in parts, an .h5ad holds what anndata's writer writes; the counts
+    share X's indices and index pointers."""
+    reference, whole, parted = clustered_cells(), clustered_cells(), clustered_cells()
+    reference.write_h5ad(tmp_path / "anndata.h5ad")
     io.write_h5ad(whole, tmp_path / "whole.h5ad")
     with io.h5ad_in_parts(parted, tmp_path / "parted.h5ad") as parts:
         parts.write("X", parted.X)
-        parts.write("layers", dict(parted.layers))
+        parts.write_layers(dict(parted.layers), x=parted.X)
         parted.X = parted.X.copy()  # another copy of the same values, as brought back from the GPU
         parts.finish(parted)
-    one, two = ad.read_h5ad(tmp_path / "whole.h5ad"), ad.read_h5ad(tmp_path / "parted.h5ad")
-    assert (one.X != two.X).nnz == 0 and (one.layers["counts"] != two.layers["counts"]).nnz == 0
-    pd.testing.assert_frame_equal(one.obs, two.obs)
-    pd.testing.assert_frame_equal(one.var, two.var)
-    assert isinstance(two.obs["cluster"].dtype, pd.CategoricalDtype)
-    np.testing.assert_array_equal(one.obsm["X_umap"], two.obsm["X_umap"])
-    assert (one.obsp["connectivities"] != two.obsp["connectivities"]).nnz == 0
-    assert two.uns["params"] == {"seed": 0, "method": "leiden"}
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["parted.h5ad", "whole.h5ad"]
+    one = ad.read_h5ad(tmp_path / "anndata.h5ad")
+    saved = parted.X.indices.nbytes + parted.X.indptr.nbytes
+    for name in ("whole.h5ad", "parted.h5ad"):
+        two = ad.read_h5ad(tmp_path / name)
+        assert (one.X != two.X).nnz == 0 and (one.layers["counts"] != two.layers["counts"]).nnz == 0
+        # The counts' indices and index pointers are X's (hard links), not copies.
+        with h5py.File(tmp_path / name) as written:
+            for part in ("indices", "indptr"):
+                assert written[f"layers/counts/{part}"] == written[f"X/{part}"]
+        assert (tmp_path / name).stat().st_size < (tmp_path / "anndata.h5ad").stat().st_size - 0.9 * saved
+        assert encodings(tmp_path / name) == encodings(tmp_path / "anndata.h5ad")
+        pd.testing.assert_frame_equal(one.obs, two.obs)
+        pd.testing.assert_frame_equal(one.var, two.var)
+        assert isinstance(two.obs["cluster"].dtype, pd.CategoricalDtype)
+        np.testing.assert_array_equal(one.obsm["X_umap"], two.obsm["X_umap"])
+        assert (one.obsp["connectivities"] != two.obsp["connectivities"]).nnz == 0
+        assert two.uns["params"] == {"seed": 0, "method": "leiden"}
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["anndata.h5ad", "parted.h5ad", "whole.h5ad"]
 
 
 def test_an_h5ad_in_parts_leaves_nothing_unless_finished_with_what_was_written(tmp_path):
