@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
 import sys
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -18,6 +20,8 @@ from omicsprep.timings import phase
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
+
+log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
@@ -76,8 +80,10 @@ def _in_order(executor: Executor, *, wrap: Callable[..., None] | None = None) ->
 
 
 def _write_in_background(writer: Callable[..., None], /, *args: Any, **kwargs: Any) -> None:
+    start = time.perf_counter()
     with phase("background_write"):
         writer(*args, **kwargs)
+    log.info("background write %s: %.2f s", writer.__name__, time.perf_counter() - start)
 
 
 def _run_now(function: Callable[..., None], /, *args: Any, **kwargs: Any) -> None:
