@@ -83,7 +83,7 @@ def _write_in_background(writer: Callable[..., None], /, *args: Any, **kwargs: A
     start = time.perf_counter()
     with phase("background_write"):
         writer(*args, **kwargs)
-    log.info("background write %s: %.2f s", writer.__name__, time.perf_counter() - start)
+    log.info("background write %s: %.2f s", getattr(writer, "__name__", writer), time.perf_counter() - start)
 
 
 def _run_now(function: Callable[..., None], /, *args: Any, **kwargs: Any) -> None:

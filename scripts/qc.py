@@ -59,9 +59,12 @@ def qc_and_cluster() -> None:
         qc_cells = adata.copy()
         compression = snakemake.config["h5ad_compression"]
         with (
-            # Its normalized matrix and the counts: about two matrices of the cells.
+            # Its normalized matrix, then the counts' values (their indices are the matrix's).
             io.h5ad_in_parts(
-                adata, output.processed, compression=compression, expected_bytes=2 * io.stored_bytes(adata)
+                adata,
+                output.processed,
+                compression=compression,
+                expected_bytes=io.stored_bytes(adata) + adata.X.data.nbytes,
             ) as processed,
             background_writes() as write_later,
         ):

@@ -253,6 +253,18 @@ def test_an_h5ad_written_in_parts_holds_what_anndata_writes(tmp_path):
     assert sorted(path.name for path in tmp_path.iterdir()) == ["anndata.h5ad", "parted.h5ad", "whole.h5ad"]
 
 
+def test_layers_link_only_to_the_matrix_written_as_x(tmp_path):
+    """Counts laid out as an X other than the one written (re-sorted since, say) are written whole."""
+    adata = clustered_cells()
+    with io.h5ad_in_parts(adata, tmp_path / "a.h5ad") as parts:
+        parts.write("X", adata.X)
+        parts.write_layers(dict(adata.layers), x=adata.X.copy())
+        parts.finish(adata)
+    with h5py.File(tmp_path / "a.h5ad") as written:
+        assert written["layers/counts/indices"] != written["X/indices"]
+    assert (ad.read_h5ad(tmp_path / "a.h5ad").layers["counts"] != adata.layers["counts"]).nnz == 0
+
+
 def test_an_h5ad_in_parts_leaves_nothing_unless_finished_with_what_was_written(tmp_path):
     adata = clustered_cells()
     with pytest.raises(RuntimeError, match="not finished"), io.h5ad_in_parts(adata, tmp_path / "a.h5ad") as parts:

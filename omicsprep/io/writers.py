@@ -11,7 +11,8 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -119,10 +120,16 @@ def out_of_space(exc: BaseException) -> bool:
 def stored_bytes(adata: AnnData) -> int:
     """About how many bytes ``adata`` takes uncompressed on disk: its matrices' and tables' buffers (host or GPU)."""
     total = 0
-    arrays = [adata.X, *adata.layers.values(), *adata.obsm.values(), *adata.varm.values(), *adata.obsp.values()]
+    layers = list(_named_layers(adata).values())
+    arrays = [adata.X, *layers, *adata.obsm.values(), *adata.varm.values(), *adata.obsp.values()]
     for array in arrays:
-        if sparse.issparse(array) or hasattr(array, "indptr"):  # SciPy's or CuPy's compressed matrices
-            total += array.data.nbytes + array.indices.nbytes + array.indptr.nbytes
+        if hasattr(array, "indptr"):  # SciPy's or CuPy's compressed matrices
+            total += array.data.nbytes
+            # A layer laid out as X is stored as its values alone (H5adParts.write_layers);
+            # the same shape and number of entries stand for the same layout here.
+            x = adata.X
+            if not (any(array is layer for layer in layers) and _same_size(array, x)):
+                total += array.indices.nbytes + array.indptr.nbytes
         elif hasattr(array, "nbytes"):
             total += int(array.nbytes)
     for frame in (adata.obs, adata.var):
@@ -151,8 +158,10 @@ class H5adParts:
 
     The file holds the elements anndata's ``write_h5ad`` writes, in the same encodings, with
     two differences in storage that readers do not see: sparse matrices' arrays are stored
-    contiguously (anndata makes them resizable, so chunked: half as fast to write), and a
-    layer laid out as ``X`` shares its indices (:meth:`write_layers`).
+    contiguously (anndata makes them resizable, so chunked, which wrote at 0.6 times the
+    speed), and a layer laid out as ``X`` shares its indices (:meth:`write_layers`). So
+    anndata's in-place appends to a sparse matrix (``sparse_dataset(...).append``) do not
+    work on these files: the outputs are final.
     """
 
     def __init__(self, path: Path, *, compression: Literal["lzf", "gzip"] | None) -> None:
@@ -160,12 +169,15 @@ class H5adParts:
         self._dataset_kwargs = {"compression": compression} if compression else {}
         self._file: Any = None
         self._written: dict[str, Any] = {}  # each element written: its shape (mappings: their members')
+        self._written_x: Callable[[], Any] = lambda: None  # the matrix written as X, while it lives
         self.finished = False
 
     def write(self, key: str, value: Any) -> None:
         """Write one element of the AnnData (``"X"``, ``"obs"``, ...), in host memory, that will not change."""
         self._write(self._opened(), key, value)
         self._written[key] = _shapes(value)  # not the value: its memory is freed once written
+        if key == "X" and value is not None:
+            self._written_x = weakref.ref(value)
 
     def write_layers(self, layers: dict[str, Any], *, x: Any) -> None:
         """Write the layers (element ``"layers"``), once final; ``x`` is the matrix written as ``X``.
@@ -173,11 +185,12 @@ class H5adParts:
         A sparse layer laid out as ``x`` (counts beside their normalized values: the same
         non-zero entries) is written as its values alone, with hard links to ``X``'s indices
         and index pointers: readers follow them as any dataset, and the layer takes half the
-        space and time to write.
+        space and time to write. Only where ``x`` is the very matrix written as ``X`` (the
+        links point to what the file holds).
         """
         group = _encoded_group(self._opened(), "layers", "dict")
         for name, matrix in layers.items():
-            if "X" in self._written and _same_layout(matrix, x):
+            if x is not None and self._written_x() is x and _same_layout(matrix, x):
                 self._write_sparse(group, name, matrix, structure=self._file["X"])
             else:
                 self._write(group, name, matrix)
@@ -268,15 +281,29 @@ def _compressed_sparse(value: Any) -> bool:
     return sparse.issparse(value) and value.format in ("csr", "csc")
 
 
-def _same_layout(matrix: Any, other: Any) -> bool:
-    """Whether two CSR (or two CSC) matrices have the same shape, indices and index pointers."""
+def _same_size(matrix: Any, other: Any) -> bool:
+    """Whether two compressed sparse matrices (host or GPU) have the same format, shape and number of entries."""
     return (
-        _compressed_sparse(matrix)
-        and _compressed_sparse(other)
+        hasattr(matrix, "indptr")
+        and hasattr(other, "indptr")
         and matrix.format == other.format
         and matrix.shape == other.shape
-        and np.array_equal(matrix.indptr, other.indptr)
-        and np.array_equal(matrix.indices, other.indices)
+        and matrix.nnz == other.nnz
+    )
+
+
+# Elements compared at a time: a whole comparison would make a boolean per entry.
+COMPARED_AT_ONCE = 1 << 24
+
+
+def _same_layout(matrix: Any, other: Any) -> bool:
+    """Whether two CSR (or two CSC) matrices in host memory have the same shape, indices and index pointers."""
+    if not (_compressed_sparse(matrix) and _compressed_sparse(other) and _same_size(matrix, other)):
+        return False
+    return all(
+        np.array_equal(first[start : start + COMPARED_AT_ONCE], second[start : start + COMPARED_AT_ONCE])
+        for first, second in ((matrix.indptr, other.indptr), (matrix.indices, other.indices))
+        for start in range(0, len(first), COMPARED_AT_ONCE)
     )
 
 

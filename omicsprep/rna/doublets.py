@@ -61,7 +61,8 @@ def sample_without_replacement(n_population: int, n_samples: int, *, random_stat
     again on a repeat: 0.1 s per 40,000, seconds for a sample scored in groups. A
     ``RandomState`` gives the same stream one value or many at a time, so the first
     ``n_samples`` distinct values of a vector of draws are the same integers; other ratios
-    go to scikit-learn itself.
+    go to scikit-learn itself. ``random_state`` may advance further than scikit-learn's
+    would (the draws after the last value kept): give each call a fresh one.
     """
     if n_population == 0 or n_samples / n_population > 0.01:  # scikit-learn's own choice of method
         from sklearn.utils.random import sample_without_replacement as sample_in_loop
@@ -104,15 +105,15 @@ def scrublet(counts: Any, *, expected_rate: float, n_comps: int, seed: int, back
     counts = counts[xp.flatnonzero(scored)]
     # Unnamed cells and genes, each table shared by the AnnData objects of its size: making
     # and checking default names took a fifth of a group's time on the GPU.
-    cells = _numbered(counts.shape[0])
-    observed = AnnData(counts.copy(), obs=cells, var=_numbered(counts.shape[1]))
+    cell_names = _numbered(counts.shape[0])
+    observed = AnnData(counts.copy(), obs=cell_names, var=_numbered(counts.shape[1]))
     api.pp.normalize_total(observed)
     observed.layers["log1p"] = observed.X.copy()
     api.pp.log1p(observed, layer="log1p")
     api.pp.highly_variable_genes(observed, layer="log1p", flavor="seurat")
     variable = xp.flatnonzero(xp.asarray(observed.var["highly_variable"].to_numpy()))
     genes = _numbered(len(variable))
-    observed = AnnData(observed.X[:, variable], obs=cells, var=genes)
+    observed = AnnData(observed.X[:, variable], obs=cell_names, var=genes)
     counts = counts[:, variable]
     pairs = doublet_pairs(observed.n_obs, n_doublets=int(observed.n_obs * SIM_DOUBLET_RATIO), seed=seed)
     device_pairs = xp.asarray(pairs)
