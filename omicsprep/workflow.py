@@ -211,9 +211,7 @@ def write_clustering(adata: AnnData, markers: pd.DataFrame, *, snakemake: Any, h
     io.write_table(markers, snakemake.output.markers)
     io.write_table(adata.obs, snakemake.output.obs, index=True)
     if isinstance(h5ad, str):
-        compression = snakemake.config["h5ad_compression"]
-        with io.h5ad_in_parts(adata, h5ad, compression=compression, timed=True) as whole:
-            whole.finish(adata)  # as write_h5ad writes it, the counts sharing the normalized matrix's indices
+        io.write_h5ad(adata, h5ad, compression=snakemake.config["h5ad_compression"])
     else:
         h5ad.finish(adata)
 

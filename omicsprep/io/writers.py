@@ -127,8 +127,7 @@ def stored_bytes(adata: AnnData) -> int:
             total += array.data.nbytes
             # A layer laid out as X is stored as its values alone (H5adParts.write_layers);
             # the same shape and number of entries stand for the same layout here.
-            x = adata.X
-            if not (any(array is layer for layer in layers) and _same_size(array, x)):
+            if not (any(array is layer for layer in layers) and _same_size(array, adata.X)):
                 total += array.indices.nbytes + array.indptr.nbytes
         elif hasattr(array, "nbytes"):
             total += int(array.nbytes)
@@ -190,7 +189,7 @@ class H5adParts:
         """
         group = _encoded_group(self._opened(), "layers", "dict")
         for name, matrix in layers.items():
-            if x is not None and self._written_x() is x and _same_layout(matrix, x):
+            if self._written_x() is x and _same_layout(matrix, x):
                 self._write_sparse(group, name, matrix, structure=self._file["X"])
             else:
                 self._write(group, name, matrix)
