@@ -52,11 +52,16 @@ BENCH_CONFIG = {
 COMPUTE_RULES = ("qc", "cluster", "qc_cluster")
 
 
-def bench_config(workdir: Path) -> Path:
-    """The shipped config with BENCH_CONFIG's sections merged in (its ``qc.filter`` replaces)."""
+def bench_config(workdir: Path, *, h5ad_compression: str | None = None) -> Path:
+    """The shipped config with BENCH_CONFIG's sections merged in (its ``qc.filter`` replaces).
+
+    ``h5ad_compression``, if given, replaces the shipped one (``none``: uncompressed).
+    """
     config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     for section, values in BENCH_CONFIG.items():
         config[section] = {**config.get(section, {}), **values}
+    if h5ad_compression is not None:
+        config["h5ad_compression"] = None if h5ad_compression == "none" else h5ad_compression
     path = workdir / "bench_config.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
@@ -475,11 +480,14 @@ def main() -> None:
     parser.add_argument("--scaling-dir", type=Path, default=HERE / "scaling")
     parser.add_argument("--plot", type=Path, default=HERE / "scaling.png")
     parser.add_argument("--host", default=None, help="label for this machine in the plot")
+    parser.add_argument(
+        "--h5ad-compression", choices=["none", "lzf", "gzip"], default=None, help="instead of the shipped config's"
+    )
     args = parser.parse_args()
     if args.quick:
         args.cells, args.genes, args.backends, args.peer = [2_000], 5_000, ["cpu"], True
     args.workdir.mkdir(parents=True, exist_ok=True)
-    config = bench_config(args.workdir)
+    config = bench_config(args.workdir, h5ad_compression=args.h5ad_compression)
     host = args.host or platform.node()
     args.scaling_dir.mkdir(parents=True, exist_ok=True)
     for n_cells in args.cells:
@@ -489,7 +497,7 @@ def main() -> None:
         stamp = append_results(
             args.results,
             title=f"{n_cells:,} cells",
-            note=f"{versions()}.",
+            note=f"{versions()}. h5ad_compression: {yaml.safe_load(config.read_text())['h5ad_compression']}.",
             table=table.drop(columns=["host"]),
             level="####",
         )

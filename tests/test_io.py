@@ -275,6 +275,98 @@ def test_an_h5ad_in_parts_leaves_nothing_unless_finished_with_what_was_written(t
     assert list(tmp_path.iterdir()) == []
 
 
+def filters(dataset) -> list[str]:
+    plist = dataset.id.get_create_plist()
+    return [plist.get_filter(index)[3].decode() for index in range(plist.get_nfilters())]
+
+
+@pytest.mark.parametrize(
+    ("field", "kwargs", "read_here"),
+    [
+        ("indices", {"compression": "gzip", "shuffle": True}, True),  # as Cell Ranger stores them
+        ("data", {"compression": "gzip"}, True),
+        ("indices", {"compression": "lzf"}, False),  # another filter: HDF5 reads it
+        ("indices", {"compression": "gzip", "fletcher32": True}, False),
+    ],
+    ids=["gzip-shuffle", "gzip", "lzf", "gzip-checksum"],
+)
+def test_deflated_10x_chunks_are_read_in_threads_to_the_same_matrix(tmp_path, field, kwargs, read_here):
+    from omicsprep.io import deflated
+
+    chunked = tmp_path / "chunked.h5"
+    with h5py.File(PBMC_H5, "r") as original, h5py.File(chunked, "w") as copy:
+        original.copy(original["matrix"], copy, name="matrix")
+        values = original["matrix"][field][:]
+        del copy["matrix"][field]
+        copy["matrix"].create_dataset(field, data=values, chunks=(1000,), **kwargs)  # many chunks, the last partial
+    with h5py.File(chunked, "r") as copy:
+        assert (deflated.read_deflated(copy["matrix"][field]) is not None) == read_here
+    expected, adata = io.read_counts(PBMC_H5), io.read_counts(chunked)
+    for part in ("data", "indices", "indptr"):
+        assert np.array_equal(getattr(adata.X, part), getattr(expected.X, part)), part
+
+
+def written_plain_bytes(path, names) -> list[int]:
+    with h5py.File(path) as written:
+        return [written[name].id.get_storage_size() for name in names]
+
+
+def test_a_gzip_h5ad_is_deflated_in_threads_and_read_back_by_any_reader(tmp_path, monkeypatch):
+    """``h5ad_compression: gzip``: HDF5's own filters, so anndata reads the file; its matrices take less than half."""
+    from omicsprep.io import deflated, writers
+
+    monkeypatch.setattr(deflated, "CHUNK_BYTES", 4096)  # many chunks, the last partial
+    monkeypatch.setattr(writers, "DEFLATED_MIN_BYTES", 1024)  # X_umap deflated here too
+    adata = clustered_cells()
+    adata.obsm["X_pca"] = np.random.default_rng(0).normal(size=(adata.n_obs, 30)).astype(np.float32)
+    adata.copy().write_h5ad(tmp_path / "anndata.h5ad", compression="gzip")
+    io.write_h5ad(adata.copy(), tmp_path / "plain.h5ad")
+    io.write_h5ad(adata.copy(), tmp_path / "gzip.h5ad", compression="gzip")
+    assert encodings(tmp_path / "gzip.h5ad") == encodings(tmp_path / "anndata.h5ad")
+    with h5py.File(tmp_path / "gzip.h5ad") as written:
+        assert filters(written["X/indices"]) == ["shuffle", "deflate"] and filters(written["X/data"]) == ["deflate"]
+        assert written["X/indices"].id.get_num_chunks() > 1 and filters(written["obsm/X_pca"]) == ["deflate"]
+        assert written["layers/counts/indices"] == written["X/indices"]
+        matrices = ("X/data", "X/indices", "X/indptr", "layers/counts/data")
+        stored = sum(written[name].id.get_storage_size() for name in matrices)
+    assert stored < sum(written_plain_bytes(tmp_path / "plain.h5ad", matrices)) / 2
+    for read in (ad.read_h5ad, io.read_h5ad):
+        back = read(tmp_path / "gzip.h5ad")
+        assert type(back.X) is type(adata.X) and (back.X != adata.X).nnz == 0
+        assert (back.layers["counts"] != adata.layers["counts"]).nnz == 0
+        assert (back.obsp["connectivities"] != adata.obsp["connectivities"]).nnz == 0
+        for key in ("X_pca", "X_umap"):
+            np.testing.assert_array_equal(back.obsm[key], adata.obsm[key])
+        pd.testing.assert_frame_equal(back.obs, ad.read_h5ad(tmp_path / "anndata.h5ad").obs)
+        assert back.uns["params"] == {"seed": 0, "method": "leiden"}
+
+
+def test_deflated_arrays_of_every_kind_round_trip(tmp_path, monkeypatch):
+    from omicsprep.io import deflated
+
+    monkeypatch.setattr(deflated, "CHUNK_BYTES", 1000)
+    rng = np.random.default_rng(0)
+    arrays = {
+        "sorted-int32": np.sort(rng.integers(0, 20_000, 10_007)).astype(np.int32),
+        "int64": np.arange(3001, dtype=np.int64),
+        "big-endian": np.arange(999, dtype=">i4"),
+        "float32": rng.random(5003).astype(np.float32),
+        "bool": rng.random(999) > 0.5,
+        "rows": rng.random((1001, 7)).astype(np.float32),
+        "one": np.array([5], dtype=np.int32),
+    }
+    with h5py.File(tmp_path / "a.h5", "w") as file:
+        for name, values in arrays.items():
+            deflated.create_deflated(file, name, values)
+    with h5py.File(tmp_path / "a.h5", "r") as file:
+        for name, values in arrays.items():
+            np.testing.assert_array_equal(file[name][...], values)  # HDF5's own filters
+            back = deflated.read_deflated(file[name])
+            assert back.dtype == file[name].dtype, name
+            np.testing.assert_array_equal(back, values)
+        assert deflated.read_deflated(file["int64"], dtype=np.int32).dtype == np.int32
+
+
 def test_every_name_of_io_is_found_in_its_module():
     # omicsprep.io imports each name at first use: a name listed there must exist in its module.
     for name in io.__all__:

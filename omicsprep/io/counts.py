@@ -19,6 +19,7 @@ from anndata import AnnData
 from scipy import sparse
 
 from omicsprep.errors import InputError
+from omicsprep.io.deflated import read_deflated
 from omicsprep.io.formats import READ_FORMATS, InputFormat, resolve_format
 from omicsprep.timings import timed_phase
 
@@ -89,8 +90,13 @@ def _read_converted(dataset: Any, dtype: np.dtype | type) -> np.ndarray:
     """A one-dimensional HDF5 dataset as an array of ``dtype``, read and converted a block at a time.
 
     A dataset stored whole and unfiltered (contiguous) is read from the file in several
-    threads (:func:`_read_contiguous`); others through HDF5, which reads in one thread.
+    threads (:func:`_read_contiguous`), and so is one deflated as Cell Ranger stores its
+    matrices (:func:`~omicsprep.io.deflated.read_deflated`); others through HDF5, which
+    reads in one thread.
     """
+    deflated = read_deflated(dataset, dtype=dtype)
+    if deflated is not None:
+        return deflated
     out = np.empty(dataset.shape, dtype=dtype)
     offset = _contiguous_offset(dataset)
     if offset is not None:

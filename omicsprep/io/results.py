@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import h5py
 import pandas as pd
 
+from omicsprep.io.deflated import read_deflated
 from omicsprep.timings import timed_phase
 
 if TYPE_CHECKING:
@@ -21,10 +22,35 @@ if TYPE_CHECKING:
 
 @timed_phase("read")
 def read_h5ad(path: str | Path) -> AnnData:
-    """Read an ``.h5ad`` file written by a previous rule."""
-    import anndata as ad
+    """Read an ``.h5ad`` file written by a previous rule.
 
-    return ad.read_h5ad(path)
+    Arrays deflated by HDF5's gzip filter (``h5ad_compression: gzip``) are decompressed in
+    several threads (:func:`~omicsprep.io.deflated.read_deflated`); the rest as anndata reads it.
+    """
+    from anndata.experimental import read_dispatched
+
+    with h5py.File(path, "r") as handle:
+        return read_dispatched(handle, _read_deflated_arrays)
+
+
+def _read_deflated_arrays(read: Any, name: str, elem: Any, iospec: Any) -> Any:
+    """One element read as anndata reads it, but deflated arrays and sparse matrices by :func:`read_deflated`."""
+    del name  # the callback's signature
+    if iospec.encoding_type == "array" and isinstance(elem, h5py.Dataset):
+        values = read_deflated(elem)
+        return read(elem) if values is None else values
+    if iospec.encoding_type in ("csr_matrix", "csc_matrix"):
+        parts = {part: read_deflated(elem[part]) for part in ("data", "indices", "indptr")}
+        if all(values is None for values in parts.values()):
+            return read(elem)
+        import anndata as ad
+        from scipy import sparse
+
+        kind = "array" if getattr(ad.settings, "use_sparse_array_on_read", False) else "matrix"
+        constructor = getattr(sparse, f"{iospec.encoding_type.removesuffix('_matrix')}_{kind}")
+        arrays = [elem[part][...] if values is None else values for part, values in parts.items()]
+        return constructor(tuple(arrays), shape=tuple(elem.attrs["shape"]))
+    return read(elem)
 
 
 @timed_phase("read")

@@ -21,6 +21,7 @@ import pandas as pd
 from scipy import sparse
 
 from omicsprep.errors import OutOfMemoryError, OutOfSpaceError
+from omicsprep.io.deflated import DEFLATE_LEVEL, create_deflated, deflatable
 from omicsprep.timings import phase
 
 if TYPE_CHECKING:
@@ -36,6 +37,8 @@ def _umask() -> int:
 
 
 TEMPORARY_INFIX = ".tmp"
+# Smaller arrays go to HDF5's own filter: a thread pool would cost more than it saves.
+DEFLATED_MIN_BYTES = 1 << 16
 
 
 @contextlib.contextmanager
@@ -144,9 +147,10 @@ def stored_bytes(adata: AnnData) -> int:
 def write_h5ad(adata: AnnData, path: str | Path, *, compression: Literal["lzf", "gzip"] | None = None) -> None:
     """Write ``adata`` to ``path`` atomically, as anndata writes it (:class:`H5adParts`).
 
-    Uncompressed by default (anndata's default, and the fastest to write), or with one of
-    HDF5's filters that every h5ad reader has. Uncompressed, it does not start without room
-    for the whole file (compressed, the size is not known beforehand).
+    Uncompressed by default (anndata's default), or with one of HDF5's filters that every
+    h5ad reader has: ``gzip`` (deflate, compressed in several threads) or ``lzf``.
+    Uncompressed, it does not start without room for the whole file (compressed, the size
+    is not known beforehand).
     """
     with h5ad_in_parts(adata, path, compression=compression, timed=True) as whole:
         whole.finish(adata)
@@ -161,11 +165,18 @@ class H5adParts:
     speed), and a layer laid out as ``X`` shares its indices (:meth:`write_layers`). So
     anndata's in-place appends to a sparse matrix (``sparse_dataset(...).append``) do not
     work on these files: the outputs are final.
+
+    With ``compression="gzip"``, arrays of :data:`DEFLATED_MIN_BYTES` and more (sparse
+    matrices' arrays, embeddings) are deflated in several threads
+    (:func:`~omicsprep.io.deflated.create_deflated`), the rest by HDF5; all at the same level.
     """
 
     def __init__(self, path: Path, *, compression: Literal["lzf", "gzip"] | None) -> None:
         self._path = path
-        self._dataset_kwargs = {"compression": compression} if compression else {}
+        self._deflate = compression == "gzip"
+        self._dataset_kwargs: dict[str, Any] = {"compression": compression} if compression else {}
+        if self._deflate:
+            self._dataset_kwargs["compression_opts"] = DEFLATE_LEVEL
         self._file: Any = None
         self._written: dict[str, Any] = {}  # each element written: its shape (mappings: their members')
         self._written_x: Callable[[], Any] = lambda: None  # the matrix written as X, while it lives
@@ -236,10 +247,7 @@ class H5adParts:
         if self._file is None:
             import h5py
 
-            self._file = h5py.File(self._path, "w")
-            # As anndata's write_h5ad marks the file.
-            self._file.attrs["encoding-type"] = "anndata"
-            self._file.attrs["encoding-version"] = "0.1.0"
+            self._file = _encode(h5py.File(self._path, "w"), "anndata", version="0.1.0")  # as write_h5ad marks it
         return self._file
 
     def _write(self, parent: Any, key: str, value: Any) -> None:
@@ -247,6 +255,12 @@ class H5adParts:
 
         if _compressed_sparse(value):
             self._write_sparse(parent, key, value)
+        elif self._deflate and isinstance(value, dict):  # obsm, layers, uns: their arrays deflated here
+            group = _encoded_group(parent, key, "dict")
+            for name, member in value.items():
+                self._write(group, name, member)
+        elif self._deflate and deflatable(value) and value.nbytes >= DEFLATED_MIN_BYTES:
+            _encode(create_deflated(parent, key, value), "array", version="0.2.0")
         else:
             write_elem(parent, key, value, dataset_kwargs=self._dataset_kwargs)
 
@@ -254,12 +268,13 @@ class H5adParts:
         """A CSR or CSC matrix as anndata encodes it; indices and index pointers linked to ``structure``'s, if given."""
         group = _encoded_group(parent, key, f"{matrix.format}_matrix")
         group.attrs["shape"] = matrix.shape
-        group.create_dataset("data", data=matrix.data, **self._dataset_kwargs)
-        for part in ("indices", "indptr"):
-            if structure is None:
-                group.create_dataset(part, data=getattr(matrix, part), **self._dataset_kwargs)
-            else:
+        for part in ("data", "indices", "indptr"):
+            if part != "data" and structure is not None:
                 group[part] = structure[part]
+            elif self._deflate and deflatable(getattr(matrix, part)):
+                create_deflated(group, part, getattr(matrix, part))
+            else:
+                group.create_dataset(part, data=getattr(matrix, part), **self._dataset_kwargs)
 
     def close(self) -> None:
         """Close the file (as it stands: :func:`h5ad_in_parts` removes an unfinished one)."""
@@ -270,10 +285,14 @@ class H5adParts:
 
 def _encoded_group(parent: Any, key: str, encoding: str) -> Any:
     """A new HDF5 group marked as anndata marks an element of that encoding."""
-    group = parent.create_group(key)
-    group.attrs["encoding-type"] = encoding
-    group.attrs["encoding-version"] = "0.1.0"
-    return group
+    return _encode(parent.create_group(key), encoding, version="0.1.0")
+
+
+def _encode(node: Any, encoding: str, *, version: str) -> Any:
+    """Mark an HDF5 group or dataset as anndata marks an element of that encoding."""
+    node.attrs["encoding-type"] = encoding
+    node.attrs["encoding-version"] = version
+    return node
 
 
 def _compressed_sparse(value: Any) -> bool:
