@@ -28,15 +28,15 @@ def validated_config(config):
     """The config, checked against its schema with defaults filled in.
 
     Snakemake reads nested values given with --config (``markers={resolution: 2.0}``)
-    as text: text where the schema wants a number, a boolean or a list is read as YAML
-    first. Every problem is named on one line, with its key.
+    as text, and ``null`` too: text where the schema wants a number, a boolean, a list or
+    null is read as YAML first. Every problem is named on one line, with its key.
     """
     schema = read_yaml(CONFIG_SCHEMA.read_text())
     validator = Draft202012Validator(schema)
     while True:
         retyped = False
         for error in validator.iter_errors(config):
-            if error.validator == "type" and isinstance(error.instance, str) and error.absolute_path:
+            if error.validator in ("type", "enum") and isinstance(error.instance, str) and error.absolute_path:
                 value = read_yaml(error.instance)
                 if not isinstance(value, str) and Draft202012Validator(error.schema).is_valid(value):
                     set_nested(config, list(error.absolute_path), value)

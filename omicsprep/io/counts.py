@@ -20,6 +20,7 @@ from scipy import sparse
 
 from omicsprep.errors import InputError
 from omicsprep.io.deflated import read_deflated
+from omicsprep.io.results import read_h5ad
 from omicsprep.io.formats import READ_FORMATS, InputFormat, resolve_format
 from omicsprep.timings import timed_phase
 
@@ -155,7 +156,7 @@ def _read_any(path: Path, fmt: InputFormat) -> AnnData:
     if fmt == "10x_mtx":
         return _read_mtx_folder(path)
     if fmt == "h5ad":
-        return ad.read_h5ad(path)
+        return read_h5ad(path)  # deflated arrays (the rules' own outputs) inflated in threads
     return ad.read_zarr(path)
 
 
