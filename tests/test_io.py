@@ -341,6 +341,15 @@ def test_a_gzip_h5ad_is_deflated_in_threads_and_read_back_by_any_reader(tmp_path
         assert back.uns["params"] == {"seed": 0, "method": "leiden"}
 
 
+def test_an_h5ad_of_anndata_before_0_8_is_read_by_anndata(tmp_path):
+    # Such files have no encoding on the file itself; anndata's reader knows their layout.
+    clustered_cells().write_h5ad(tmp_path / "old.h5ad")
+    with h5py.File(tmp_path / "old.h5ad", "r+") as file:
+        del file.attrs["encoding-type"], file.attrs["encoding-version"]
+    adata = io.read_h5ad(tmp_path / "old.h5ad")
+    assert isinstance(adata, ad.AnnData) and (adata.X != clustered_cells().X).nnz == 0
+
+
 def test_deflated_arrays_of_every_kind_round_trip(tmp_path, monkeypatch):
     from omicsprep.io import deflated
 

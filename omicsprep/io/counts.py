@@ -20,8 +20,8 @@ from scipy import sparse
 
 from omicsprep.errors import InputError
 from omicsprep.io.deflated import read_deflated
-from omicsprep.io.results import read_h5ad
 from omicsprep.io.formats import READ_FORMATS, InputFormat, resolve_format
+from omicsprep.io.results import read_h5ad
 from omicsprep.timings import timed_phase
 
 log = logging.getLogger(__name__)

@@ -19,9 +19,11 @@ from typing import Any, TypeVar
 import deflate
 import numpy as np
 
-# Bytes per chunk: large enough that per-chunk calls cost little, small enough that a reader
-# of a slice decompresses little beyond it.
-CHUNK_BYTES = 4 << 20
+# Bytes per chunk: large enough that per-chunk calls cost little (4 MB wrote and read as
+# fast), small enough that a reader of a few rows (anndata's backed mode) inflates little
+# beyond them and HDF5 keeps the chunk in its cache (1 MB by default): random rows read
+# 1.5x as slowly as from anndata's own gzip file, against 6x with chunks of 4 MB.
+CHUNK_BYTES = 512 << 10
 # libdeflate's fastest level: at level 4 (Cell Ranger's) files are 5-10% smaller, written 2x slower.
 DEFLATE_LEVEL = 1
 MAX_THREADS = 16
@@ -35,7 +37,8 @@ Result = TypeVar("Result")
 
 def codec_threads() -> int:
     """Threads that compress or decompress: the cores this process may use, at most :data:`MAX_THREADS`."""
-    return min(MAX_THREADS, len(os.sched_getaffinity(0)))
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()  # Linux only
+    return min(MAX_THREADS, usable or 1)
 
 
 def deflatable(array: Any) -> bool:
@@ -105,12 +108,14 @@ def read_deflated(dataset: Any, *, dtype: np.dtype | type | None = None) -> np.n
     filters = _filters_of_row_chunks(dataset)
     if filters is None:
         return None
-    rows = dataset.chunks[0]
+    # Read here, not in the threads: each h5py call takes h5py's lock, which the caller may
+    # hold (anndata 0.11 iterates a group's members under it) while waiting for them.
+    rows, stored, shape = dataset.chunks[0], dataset.dtype, dataset.shape
     chunks = _stored_chunks(dataset)
-    if len(chunks) != -(-len(dataset) // rows):
+    if chunks is None or len(chunks) != -(-shape[0] // rows):
         return None
-    out = np.empty(dataset.shape, dtype=dataset.dtype if dtype is None else dtype)
-    chunk_bytes = rows * dataset.dtype.itemsize * int(np.prod(dataset.shape[1:], dtype=np.int64))
+    out = np.empty(shape, dtype=stored if dtype is None else dtype)
+    chunk_bytes = rows * stored.itemsize * int(np.prod(shape[1:], dtype=np.int64))
 
     def decompress(chunk: Any) -> None:
         raw: Any = _pread(fd, chunk.byte_offset, chunk.size)
@@ -119,9 +124,9 @@ def read_deflated(dataset: Any, *, dtype: np.dtype | type | None = None) -> np.n
             if code == _DEFLATE:
                 raw = deflate.zlib_decompress(raw, chunk_bytes)
             elif code == _SHUFFLE:
-                raw = _unshuffled(np.frombuffer(raw, dtype=np.uint8), dataset.dtype.itemsize)
+                raw = _unshuffled(np.frombuffer(raw, dtype=np.uint8), stored.itemsize)
         start = chunk.chunk_offset[0]
-        values = np.frombuffer(raw, dtype=dataset.dtype).reshape(rows, *dataset.shape[1:])
+        values = np.frombuffer(raw, dtype=stored).reshape(rows, *shape[1:])
         out[start : start + rows] = values[: len(out) - start]
 
     fd = os.open(dataset.file.filename, os.O_RDONLY)
@@ -146,8 +151,13 @@ def _filters_of_row_chunks(dataset: Any) -> list[int] | None:
     return filters
 
 
-def _stored_chunks(dataset: Any) -> list[Any]:
-    """Each stored chunk's place in the dataset and in the file (``StoreInfo``)."""
+def _stored_chunks(dataset: Any) -> list[Any] | None:
+    """Each stored chunk's place in the dataset and in the file (``StoreInfo``).
+
+    ``None`` where h5py was built without ``chunk_iter`` (HDF5 before 1.12.3 or 1.10.10).
+    """
+    if not hasattr(dataset.id, "chunk_iter"):
+        return None
     chunks: list[Any] = []
     dataset.id.chunk_iter(chunks.append)
     return chunks

@@ -25,12 +25,16 @@ def read_h5ad(path: str | Path) -> AnnData:
     """Read an ``.h5ad`` file written by a previous rule.
 
     Arrays deflated by HDF5's gzip filter (``h5ad_compression: gzip``) are decompressed in
-    several threads (:func:`~omicsprep.io.deflated.read_deflated`); the rest as anndata reads it.
+    several threads (:func:`~omicsprep.io.deflated.read_deflated`); the rest as anndata reads
+    it. Files of anndata before 0.8 (no encoding on the file) are read by anndata whole.
     """
+    import anndata as ad
     from anndata.experimental import read_dispatched
 
     with h5py.File(path, "r") as handle:
-        return read_dispatched(handle, _read_deflated_arrays)
+        if handle.attrs.get("encoding-type") == "anndata":
+            return read_dispatched(handle, _read_deflated_arrays)
+    return ad.read_h5ad(path)
 
 
 def _read_deflated_arrays(read: Any, name: str, elem: Any, iospec: Any) -> Any:
