@@ -39,6 +39,8 @@
 #             CuPy's copies against omicsprep.backend's staged ones in 1, 2, 4 and 8 threads
 #   doublets  benchmarks/doublets_bench.py: Scrublet's stages in one group of $DOUBLETS_CELLS (20000) cells, on
 #             $DOUBLETS_BACKENDS (gpu cpu), $DOUBLETS_REPEATS (3) times
+#   deflate   benchmarks/deflate_bench.py at $DEFLATE_CELLS (500000) cells: a Cell Ranger matrix read, .h5ad
+#             matrices written and read, HDF5's one-thread gzip against omicsprep.io.deflated's threads
 #   e2e       benchmarks/run.py on $E2E_BACKENDS (gpu) at $E2E_CELLS (1000000) cells (data cached in /tmp/ob),
 #             with $E2E_ARGS (--fuse: also with qc, cluster and figures fused into one rule; --fused-only;
 #             --cold: each run first from empty kernel caches, then again; --cold --setup: omicsprep warm-kernels
@@ -225,6 +227,10 @@ if wants doublets; then
 echo "== Scrublet's stages in one group of ${DOUBLETS_CELLS:-20000} cells (benchmarks/doublets_bench.py)"
 python3 benchmarks/doublets_bench.py --cells "${DOUBLETS_CELLS:-20000}" --backends ${DOUBLETS_BACKENDS:-gpu cpu} \
   --repeats "${DOUBLETS_REPEATS:-3}" 2>&1 | tail -n 30
+fi
+if wants deflate; then
+echo "== deflate in threads against HDF5's gzip, ${DEFLATE_CELLS:-500000} cells (benchmarks/deflate_bench.py)"
+python3 benchmarks/deflate_bench.py --cells "${DEFLATE_CELLS:-500000}" --dir /tmp 2>&1 | tail -n 12
 fi
 if wants e2e; then
 echo "== end to end: benchmarks/run.py"

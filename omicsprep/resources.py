@@ -11,11 +11,17 @@ its libraries and the GPU runtime) plus a multiple of its inputs' megabytes, cal
 from __future__ import annotations
 
 import errno
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 MB = 1_000_000
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask, where the system has one: Linux)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from anndata import AnnData
 from scipy import sparse
 
 from omicsprep.errors import InputError
-from omicsprep.io.deflated import read_deflated
+from omicsprep.io.deflated import read_deflated, read_exactly
 from omicsprep.io.formats import READ_FORMATS, InputFormat, resolve_format
 from omicsprep.io.results import read_h5ad
 from omicsprep.timings import timed_phase
@@ -139,13 +139,7 @@ def _read_contiguous(path: str, *, offset: int, stored: np.dtype, out: np.ndarra
 def _read_block(fd: int, start: int, *, offset: int, stored: np.dtype, out: np.ndarray) -> None:
     target = out[start : start + H5_READ_BLOCK]
     buffer = target if target.dtype == stored else np.empty(target.size, dtype=stored)
-    view = buffer.data.cast("B")
-    done, position = 0, offset + start * stored.itemsize
-    while done < view.nbytes:
-        n_read = os.preadv(fd, [view[done:]], position + done)
-        if n_read == 0:
-            raise OSError(f"file ends before its data does (at byte {position + done})")
-        done += n_read
+    read_exactly(fd, buffer.data.cast("B"), offset=offset + start * stored.itemsize)
     if buffer is not target:
         target[:] = buffer
 

@@ -19,6 +19,8 @@ from typing import Any, TypeVar
 import deflate
 import numpy as np
 
+from omicsprep.resources import usable_cores
+
 # Bytes per chunk: large enough that per-chunk calls cost little (4 MB wrote and read as
 # fast), small enough that a reader of a few rows (anndata's backed mode) inflates little
 # beyond them and HDF5 keeps the chunk in its cache (1 MB by default): random rows read
@@ -37,8 +39,7 @@ Result = TypeVar("Result")
 
 def codec_threads() -> int:
     """Threads that compress or decompress: the cores this process may use, at most :data:`MAX_THREADS`."""
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()  # Linux only
-    return min(MAX_THREADS, usable or 1)
+    return min(MAX_THREADS, usable_cores())
 
 
 def deflatable(array: Any) -> bool:
@@ -118,7 +119,8 @@ def read_deflated(dataset: Any, *, dtype: np.dtype | type | None = None) -> np.n
     chunk_bytes = rows * stored.itemsize * int(np.prod(shape[1:], dtype=np.int64))
 
     def decompress(chunk: Any) -> None:
-        raw: Any = _pread(fd, chunk.byte_offset, chunk.size)
+        raw: Any = bytearray(chunk.size)
+        read_exactly(fd, memoryview(raw), offset=chunk.byte_offset)
         applied = [code for index, code in enumerate(filters) if not chunk.filter_mask & (1 << index)]
         for code in reversed(applied):  # undone in reverse order of the pipeline
             if code == _DEFLATE:
@@ -172,15 +174,17 @@ def _unshuffled(raw: np.ndarray, itemsize: int) -> np.ndarray:
     return np.ascontiguousarray(raw.reshape(itemsize, -1).T).reshape(-1)
 
 
-def _pread(fd: int, offset: int, size: int) -> bytearray:
-    buffer = bytearray(size)
-    view, done = memoryview(buffer), 0
-    while done < size:
+def read_exactly(fd: int, view: memoryview, *, offset: int) -> None:
+    """Fill ``view`` (bytes) from file ``fd`` at ``offset``; a file that ends first is an ``OSError``.
+
+    ``preadv`` needs no shared file position, so threads read one file at once.
+    """
+    done = 0
+    while done < view.nbytes:
         n_read = os.preadv(fd, [view[done:]], offset + done)
         if n_read == 0:
-            raise OSError(f"file ends before a chunk does (at byte {offset + done})")
+            raise OSError(f"file ends before its data does (at byte {offset + done})")
         done += n_read
-    return buffer
 
 
 def _in_order(work: Callable[[Item], Result], items: Iterable[Item]) -> Iterator[Result]:

@@ -30,7 +30,8 @@ import numba
 import numpy as np
 
 from omicsprep.errors import InputError
-from omicsprep.reads.umi import default_threads, numba_threads
+from omicsprep.reads.umi import numba_threads
+from omicsprep.resources import usable_cores
 
 BGZF_EOF = bytes.fromhex("1f8b08040000000000ff0600424302001b0003000000000000000000")
 CHUNK_BYTES = 16 << 20  # inflated bytes scanned at a time (plus one record carried over)
@@ -502,7 +503,7 @@ class BamRecords:
         self.path = Path(path)
         self.source = SOURCE_CODES[umi_source]
         self.tags = np.array([[ord(c) for c in tag] for tag in (cell_tag, umi_tag, gene_tag)], dtype=np.uint8)
-        threads = threads or default_threads()
+        threads = threads or usable_cores()
         # Blocks inflate on the pool while the scan runs: the two share the cores. With a
         # thread of each per core, the scan's threads and the inflaters contend (16 cores:
         # 4.9 s against 2.3 s for 10M reads; 2 cores: 6.7 s against 4.1 s).

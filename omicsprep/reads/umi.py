@@ -10,7 +10,6 @@ a Hamming distance is a popcount.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -25,6 +24,7 @@ from omicsprep.backend import Backend, cudf, cupy
 from omicsprep.errors import InputError
 from omicsprep.options import METHODS, Method
 from omicsprep.reads import umi_kernels
+from omicsprep.resources import usable_cores
 
 if TYPE_CHECKING:
     from pandas import DataFrame  # or cudf.DataFrame
@@ -35,11 +35,6 @@ for _code, _base in enumerate(b"ACGT"):
     _BASE_CODES[_base] = _code
 
 
-def default_threads() -> int:
-    """The cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 @contextlib.contextmanager
 def numba_threads(threads: int | None) -> Iterator[None]:
     """Numba's parallel kernels on ``threads`` threads (every core when ``None``) within the block.
@@ -47,7 +42,7 @@ def numba_threads(threads: int | None) -> Iterator[None]:
     At most the threads Numba started with; the number before is restored after.
     """
     before = numba.get_num_threads()
-    numba.set_num_threads(max(1, min(threads or default_threads(), numba.config.NUMBA_NUM_THREADS)))
+    numba.set_num_threads(max(1, min(threads or usable_cores(), numba.config.NUMBA_NUM_THREADS)))
     try:
         yield
     finally:
