@@ -1,0 +1,87 @@
+"""A GPU rule's imports in fresh processes: rapids-singlecell whole, and as omicsprep imports it.
+
+    python benchmarks/import_bench.py [--repeats 3] [--out DIR]
+
+Cases, each ``--repeats`` times in a new process (seconds from the interpreter's start to
+rapids-singlecell being usable, and the process's wall time):
+
+- ``plain``: ``import rapids_singlecell``;
+- ``deferred``: ``omicsprep.backend.gpu_module("rapids_singlecell")``, which leaves its ports
+  of decoupler, squidpy and pertpy until first use;
+- ``rule``: as rule qc_cluster starts: ``prepare_gpu`` (context, rapids-singlecell, cuML,
+  pylibcugraph in a thread) while the main thread imports ``omicsprep.pipeline``, then
+  waiting for rapids-singlecell.
+
+Then the modules that took longest in a ``deferred`` process (``-X importtime``, cumulative).
+Prints a table and writes it (``import_bench.tsv``) under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+READY = "import json, time; print(json.dumps({'ready': time.perf_counter() - START}))"
+START = "import time; START = time.perf_counter()\n"
+CASES = {
+    "plain": "import rapids_singlecell",
+    "deferred": "from omicsprep.backend import gpu_module; gpu_module('rapids_singlecell')",
+    "rule": (
+        "from omicsprep.backend import gpu_module, prepare_gpu\n"
+        "prepare_gpu('gpu', modules=('rapids_singlecell', 'cuml', 'pylibcugraph'))\n"
+        "import omicsprep.pipeline\n"
+        "gpu_module('rapids_singlecell')"
+    ),
+}
+
+
+def run_case(code: str) -> dict:
+    start = time.perf_counter()
+    result = subprocess.run(
+        [sys.executable, "-c", START + code + "\n" + READY], capture_output=True, text=True, check=True
+    )
+    wall = time.perf_counter() - start
+    return json.loads(result.stdout.strip().splitlines()[-1]) | {"process": wall}
+
+
+def slowest_imports(code: str, *, top: int) -> list[str]:
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True, check=True
+    )
+    rows = []
+    for line in result.stderr.splitlines():
+        fields = line.removeprefix("import time:").split("|")
+        if len(fields) == 3 and fields[1].strip().isdigit():
+            rows.append((int(fields[1]), fields[2].rstrip()))
+    return [f"{micros / 1e6:6.2f} s {name}" for micros, name in sorted(rows, reverse=True)[:top]]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--out", type=Path, default=Path("import_bench"))
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    run_case(CASES["rule"])  # the first process after an install writes the bytecode caches
+    rows = []
+    for repeat in range(args.repeats):
+        for case, code in CASES.items():
+            times = run_case(code)
+            rows.append({"case": case, "repeat": repeat, "ready_s": times["ready"], "process_s": times["process"]})
+    table = (
+        pd.DataFrame(rows).groupby("case", sort=False)[["ready_s", "process_s"]].agg(["median", "min", "max"]).round(2)
+    )
+    print(table.to_string())
+    table.to_csv(args.out / "import_bench.tsv", sep="\t")
+    print("slowest imports (cumulative) of case deferred:", *slowest_imports(CASES["deferred"], top=args.top), sep="\n")
+
+
+if __name__ == "__main__":
+    main()
