@@ -42,10 +42,10 @@
 #   deflate   benchmarks/deflate_bench.py at $DEFLATE_CELLS (500000) cells: a Cell Ranger matrix read, .h5ad
 #             matrices written and read, HDF5's one-thread gzip against omicsprep.io.deflated's threads
 #   kernels   benchmarks/kernel_compile_bench.py: warm-kernels' steps from empty caches (CuPy's kernel requests
-#             recorded and timed), on the filled caches, and with the recorded kernels compiled ahead in
-#             $KERNEL_THREADS (16) threads
-#   imports   benchmarks/import_bench.py: a GPU rule's imports in fresh processes (rapids-singlecell whole,
-#             as omicsprep defers its unused ports, as rule qc_cluster starts)
+#             recorded into a manifest), on the filled caches, and with that manifest compiled ahead in
+#             $KERNEL_PROCESSES (16) processes (omicsprep.kernels)
+#   imports   benchmarks/import_bench.py: a GPU rule's imports in fresh processes (rapids-singlecell, the pipeline,
+#             both as rule qc_cluster starts)
 #   e2e       benchmarks/run.py on $E2E_BACKENDS (gpu) at $E2E_CELLS (1000000) cells (data cached in /tmp/ob),
 #             with $E2E_ARGS (--fuse: also with qc, cluster and figures fused into one rule; --fused-only;
 #             --cold: each run first from empty kernel caches, then again; --cold --setup: omicsprep warm-kernels
@@ -239,7 +239,7 @@ python3 benchmarks/deflate_bench.py --cells "${DEFLATE_CELLS:-500000}" --dir /tm
 fi
 if wants kernels; then
 echo "== kernel compiles of a fresh machine (benchmarks/kernel_compile_bench.py)"
-python3 benchmarks/kernel_compile_bench.py --threads "${KERNEL_THREADS:-16}" --out "$out/kernels" 2>&1 | tail -n 40
+python3 benchmarks/kernel_compile_bench.py --processes "${KERNEL_PROCESSES:-16}" --out "$out/kernels" 2>&1 | tail -n 40
 fi
 if wants imports; then
 echo "== a GPU rule's imports (benchmarks/import_bench.py)"

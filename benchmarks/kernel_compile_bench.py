@@ -1,18 +1,19 @@
-"""Where a fresh machine's first GPU run spends its compile time, and what compiling ahead in threads saves.
+"""A fresh machine's kernel compiles in rule qc_cluster's steps, and what compiling them ahead saves.
 
-    python benchmarks/kernel_compile_bench.py [--cells 4000] [--threads 16] [--out DIR]
+    python benchmarks/kernel_compile_bench.py [--processes 16] [--out DIR]
 
 Each step is a fresh process running :func:`omicsprep.warmup.warm_kernels` (rule qc_cluster's
-steps on a generated sample), with CuPy's, Numba's and the CUDA driver's caches in folders of
-its own:
+steps on a generated sample of 4,000 cells), with CuPy's, Numba's and the CUDA driver's caches
+in folders of its own:
 
-1. ``cold``: from empty caches, recording every kernel CuPy is asked for (``kernels.json``):
-   its seconds, and whether NVRTC compiled it.
-2. ``warm``: again on those caches: the floor.
-3. ``ahead``: from empty caches, the recorded kernels compiled first in ``--threads`` threads,
-   then the steps (what a manifest of kernels shipped with omicsprep would give).
+1. ``cold``: from empty caches, recording CuPy's kernel requests into a manifest
+   (``cupy_kernels.json.gz`` under ``--out``: what ``omicsprep warm-kernels --record`` writes);
+2. ``warm``: again on those caches: the floor;
+3. ``ahead``: from empty caches, that manifest compiled first in ``--processes`` processes
+   (:mod:`omicsprep.kernels`, as a GPU rule does at its start), then the steps.
 
-Prints a table and writes it (``kernel_compile_bench.tsv``) under ``--out``.
+For each: seconds, requests, and kernels compiled during the steps (files added to CuPy's
+cache). Prints a table and writes it (``kernel_compile_bench.tsv``) under ``--out``.
 """
 
 from __future__ import annotations
@@ -31,105 +32,47 @@ import pandas as pd
 CACHES = ("CUPY_CACHE_DIR", "NUMBA_CACHE_DIR", "CUDA_CACHE_PATH")
 
 
-def record_compiles(records: list[dict]) -> None:
-    """Wrap CuPy's compiler so that each kernel request lands in ``records``."""
-    from cupy.cuda import compiler
-
-    # CuPy offers no hook on its compiles: its module functions are wrapped (CuPy 13-14).
-    with_cache, nvrtc = compiler._compile_module_with_cache, compiler._compile_using_nvrtc_no_warning  # noqa: SLF001
-    compiled: list[float] = []
-
-    def timed_nvrtc(*args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return nvrtc(*args, **kwargs)
-        finally:
-            compiled.append(time.perf_counter() - start)
-
-    def recorded(source, options=(), arch=None, cache_dir=None, extra_source=None, backend="nvrtc", **kwargs):
-        before, start = len(compiled), time.perf_counter()
-        try:
-            return with_cache(source, options, arch, cache_dir, extra_source, backend, **kwargs)
-        finally:
-            records.append(
-                {
-                    "source": source,
-                    "options": list(options),
-                    "arch": arch,
-                    "extra_source": extra_source,
-                    "backend": backend,
-                    "kwargs": {key: value for key, value in kwargs.items() if key != "log_stream"},
-                    "seconds": time.perf_counter() - start,
-                    "nvrtc_seconds": sum(compiled[before:]),
-                    "compiled": len(compiled) > before,
-                }
-            )
-
-    compiler._compile_module_with_cache = recorded  # noqa: SLF001
-    compiler._compile_using_nvrtc_no_warning = timed_nvrtc  # noqa: SLF001
-
-
-def compile_ahead(kernels: list[dict], *, threads: int) -> float:
-    """Compile ``kernels`` into CuPy's cache in ``threads`` threads; seconds."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    import cupy as cp
-    from cupy.cuda import compiler
-
-    def bind() -> None:
-        cp.cuda.Device(0).use()
-        cp.cuda.runtime.free(0)
-
-    def compile_one(kernel: dict) -> None:
-        kwargs = dict(kernel["kwargs"])
-        if kwargs.get("name_expressions") is not None:
-            kwargs["name_expressions"] = tuple(kwargs["name_expressions"])
-        positional = (kernel["source"], tuple(kernel["options"]), kernel["arch"], None, kernel["extra_source"])
-        compiler._compile_module_with_cache(*positional, kernel["backend"], **kwargs)  # noqa: SLF001
-
-    start = time.perf_counter()
-    with ThreadPoolExecutor(threads, initializer=bind) as pool:
-        list(pool.map(compile_one, kernels))
-    return time.perf_counter() - start
+def cached_kernels() -> int:
+    folder = Path(os.environ["CUPY_CACHE_DIR"])
+    return len(list(folder.glob("*.cubin"))) if folder.is_dir() else 0
 
 
 def child(args: argparse.Namespace) -> None:
-    """One step in this process: compile ahead (``ahead``), then warm_kernels, recording."""
-    start = time.perf_counter()
+    """One step in this process."""
+    from omicsprep.backend import cupy
     from omicsprep.cli import workflow_config
+    from omicsprep.kernels import manifest_of, recorded_requests, start_compiling_ahead, write_manifest
     from omicsprep.warmup import warm_kernels
 
-    imported = time.perf_counter() - start
-    records: list[dict] = []
+    cp = cupy()
+    cp.cuda.runtime.free(0)
+    manifest = args.out / "cupy_kernels.json.gz"
     ahead = 0.0
     if args.child == "ahead":
-        kernels = json.loads((args.out / "kernels.json").read_text())
-        timing = {"seconds": 0, "nvrtc_seconds": 0, "compiled": 0}
-        keys = [json.dumps(kernel | timing, sort_keys=True) for kernel in kernels]
-        unique = list(dict(zip(keys, kernels, strict=True)).values())
-        ahead = compile_ahead(unique, threads=args.threads)
-    record_compiles(records)
-    steps_start = time.perf_counter()
-    warm_kernels(workflow_config([]), backend="gpu", n_cells=args.cells)
-    steps = time.perf_counter() - steps_start
+        start = time.perf_counter()
+        start_compiling_ahead(processes=args.processes, manifest_path=manifest).finish()
+        ahead = time.perf_counter() - start
+    before = cached_kernels()
+    start = time.perf_counter()
+    with recorded_requests() as requests:
+        warm_kernels(workflow_config([]), backend="gpu", n_cells=args.cells)
+    steps = time.perf_counter() - start
     if args.child == "cold":
-        (args.out / "kernels.json").write_text(json.dumps(records))
+        write_manifest(manifest_of(requests, cupy_version=cp.__version__), manifest)
     row = {
         "step": args.child,
-        "imports_s": round(imported, 2),
         "ahead_s": round(ahead, 2),
         "steps_s": round(steps, 2),
-        "requests": len(records),
-        "compiled": sum(record["compiled"] for record in records),
-        "nvrtc_s": round(sum(record["nvrtc_seconds"] for record in records), 2),
-        "name_expressions": sum(record["kwargs"].get("name_expressions") is not None for record in records),
+        "requests": len(requests),
+        "compiled_in_steps": cached_kernels() - before,
+        "manifest_kb": round(manifest.stat().st_size / 1e3, 1) if manifest.exists() else 0,
     }
     print(json.dumps(row))
 
 
 def run_step(step: str, args: argparse.Namespace, caches: dict[str, str]) -> dict:
-    command = [sys.executable, __file__, "--child", step, "--cells", str(args.cells), "--threads", str(args.threads)]
-    command += ["--out", str(args.out)]
+    command = [sys.executable, __file__, "--child", step, "--cells", str(args.cells)]
+    command += ["--processes", str(args.processes), "--out", str(args.out)]
     start = time.perf_counter()
     result = subprocess.run(command, capture_output=True, text=True, check=False, env={**os.environ, **caches})
     wall = time.perf_counter() - start
@@ -141,7 +84,7 @@ def run_step(step: str, args: argparse.Namespace, caches: dict[str, str]) -> dic
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cells", type=int, default=4000)
-    parser.add_argument("--threads", type=int, default=16)
+    parser.add_argument("--processes", type=int, default=16)
     parser.add_argument("--out", type=Path, default=Path("kernel_compile_bench"))
     parser.add_argument("--child", choices=["cold", "warm", "ahead"], help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -153,12 +96,9 @@ def main() -> None:
     first = {name: str(root / "first" / name) for name in CACHES}
     second = {name: str(root / "second" / name) for name in CACHES}
     rows = [run_step("cold", args, first), run_step("warm", args, first), run_step("ahead", args, second)]
-    kernels = json.loads((args.out / "kernels.json").read_text())
-    slowest = sorted(kernels, key=lambda kernel: -kernel["nvrtc_seconds"])[:15]
-    for kernel in slowest:
-        print(f"{kernel['nvrtc_seconds']:.2f} s  {len(kernel['source'])} chars  {kernel['source'][-300:]!r}")
-    options = sorted({" ".join(kernel["options"]) for kernel in kernels})
-    print("option sets:", *options, sep="\n  ")
+    import cupy
+
+    print("cupy", cupy.__version__)
     table = pd.DataFrame(rows)
     print(table.to_string(index=False))
     table.to_csv(args.out / "kernel_compile_bench.tsv", sep="\t", index=False)

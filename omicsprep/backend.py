@@ -13,8 +13,6 @@ error, under ``"auto"`` too, rather than sending it to the CPU.
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import importlib.machinery
 import importlib.metadata
 import importlib.util
 import logging
@@ -78,44 +76,6 @@ def gpu_unavailable_reason() -> str | None:
     return f"not installed: {', '.join(missing)}" if missing else None
 
 
-# Parts of rapids-singlecell that omicsprep never calls but that its package imports (its ports of
-# decoupler, squidpy and pertpy; about 1 s of a GPU rule's start-up): run at first use instead.
-DEFERRED_MODULES = frozenset(
-    f"rapids_singlecell.{name}" for name in ("dcg", "decoupler_gpu", "gr", "squidpy_gpu", "ptg", "pertpy_gpu")
-)
-
-
-class DeferredImports(importlib.abc.MetaPathFinder):
-    """Find the modules ``names`` with a loader that runs each at its first attribute access.
-
-    Parameters
-    ----------
-    names
-        Full names of modules (``package.module``).
-    """
-
-    def __init__(self, names: frozenset[str]) -> None:
-        self.names = names
-
-    def find_spec(
-        self, fullname: str, path: Any, target: ModuleType | None = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        """The module's spec as Python's path finder gives it, with a lazy loader; ``None`` for other modules."""
-        if fullname not in self.names:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
-        if spec is not None and spec.loader is not None:
-            spec.loader = importlib.util.LazyLoader(spec.loader)
-        return spec
-
-
-def _import(name: str) -> ModuleType:
-    """Import ``name``; rapids-singlecell without :data:`DEFERRED_MODULES` until they are used."""
-    if name == "rapids_singlecell" and not any(isinstance(finder, DeferredImports) for finder in sys.meta_path):
-        sys.meta_path.insert(0, DeferredImports(DEFERRED_MODULES))
-    return importlib.import_module(name)
-
-
 _preparation: list[threading.Thread] = []
 _prepared: dict[str, threading.Event] = {}  # set once prepare_gpu's thread is done with the module
 
@@ -147,7 +107,7 @@ def prepare_gpu(backend: Backend, *, modules: tuple[str, ...] = ("rapids_singlec
             sys.modules["cupy"].cuda.runtime.free(0)  # creates the context without the GIL
             seconds["context"] = time.perf_counter() - start
             for name in modules:
-                _import(name)
+                importlib.import_module(name)
                 imported[name].set()
                 seconds[name] = time.perf_counter() - start - sum(seconds.values())
         except Exception:  # noqa: BLE001 - gpu_module imports again, and reports it
@@ -191,7 +151,7 @@ def gpu_module(name: str) -> ModuleType:
         return imported
     try:
         with phase("gpu_import"):
-            return _import(name)
+            return importlib.import_module(name)
     except Exception as exc:  # a driver or CUDA mismatch raises CUDA's own errors, not only ImportError
         msg = f"the GPU backend cannot import {name} ({type(exc).__name__}: {exc})"
         raise BackendUnavailableError(msg) from exc
@@ -391,6 +351,11 @@ def tf32_products() -> Iterator[None]:
         yield
     finally:
         linalg.set_compute_type(np.float32, previous)
+
+
+def cupy_compiler() -> ModuleType:
+    """Return the imported ``cupy.cuda.compiler`` module (CuPy's NVRTC front and kernel cache)."""
+    return importlib.import_module("cupy.cuda.compiler")
 
 
 def cupyx_sparse() -> ModuleType:

@@ -121,15 +121,33 @@ def workflow_config(paths: list[Path]) -> dict:
 
 
 def warm_kernels(args: argparse.Namespace) -> None:
-    """Compile the kernels of qc and cluster into this machine's caches."""
+    """Compile the kernels of qc and cluster into this machine's caches.
+
+    On the GPU the shipped manifest's kernels first, in a process per core; then the steps
+    run on a generated sample, compiling what the manifest lacks. ``--record`` writes the
+    kernel requests of the steps as a new manifest.
+    """
+    import contextlib
     import time
 
-    from omicsprep.backend import resolve_backend
+    from omicsprep.backend import cupy, resolve_backend
+    from omicsprep.kernels import manifest_of, recorded_requests, start_compiling_ahead, write_manifest
+    from omicsprep.resources import usable_cores
     from omicsprep.warmup import warm_kernels
 
     backend = resolve_backend(args.backend)
+    if args.record and backend != "gpu":
+        raise InputError("--record needs the GPU backend (it records CuPy's kernels)", path=args.record)
     start = time.perf_counter()
-    warm_kernels(workflow_config(args.configfile), backend=backend)
+    if backend == "gpu":
+        cupy().cuda.runtime.free(0)
+        start_compiling_ahead(processes=usable_cores()).finish()
+    with contextlib.ExitStack() as recording:
+        requests = recording.enter_context(recorded_requests()) if args.record else []
+        warm_kernels(workflow_config(args.configfile), backend=backend)
+    if args.record:
+        write_manifest(manifest_of(requests, cupy_version=cupy().__version__), args.record)
+        log.info("%d kernel requests recorded in %s", len(requests), args.record)
     log.info("%s kernels of qc and cluster compiled and cached in %.1f s", backend, time.perf_counter() - start)
 
 
@@ -214,6 +232,11 @@ def main(argv: list[str] | None = None) -> None:
         help="the run's configuration files, over config/config.yaml: the settings whose kernels are compiled",
     )
     warm.add_argument("--backend", choices=["auto", "cpu", "gpu"], default="auto")
+    warm.add_argument(
+        "--record",
+        type=Path,
+        help="write the GPU steps' CuPy kernel requests here, as a manifest (omicsprep/cupy_kernels.json.gz)",
+    )
     warm.set_defaults(run=warm_kernels)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s")

@@ -6,7 +6,8 @@ omicsprep's element-wise and raw kernels; ``CUPY_CACHE_DIR``, by default
 the CUDA driver's (``CUDA_CACHE_PATH``, by default ``~/.nv/ComputeCache``). A fresh machine's
 first GPU run otherwise spends about 35 s compiling in qc and cluster, several times their
 computing on a sample of 5,000 cells. Running the two steps once on a small generated sample,
-as a setup step, compiles what later runs load.
+as a setup step, compiles what later runs load (after :mod:`omicsprep.kernels` compiled the
+kernels it knows of in parallel processes).
 """
 
 from __future__ import annotations

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import re
 import subprocess
 import sys
@@ -11,14 +10,7 @@ import anndata as ad
 import numpy as np
 import pytest
 
-from omicsprep.backend import (
-    DeferredImports,
-    gpu_module,
-    gpu_unavailable_reason,
-    gpu_workers,
-    module_versions,
-    resolve_backend,
-)
+from omicsprep.backend import gpu_module, gpu_unavailable_reason, gpu_workers, module_versions, resolve_backend
 from omicsprep.errors import BackendUnavailableError
 
 
@@ -64,14 +56,12 @@ def test_preparing_the_gpu_overlaps_the_read_and_each_first_use_waits_for_its_mo
     # the thread does not import waits for the whole thread), which is then imported once.
     code = """
 import sys, threading
-from omicsprep.backend import DeferredImports, gpu_module, prepare_gpu, resolve_backend
+from omicsprep.backend import gpu_module, prepare_gpu, resolve_backend
 backend = resolve_backend("gpu")
 prepare_gpu(backend, modules=("rapids_singlecell", "pylibcugraph"))
 preparing = [t for t in threading.enumerate() if t.name == "omicsprep-prepare-gpu"]
 single_cell = gpu_module("rapids_singlecell")
 print(single_cell is sys.modules["rapids_singlecell"], not getattr(single_cell.__spec__, "_initializing", False))
-# its decoupler port is deferred, and runs when used
-print("rapids_singlecell.decoupler_gpu" not in sys.modules, callable(single_cell.dcg.ulm))
 graph = gpu_module("pylibcugraph")
 print(graph is sys.modules["pylibcugraph"], not getattr(graph.__spec__, "_initializing", False))
 gpu_module("cuml")
@@ -79,7 +69,7 @@ print(len(preparing), any(t.is_alive() for t in preparing))
 """
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split() == ["True", "True", "True", "True", "True", "True", "1", "False"]
+    assert result.stdout.split() == ["True", "True", "True", "True", "1", "False"]
 
 
 def test_a_matrix_beyond_32_bit_indices_is_refused_by_the_gpu_backend(monkeypatch):
@@ -93,27 +83,6 @@ def test_a_matrix_beyond_32_bit_indices_is_refused_by_the_gpu_backend(monkeypatc
     adata = ad.AnnData(sparse.random(5, 4, density=0.6, format="csr", dtype=np.float32, random_state=0))
     with pytest.raises(BackendUnavailableError, match=r"5 x 4 matrix of 12 non-zeros.*at most 10.*backend: cpu"):
         backend.to_device(adata, backend="gpu")
-
-
-def test_deferred_modules_run_at_first_use(tmp_path, monkeypatch):
-    # As rapids-singlecell's package imports its ports: the deferred one runs only when used.
-    package = tmp_path / "deferring_package"
-    package.mkdir()
-    (package / "__init__.py").write_text("from . import eager, ported\n")
-    (package / "eager.py").write_text("RAN = True\n")
-    (package / "ported.py").write_text("import builtins\nbuiltins.ported_ran = True\nVALUE = 3\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(sys, "meta_path", [DeferredImports(frozenset({"deferring_package.ported"})), *sys.meta_path])
-    import builtins
-
-    imported = importlib.import_module("deferring_package")
-    assert imported.eager.RAN
-    assert not hasattr(builtins, "ported_ran")
-    assert imported.ported.VALUE == 3
-    assert builtins.ported_ran
-    del builtins.ported_ran
-    for name in ("deferring_package", "deferring_package.eager", "deferring_package.ported"):
-        sys.modules.pop(name)
 
 
 def test_preparing_the_cpu_backend_starts_nothing():

@@ -67,3 +67,79 @@ def test_a_configuration_that_breaks_the_schema_is_named_with_its_key(tmp_path):
     assert result.stderr.strip().splitlines()[-1] == (
         f"omicsprep error: file '{config}': qc.min_cells_left: 'many' is not of type 'integer'"
     )
+
+
+def test_kernel_manifests_travel_between_installs_and_keep_each_kernel_once(tmp_path):
+    from omicsprep.kernels import local_options, manifest_of, portable_options, read_manifest, write_manifest
+
+    here = {"{cupy}": "/env/lib/site-packages/cupy", "{site}": "/env/lib/site-packages"}
+    there = {"{cupy}": "/opt/py/site-packages/cupy", "{site}": "/opt/py/site-packages"}
+    options = ["-I/env/lib/site-packages/cupy/_core/include", "--std=c++17", "-I/env/lib/site-packages/nvidia/include"]
+    portable = portable_options(options, here)
+    assert portable == ["-I{cupy}/_core/include", "--std=c++17", "-I{site}/nvidia/include"]
+    assert local_options(portable, there) == (
+        "-I/opt/py/site-packages/cupy/_core/include",
+        "--std=c++17",
+        "-I/opt/py/site-packages/nvidia/include",
+    )
+    headers = "#include <cupy/complex.cuh> " * 100
+    requests = [
+        {"arguments": {"source": "a", "options": portable, "extra_source": headers}, "seconds": 2.0},
+        {"arguments": {"source": "b", "options": portable, "extra_source": headers}, "seconds": 0.5},
+        {"arguments": {"source": "a", "options": portable, "extra_source": headers}, "seconds": 0.01},  # cached
+    ]
+    manifest = manifest_of(requests, cupy_version="14.2.0")
+    assert manifest["texts"] == [headers]
+    assert [(k["arguments"]["source"], k["arguments"]["extra_source"], k["seconds"]) for k in manifest["kernels"]] == [
+        ("a", 0, 2.0),
+        ("b", 0, 0.5),
+    ]
+    write_manifest(manifest, tmp_path / "kernels.json.gz")
+    assert read_manifest(tmp_path / "kernels.json.gz") == manifest
+
+
+def test_kernels_are_dealt_into_groups_of_about_equal_time():
+    from omicsprep.kernels import balanced_groups
+
+    kernels = [{"name": index, "seconds": seconds} for index, seconds in enumerate([3, 3, 2, 2, 1, 1, 0.5, 0.5])]
+    groups = balanced_groups(kernels, n_groups=3)
+    assert sorted(kernel["name"] for group in groups for kernel in group) == list(range(8))
+    assert sorted(sum(kernel["seconds"] for kernel in group) for group in groups) == [4, 4.5, 4.5]
+    assert len(balanced_groups(kernels[:2], n_groups=4)) == 2  # no empty groups
+
+
+@pytest.mark.gpu
+def test_shipped_kernels_compiled_ahead_leave_nothing_to_compile_in_the_steps(tmp_path):
+    # A fresh machine (empty caches): the shipped manifest compiled ahead in processes, then
+    # rule qc_cluster's steps on the generated sample compile nothing more (but the 3 kernels
+    # with name expressions, which are not shipped: CuPy compiles them in every process); a second start
+    # finds the cache marked and starts no process.
+    code = """
+import os
+from pathlib import Path
+from omicsprep.backend import cupy
+from omicsprep.cli import workflow_config
+from omicsprep.kernels import start_compiling_ahead
+from omicsprep.warmup import warm_kernels
+
+cupy().cuda.runtime.free(0)
+cache = Path(os.environ["CUPY_CACHE_DIR"])
+ahead = start_compiling_ahead(processes=8)
+print(len(ahead.processes), ahead.finish())
+compiled = len(list(cache.glob("*.cubin")))
+warm_kernels(workflow_config([]), backend="gpu")
+print(compiled, len(list(cache.glob("*.cubin"))) - compiled, len(start_compiling_ahead(processes=8).processes))
+"""
+    caches = {name: str(tmp_path / name) for name in ("CUPY_CACHE_DIR", "NUMBA_CACHE_DIR", "CUDA_CACHE_PATH")}
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env={**os.environ, **caches}
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (processes, succeeded), (compiled_ahead, compiled_in_steps, second_start) = (
+        line.split() for line in result.stdout.strip().splitlines()[-2:]
+    )
+    assert processes == "8" and succeeded == "True"
+    print(f"MEASURE kernels compiled ahead: {compiled_ahead}; compiled in the steps after: {compiled_in_steps}")
+    assert int(compiled_ahead) >= 100
+    assert int(compiled_in_steps) <= 3  # those with name expressions, which CuPy compiles in every process
+    assert second_start == "0"
