@@ -171,7 +171,9 @@ class AheadCompilation:
         The processes started (empty when the cache holds the manifest already, or when
         the manifest is of another CuPy release).
     marker
-        The file written into the cache once they all succeeded.
+        The file written into the cache once they all succeeded (``None``: none to write).
+    folder
+        The temporary folder of their groups' files, removed at the end.
     """
 
     def __init__(self, processes: list[subprocess.Popen], marker: Path | None, folder: Path | None) -> None:
