@@ -137,7 +137,11 @@ def write_manifest(manifest: dict[str, Any], path: Path) -> None:
 
 def read_manifest(path: Path) -> dict[str, Any]:
     """The manifest at ``path`` (:func:`write_manifest`)."""
-    return json.loads(gzip.decompress(path.read_bytes()))
+    return _decoded(path.read_bytes())
+
+
+def _decoded(manifest_bytes: bytes) -> dict[str, Any]:
+    return json.loads(gzip.decompress(manifest_bytes))
 
 
 def balanced_groups(kernels: list[dict[str, Any]], *, n_groups: int) -> list[list[dict[str, Any]]]:
@@ -151,10 +155,10 @@ def balanced_groups(kernels: list[dict[str, Any]], *, n_groups: int) -> list[lis
     return [group for group in groups if group]
 
 
-def compile_manifest(manifest: dict[str, Any], kernels: list[dict[str, Any]] | None = None) -> None:
-    """Compile ``kernels`` of ``manifest`` (all by default) into CuPy's cache, in this process."""
+def compile_manifest(manifest: dict[str, Any]) -> None:
+    """Compile the kernels of ``manifest`` into CuPy's cache, in this process."""
     compiler, roots = _compiler(), _roots()
-    for kernel in manifest["kernels"] if kernels is None else kernels:
+    for kernel in manifest["kernels"]:
         arguments = dict(kernel["arguments"])
         arguments["options"] = local_options(arguments.get("options", []), roots)
         if arguments.get("extra_source") is not None:
@@ -215,7 +219,7 @@ def start_compiling_ahead(*, processes: int, manifest_path: Path = MANIFEST) -> 
 
     cp = cupy()
     manifest_bytes = manifest_path.read_bytes()
-    manifest = json.loads(gzip.decompress(manifest_bytes))
+    manifest = _decoded(manifest_bytes)  # its bytes name the cache's marker
     if manifest["cupy"] != cp.__version__:
         log.info("kernels not compiled ahead: the manifest is of CuPy %s, this is %s", manifest["cupy"], cp.__version__)
         return AheadCompilation([], None, None)
@@ -256,7 +260,7 @@ def main(argv: list[str] | None = None) -> None:
 
     (path,) = sys.argv[1:] if argv is None else argv
     group = json.loads(Path(path).read_text())
-    Path(path).unlink()  # gone even when the rule that started this process ended first
+    Path(path).unlink()  # gone even when the command that started this process was stopped first
     cupy().cuda.runtime.free(0)  # a context, into which each compiled kernel is loaded
     compile_manifest(group)
 
