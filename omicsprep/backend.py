@@ -88,6 +88,8 @@ def prepare_gpu(backend: Backend, *, modules: tuple[str, ...] = ("rapids_singlec
     libraries needed later (cuGraph, for clustering) overlap the first steps too; a
     :func:`gpu_module` call for one of ``modules`` waits for that one only. A failure is
     left to that call to report. A no-op on the CPU backend, and after the first call.
+    Where this machine's CuPy cache lacks the shipped kernels (a fresh machine), the thread
+    first starts compiling them in processes (:func:`omicsprep.kernels.compile_ahead_in_background`).
 
     Parameters
     ----------
@@ -106,6 +108,8 @@ def prepare_gpu(backend: Backend, *, modules: tuple[str, ...] = ("rapids_singlec
         try:
             sys.modules["cupy"].cuda.runtime.free(0)  # creates the context without the GIL
             seconds["context"] = time.perf_counter() - start
+            _compile_kernels_ahead()
+            seconds["kernels"] = time.perf_counter() - start - seconds["context"]
             for name in modules:
                 importlib.import_module(name)
                 imported[name].set()
@@ -121,6 +125,17 @@ def prepare_gpu(backend: Backend, *, modules: tuple[str, ...] = ("rapids_singlec
     thread = threading.Thread(target=prepare, name="omicsprep-prepare-gpu", daemon=True)
     _preparation.append(thread)
     thread.start()
+
+
+def _compile_kernels_ahead() -> None:
+    """Start compiling the shipped CuPy kernels in processes, once per machine (:mod:`omicsprep.kernels`)."""
+    from omicsprep.kernels import compile_ahead_in_background
+    from omicsprep.resources import usable_cores
+
+    try:
+        compile_ahead_in_background(processes=usable_cores())
+    except Exception as error:  # noqa: BLE001 - kernels then compile at first use, as without a manifest
+        log.warning("kernels not compiled ahead: %s", error)
 
 
 def gpu_module(name: str) -> ModuleType:

@@ -8,6 +8,8 @@ in 16 threads. So omicsprep ships the requests that ``omicsprep warm-kernels --r
 (:data:`MANIFEST`: sources and options, not binaries), and ``omicsprep warm-kernels`` hands
 them to one process per core (7.3 s on 16 cores of that machine), then runs the steps for
 whatever the manifest lacks. A marker in the cache records that the manifest was compiled.
+Every GPU rule's start-up does the same beside its imports (:func:`compile_ahead_in_background`),
+so that a fresh machine's first run needs no ``warm-kernels`` first.
 
 A manifest holds to the CuPy release that recorded it: under another one, the sources CuPy
 generates may differ, so nothing is compiled ahead, and kernels compile at first use as before.
@@ -27,6 +29,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -184,15 +187,21 @@ class AheadCompilation:
         self.processes, self.marker, self.folder, self.started = processes, marker, folder, time.perf_counter()
 
     def finish(self) -> bool:
-        """Wait for the processes; mark the cache when all succeeded. Whether they did (``True`` when none ran)."""
+        """Wait for the processes; mark the cache when all succeeded. Whether they did (``True`` when none ran).
+
+        The folder, with each process's standard error, is kept when one failed.
+        """
         failed = [process.args for process in self.processes if process.wait() != 0]
-        if self.folder is not None:
-            shutil.rmtree(self.folder, ignore_errors=True)
         if failed:
             log.warning(
-                "kernels compiled ahead: %d of %d processes failed (see above)", len(failed), len(self.processes)
+                "kernels compiled ahead: %d of %d processes failed (errors: %s/*.log); the rest compile at first use",
+                len(failed),
+                len(self.processes),
+                self.folder,
             )
             return False
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
         if self.marker is not None:
             self.marker.touch()
             log.info(
@@ -239,8 +248,31 @@ def start_compiling_ahead(*, processes: int, manifest_path: Path = MANIFEST) -> 
         path.write_text(json.dumps({**manifest, "kernels": group}))
         command = [sys.executable, "-m", "omicsprep.kernels", str(path)]
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": _visible_device(device.id)}
-        started.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, env=env))
+        # Not the caller's standard error: a caller reading it through a pipe would wait for
+        # processes that may outlive it.
+        with (folder / f"group{index}.log").open("wb") as errors:
+            started.append(
+                subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors, env=env)
+            )
     return AheadCompilation(started, marker, folder)
+
+
+def compile_ahead_in_background(*, processes: int) -> None:
+    """Start compiling the shipped kernels ahead (:func:`start_compiling_ahead`); a daemon thread waits for them.
+
+    A GPU rule's start-up calls it, with a CUDA context current: on a fresh machine its kernels
+    then compile on all cores while it imports and reads, not one by one at first use. The
+    processes outlive a rule that ends first; what they compiled stays cached, and the next
+    rule's start, finding the cache unmarked, starts them again (quick: all cached by then).
+
+    Parameters
+    ----------
+    processes
+        Processes at most.
+    """
+    compilation = start_compiling_ahead(processes=processes)
+    if compilation.processes:
+        threading.Thread(target=compilation.finish, name="omicsprep-compile-ahead", daemon=True).start()
 
 
 def _cache_dir() -> Path:

@@ -69,14 +69,14 @@ def run_script(main: Callable[[], None], *, log_path: str | Path, sample: str | 
     try:
         main()
         log_phases(startup=startup, body=time.perf_counter() - started)
-    except (InputError, BackendUnavailableError) as exc:
-        if isinstance(exc, InputError) and exc.sample is None and sample is not None:
+    except InputError as exc:
+        if exc.sample is None and sample is not None:
             exc = exc.for_sample(sample)
         log.error("%s", exc)
         print(f"omicsprep error: {exc}", file=console)
         sys.exit(1)
-    except (OutOfSpaceError, OutOfMemoryError) as exc:
-        log.error("%s", exc, exc_info=True)
+    except (BackendUnavailableError, OutOfSpaceError, OutOfMemoryError) as exc:
+        log.error("%s", exc, exc_info=not isinstance(exc, BackendUnavailableError))
         print(f"omicsprep error: sample {sample!r}: {exc}" if sample else f"omicsprep error: {exc}", file=console)
         sys.exit(1)
     except Exception:

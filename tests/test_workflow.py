@@ -500,7 +500,7 @@ def test_empty_matrix_fails_its_sample_and_leaves_nothing(tmp_path):
 def test_explicit_gpu_without_one_fails_clearly(tmp_path):
     sheet = write_sheet(tmp_path / "s.tsv", [f"pbmc\t{PBMC_H5}"])
     result = snakemake("--cores", "1", "--config", f"samples={sheet}", "backend=gpu", workdir=tmp_path)
-    expect_failure(result, "omicsprep error: backend 'gpu' was requested but cannot be used")
+    expect_failure(result, "omicsprep error: sample 'pbmc': backend 'gpu' was requested but cannot be used")
     assert not (tmp_path / "results" / "pbmc" / "qc.h5ad").exists()
 
 
