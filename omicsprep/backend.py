@@ -76,6 +76,8 @@ def gpu_unavailable_reason() -> str | None:
     return f"not installed: {', '.join(missing)}" if missing else None
 
 
+# A 16 GB GPU gets 4 compiling processes (with their contexts, under a tenth of it), an H200 one per core.
+DEVICE_BYTES_PER_COMPILING_PROCESS = 4 * 2**30
 _preparation: list[threading.Thread] = []
 _prepared: dict[str, threading.Event] = {}  # set once prepare_gpu's thread is done with the module
 
@@ -128,12 +130,19 @@ def prepare_gpu(backend: Backend, *, modules: tuple[str, ...] = ("rapids_singlec
 
 
 def _compile_kernels_ahead() -> None:
-    """Start compiling the shipped CuPy kernels in processes, once per machine (:mod:`omicsprep.kernels`)."""
+    """Start compiling the shipped CuPy kernels in processes, once per machine (:mod:`omicsprep.kernels`).
+
+    One per core, and one per :data:`DEVICE_BYTES_PER_COMPILING_PROCESS` of the device's memory
+    at most: each holds a CUDA context (a few hundred MB) on the device the rule computes on.
+    """
     from omicsprep.kernels import compile_ahead_in_background
     from omicsprep.resources import usable_cores
 
     try:
-        compile_ahead_in_background(processes=usable_cores())
+        _, device_bytes = sys.modules["cupy"].cuda.Device().mem_info
+        compile_ahead_in_background(
+            processes=min(usable_cores(), max(1, device_bytes // DEVICE_BYTES_PER_COMPILING_PROCESS))
+        )
     except Exception as error:  # noqa: BLE001 - kernels then compile at first use, as without a manifest
         log.warning("kernels not compiled ahead: %s", error)
 
