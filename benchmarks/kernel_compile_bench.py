@@ -50,7 +50,9 @@ def child(args: argparse.Namespace) -> None:
     ahead = 0.0
     if args.child == "ahead":
         start = time.perf_counter()
-        start_compiling_ahead(processes=args.processes, manifest_path=manifest).finish()
+        compiling = start_compiling_ahead(processes=args.processes, manifest_path=manifest, retry_failed=True)
+        if compiling is not None:
+            compiling.wait()
         ahead = time.perf_counter() - start
     before = cached_kernels()
     start = time.perf_counter()
