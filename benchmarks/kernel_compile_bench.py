@@ -50,9 +50,7 @@ def child(args: argparse.Namespace) -> None:
     ahead = 0.0
     if args.child == "ahead":
         start = time.perf_counter()
-        compiling = start_compiling_ahead(processes=args.processes, manifest_path=manifest, retry_failed=True)
-        if compiling is not None:
-            compiling.wait()
+        start_compiling_ahead(processes=args.processes, manifest_path=manifest).finish()
         ahead = time.perf_counter() - start
     before = cached_kernels()
     start = time.perf_counter()

@@ -76,8 +76,6 @@ def gpu_unavailable_reason() -> str | None:
     return f"not installed: {', '.join(missing)}" if missing else None
 
 
-# A 16 GB GPU gets 3 compiling processes (with their contexts, under a tenth of it), an H200 one per core.
-DEVICE_BYTES_PER_COMPILING_PROCESS = 4 * 2**30
 _preparation: list[threading.Thread] = []
 _prepared: dict[str, threading.Event] = {}  # set once prepare_gpu's thread is done with the module
 
@@ -90,8 +88,6 @@ def prepare_gpu(backend: Backend, *, modules: tuple[str, ...] = ("rapids_singlec
     libraries needed later (cuGraph, for clustering) overlap the first steps too; a
     :func:`gpu_module` call for one of ``modules`` waits for that one only. A failure is
     left to that call to report. A no-op on the CPU backend, and after the first call.
-    Where this machine's CuPy cache lacks the shipped kernels (a fresh machine), the thread
-    first starts compiling them in processes (:func:`omicsprep.kernels.start_compiling_ahead`).
 
     Parameters
     ----------
@@ -110,8 +106,6 @@ def prepare_gpu(backend: Backend, *, modules: tuple[str, ...] = ("rapids_singlec
         try:
             sys.modules["cupy"].cuda.runtime.free(0)  # creates the context without the GIL
             seconds["context"] = time.perf_counter() - start
-            _compile_kernels_ahead()
-            seconds["kernels"] = time.perf_counter() - start - seconds["context"]
             for name in modules:
                 importlib.import_module(name)
                 imported[name].set()
@@ -127,22 +121,6 @@ def prepare_gpu(backend: Backend, *, modules: tuple[str, ...] = ("rapids_singlec
     thread = threading.Thread(target=prepare, name="omicsprep-prepare-gpu", daemon=True)
     _preparation.append(thread)
     thread.start()
-
-
-def _compile_kernels_ahead() -> None:
-    """Start compiling the shipped CuPy kernels in processes where the cache lacks them (:mod:`omicsprep.kernels`).
-
-    One per core, and one per :data:`DEVICE_BYTES_PER_COMPILING_PROCESS` of the device's memory
-    at most: each holds a CUDA context (a few hundred MB) on the device the rule computes on.
-    """
-    from omicsprep.kernels import start_compiling_ahead
-    from omicsprep.resources import usable_cores
-
-    try:
-        _, device_bytes = sys.modules["cupy"].cuda.Device().mem_info
-        start_compiling_ahead(processes=min(usable_cores(), max(1, device_bytes // DEVICE_BYTES_PER_COMPILING_PROCESS)))
-    except Exception as error:  # noqa: BLE001 - kernels then compile at first use, as without a manifest
-        log.warning("kernels not compiled ahead: %s", error)
 
 
 def gpu_module(name: str) -> ModuleType:

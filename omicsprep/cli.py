@@ -141,9 +141,7 @@ def warm_kernels(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     if backend == "gpu":
         cupy().cuda.runtime.free(0)
-        compiling = start_compiling_ahead(processes=usable_cores(), retry_failed=True)
-        if compiling is not None and compiling.wait() != 0:
-            log.warning("kernels compiled ahead: some failed (see CuPy's cache, omicsprep-kernels-*.failed)")
+        start_compiling_ahead(processes=usable_cores()).finish()
     with contextlib.ExitStack() as recording:
         requests = recording.enter_context(recorded_requests()) if args.record else []
         warm_kernels(workflow_config(args.configfile), backend=backend)

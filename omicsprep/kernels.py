@@ -8,9 +8,6 @@ in 16 threads. So omicsprep ships the requests that ``omicsprep warm-kernels --r
 (:data:`MANIFEST`: sources and options, not binaries), and ``omicsprep warm-kernels`` hands
 them to one process per core (7.3 s on 16 cores of that machine), then runs the steps for
 whatever the manifest lacks. A marker in the cache records that the manifest was compiled.
-Every GPU rule's start-up does the same beside its imports (:func:`start_compiling_ahead`,
-through a supervising process that the rule may outlive), so that a fresh machine's first run
-needs no ``warm-kernels`` first.
 
 A manifest holds to the CuPy release that recorded it: under another one, the sources CuPy
 generates may differ, so nothing is compiled ahead, and kernels compile at first use as before.
@@ -169,16 +166,47 @@ def compile_manifest(manifest: dict[str, Any]) -> None:
         compiler._compile_module_with_cache(**arguments)  # noqa: SLF001
 
 
-def start_compiling_ahead(
-    *, processes: int, manifest_path: Path = MANIFEST, retry_failed: bool = False
-) -> subprocess.Popen | None:
+class AheadCompilation:
+    """Processes compiling a manifest's kernels into CuPy's cache; :meth:`finish` waits for them.
+
+    Parameters
+    ----------
+    processes
+        The processes started (empty when the cache holds the manifest already, or when
+        the manifest is of another CuPy release).
+    marker
+        The file written into the cache once they all succeeded (``None``: none to write).
+    folder
+        The temporary folder of their groups' files, removed at the end.
+    """
+
+    def __init__(self, processes: list[subprocess.Popen], marker: Path | None, folder: Path | None) -> None:
+        self.processes, self.marker, self.folder, self.started = processes, marker, folder, time.perf_counter()
+
+    def finish(self) -> bool:
+        """Wait for the processes; mark the cache when all succeeded. Whether they did (``True`` when none ran)."""
+        failed = [process.args for process in self.processes if process.wait() != 0]
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+        if failed:
+            log.warning(
+                "kernels compiled ahead: %d of %d processes failed (see above)", len(failed), len(self.processes)
+            )
+            return False
+        if self.marker is not None:
+            self.marker.touch()
+            log.info(
+                "kernels compiled ahead in %d processes in %.1f s",
+                len(self.processes),
+                time.perf_counter() - self.started,
+            )
+        return True
+
+
+def start_compiling_ahead(*, processes: int, manifest_path: Path = MANIFEST) -> AheadCompilation:
     """Start compiling a manifest's kernels into CuPy's cache in up to ``processes`` processes, unless done before.
 
-    The work goes to a supervising process (``python -m omicsprep.kernels supervise``), which
-    the caller may outlive or not: it runs the compiling processes, marks the cache once all
-    succeeded, or records their failure beside the marker (their errors kept in a folder of
-    the cache). Only one supervisor compiles a manifest at a time (a lock in the cache); one
-    started meanwhile ends at once. Call it with a CUDA context current.
+    Call it with a CUDA context current (each process creates its own, to load what it compiled).
 
     Parameters
     ----------
@@ -186,13 +214,6 @@ def start_compiling_ahead(
         Processes at most; each compiles a share of about equal recorded time.
     manifest_path
         The manifest (:func:`write_manifest`).
-    retry_failed
-        Try again after a recorded failure (otherwise it is logged, and nothing is started).
-
-    Returns
-    -------
-    The supervising process; ``None`` when the cache is marked, a failure is recorded (and
-    ``retry_failed`` is false), or the manifest is of another CuPy release.
     """
     from omicsprep.backend import cupy
 
@@ -201,7 +222,7 @@ def start_compiling_ahead(
     manifest = _decoded(manifest_bytes)  # its bytes name the cache's marker
     if manifest["cupy"] != cp.__version__:
         log.info("kernels not compiled ahead: the manifest is of CuPy %s, this is %s", manifest["cupy"], cp.__version__)
-        return None
+        return AheadCompilation([], None, None)
     device = cp.cuda.Device()
     # The cache's kernels are for this device's architecture and this CUDA release.
     identity = b" ".join(
@@ -209,74 +230,17 @@ def start_compiling_ahead(
     )
     marker = _cache_dir() / f"omicsprep-kernels-{hashlib.sha256(identity).hexdigest()[:16]}"
     if marker.exists():
-        return None
-    if _failure(marker).exists() and not retry_failed:
-        log.warning(
-            "kernels not compiled ahead: %s (`omicsprep warm-kernels` tries again)",
-            _failure(marker).read_text().strip(),
-        )
-        return None
+        return AheadCompilation([], None, None)
     marker.parent.mkdir(parents=True, exist_ok=True)
-    # In the cache, not in a job's temporary folder: a failure's errors outlive the job.
-    folder = Path(tempfile.mkdtemp(prefix=f"{marker.name}-work-", dir=marker.parent))
+    folder = Path(tempfile.mkdtemp(prefix="omicsprep-kernels-"))
+    started = []
     for index, group in enumerate(balanced_groups(manifest["kernels"], n_groups=max(1, processes))):
-        (folder / f"group{index}.json").write_text(json.dumps({**manifest, "kernels": group}))
-    command = [sys.executable, "-m", "omicsprep.kernels", "supervise", str(folder), str(marker)]
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": _visible_device(device.id)}
-    # Not the caller's standard error: a caller reading it through a pipe would wait for a
-    # process that may outlive it.
-    with (folder / "supervise.log").open("wb") as errors:
-        return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors, env=env)
-
-
-def supervise(folder: Path, marker: Path) -> int:
-    """Compile each group file of ``folder`` in a process of its own; mark the cache when all succeeded.
-
-    Ends at once (0) when another supervisor holds the manifest's lock or the cache is marked.
-    Holding the lock, it removes the manifest's other work folders (left by supervisors
-    killed on the way, or by a failure it tries again). On failure, the record beside the
-    marker names the kept folder with each process's errors (1). The exit code.
-    """
-    import fcntl
-
-    with marker.with_name(f"{marker.name}.lock").open("w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:  # another supervisor compiles this manifest
-            shutil.rmtree(folder, ignore_errors=True)
-            return 0
-        except OSError:  # a file system without locks: compile all the same
-            pass
-        groups = sorted(folder.glob("group*.json"))
-        if marker.exists() or not groups:  # done meanwhile; no groups: removed as stale by the supervisor before
-            shutil.rmtree(folder, ignore_errors=True)
-            return 0
-        # Folders of supervisors killed on the way, or of a failure now tried again.
-        for stale in marker.parent.glob(f"{marker.name}-work-*"):
-            if stale != folder:
-                shutil.rmtree(stale, ignore_errors=True)
-        started, processes = time.perf_counter(), []
-        for group in groups:
-            command = [sys.executable, "-m", "omicsprep.kernels", "compile", str(group)]
-            with group.with_suffix(".log").open("wb") as errors:
-                processes.append(
-                    subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors)
-                )
-        failed = sum(process.wait() != 0 for process in processes)
-        if failed:
-            _failure(marker).write_text(
-                f"{failed} of {len(processes)} compiling processes failed; their errors: {folder}/group*.log\n"
-            )
-            return 1
-        marker.write_text(f"compiled in {len(processes)} processes in {time.perf_counter() - started:.1f} s\n")
-        _failure(marker).unlink(missing_ok=True)
-        shutil.rmtree(folder, ignore_errors=True)
-        return 0
-
-
-def _failure(marker: Path) -> Path:
-    """The record of a failed compile, beside the cache's marker."""
-    return marker.with_name(f"{marker.name}.failed")
+        path = folder / f"group{index}.json"
+        path.write_text(json.dumps({**manifest, "kernels": group}))
+        command = [sys.executable, "-m", "omicsprep.kernels", str(path)]
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": _visible_device(device.id)}
+        started.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, env=env))
+    return AheadCompilation(started, marker, folder)
 
 
 def _cache_dir() -> Path:
@@ -291,15 +255,12 @@ def _visible_device(index: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m omicsprep.kernels compile GROUP.json`` or ``supervise FOLDER MARKER``."""
-    command, *paths = sys.argv[1:] if argv is None else argv
-    if command == "supervise":
-        folder, marker = map(Path, paths)
-        sys.exit(supervise(folder, marker))
+    """Compile the kernels of one group file (``python -m omicsprep.kernels GROUP.json``)."""
     from omicsprep.backend import cupy
 
-    (path,) = paths
+    (path,) = sys.argv[1:] if argv is None else argv
     group = json.loads(Path(path).read_text())
+    Path(path).unlink()  # gone even when the command that started this process was stopped first
     cupy().cuda.runtime.free(0)  # a context, into which each compiled kernel is loaded
     compile_manifest(group)
 
