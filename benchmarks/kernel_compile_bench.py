@@ -10,7 +10,7 @@ in folders of its own:
    (``cupy_kernels.json.gz`` under ``--out``: what ``omicsprep warm-kernels --record`` writes);
 2. ``warm``: again on those caches: the floor;
 3. ``ahead``: from empty caches, that manifest compiled first in ``--processes`` processes
-   (:mod:`omicsprep.kernels`, as a GPU rule does at its start), then the steps.
+   (:mod:`omicsprep.kernels`, as ``omicsprep warm-kernels`` does), then the steps.
 
 For each: seconds, requests, and kernels compiled during the steps (files added to CuPy's
 cache). Prints a table and writes it (``kernel_compile_bench.tsv``) under ``--out``.
@@ -28,8 +28,6 @@ import time
 from pathlib import Path
 
 import pandas as pd
-
-CACHES = ("CUPY_CACHE_DIR", "NUMBA_CACHE_DIR", "CUDA_CACHE_PATH")
 
 
 def cached_kernels() -> int:
@@ -92,9 +90,12 @@ def main() -> None:
     if args.child:
         child(args)
         return
+    # Here, not at the top: the steps' processes, which run this file, stay without run.py's imports.
+    sys.path.insert(0, str(Path(__file__).parent))
+    from run import kernel_caches
+
     root = Path(tempfile.mkdtemp(prefix="kernel-caches-"))
-    first = {name: str(root / "first" / name) for name in CACHES}
-    second = {name: str(root / "second" / name) for name in CACHES}
+    first, second = kernel_caches(root / "first"), kernel_caches(root / "second")
     rows = [run_step("cold", args, first), run_step("warm", args, first), run_step("ahead", args, second)]
     import cupy
 
