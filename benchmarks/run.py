@@ -3,6 +3,7 @@
     python benchmarks/run.py --cells 20000 100000 --backends cpu gpu --peer
     python benchmarks/run.py --quick        # ~1 minute on 2 cores; used by the test suite
     python benchmarks/run.py --cells 5000 --backends cpu gpu --fused-only --cold   # a fresh machine, then warm
+    python benchmarks/run.py --cells 5000 --backends cpu gpu --fused-only --workers  # also through warm workers
 
 For each size: generates data (benchmarks/generate.py, cached in the work folder), runs the
 workflow with each backend and the peer (benchmarks/peer_scanpy.py) with the same settings,
@@ -18,6 +19,7 @@ import argparse
 import contextlib
 import datetime as dt
 import functools
+import itertools
 import json
 import os
 import platform
@@ -28,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -97,39 +99,51 @@ def run_workflow(
     *,
     fused: bool = False,
     caches: dict[str, str] | None = None,
+    workers: bool = False,
     label: str = "",
 ) -> dict:
     """One run of the workflow on ``counts``.
 
     With ``fused``, qc, cluster and their figures as one rule (fuse_qc_cluster); with
     ``caches`` (:func:`kernel_caches`), kernels compiled into and loaded from those folders
-    rather than the machine's; ``label`` is added to the run's name.
+    rather than the machine's; with ``workers``, the rules run by warm workers started
+    before the run (:func:`warm_workers`, untimed; ``workers_start_s``); ``label`` is added
+    to the run's name.
     """
-    name = (f"{backend}-fused" if fused else backend) + label
+    name = (f"{backend}-fused" if fused else backend) + ("-workers" if workers else "") + label
     rundir = workdir / f"{name}_{counts.stem}"
     rundir.mkdir(parents=True, exist_ok=True)
     sheet = rundir / "samples.tsv"
     sheet.write_text(f"sample\tinput\nbench\t{counts}\n")
     shutil.rmtree(rundir / "results", ignore_errors=True)  # as a first run finds it; not Snakemake's to remove
-    launched = time.time()
-    wall = run_snakemake(
-        rundir,
-        config=config,
-        sheet=sheet,
-        backend=backend,
-        cores=cores,
-        settings=[f"fuse_qc_cluster={str(fused).lower()}"],
-        environment=caches,
-    )
+    environment = dict(caches or {})
+    with contextlib.ExitStack() as stack:
+        if workers:
+            environment, workers_start = stack.enter_context(warm_workers(rundir / "runtime", environment))
+        launched = time.time()
+        wall = run_snakemake(
+            rundir,
+            config=config,
+            sheet=sheet,
+            backend=backend,
+            cores=cores,
+            settings=[f"fuse_qc_cluster={str(fused).lower()}"],
+            environment=environment,
+        )
     times = pd.read_csv(rundir / "results" / "run_times.tsv", sep="\t")
     totals = times[times["step"] == "total"].set_index("rule")
     steps = times[times["step"] != "total"]
+    # A rule run by a worker: its benchmark file measured the process that handed it over.
+    worker_peaks = [
+        phases.get("worker_max_rss_mb", 0.0) for phases in map(read_phases, rundir.glob("logs/*/*.log")) if phases
+    ]
     return {
         "label": f"workflow-{name}",
         "wall_s": round(wall, 2),
+        **({"workers_start_s": round(workers_start, 2)} if workers else {}),
         "compute_rules_s": round(float(totals.loc[totals.index.isin(COMPUTE_RULES), "seconds"].sum()), 2),
         "steps_s": round(float(steps.loc[~steps["step"].isin(["to_device", "to_host"]), "seconds"].sum()), 2),
-        "peak_rss_mb": round(float(totals["max_rss_mb"].max()), 1),
+        "peak_rss_mb": round(max(float(totals["max_rss_mb"].max()), *worker_peaks), 1),
         "obs": pd.read_parquet(rundir / "results" / "bench" / "obs.parquet"),
         "hvg": _hvg(rundir / "results" / "bench" / "processed.h5ad"),
         "steps": times.set_index(["rule", "step"])["seconds"].rename(f"workflow-{name}"),
@@ -293,6 +307,23 @@ def run_snakemake(
     if result.returncode != 0:
         raise RuntimeError(f"workflow ({backend}) failed:\n{result.stderr[-5000:]}")
     return time.perf_counter() - start
+
+
+@contextlib.contextmanager
+def warm_workers(runtime: Path, environment: dict[str, str]) -> Iterator[tuple[dict[str, str], float]]:
+    """``omicsprep workers start`` for one run (its server's socket in ``runtime``), stopped after.
+
+    Yields the run's environment (``environment`` and the server's folder) and the seconds
+    until a worker was ready.
+    """
+    env = {**environment, "OMICSPREP_RUNTIME_DIR": str(runtime)}
+    command = [sys.executable, "-m", "omicsprep.cli", "workers"]
+    start = time.perf_counter()
+    subprocess.run([*command, "start"], env={**user_environment(), **env}, check=True, capture_output=True)
+    try:
+        yield env, time.perf_counter() - start
+    finally:
+        subprocess.run([*command, "stop"], env={**user_environment(), **env}, check=False, capture_output=True)
 
 
 def warm_kernels(backend: str, config: Path, caches: dict[str, str]) -> float:
@@ -472,6 +503,17 @@ def main() -> None:
         action="store_true",
         help="with --cold: run `omicsprep warm-kernels` (timed: setup_s) before the first run (labelled -first)",
     )
+    parser.add_argument(
+        "--warm",
+        action="store_true",
+        help="first run `omicsprep warm-kernels` for each backend into this machine's caches (untimed), "
+        "as on a machine that has run the workflow before",
+    )
+    parser.add_argument(
+        "--workers",
+        action="store_true",
+        help="also run each backend's runs with the rules handed to warm workers (omicsprep workers start, untimed)",
+    )
     parser.add_argument("--quick", action="store_true", help="2,000 cells x 5,000 genes, cpu and peer")
     parser.add_argument("--cpu-max-cells", type=int, default=None, help="skip the CPU backend and peer above this")
     parser.add_argument("--cores", type=int, default=os.cpu_count())
@@ -547,8 +589,12 @@ def benchmark_size(
     modes = [True] if args.fused_only else [False, True] if args.fuse else [False]
     results = []
     for backend in backends:
-        for fused in modes:
-            run = functools.partial(run_workflow, args.workdir, counts, config, backend, args.cores, fused=fused)
+        if args.warm:
+            print(f"warm-kernels ({backend}): {warm_kernels(backend, config, {})} s", flush=True)
+        for fused, workers in itertools.product(modes, [False, True] if args.workers else [False]):
+            run = functools.partial(
+                run_workflow, args.workdir, counts, config, backend, args.cores, fused=fused, workers=workers
+            )
             if not args.cold:
                 results.append(run())
                 continue

@@ -7,7 +7,7 @@ import logging
 import sys
 from dataclasses import fields, is_dataclass
 from pathlib import Path
-from typing import get_type_hints
+from typing import Any, get_type_hints
 
 from omicsprep.errors import BackendUnavailableError, InputError
 from omicsprep.options import METHODS, CoexpressionOptions, MetacellOptions, NormalizeOptions, Options, UmiOptions
@@ -151,6 +151,22 @@ def warm_kernels(args: argparse.Namespace) -> None:
     log.info("%s kernels of qc and cluster compiled and cached in %.1f s", backend, time.perf_counter() - start)
 
 
+def workers(args: argparse.Namespace) -> None:
+    """Start, stop or show this machine's warm workers (:mod:`omicsprep.workers`)."""
+    from omicsprep import workers
+
+    state: dict[str, Any] | None
+    if args.action == "start":
+        state = workers.start(n_workers=args.workers, idle_minutes=args.idle_minutes)
+    else:
+        state = workers.stop() if args.action == "stop" else workers.status()
+    if state is None:
+        print("no warm workers run for this environment")
+        return
+    states = ", ".join(f"{worker['pid']} {worker['state']}" for worker in state.get("workers", []))
+    print(f"server {state.get('server', state.get('stopping'))} at {workers.socket_path()}; workers: {states or '-'}")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the ``omicsprep`` command named in ``argv`` (the process's arguments by default)."""
     parser = argparse.ArgumentParser(prog="omicsprep")
@@ -238,6 +254,16 @@ def main(argv: list[str] | None = None) -> None:
         help="write the GPU steps' CuPy kernel requests here, as a manifest (omicsprep/cupy_kernels.json.gz)",
     )
     warm.set_defaults(run=warm_kernels)
+    pool = commands.add_parser(
+        "workers",
+        help="keep processes on this machine with the rules' libraries imported, which run the rules' scripts",
+    )
+    pool.add_argument("action", choices=["start", "stop", "status"])
+    pool.add_argument("--workers", type=int, default=2, help="processes kept ready (each runs one rule, then exits)")
+    pool.add_argument(
+        "--idle-minutes", type=float, default=60.0, help="the server stops after this long without a rule"
+    )
+    pool.set_defaults(run=workers)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s")
     try:

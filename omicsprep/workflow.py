@@ -311,7 +311,14 @@ def write_embedding_figure(coords: np.ndarray, obs: pd.DataFrame, *, sample: str
 
 
 def seconds_since_process_start() -> float | None:
-    """Seconds since this process started (Linux; ``None`` elsewhere): for a rule, its start-up and imports."""
+    """Seconds since this process started (Linux; ``None`` elsewhere): for a rule, its start-up and imports.
+
+    In a warm worker (:mod:`omicsprep.workers`), since the rule's own process started.
+    """
+    from omicsprep.workers import job_started_at
+
+    if (started_at := job_started_at()) is not None:
+        return max(0.0, time.time() - started_at)
     with contextlib.suppress(OSError, ValueError, IndexError, AttributeError):
         # Field 22 of /proc/self/stat: the start, in clock ticks of the boot-time clock (the
         # name in field 2 may hold spaces).
@@ -330,12 +337,21 @@ def log_phases(*, startup: float | None, body: float) -> None:
     body the seconds of each :func:`omicsprep.timings.phase` (``read``, ``write``,
     ``gpu_import``, ``imports``); and the process's start and this moment (``started_at``, ``ended_at``,
     seconds since the epoch), which place the rule on the run's timeline.
-    ``benchmarks/run.py`` reads it back from the rule's log.
+    ``benchmarks/run.py`` reads it back from the rule's log. A rule run by a warm worker
+    adds the worker's pid and its peak memory (``warm_worker``, ``worker_max_rss_mb``): the
+    rule's ``benchmark:`` file measures the process that handed the rule over.
     """
+    from omicsprep.workers import job_worker
+
     ended_at = time.time()
     seconds = {"startup": startup, "body": body, **phase_seconds()}
-    line = {name: round(value, 4) for name, value in seconds.items() if value is not None}
+    line: dict[str, Any] = {name: round(value, 4) for name, value in seconds.items() if value is not None}
     line |= {"started_at": round(ended_at - body - (startup or 0.0), 3), "ended_at": round(ended_at, 3)}
+    if (worker := job_worker()) is not None:
+        import resource
+
+        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kilobytes on Linux
+        line |= {"warm_worker": worker, "worker_max_rss_mb": round(peak_mb, 1)}
     log.info("%s%s", PHASES_PREFIX, json.dumps(line))
 
 

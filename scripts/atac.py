@@ -3,6 +3,9 @@
 Then TF-IDF, LSI, neighbours, UMAP and clusters.
 """
 
+import omicsprep.handoff  # noqa: F401 - first: a warm worker runs this script, if started (omicsprep workers)
+
+# isort: split
 from omicsprep import io
 from omicsprep.atac.fragments import count_fragments
 from omicsprep.backend import prepare_gpu, resolve_backend

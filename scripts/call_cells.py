@@ -1,5 +1,8 @@
 """Rule call_cells: call the cells among a sample's raw droplets and remove ambient RNA from them."""
 
+import omicsprep.handoff  # noqa: F401 - first: a warm worker runs this script, if started (omicsprep workers)
+
+# isort: split
 from omicsprep import io, plotting
 from omicsprep.backend import resolve_backend
 from omicsprep.errors import InputError

@@ -1,5 +1,8 @@
 """Rule cluster: normalize, HVG, PCA, neighbours, UMAP, Leiden/Louvain and markers."""
 
+import omicsprep.handoff  # noqa: F401 - first: a warm worker runs this script, if started (omicsprep workers)
+
+# isort: split
 from omicsprep import io
 from omicsprep.backend import prepare_gpu, resolve_backend
 from omicsprep.workflow import cluster, run_script, write_clustering

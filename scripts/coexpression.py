@@ -4,6 +4,9 @@ When configured, also the modules of each cluster's own network. A sample whose 
 be built (too few cells or usable genes) gets empty tables and the reason in provenance.json.
 """
 
+import omicsprep.handoff  # noqa: F401 - first: a warm worker runs this script, if started (omicsprep workers)
+
+# isort: split
 import pandas as pd
 
 from omicsprep import io, plotting

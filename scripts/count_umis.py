@@ -1,5 +1,8 @@
 """Rule count_umis: deduplicate the UMIs of a sample's reads (BAM/SAM or molecule table)."""
 
+import omicsprep.handoff  # noqa: F401 - first: a warm worker runs this script, if started (omicsprep workers)
+
+# isort: split
 import logging
 
 from omicsprep import io

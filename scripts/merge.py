@@ -1,5 +1,8 @@
 """Rule merge: all samples concatenated, Harmony-corrected, clustered, with integration metrics."""
 
+import omicsprep.handoff  # noqa: F401 - first: a warm worker runs this script, if started (omicsprep workers)
+
+# isort: split
 from omicsprep import io, plotting
 from omicsprep.backend import prepare_gpu, resolve_backend
 from omicsprep.options import ClusteringOptions, MergeOptions, from_config, parse_cluster_key

@@ -1,5 +1,8 @@
 """Rule multiome: modalities joined by barcode, WNN, joint UMAP and clusters."""
 
+import omicsprep.handoff  # noqa: F401 - first: a warm worker runs this script, if started (omicsprep workers)
+
+# isort: split
 from omicsprep import io, plotting
 from omicsprep.backend import prepare_gpu, resolve_backend
 from omicsprep.options import EmbeddingOptions, MultiomeOptions, from_config

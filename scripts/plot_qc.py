@@ -1,5 +1,8 @@
 """Rule plot_qc: histograms and a scatter plot of every input cell's QC metrics."""
 
+import omicsprep.handoff  # noqa: F401 - first: a warm worker runs this script, if started (omicsprep workers)
+
+# isort: split
 from omicsprep import io
 from omicsprep.workflow import run_script, write_qc_figures
 

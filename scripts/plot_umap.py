@@ -1,5 +1,8 @@
 """Rule plot_umap: the UMAP coloured by clusters and by QC metrics."""
 
+import omicsprep.handoff  # noqa: F401 - first: a warm worker runs this script, if started (omicsprep workers)
+
+# isort: split
 from omicsprep import io
 from omicsprep.workflow import run_script, write_embedding_figures
 

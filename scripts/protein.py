@@ -1,5 +1,8 @@
 """Rule protein: antibody tags' QC, CLR or dsb, PCA, neighbours, UMAP and clusters."""
 
+import omicsprep.handoff  # noqa: F401 - first: a warm worker runs this script, if started (omicsprep workers)
+
+# isort: split
 from omicsprep import io
 from omicsprep.backend import prepare_gpu, resolve_backend
 from omicsprep.cells.calling import called_cells

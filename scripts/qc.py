@@ -4,6 +4,9 @@ Rule qc_cluster (config fuse_qc_cluster) runs this script and goes on with the w
 cluster, plot_qc and plot_umap.
 """
 
+import omicsprep.handoff  # noqa: F401 - first: a warm worker runs this script, if started (omicsprep workers)
+
+# isort: split
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING

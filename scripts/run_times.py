@@ -1,5 +1,8 @@
 """Rule run_times: one table of every rule's benchmark and per-step timings."""
 
+import omicsprep.handoff  # noqa: F401 - first: a warm worker runs this script, if started (omicsprep workers)
+
+# isort: split
 from omicsprep import io
 from omicsprep.timings import merged_provenance, run_time_table
 from omicsprep.workflow import run_script

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from run import snakemake_command
 from scipy import sparse
 
 from omicsprep import io
+from omicsprep.workflow import PHASES_PREFIX
 
 pytestmark = pytest.mark.workflow
 
@@ -60,10 +63,12 @@ def workflow_command(*args: str, workdir: Path | None = None, overlay: Path | No
     return command
 
 
-def snakemake(*args: str, workdir: Path | None = None, overlay: Path | None = None) -> subprocess.CompletedProcess:
-    """Run :func:`workflow_command`."""
+def snakemake(
+    *args: str, workdir: Path | None = None, overlay: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """Run :func:`workflow_command` (in environment ``env``, if given)."""
     command = workflow_command(*args, workdir=workdir, overlay=overlay)
-    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1200)
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1200, env=env)
 
 
 def write_sheet(path: Path, rows: list[str], header: str = "sample\tinput") -> Path:
@@ -279,6 +284,79 @@ def test_fused_qc_cluster_on_the_gpu_writes_what_qc_and_cluster_write(tmp_path):
             assert adjusted_rand_score(one.obs["leiden_1.0"], two.obs["leiden_1.0"]) > 0.9
     for figure in ("qc_histograms", "qc_scatter", "umap_clusters", "umap_qc"):
         assert image.imread(outputs[True] / "plots" / f"{figure}.png").size > 0, figure
+
+
+@pytest.fixture
+def warm_workers(tmp_path):
+    """``omicsprep workers start`` (two workers) in a runtime folder of the test's own: the environment that uses it."""
+    env = {**os.environ, "OMICSPREP_RUNTIME_DIR": tempfile.mkdtemp(prefix="workers-", dir="/tmp")}  # a short path
+    command = [sys.executable, "-c", "from omicsprep.cli import main; main()", "workers"]
+    subprocess.run([*command, "start", "--workers", "2"], env=env, check=True, capture_output=True, timeout=300)
+    yield env
+    subprocess.run([*command, "stop"], env=env, check=True, capture_output=True, timeout=60)
+    shutil.rmtree(env["OMICSPREP_RUNTIME_DIR"], ignore_errors=True)
+
+
+def test_warm_workers_run_the_rules_with_the_same_results(cpu_run, tmp_path, warm_workers):
+    """Rules qc and cluster handed to warm workers write what they write in their own processes;
+    a failing rule reports as it does there, and leaves nothing."""
+    sheet = write_sheet(tmp_path / "samples.tsv", [f"pbmc_h5\t{PBMC_H5}\t\tb1"], header="sample\tinput\tformat\tbatch")
+    targets = ["results/pbmc_h5/processed.h5ad", "results/pbmc_h5/markers.tsv", "results/pbmc_h5/obs.parquet"]
+    workdir = tmp_path / "run"
+    result = snakemake(
+        *targets, "--cores", "2", "--config", f"samples={sheet}", "backend=cpu", workdir=workdir, env=warm_workers
+    )
+    assert result.returncode == 0, result.stderr[-5000:]
+    for rule in ("qc", "cluster"):
+        phases = next(line for line in (workdir / "logs" / rule / "pbmc_h5.log").open() if PHASES_PREFIX in line)
+        assert '"warm_worker"' in phases, (rule, phases)
+    ours, theirs = workdir / "results" / "pbmc_h5", cpu_run / "results" / "pbmc_h5"
+    pd.testing.assert_frame_equal(pd.read_parquet(ours / "obs.parquet"), pd.read_parquet(theirs / "obs.parquet"))
+    pd.testing.assert_frame_equal(
+        pd.read_csv(ours / "markers.tsv", sep="\t"), pd.read_csv(theirs / "markers.tsv", sep="\t")
+    )
+    one, two = ad.read_h5ad(ours / "processed.h5ad"), ad.read_h5ad(theirs / "processed.h5ad")
+    assert abs(one.X - two.X).max() == 0
+    np.testing.assert_array_equal(one.obsm["X_umap"], two.obsm["X_umap"])
+
+    empty = tmp_path / "empty.h5ad"
+    ad.AnnData(sparse.csr_matrix((0, 5), dtype=np.float32)).write_h5ad(empty)
+    sheet = write_sheet(tmp_path / "empty.tsv", [f"empty\t{empty}"])
+    result = snakemake("--cores", "1", "--config", f"samples={sheet}", workdir=tmp_path / "empty", env=warm_workers)
+    expect_failure(result, f"omicsprep error: sample 'empty': file '{empty}': matrix is empty (0 cells x 5 genes)")
+    assert not any((tmp_path / "empty" / "results").rglob("*.h5ad"))
+
+
+@pytest.mark.gpu
+def test_a_warm_worker_runs_the_fused_gpu_rule_as_its_own_process_does(tmp_path, warm_workers):
+    """On the GPU, where the worker imported RAPIDS before the rule and starts CUDA only for it."""
+    sheet = write_sheet(tmp_path / "samples.tsv", [f"pbmc_h5\t{PBMC_H5}"], header="sample\tinput")
+    settings = [f"samples={sheet}", "backend=gpu", "fuse_qc_cluster=true"]
+    outputs = {}
+    for env in (warm_workers, None):
+        workdir = tmp_path / ("workers" if env else "own")
+        result = snakemake(
+            "results/pbmc_h5/processed.h5ad",
+            "--cores",
+            "4",
+            "--resources",
+            "gpu=1",
+            "--config",
+            *settings,
+            workdir=workdir,
+            env=env,
+        )
+        assert result.returncode == 0, result.stderr[-5000:]
+        log = (workdir / "logs" / "qc_cluster" / "pbmc_h5.log").read_text()
+        assert ('"warm_worker"' in log) == (env is not None)
+        outputs[env is not None] = workdir / "results" / "pbmc_h5"
+    for name in ("qc.h5ad", "processed.h5ad"):
+        one, two = (ad.read_h5ad(outputs[workers] / name) for workers in (True, False))
+        assert abs(one.X - two.X).max() < 1e-6, name
+        pd.testing.assert_frame_equal(one.var, two.var)
+        for column in ("total_counts", "n_genes_by_counts", "doublet_score", "predicted_doublet"):
+            pd.testing.assert_series_equal(one.obs[column], two.obs[column])
+        assert sorted(one.obsm) == sorted(two.obsm) and sorted(one.uns) == sorted(two.uns)
 
 
 def test_fused_qc_cluster_refuses_overrides_of_qc_or_cluster():

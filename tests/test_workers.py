@@ -1,0 +1,148 @@
+"""Warm workers (omicsprep workers): a script handed to a process that imported the libraries first.
+
+The workflow's rules through them are in test_workflow.py; here, plain scripts that show
+what travels (arguments, directory, environment, streams, exit status) and what stops them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+SCRIPT = """
+import omicsprep.handoff  # noqa: F401
+import os, sys, time
+print("pid", os.getpid(), "parent", os.getppid(), "cwd", os.getcwd(), "setting", os.environ.get("PER_RULE"), flush=True)
+print("anndata imported before the script:", "anndata" in sys.modules, flush=True)
+print("to the rule's stderr", file=sys.stderr, flush=True)
+if sys.argv[1] == "sleep":
+    open(sys.argv[2], "w").write(str(os.getpid()))
+    time.sleep(60)
+sys.exit(int(sys.argv[1]))
+"""
+
+
+def omicsprep(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-c", "from omicsprep.cli import main; main()", *args]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=True)
+
+
+@pytest.fixture
+def workers(tmp_path):
+    """This environment's server with one worker, in a runtime folder of the test's own; stopped after.
+
+    The folder is short: a socket's path has at most 107 bytes.
+    """
+    env = {**os.environ, "OMICSPREP_RUNTIME_DIR": tempfile.mkdtemp(prefix="workers-", dir="/tmp")}
+    env.pop("OMICSPREP_IN_WORKER", None)
+    started = omicsprep("workers", "start", "--workers", "1", "--idle-minutes", "5", env=env)
+    assert "ready" in started.stdout, started.stdout
+    yield env
+    omicsprep("workers", "stop", env=env)
+    shutil.rmtree(env["OMICSPREP_RUNTIME_DIR"], ignore_errors=True)
+
+
+def run_script(tmp_path: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    script = tmp_path / "rule.py"
+    script.write_text(SCRIPT)
+    workdir = tmp_path / "workdir"
+    workdir.mkdir(exist_ok=True)
+    return subprocess.run(
+        [sys.executable, str(script), *args], cwd=workdir, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def fields(stdout: str) -> dict[str, str]:
+    words = stdout.splitlines()[0].split()
+    return dict(zip(words[::2], words[1::2], strict=True))
+
+
+def test_a_script_runs_in_a_worker_with_its_arguments_directory_environment_streams_and_status(tmp_path, workers):
+    result = run_script(tmp_path, "3", env={**workers, "PER_RULE": "per-rule"})
+    assert result.returncode == 3, result.stderr
+    seen = fields(result.stdout)
+    # Another process than the one started here (its parent is the server), with the libraries imported.
+    assert int(seen["parent"]) != os.getpid()
+    assert seen["cwd"] == str(tmp_path / "workdir") and seen["setting"] == "per-rule"
+    assert "anndata imported before the script: True" in result.stdout
+    assert "to the rule's stderr" in result.stderr
+    # The next rule gets a fresh worker: each worker runs one rule.
+    again = run_script(tmp_path, "0", env=workers)
+    assert again.returncode == 0, again.stderr
+    assert fields(again.stdout)["pid"] != seen["pid"]
+
+
+def test_a_server_started_with_other_import_time_settings_is_not_used(tmp_path, workers):
+    result = run_script(tmp_path, "0", env={**workers, "OMICSPREP_SOME_SETTING": "1"})
+    assert result.returncode == 0, result.stderr
+    assert "not used (environment variables differ: OMICSPREP_SOME_SETTING)" in result.stderr
+    assert "this rule runs in its own process" in result.stderr
+    assert "anndata imported before the script: False" in result.stdout
+
+
+def test_without_a_server_or_when_switched_off_the_script_runs_in_its_own_process(tmp_path, workers):
+    for env in ({**workers, "OMICSPREP_WORKERS": "off"}, {**workers, "OMICSPREP_RUNTIME_DIR": str(tmp_path / "none")}):
+        result = run_script(tmp_path, "0", env=env)
+        assert result.returncode == 0 and result.stderr.strip() == "to the rule's stderr", result.stderr
+        assert "anndata imported before the script: False" in result.stdout
+
+
+def test_a_rule_process_that_ends_stops_its_worker(tmp_path, workers):
+    marker = tmp_path / "worker.pid"
+    script = tmp_path / "rule.py"
+    script.write_text(SCRIPT)
+    rule = subprocess.Popen([sys.executable, str(script), "sleep", str(marker)], env=workers, cwd=tmp_path)
+    deadline = time.monotonic() + 60
+    while not marker.exists() or not marker.read_text():
+        assert time.monotonic() < deadline, "the worker never started the script"
+        time.sleep(0.1)
+    worker = int(marker.read_text())
+    assert worker != rule.pid
+    rule.send_signal(signal.SIGKILL)  # as a cancelled job's process is killed
+    rule.wait()
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{worker}").exists() and "zombie" not in _state(worker):
+        assert time.monotonic() < deadline, "the worker kept running after its rule's process ended"
+        time.sleep(0.1)
+    status = omicsprep("workers", "status", env=workers).stdout
+    assert "server" in status and str(worker) not in status
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split("\n")[0].lower()
+    except (FileNotFoundError, IndexError):
+        return "zombie"
+
+
+def test_a_runtime_folder_too_long_for_a_socket_is_named(tmp_path):
+    env = {**os.environ, "OMICSPREP_RUNTIME_DIR": str(tmp_path / ("x" * 100))}
+    command = [sys.executable, "-c", "from omicsprep.cli import main; main()", "workers", "start"]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 1
+    assert "too long for a socket's path (at most 107 bytes); set OMICSPREP_RUNTIME_DIR" in result.stderr
+
+
+def test_stopping_the_server_removes_its_socket(tmp_path, workers):
+    from omicsprep.workers import socket_path
+
+    os.environ["OMICSPREP_RUNTIME_DIR"] = workers["OMICSPREP_RUNTIME_DIR"]
+    try:
+        path = socket_path()
+        assert path.exists()
+        omicsprep("workers", "stop", env=workers)
+        deadline = time.monotonic() + 10
+        while path.exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert "no warm workers run" in omicsprep("workers", "status", env=workers).stdout
+    finally:
+        del os.environ["OMICSPREP_RUNTIME_DIR"]
