@@ -40,6 +40,10 @@ Backend = Literal["cpu", "gpu"]
 log = logging.getLogger(__name__)
 
 GPU_MODULES = ("cupy", "cudf", "cuml", "pylibcugraph", "rapids_singlecell")
+# CuPy's parts that omicsprep's steps import themselves: prepare_gpu's thread imports them
+# first, so that a step never imports them while that thread imports a library that does
+# too (two threads in one import deadlocked a GPU rule on the H200).
+CUPY_PARTS = ("cupyx", "cupyx.scipy.sparse", "cupyx.scipy.sparse.linalg", "cupy._core._routines_linalg")
 # Recorded in every output, when imported in the producing process.
 RECORDED_MODULES = (
     "omicsprep",
@@ -86,8 +90,9 @@ def prepare_gpu(backend: Backend, *, modules: tuple[str, ...] = ("rapids_singlec
     A GPU rule calls it right after choosing its backend, so that this start-up (about 1.5 s
     of context and 1-2 s per library) overlaps reading its input, and the imports of
     libraries needed later (cuGraph, for clustering) overlap the first steps too; a
-    :func:`gpu_module` call for one of ``modules`` waits for that one only. A failure is
-    left to that call to report. A no-op on the CPU backend, and after the first call.
+    :func:`gpu_module` call for one of ``modules`` waits for that one only. The thread
+    imports :data:`CUPY_PARTS` before ``modules``. A failure is left to that call to
+    report. A no-op on the CPU backend, and after the first call.
 
     Parameters
     ----------
@@ -98,7 +103,7 @@ def prepare_gpu(backend: Backend, *, modules: tuple[str, ...] = ("rapids_singlec
     """
     if backend != "gpu" or _preparation:
         return
-    imported = {name: threading.Event() for name in modules}
+    imported = {name: threading.Event() for name in (*CUPY_PARTS, *modules)}
     _prepared.update(imported)
 
     def prepare() -> None:
@@ -106,7 +111,7 @@ def prepare_gpu(backend: Backend, *, modules: tuple[str, ...] = ("rapids_singlec
         try:
             sys.modules["cupy"].cuda.runtime.free(0)  # creates the context without the GIL
             seconds["context"] = time.perf_counter() - start
-            for name in modules:
+            for name in imported:
                 importlib.import_module(name)
                 imported[name].set()
                 seconds[name] = time.perf_counter() - start - sum(seconds.values())
@@ -224,7 +229,7 @@ def asnumpy(array: Any) -> Any:
     cp = sys.modules["cupy"]
     if isinstance(array, cp.ndarray):
         return device_to_host(array)
-    if not importlib.import_module("cupyx.scipy.sparse").issparse(array):
+    if not cupyx_sparse().issparse(array):
         return array
     if array.format not in COMPRESSED_FORMATS:
         return array.get()
@@ -323,11 +328,12 @@ def _staged_copy(n_bytes: int, copy_chunk: Callable[[slice, Any, Any], None], *,
     device = cp.cuda.Device()
     cp.cuda.get_current_stream().synchronize()
     starts = range(0, n_bytes, STAGING_CHUNK_BYTES)
+    cupyx = gpu_module("cupyx")
 
     def copy_part(part: range) -> None:
         with device:
             stream = cp.cuda.Stream(non_blocking=True)
-            buffer = importlib.import_module("cupyx").empty_pinned(STAGING_CHUNK_BYTES, dtype=np.uint8)
+            buffer = cupyx.empty_pinned(STAGING_CHUNK_BYTES, dtype=np.uint8)
             for start in part:
                 stop = min(start + STAGING_CHUNK_BYTES, n_bytes)
                 copy_chunk(slice(start, stop), buffer[: stop - start], stream)
@@ -344,7 +350,7 @@ def tf32_products() -> Iterator[None]:
     """
     import numpy as np
 
-    linalg = importlib.import_module("cupy._core._routines_linalg")
+    linalg = gpu_module("cupy._core._routines_linalg")
     previous = linalg.get_compute_type(np.float32)
     linalg.set_compute_type(np.float32, linalg.COMPUTE_TYPE_TF32)
     try:
@@ -360,7 +366,12 @@ def cupy_compiler() -> ModuleType:
 
 def cupyx_sparse() -> ModuleType:
     """Return the imported ``cupyx.scipy.sparse`` module."""
-    return importlib.import_module("cupyx.scipy.sparse")
+    return gpu_module("cupyx.scipy.sparse")
+
+
+def cupyx_sparse_linalg() -> ModuleType:
+    """Return the imported ``cupyx.scipy.sparse.linalg`` module (not imported with ``cupyx.scipy.sparse``)."""
+    return gpu_module("cupyx.scipy.sparse.linalg")
 
 
 def cudf() -> ModuleType:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -60,6 +61,8 @@ from omicsprep.backend import gpu_module, prepare_gpu, resolve_backend
 backend = resolve_backend("gpu")
 prepare_gpu(backend, modules=("rapids_singlecell", "pylibcugraph"))
 preparing = [t for t in threading.enumerate() if t.name == "omicsprep-prepare-gpu"]
+from omicsprep.backend import cupyx_sparse_linalg
+print(cupyx_sparse_linalg() is sys.modules["cupyx.scipy.sparse.linalg"])
 single_cell = gpu_module("rapids_singlecell")
 print(single_cell is sys.modules["rapids_singlecell"], not getattr(single_cell.__spec__, "_initializing", False))
 graph = gpu_module("pylibcugraph")
@@ -69,7 +72,45 @@ print(len(preparing), any(t.is_alive() for t in preparing))
 """
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split() == ["True", "True", "True", "True", "1", "False"]
+    assert result.stdout.split() == ["True", "True", "True", "True", "True", "1", "False"]
+
+
+STAND_IN_MODULES = {
+    # A CuPy with one device, and libraries whose import takes a while and imports CuPy's
+    # parts too, as rapids-singlecell's does; each module records the thread that ran it.
+    "cupy/__init__.py": "from types import SimpleNamespace\n"
+    "cuda = SimpleNamespace(runtime=SimpleNamespace(getDeviceCount=lambda: 1, free=lambda pointer: None))\n",
+    "cupy/_core/__init__.py": "",
+    "cupy/_core/_routines_linalg.py": "",
+    "cupyx/__init__.py": "",
+    "cupyx/scipy/__init__.py": "",
+    "cupyx/scipy/sparse/__init__.py": "",
+    "cupyx/scipy/sparse/linalg/__init__.py": "",
+    "rapids_singlecell/__init__.py": "import time\ntime.sleep(0.5)\nimport cupyx.scipy.sparse.linalg\n",
+    "cudf/__init__.py": "",
+    "cuml/__init__.py": "",
+    "pylibcugraph/__init__.py": "",
+}
+
+
+def test_cupys_parts_are_imported_by_the_gpu_start_up_thread_never_beside_it(tmp_path):
+    # A step that needs CuPy's sparse matrices while the start-up thread imports a library
+    # that imports them too waits for that thread's import instead of starting its own: two
+    # threads in one import deadlocked a GPU rule on the H200.
+    for name, text in STAND_IN_MODULES.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text + "import threading\nIMPORTED_IN = threading.current_thread().name\n")
+    code = """
+import sys
+from omicsprep.backend import CUPY_PARTS, cupyx_sparse, cupyx_sparse_linalg, gpu_module, prepare_gpu, resolve_backend
+prepare_gpu(resolve_backend("gpu"), modules=("rapids_singlecell",))
+cupyx_sparse_linalg(), cupyx_sparse(), gpu_module("cupy._core._routines_linalg")
+print(*sorted({sys.modules[name].IMPORTED_IN for name in CUPY_PARTS}))
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["omicsprep-prepare-gpu"]
 
 
 def test_a_matrix_beyond_32_bit_indices_is_refused_by_the_gpu_backend(monkeypatch):

@@ -11,7 +11,7 @@ import numpy as np
 from anndata import AnnData
 from scipy import sparse
 
-from omicsprep.backend import Backend, array_module, asnumpy, cupyx_sparse
+from omicsprep.backend import Backend, array_module, asnumpy, cupyx_sparse, cupyx_sparse_linalg
 
 
 def tfidf(adata: AnnData, *, scale_factor: float = 1e4, backend: Backend) -> None:
@@ -47,7 +47,7 @@ def lsi(adata: AnnData, *, n_comps: int = 50, max_depth_correlation: float = 0.9
     matrix = cupyx_sparse().csr_matrix(adata.X) if backend == "gpu" else sparse.csr_matrix(adata.X)
     n_comps = min(n_comps, min(adata.shape) - 1)
     if backend == "gpu":
-        embedding, singular, _ = cupyx_sparse().linalg.svds(matrix, k=n_comps)
+        embedding, singular, _ = cupyx_sparse_linalg().svds(matrix, k=n_comps)
     else:
         from scipy.sparse.linalg import svds
 
