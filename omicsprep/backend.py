@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from functools import cache
 from itertools import pairwise
 from operator import attrgetter
@@ -112,10 +112,11 @@ def prepare_gpu(backend: Backend, *, modules: tuple[str, ...] = ("rapids_singlec
             sys.modules["cupy"].cuda.runtime.free(0)  # creates the context without the GIL
             seconds["context"] = time.perf_counter() - start
             for name in imported:
-                importlib.import_module(name)
+                with suppress(Exception):  # gpu_module imports it again, and reports it
+                    importlib.import_module(name)
                 imported[name].set()
                 seconds[name] = time.perf_counter() - start - sum(seconds.values())
-        except Exception:  # noqa: BLE001 - gpu_module imports again, and reports it
+        except Exception:  # noqa: BLE001 - the context: gpu_module's imports report it
             pass
         finally:
             for event in imported.values():
@@ -616,11 +617,16 @@ def _version_of(module_name: str) -> str:
         return "unknown"
 
 
-def module_versions() -> dict[str, str]:
-    """Versions of the analysis libraries imported by this process, and the GPU's name."""
-    versions = {name: _version_of(name) for name in RECORDED_MODULES if name in sys.modules}
+def module_versions(*, backend: Backend) -> dict[str, str]:
+    """Versions of the analysis libraries imported by this process; on the GPU backend, the GPU's name too.
+
+    A warm worker (:mod:`omicsprep.workers`) imports the GPU libraries before it knows its
+    rule's backend: a CPU rule records them neither there nor in its own process.
+    """
+    recorded = [name for name in RECORDED_MODULES if backend == "gpu" or name not in GPU_MODULES]
+    versions = {name: _version_of(name) for name in recorded if name in sys.modules}
     versions["python"] = sys.version.split()[0]
-    if "cupy" in sys.modules:
+    if backend == "gpu" and "cupy" in sys.modules:
         cp = sys.modules["cupy"]
         try:
             props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)

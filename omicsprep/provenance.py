@@ -60,7 +60,7 @@ def record_provenance(
     """
     record = {
         "backend": backend,
-        "versions": module_versions(),
+        "versions": module_versions(backend=backend),
         "params": json.dumps(params, sort_keys=True, default=str),
         "timings": dict(timings),
     }

@@ -22,6 +22,7 @@ steps on the H200. Each worker runs one rule, so nothing carries from one rule t
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import importlib
 import importlib.util
@@ -31,6 +32,7 @@ import os
 import runpy
 import selectors
 import signal
+import site
 import socket
 import struct
 import subprocess
@@ -61,8 +63,8 @@ PRELOADED = (
 )
 PRELOADED_GPU = ("cupy", "cuml", "pylibcugraph", "rapids_singlecell")  # where all are installed
 # Settings read when libraries are imported: a rule whose values differ from the server's runs in its own process.
-IMPORT_TIME_NAMES = ("PYTHONPATH", "PYTHONHASHSEED", "LD_LIBRARY_PATH", "LD_PRELOAD")
-IMPORT_TIME_PREFIXES = ("CUDA_", "CUPY_", "NUMBA_", "RAPIDS_", "OMICSPREP_")
+IMPORT_TIME_NAMES = ("LD_LIBRARY_PATH", "LD_PRELOAD", "LANG")
+IMPORT_TIME_PREFIXES = ("PYTHON", "LC_", "CUDA_", "CUPY_", "NUMBA_", "RAPIDS_", "OMICSPREP_")
 # Read at run time (or per rule by run_script): they may differ.
 RUN_TIME_NAMES = ("CUDA_VISIBLE_DEVICES", "CUDA_CACHE_PATH", "NUMBA_NUM_THREADS", IN_WORKER, SWITCH, RUNTIME_DIR)
 MAX_SOCKET_PATH = 107  # bytes, Linux's sun_path less its final zero
@@ -100,14 +102,24 @@ def fingerprint() -> dict[str, Any]:
         "version": sys.version,
         "package": str(package),
         "code": [len(sources), max(sources, default=0)],
+        # A folder's time changes as packages are installed into it or removed (upgrades too).
+        "packages": [Path(entry).stat().st_mtime_ns for entry in _package_folders()],
         "settings": dict(sorted(settings.items())),
     }
+
+
+def _package_folders() -> list[str]:
+    """The folders of installed packages of this interpreter (the user's, and PYTHONPATH's, too)."""
+    folders = [*site.getsitepackages(), site.getusersitepackages(), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    return [folder for folder in folders if folder and Path(folder).is_dir()]
 
 
 def _difference(ours: dict[str, Any], theirs: dict[str, Any]) -> str:
     """The first part of two fingerprints that differs, in words."""
     if ours["code"] != theirs["code"]:
         return "omicsprep's code changed since the workers started"
+    if ours["packages"] != theirs["packages"]:
+        return "packages were installed or removed since the workers started"
     for key in ("python", "version", "package"):
         if ours[key] != theirs[key]:
             return f"{key} differs ({theirs[key]} there)"
@@ -176,14 +188,14 @@ def hand_off() -> None:
         path = socket_path()
     except InputError:  # no server can have started there
         return
-    if not path.exists():
+    if not path.exists() or not _private(path.parent):
         return
+    for fd in (0, 1, 2):  # a closed one would be taken by the socket, and handed over as a stream
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open(os.devnull, os.O_RDWR)
     conn = socket.socket(socket.AF_UNIX)
-    try:
-        conn.connect(str(path))
-    except OSError:
-        conn.close()
-        return
     request = {
         "run": sys.argv,
         "cwd": str(Path.cwd()),
@@ -191,9 +203,16 @@ def hand_off() -> None:
         "umask": _umask(),
         "started_at": time.time() - _seconds_since_start(),
         "fingerprint": fingerprint(),
+        "affinity": sorted(os.sched_getaffinity(0)),
     }
-    _send(conn, request, fds=[0, 1, 2])
-    answer, _ = _receive(conn)
+    try:
+        conn.connect(str(path))
+        if _peer_uid(conn) != os.getuid():
+            raise PermissionError(f"{path} is served by another user")
+        _send(conn, request, fds=[0, 1, 2])
+        answer, _ = _receive(conn)
+    except OSError as exc:  # a server stopping or gone
+        answer = {"refused": f"{type(exc).__name__}: {exc}"}
     if answer is None or "refused" in answer:
         reason = "the server closed the connection" if answer is None else answer["refused"]
         print(
@@ -286,17 +305,27 @@ def serve_one(channel_fd: int) -> None:
     os.environ.update(request["env"], **{IN_WORKER: "1"})
     os.umask(request["umask"])
     sys.argv = request["run"]
+    sys.path.insert(0, str(Path(sys.argv[0]).resolve().parent))
     _job.update(started_at=request["started_at"], worker=os.getpid())
     threading.Thread(target=_stop_when_gone, args=(conn,), name="omicsprep-rule-watch", daemon=True).start()
     os._exit(_run(request["run"][0]))
 
 
+STOP_GRACE_SECONDS = 10.0
+
+
 def _stop_when_gone(conn: socket.socket) -> None:
-    """SIGTERM this worker once the rule's process has ended (nothing more comes on ``conn``)."""
+    """SIGTERM this worker once the rule's process has ended (nothing more comes on ``conn``).
+
+    The rule's SIGTERM handler runs once a long C call returns; past ``STOP_GRACE_SECONDS``
+    the worker is killed, as its rule's own process would have been with it.
+    """
     with contextlib.suppress(OSError):
         while conn.recv(1):
             pass
     os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(STOP_GRACE_SECONDS)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _run(script: str) -> int:
@@ -338,16 +367,19 @@ class _Server:
     waiting: list[tuple[socket.socket, dict[str, Any], list[int]]] = field(default_factory=list)
     last_active: float = field(default_factory=time.monotonic)
     stopping: bool = False
+    stop_requested: bool = False  # by SIGTERM; acted on in the loop
+    socket_inode: int = 0
     selector: selectors.BaseSelector = field(default_factory=selectors.DefaultSelector)
 
     def start_worker(self) -> None:
         ours, theirs = socket.socketpair()
         env = {**os.environ, IN_WORKER: "1"}
         process = subprocess.Popen(
-            [sys.executable, "-m", "omicsprep.workers", "worker", str(theirs.fileno())],
+            [sys.executable, "-P", "-m", "omicsprep.workers", "worker", str(theirs.fileno())],
             pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL,
             env=env,
+            cwd="/",
         )
         theirs.close()
         worker = _Worker(process, ours)
@@ -356,14 +388,15 @@ class _Server:
 
     def serve(self) -> None:
         self.selector.register(self.listener, selectors.EVENT_READ, None)
-        for _ in range(self.n_workers):
-            self.start_worker()
+        self.dispatch()  # starts the workers
         while not (self.stopping and not self.workers):
             for key, _ in self.selector.select(timeout=0.5):
                 if key.data is None:
                     self.accept()
                 else:
                     self.hear_from(key.data)
+            if self.stop_requested:
+                self.stop()
             self.reap()
             self.dispatch()
             idle = not any(worker.client for worker in self.workers) and not self.waiting
@@ -373,12 +406,20 @@ class _Server:
 
     def accept(self) -> None:
         conn, _ = self.listener.accept()
-        conn.settimeout(10.0)
+        conn.settimeout(5.0)
+        fds: list[int] = []
         try:
+            if _peer_uid(conn) != os.getuid():
+                raise PermissionError("a process of another user")
             request, fds = _receive(conn)
-        except OSError:
+            self.answer(conn, request, fds)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("request refused: %s: %s", type(exc).__name__, exc)
+            _close_all(fds)
             conn.close()
-            return
+
+    def answer(self, conn: socket.socket, request: dict[str, Any] | None, fds: list[int]) -> None:
+        """Answer a status or stop request at once; queue a rule, or refuse it."""
         if request is None:
             conn.close()
         elif "status" in request:
@@ -388,10 +429,7 @@ class _Server:
             _send(conn, {"stopping": os.getpid()})
             conn.close()
             self.stop()
-        elif self.stopping or request.get("fingerprint") != self.fingerprint:
-            reason = (
-                "the server is stopping" if self.stopping else _difference(request["fingerprint"], self.fingerprint)
-            )
+        elif (reason := self.refusal(request)) is not None:
             _send(conn, {"refused": reason})
             _close_all(fds)
             conn.close()
@@ -399,6 +437,16 @@ class _Server:
             conn.settimeout(None)
             self.waiting.append((conn, request, fds))
             self.last_active = time.monotonic()
+
+    def refusal(self, request: dict[str, Any]) -> str | None:
+        """Why a worker may not run the rule of ``request``; ``None`` when one may."""
+        if self.stopping:
+            return "the server is stopping"
+        if request["fingerprint"] != self.fingerprint:
+            return _difference(request["fingerprint"], self.fingerprint)
+        if request["affinity"] != sorted(os.sched_getaffinity(0)):  # a scheduler's job, given some of the cores
+            return "the rule may use other CPUs than the workers (a scheduler's job?)"
+        return None
 
     def hear_from(self, worker: _Worker) -> None:
         with contextlib.suppress(OSError):
@@ -408,20 +456,33 @@ class _Server:
                 return
         self.selector.unregister(worker.channel)  # the worker is exiting; reaped below
         with contextlib.suppress(subprocess.TimeoutExpired):
-            worker.process.wait(timeout=5)
+            worker.process.wait(timeout=1)
 
     def dispatch(self) -> None:
-        """Give each waiting rule to a ready worker, and start one in its place."""
+        """Give each waiting rule to a ready worker; keep ``n_workers`` spare, and one more per rule still waiting.
+
+        Rules arriving together then wait for workers importing side by side, as their own
+        processes would import, rather than for one batch after another.
+        """
         for worker in [worker for worker in self.workers if worker.ready and worker.client is None]:
             if not self.waiting:
-                return
+                break
             conn, request, fds = self.waiting.pop(0)
+            try:
+                _send(conn, {"worker": worker.process.pid})
+            except OSError:  # the rule's process ended while it waited
+                _close_all(fds)
+                conn.close()
+                continue
             job = {key: request[key] for key in ("run", "cwd", "env", "umask", "started_at")}
             _send(worker.channel, job, fds=[conn.fileno(), *fds])
             _close_all(fds)
             worker.client = conn
-            _send(conn, {"worker": worker.process.pid})
             log.info("worker %d runs %s in %s", worker.process.pid, request["run"][0], request["cwd"])
+        if self.stopping:
+            return
+        spare = sum(worker.client is None for worker in self.workers)
+        for _ in range(self.n_workers + len(self.waiting) - spare):
             self.start_worker()
 
     def reap(self) -> None:
@@ -437,8 +498,9 @@ class _Server:
                 worker.client.close()
                 self.last_active = time.monotonic()
                 log.info("worker %d exited: %d", worker.process.pid, code)
-            elif not self.stopping:
-                log.error("worker %d exited before running a rule (%d); not replaced", worker.process.pid, code)
+            elif not self.stopping:  # it could not import: rules run in their own processes instead
+                log.error("worker %d exited before running a rule (%d): stopping", worker.process.pid, code)
+                self.stop()
 
     def stop(self) -> None:
         """Stop taking rules; idle workers end now, busy ones when their rule ends."""
@@ -449,7 +511,8 @@ class _Server:
             self.selector.unregister(self.listener)
         self.listener.close()
         with contextlib.suppress(FileNotFoundError):
-            socket_path().unlink()
+            if socket_path().stat().st_ino == self.socket_inode:
+                socket_path().unlink()
         for conn, _, fds in self.waiting:
             with contextlib.suppress(OSError):
                 _send(conn, {"refused": "the server is stopping"})
@@ -479,22 +542,61 @@ def _close_all(fds: list[int]) -> None:
 
 
 def serve(*, n_workers: int, idle_minutes: float) -> None:
-    """Run the server in this process until ``idle_minutes`` pass without a rule, or a stop request."""
-    path = socket_path()
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    """Run the server in this process until ``idle_minutes`` pass without a rule, or a stop request.
+
+    One server per socket: it holds a lock beside the socket while it runs, and another
+    start leaves at once.
+    """
+    path = _private_socket_path()
+    lock = path.with_suffix(".lock").open("w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        log.info("a server runs at %s already", path)
+        return
     with contextlib.suppress(FileNotFoundError):
-        path.unlink()  # a dead server's; start() asked it first
+        path.unlink()  # a dead server's (none holds the lock)
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(str(path))
+    path.chmod(0o600)
     listener.listen(64)
-    server = _Server(n_workers, idle_minutes * 60, listener, fingerprint())
+    server = _Server(n_workers, idle_minutes * 60, listener, fingerprint(), socket_inode=path.stat().st_ino)
 
     def stop_on_sigterm(signum: int, frame: object) -> None:
-        server.stop()
+        server.stop_requested = True
 
     signal.signal(signal.SIGTERM, stop_on_sigterm)
     log.info("server %d at %s: %d workers, stops after %.0f idle minutes", os.getpid(), path, n_workers, idle_minutes)
     server.serve()
+    lock.close()
+
+
+def _private_socket_path() -> Path:
+    """:func:`socket_path`, in a folder made, or found, readable and writable by this user only.
+
+    Raises
+    ------
+    InputError
+        The folder belongs to another user, or others may write to it.
+    """
+    path = socket_path()
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not _private(path.parent):
+        raise InputError(
+            "not private to this user (owner or permissions): warm workers are not started", path=path.parent
+        )
+    return path
+
+
+def _private(folder: Path) -> bool:
+    info = folder.stat()
+    return info.st_uid == os.getuid() and not info.st_mode & 0o022
+
+
+def _peer_uid(conn: socket.socket) -> int:
+    """The user id of the process at the other end of a Unix socket (Linux's SO_PEERCRED)."""
+    credentials = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", credentials)[1]
 
 
 # -- omicsprep workers start|stop|status -----------------------------------------------------------------------------
@@ -515,12 +617,11 @@ def start(*, n_workers: int, idle_minutes: float, wait_seconds: float = 120.0) -
     running = status()
     if running is not None:
         return running
-    path = socket_path()
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = _private_socket_path()
     log_path = path.with_suffix(".log")
     with log_path.open("a") as log_file:
         server = subprocess.Popen(
-            [sys.executable, "-m", "omicsprep.workers", "serve", str(n_workers), str(idle_minutes)],
+            [sys.executable, "-P", "-m", "omicsprep.workers", "serve", str(n_workers), str(idle_minutes)],
             stdin=subprocess.DEVNULL,
             stdout=log_file,
             stderr=log_file,

@@ -150,9 +150,18 @@ def test_versions_name_the_libraries_in_use():
 
     import scanpy  # noqa: F401
 
-    versions = module_versions()
+    versions = module_versions(backend="cpu")
     assert versions["scanpy"] == version("scanpy")
     assert "python" in versions
+
+
+def test_a_cpu_rule_records_no_gpu_library_even_where_one_is_imported(monkeypatch):
+    # As in a warm worker, which imported the GPU libraries before it knew its rule's backend.
+    import types
+
+    monkeypatch.setitem(sys.modules, "cuml", types.SimpleNamespace(__version__="26.10.0"))
+    assert "cuml" not in module_versions(backend="cpu")
+    assert module_versions(backend="gpu")["cuml"] == "26.10.0"
 
 
 # Run in a fresh interpreter: a finder placed first on sys.meta_path sees every module asked

@@ -80,6 +80,34 @@ def test_a_script_runs_in_a_worker_with_its_arguments_directory_environment_stre
     assert fields(again.stdout)["pid"] != seen["pid"]
 
 
+def test_rules_arriving_together_each_get_a_worker(tmp_path, workers):
+    script = tmp_path / "rule.py"
+    script.write_text(SCRIPT)
+    rules = [
+        subprocess.Popen(
+            [sys.executable, str(script), "0"], env=workers, cwd=tmp_path, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(3)
+    ]
+    outputs = [rule.communicate(timeout=120)[0] for rule in rules]
+    assert all(rule.returncode == 0 for rule in rules)
+    assert all("anndata imported before the script: True" in output for output in outputs), outputs
+    assert len({fields(output)["pid"] for output in outputs}) == 3
+
+
+def test_rules_cancelled_while_they_wait_leave_the_server_serving(tmp_path, workers):
+    script = tmp_path / "rule.py"
+    script.write_text(SCRIPT)
+    for _ in range(3):  # killed before or after a worker took them
+        waiting = subprocess.Popen([sys.executable, str(script), "0"], env=workers, cwd=tmp_path)
+        time.sleep(0.3)
+        waiting.send_signal(signal.SIGKILL)
+        waiting.wait()
+    result = run_script(tmp_path, "5", env=workers)
+    assert result.returncode == 5, result.stderr
+    assert "anndata imported before the script: True" in result.stdout
+
+
 def test_a_server_started_with_other_import_time_settings_is_not_used(tmp_path, workers):
     result = run_script(tmp_path, "0", env={**workers, "OMICSPREP_SOME_SETTING": "1"})
     assert result.returncode == 0, result.stderr
