@@ -613,7 +613,15 @@ def start(*, n_workers: int, idle_minutes: float, wait_seconds: float = 120.0) -
     Returns
     -------
     The server's status.
+
+    Raises
+    ------
+    InputError
+        Not on Linux (descriptors and peers' users are read from Unix sockets as Linux does),
+        or the socket's folder is not private, or the server stopped or had no worker ready.
     """
+    if sys.platform != "linux":
+        raise InputError(f"warm workers run on Linux only, not {sys.platform}")
     running = status()
     if running is not None:
         return running
