@@ -375,7 +375,7 @@ class _Server:
         ours, theirs = socket.socketpair()
         env = {**os.environ, IN_WORKER: "1"}
         process = subprocess.Popen(
-            [sys.executable, "-P", "-m", "omicsprep.workers", "worker", str(theirs.fileno())],
+            _module_command("worker", str(theirs.fileno())),
             pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL,
             env=env,
@@ -535,6 +535,11 @@ class _Server:
         }
 
 
+def _module_command(*args: str) -> list[str]:
+    """The command running this module in this interpreter, without the current folder on its path (``-P``)."""
+    return [sys.executable, "-P", "-m", "omicsprep.workers", *args]
+
+
 def _close_all(fds: list[int]) -> None:
     for fd in fds:
         with contextlib.suppress(OSError):
@@ -629,7 +634,7 @@ def start(*, n_workers: int, idle_minutes: float, wait_seconds: float = 120.0) -
     log_path = path.with_suffix(".log")
     with log_path.open("a") as log_file:
         server = subprocess.Popen(
-            [sys.executable, "-P", "-m", "omicsprep.workers", "serve", str(n_workers), str(idle_minutes)],
+            _module_command("serve", str(n_workers), str(idle_minutes)),
             stdin=subprocess.DEVNULL,
             stdout=log_file,
             stderr=log_file,

@@ -6,8 +6,14 @@ GPU tests are skipped without a usable GPU; failed instead under `--require-gpu`
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -164,3 +170,31 @@ def repeated_entries() -> tuple[np.ndarray, sparse.csr_matrix]:
     split = sparse.csr_matrix((halves.ravel(), columns.ravel(), np.arange(0, 50 * 16 + 1, 16)), shape=dense.shape)
     assert split.nnz == 2 * dense.size
     return dense, split
+
+
+OMICSPREP_CLI = [sys.executable, "-c", "from omicsprep.cli import main; main()"]
+
+
+@contextlib.contextmanager
+def warm_workers_running(*, n_workers: int) -> Iterator[dict[str, str]]:
+    """``omicsprep workers start`` in a runtime folder of its own; yields the environment that reaches it.
+
+    The folder is short (under /tmp): a socket's path has at most 107 bytes.
+    """
+    env = {**os.environ, "OMICSPREP_RUNTIME_DIR": tempfile.mkdtemp(prefix="workers-", dir="/tmp")}
+    env.pop("OMICSPREP_IN_WORKER", None)
+    command = [*OMICSPREP_CLI, "workers"]
+    started = subprocess.run(
+        [*command, "start", "--workers", str(n_workers), "--idle-minutes", "5"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    assert "ready" in started.stdout, started.stdout
+    try:
+        yield env
+    finally:
+        subprocess.run([*command, "stop"], env=env, capture_output=True, timeout=60, check=True)
+        shutil.rmtree(env["OMICSPREP_RUNTIME_DIR"], ignore_errors=True)

@@ -7,15 +7,14 @@ what travels (arguments, directory, environment, streams, exit status) and what 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
+from conftest import OMICSPREP_CLI, warm_workers_running
 
 SCRIPT = """
 import omicsprep.handoff  # noqa: F401
@@ -30,24 +29,15 @@ sys.exit(int(sys.argv[1]))
 """
 
 
-def omicsprep(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-c", "from omicsprep.cli import main; main()", *args]
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=True)
+def omicsprep(*args: str, env: dict[str, str], check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run([*OMICSPREP_CLI, *args], env=env, capture_output=True, text=True, timeout=300, check=check)
 
 
 @pytest.fixture
-def workers(tmp_path):
-    """This environment's server with one worker, in a runtime folder of the test's own; stopped after.
-
-    The folder is short: a socket's path has at most 107 bytes.
-    """
-    env = {**os.environ, "OMICSPREP_RUNTIME_DIR": tempfile.mkdtemp(prefix="workers-", dir="/tmp")}
-    env.pop("OMICSPREP_IN_WORKER", None)
-    started = omicsprep("workers", "start", "--workers", "1", "--idle-minutes", "5", env=env)
-    assert "ready" in started.stdout, started.stdout
-    yield env
-    omicsprep("workers", "stop", env=env)
-    shutil.rmtree(env["OMICSPREP_RUNTIME_DIR"], ignore_errors=True)
+def workers():
+    """This environment's server with one worker, in a runtime folder of the test's own; stopped after."""
+    with warm_workers_running(n_workers=1) as env:
+        yield env
 
 
 def run_script(tmp_path: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -153,24 +143,20 @@ def _state(pid: int) -> str:
 
 def test_a_runtime_folder_too_long_for_a_socket_is_named(tmp_path):
     env = {**os.environ, "OMICSPREP_RUNTIME_DIR": str(tmp_path / ("x" * 100))}
-    command = [sys.executable, "-c", "from omicsprep.cli import main; main()", "workers", "start"]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60, check=False)
+    result = omicsprep("workers", "start", env=env, check=False)
     assert result.returncode == 1
     assert "too long for a socket's path (at most 107 bytes); set OMICSPREP_RUNTIME_DIR" in result.stderr
 
 
-def test_stopping_the_server_removes_its_socket(tmp_path, workers):
+def test_stopping_the_server_removes_its_socket(workers, monkeypatch):
     from omicsprep.workers import socket_path
 
-    os.environ["OMICSPREP_RUNTIME_DIR"] = workers["OMICSPREP_RUNTIME_DIR"]
-    try:
-        path = socket_path()
-        assert path.exists()
-        omicsprep("workers", "stop", env=workers)
-        deadline = time.monotonic() + 10
-        while path.exists():
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
-        assert "no warm workers run" in omicsprep("workers", "status", env=workers).stdout
-    finally:
-        del os.environ["OMICSPREP_RUNTIME_DIR"]
+    monkeypatch.setenv("OMICSPREP_RUNTIME_DIR", workers["OMICSPREP_RUNTIME_DIR"])
+    path = socket_path()
+    assert path.exists()
+    omicsprep("workers", "stop", env=workers)
+    deadline = time.monotonic() + 10
+    while path.exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert "no warm workers run" in omicsprep("workers", "status", env=workers).stdout

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
 
@@ -15,7 +13,7 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import CITESEQ, DROPLETS_H5, DROPLETS_TRUTH, MULTIOME, PBMC_H5, PBMC_MTX, REPO
+from conftest import CITESEQ, DROPLETS_H5, DROPLETS_TRUTH, MULTIOME, PBMC_H5, PBMC_MTX, REPO, warm_workers_running
 from matplotlib import image
 from run import snakemake_command
 from scipy import sparse
@@ -287,14 +285,10 @@ def test_fused_qc_cluster_on_the_gpu_writes_what_qc_and_cluster_write(tmp_path):
 
 
 @pytest.fixture
-def warm_workers(tmp_path):
+def warm_workers():
     """``omicsprep workers start`` (two workers) in a runtime folder of the test's own: the environment that uses it."""
-    env = {**os.environ, "OMICSPREP_RUNTIME_DIR": tempfile.mkdtemp(prefix="workers-", dir="/tmp")}  # a short path
-    command = [sys.executable, "-c", "from omicsprep.cli import main; main()", "workers"]
-    subprocess.run([*command, "start", "--workers", "2"], env=env, check=True, capture_output=True, timeout=300)
-    yield env
-    subprocess.run([*command, "stop"], env=env, check=True, capture_output=True, timeout=60)
-    shutil.rmtree(env["OMICSPREP_RUNTIME_DIR"], ignore_errors=True)
+    with warm_workers_running(n_workers=2) as env:
+        yield env
 
 
 def test_warm_workers_run_the_rules_with_the_same_results(cpu_run, tmp_path, warm_workers):
