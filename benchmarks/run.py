@@ -512,7 +512,11 @@ def main() -> None:
     parser.add_argument(
         "--workers",
         action="store_true",
-        help="also run each backend's runs with the rules handed to warm workers (omicsprep workers start, untimed)",
+        help="also run each backend's runs with the rules handed to warm workers (omicsprep workers start, "
+        "timed apart: workers_start_s)",
+    )
+    parser.add_argument(
+        "--workers-only", action="store_true", help="as --workers, without the runs in rules' own processes"
     )
     parser.add_argument("--quick", action="store_true", help="2,000 cells x 5,000 genes, cpu and peer")
     parser.add_argument("--cpu-max-cells", type=int, default=None, help="skip the CPU backend and peer above this")
@@ -591,7 +595,8 @@ def benchmark_size(
     for backend in backends:
         if args.warm:
             print(f"warm-kernels ({backend}): {warm_kernels(backend, config, {})} s", flush=True)
-        for fused, workers in itertools.product(modes, [False, True] if args.workers else [False]):
+        handed = [True] if args.workers_only else [False, True] if args.workers else [False]
+        for fused, workers in itertools.product(modes, handed):
             run = functools.partial(
                 run_workflow, args.workdir, counts, config, backend, args.cores, fused=fused, workers=workers
             )

@@ -131,7 +131,7 @@ def warm_kernels(args: argparse.Namespace) -> None:
     import time
 
     from omicsprep.backend import cupy, resolve_backend
-    from omicsprep.kernels import manifest_of, recorded_requests, start_compiling_ahead, write_manifest
+    from omicsprep.kernels import manifest_of, recorded_requests, shipped_kernels_compiling, write_manifest
     from omicsprep.resources import usable_cores
     from omicsprep.warmup import warm_kernels
 
@@ -139,9 +139,8 @@ def warm_kernels(args: argparse.Namespace) -> None:
     if args.record and backend != "gpu":
         raise InputError("--record needs the GPU backend (it records CuPy's kernels)", path=args.record)
     start = time.perf_counter()
-    if backend == "gpu":
-        cupy().cuda.runtime.free(0)
-        start_compiling_ahead(processes=usable_cores()).finish()
+    with shipped_kernels_compiling(backend, processes=usable_cores()):
+        pass  # compiled before the steps, which would otherwise compile the same kernels meanwhile
     with contextlib.ExitStack() as recording:
         requests = recording.enter_context(recorded_requests()) if args.record else []
         warm_kernels(workflow_config(args.configfile), backend=backend)
@@ -157,7 +156,14 @@ def workers(args: argparse.Namespace) -> None:
 
     state: dict[str, Any] | None
     if args.action == "start":
-        state = workers.start(n_workers=args.workers, idle_minutes=args.idle_minutes)
+        from omicsprep.backend import resolve_backend
+        from omicsprep.kernels import shipped_kernels_compiling
+        from omicsprep.resources import usable_cores
+
+        # A fresh GPU machine's first run would compile its kernels one by one (42 s on an
+        # H200): here they compile in a process per core while the workers import.
+        with shipped_kernels_compiling(resolve_backend("auto"), processes=usable_cores()):
+            state = workers.start(n_workers=args.workers, idle_minutes=args.idle_minutes)
     else:
         state = workers.stop() if args.action == "stop" else workers.status()
     if state is None:

@@ -243,6 +243,33 @@ def start_compiling_ahead(*, processes: int, manifest_path: Path = MANIFEST) -> 
     return AheadCompilation(started, marker, folder)
 
 
+@contextlib.contextmanager
+def shipped_kernels_compiling(backend: str, *, processes: int) -> Iterator[None]:
+    """On the GPU backend, compile the shipped kernels (:data:`MANIFEST`) while the block runs; wait for them after.
+
+    Nothing on the CPU backend, or when the cache holds them already. Creates a CUDA
+    context in this process (each compiling process creates its own).
+
+    Parameters
+    ----------
+    backend
+        ``"cpu"`` or ``"gpu"``.
+    processes
+        Compiling processes at most.
+    """
+    if backend != "gpu":
+        yield
+        return
+    from omicsprep.backend import cupy
+
+    cupy().cuda.runtime.free(0)
+    compilation = start_compiling_ahead(processes=processes)
+    try:
+        yield
+    finally:
+        compilation.finish()
+
+
 def _cache_dir() -> Path:
     """CuPy's kernel cache folder (CuPy 14 no longer tells it)."""
     return Path(os.environ.get("CUPY_CACHE_DIR") or Path.home() / ".cupy" / "kernel_cache")

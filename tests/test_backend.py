@@ -67,7 +67,8 @@ single_cell = gpu_module("rapids_singlecell")
 print(single_cell is sys.modules["rapids_singlecell"], not getattr(single_cell.__spec__, "_initializing", False))
 graph = gpu_module("pylibcugraph")
 print(graph is sys.modules["pylibcugraph"], not getattr(graph.__spec__, "_initializing", False))
-gpu_module("cuml")
+gpu_module("cuml")  # imported by rapids-singlecell already
+gpu_module("tabnanny")  # imported by nothing before: waits for the whole thread
 print(len(preparing), any(t.is_alive() for t in preparing))
 """
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)

@@ -160,3 +160,15 @@ def test_stopping_the_server_removes_its_socket(workers, monkeypatch):
         assert time.monotonic() < deadline
         time.sleep(0.1)
     assert "no warm workers run" in omicsprep("workers", "status", env=workers).stdout
+
+
+@pytest.mark.gpu
+def test_starting_workers_on_a_gpu_machine_compiles_the_shipped_kernels(tmp_path, monkeypatch):
+    # A fresh machine (an empty kernel cache): the command returns once the shipped kernels
+    # are compiled and the cache marked, so the first rule compiles nothing of them.
+    cache = tmp_path / "kernels"
+    monkeypatch.setenv("CUPY_CACHE_DIR", str(cache))
+    with warm_workers_running(n_workers=1):
+        pass
+    assert len(list(cache.glob("omicsprep-kernels-*"))) == 1
+    assert len(list(cache.glob("*.cubin"))) >= 100
