@@ -134,13 +134,14 @@ def run_workflow(
     totals = times[times["step"] == "total"].set_index("rule")
     steps = times[times["step"] != "total"]
     # A rule run by a worker: its benchmark file measured the process that handed it over.
-    worker_peaks = [
-        phases.get("worker_max_rss_mb", 0.0) for phases in map(read_phases, rundir.glob("logs/*/*.log")) if phases
-    ]
+    logged = [phases for phases in map(read_phases, rundir.glob("logs/*/*.log")) if phases]
+    worker_peaks = [phases.get("worker_max_rss_mb", 0.0) for phases in logged]
+    # A rule that found the workers unusable ran in its own process (it said why on stderr).
+    in_workers = f"{sum('warm_worker' in phases for phases in logged)}/{len(logged)}"
     return {
         "label": f"workflow-{name}",
         "wall_s": round(wall, 2),
-        **({"workers_start_s": round(workers_start, 2)} if workers else {}),
+        **({"workers_start_s": round(workers_start, 2), "rules_in_workers": in_workers} if workers else {}),
         "compute_rules_s": round(float(totals.loc[totals.index.isin(COMPUTE_RULES), "seconds"].sum()), 2),
         "steps_s": round(float(steps.loc[~steps["step"].isin(["to_device", "to_host"]), "seconds"].sum()), 2),
         "peak_rss_mb": round(max(float(totals["max_rss_mb"].max()), *worker_peaks), 1),

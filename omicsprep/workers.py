@@ -102,10 +102,26 @@ def fingerprint() -> dict[str, Any]:
         "version": sys.version,
         "package": str(package),
         "code": [len(sources), max(sources, default=0)],
-        # A folder's time changes as packages are installed into it or removed (upgrades too).
-        "packages": [Path(entry).stat().st_mtime_ns for entry in _package_folders()],
+        "packages": [_installed(folder) for folder in _package_folders()],
         "settings": dict(sorted(settings.items())),
     }
+
+
+def _installed(folder: str) -> str:
+    """A digest of what is installed in a package folder.
+
+    Its entries' names (installs, removals and upgrades change them) and the times of its
+    metadata (a reinstall rewrites it); not its own time, which the ``__pycache__`` folder
+    that Python writes at a module's first import changes too.
+    """
+    metadata = (".dist-info", ".egg-info", ".egg-link", ".pth")
+    with os.scandir(folder) as entries:
+        installed = sorted(
+            (entry.name, entry.stat().st_mtime_ns if entry.name.endswith(metadata) else 0)
+            for entry in entries
+            if entry.name != "__pycache__"
+        )
+    return hashlib.sha256(repr(installed).encode()).hexdigest()
 
 
 def _package_folders() -> list[str]:

@@ -172,3 +172,29 @@ def test_starting_workers_on_a_gpu_machine_compiles_the_shipped_kernels(tmp_path
         pass
     assert len(list(cache.glob("omicsprep-kernels-*"))) == 1
     assert len(list(cache.glob("*.cubin"))) >= 100
+
+
+def test_a_module_compiled_at_its_first_import_is_no_install_but_an_install_is_seen(tmp_path, monkeypatch):
+    # Python writes a __pycache__ folder beside a module at its first import, which changes
+    # the package folder's time: the worker that imports it first must not make the server's
+    # workers unusable for every later rule. A package installed there must.
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "probe_module.py").write_text("")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
+    monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
+    script = tmp_path / "rule.py"
+    script.write_text(
+        "import omicsprep.handoff  # noqa: F401\n"
+        "import sys, probe_module\n"
+        "print('anndata imported before the script:', 'anndata' in sys.modules)\n"
+    )
+    with warm_workers_running(n_workers=1) as env:
+        for _ in range(2):
+            result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+            assert "anndata imported before the script: True" in result.stdout, result.stderr
+        assert (site / "__pycache__").is_dir()
+        (site / "probe_package-1.0.dist-info").mkdir()
+        result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+        assert "not used (packages were installed or removed since the workers started)" in result.stderr
+        assert "anndata imported before the script: False" in result.stdout
