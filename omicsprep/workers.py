@@ -115,13 +115,16 @@ def _installed(folder: str) -> str:
     that Python writes at a module's first import changes too.
     """
     metadata = (".dist-info", ".egg-info", ".egg-link", ".pth")
+    installed = []
     with os.scandir(folder) as entries:
-        installed = sorted(
-            (entry.name, entry.stat().st_mtime_ns if entry.name.endswith(metadata) else 0)
-            for entry in entries
-            if entry.name != "__pycache__"
-        )
-    return hashlib.sha256(repr(installed).encode()).hexdigest()
+        for entry in entries:
+            if entry.name == "__pycache__":
+                continue
+            try:
+                installed.append((entry.name, entry.stat().st_mtime_ns if entry.name.endswith(metadata) else 0))
+            except FileNotFoundError:  # removed since the listing (an install under way)
+                continue
+    return hashlib.sha256(repr(sorted(installed)).encode()).hexdigest()
 
 
 def _package_folders() -> list[str]:
