@@ -233,12 +233,12 @@ def start_compiling_ahead(*, processes: int, manifest_path: Path = MANIFEST) -> 
         return AheadCompilation([], None, None)
     marker.parent.mkdir(parents=True, exist_ok=True)
     folder = Path(tempfile.mkdtemp(prefix="omicsprep-kernels-"))
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": _visible_device(device.id)}
     started = []
     for index, group in enumerate(balanced_groups(manifest["kernels"], n_groups=max(1, processes))):
         path = folder / f"group{index}.json"
         path.write_text(json.dumps({**manifest, "kernels": group}))
         command = [sys.executable, "-m", "omicsprep.kernels", str(path)]
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": _visible_device(device.id)}
         started.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, env=env))
     return AheadCompilation(started, marker, folder)
 
