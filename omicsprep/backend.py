@@ -12,6 +12,7 @@ error, under ``"auto"`` too, rather than sending it to the CPU.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import importlib.metadata
 import importlib.util
@@ -212,6 +213,19 @@ def single_cell_api(backend: Backend) -> ModuleType:
 def cupy() -> ModuleType:
     """Return the imported ``cupy`` module."""
     return gpu_module("cupy")
+
+
+def gpus_shared() -> bool:
+    """Whether several processes may hold contexts on every visible GPU at once (CUDA's default compute mode)."""
+    runtime = cupy().cuda.runtime
+    return all(runtime.getDeviceProperties(device)["computeMode"] == 0 for device in range(runtime.getDeviceCount()))
+
+
+def release_device_memory() -> None:
+    """Give back to the driver the device and pinned host memory that CuPy's pools keep for reuse."""
+    gc.collect()  # arrays no longer referenced, but in cycles, still hold their blocks
+    cupy().get_default_memory_pool().free_all_blocks()
+    cupy().get_default_pinned_memory_pool().free_all_blocks()
 
 
 def array_module(backend: Backend) -> ModuleType:

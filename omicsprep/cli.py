@@ -156,20 +156,25 @@ def workers(args: argparse.Namespace) -> None:
 
     state: dict[str, Any] | None
     if args.action == "start":
-        from omicsprep.backend import resolve_backend
+        from omicsprep.backend import gpus_shared, resolve_backend
         from omicsprep.kernels import shipped_kernels_compiling
         from omicsprep.resources import usable_cores
 
+        backend = resolve_backend("auto")
         # A fresh GPU machine's first run would compile its kernels one by one (42 s on an
         # H200): here they compile in a process per core while the workers import.
-        with shipped_kernels_compiling(resolve_backend("auto"), processes=usable_cores()):
+        with shipped_kernels_compiling(backend, processes=usable_cores()):
             state = workers.start(n_workers=args.workers, idle_minutes=args.idle_minutes)
+        # After the compiling: a warm-up would compile the same kernels meanwhile. A worker
+        # warmed up holds a CUDA context, which a GPU in an exclusive compute mode refuses to others.
+        if backend == "gpu" and args.warm_up and gpus_shared():
+            state = workers.warm_up(backend)
     else:
         state = workers.stop() if args.action == "stop" else workers.status()
     if state is None:
         print("no warm workers run for this environment")
         return
-    states = ", ".join(f"{worker['pid']} {worker['state']}" for worker in state.get("workers", []))
+    states = ", ".join(f"{one['pid']} {one['state']}{' (warm)' * one['warm']}" for one in state.get("workers", []))
     print(f"server {state.get('server', state.get('stopping'))} at {workers.socket_path()}; workers: {states or '-'}")
 
 
@@ -268,6 +273,13 @@ def main(argv: list[str] | None = None) -> None:
     pool.add_argument("--workers", type=int, default=2, help="processes kept ready (each runs one rule, then exits)")
     pool.add_argument(
         "--idle-minutes", type=float, default=60.0, help="the server stops after this long without a rule"
+    )
+    pool.add_argument(
+        "--no-warm-up",
+        dest="warm_up",
+        action="store_false",
+        help="on a GPU machine, leave idle workers without a CUDA context rather than running the steps once "
+        "in each (which holds one per worker, and saves a GPU rule about 3 s of first steps)",
     )
     pool.set_defaults(run=workers)
     args = parser.parse_args(argv)

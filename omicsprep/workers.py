@@ -17,6 +17,15 @@ standard error.
 Workers are started, not forked from one process holding the imports: children forked
 from a process that had imported the GPU libraries crashed (SIGSEGV) in their first cuML
 steps on the H200. Each worker runs one rule, so nothing carries from one rule to the next.
+
+A server may also warm its idle workers up (:func:`warm_up`, which ``omicsprep workers
+start`` asks for on a GPU that processes share): each runs rule qc_cluster's steps once on
+a small generated sample, so that what steps load at their first use in a process is loaded
+before its rule arrives. On the GPU that is the CUDA context, CuPy's kernels read from its
+cache, the libraries' modules and handles: about 3 s of a rule's first steps on the H200. A
+worker warmed up on the GPU holds a CUDA context on the server's ``CUDA_VISIBLE_DEVICES``,
+so a rule that sees other devices runs in its own process. Rules that arrive while no
+worker is idle do not wait for warm-ups: a worker is warmed up only while no rule waits.
 """
 
 from __future__ import annotations
@@ -68,6 +77,7 @@ IMPORT_TIME_PREFIXES = ("PYTHON", "LC_", "CUDA_", "CUPY_", "NUMBA_", "RAPIDS_", 
 # Read at run time (or per rule by run_script): they may differ.
 RUN_TIME_NAMES = ("CUDA_VISIBLE_DEVICES", "CUDA_CACHE_PATH", "NUMBA_NUM_THREADS", IN_WORKER, SWITCH, RUNTIME_DIR)
 MAX_SOCKET_PATH = 107  # bytes, Linux's sun_path less its final zero
+WARM_UP_CELLS = 2000  # generated cells a worker warms up on: every step runs, in a few seconds
 _HEADER = struct.Struct("!I")
 _MAX_FDS = 4
 
@@ -306,14 +316,19 @@ def _cuda_started() -> bool:
 
 
 def serve_one(channel_fd: int) -> None:
-    """A worker's life: import, say so on ``channel_fd``, run the one rule the server sends, exit with its status."""
+    """A worker's life: import, say so on ``channel_fd``, warm up if told, run the rule it is sent, exit with it."""
     channel = socket.socket(fileno=channel_fd)
     seconds = _preload()
     log.info("worker %d ready: %s", os.getpid(), seconds)
     _send(channel, {"ready": os.getpid()})
-    request, fds = _receive(channel)
-    if request is None:
-        os._exit(0)
+    while True:
+        request, fds = _receive(channel)
+        if request is None:
+            os._exit(0)
+        if "warm_up" not in request:
+            break
+        failure = _warm_up(request["warm_up"], n_cells=request["cells"])
+        _send(channel, {"warmed": os.getpid(), "failure": failure})
     conn_fd, *std_fds = fds
     conn = socket.socket(fileno=conn_fd)
     for target, fd in enumerate(std_fds):
@@ -328,6 +343,31 @@ def serve_one(channel_fd: int) -> None:
     _job.update(started_at=request["started_at"], worker=os.getpid())
     threading.Thread(target=_stop_when_gone, args=(conn,), name="omicsprep-rule-watch", daemon=True).start()
     os._exit(_run(request["run"][0]))
+
+
+def _warm_up(backend: str, *, n_cells: int) -> str | None:
+    """Run rule qc_cluster's steps once on ``backend``, on ``n_cells`` generated cells; why that failed, or ``None``.
+
+    What the steps load at their first use in a process is then loaded in this one. The
+    results are dropped, and on the GPU the memory CuPy's pools keep is given back. A
+    failure is logged: the rule then runs here as in a worker not warmed up.
+    """
+    from omicsprep.cli import workflow_config
+    from omicsprep.warmup import warm_kernels
+
+    start = time.perf_counter()
+    try:
+        warm_kernels(workflow_config([]), backend=backend, n_cells=n_cells)  # type: ignore[arg-type]
+    except Exception as exc:  # noqa: BLE001 - the rule meets the same problem, and reports it
+        log.warning("worker %d: warming up (%s) failed (%s: %s)", os.getpid(), backend, type(exc).__name__, exc)
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        if backend == "gpu":
+            from omicsprep.backend import release_device_memory
+
+            release_device_memory()
+    log.info("worker %d warmed up (%s, %d cells) in %.1f s", os.getpid(), backend, n_cells, time.perf_counter() - start)
+    return None
 
 
 STOP_GRACE_SECONDS = 10.0
@@ -373,6 +413,8 @@ class _Worker:
     process: subprocess.Popen
     channel: socket.socket
     ready: bool = False
+    warming: bool = False
+    warm: bool = False
     client: socket.socket | None = None  # the rule's connection, while it runs
 
 
@@ -389,6 +431,8 @@ class _Server:
     stop_requested: bool = False  # by SIGTERM; acted on in the loop
     socket_inode: int = 0
     selector: selectors.BaseSelector = field(default_factory=selectors.DefaultSelector)
+    warm_up: dict[str, Any] | None = None  # what idle workers warm up with (:func:`warm_up`), while it works
+    holds_gpu: bool = False  # a worker warmed up on the GPU: its CUDA context is on our CUDA_VISIBLE_DEVICES
 
     def start_worker(self) -> None:
         ours, theirs = socket.socketpair()
@@ -448,6 +492,12 @@ class _Server:
             _send(conn, {"stopping": os.getpid()})
             conn.close()
             self.stop()
+        elif "warm_up" in request:
+            if not self.stopping and self.warm_up is None:
+                self.warm_up = {"warm_up": request["warm_up"], "cells": request["cells"]}
+                self.holds_gpu = self.holds_gpu or request["warm_up"] == "gpu"
+            _send(conn, self.status())
+            conn.close()
         elif (reason := self.refusal(request)) is not None:
             _send(conn, {"refused": reason})
             _close_all(fds)
@@ -465,6 +515,9 @@ class _Server:
             return _difference(request["fingerprint"], self.fingerprint)
         if request["affinity"] != sorted(os.sched_getaffinity(0)):  # a scheduler's job, given some of the cores
             return "the rule may use other CPUs than the workers (a scheduler's job?)"
+        ours, theirs = os.environ.get("CUDA_VISIBLE_DEVICES"), request["env"].get("CUDA_VISIBLE_DEVICES")
+        if self.holds_gpu and theirs != ours:
+            return f"the workers hold CUDA contexts on CUDA_VISIBLE_DEVICES={ours}; the rule sees {theirs}"
         return None
 
     def hear_from(self, worker: _Worker) -> None:
@@ -472,6 +525,12 @@ class _Server:
             message, _ = _receive(worker.channel)
             if message is not None and "ready" in message:
                 worker.ready = True
+                return
+            if message is not None and "warmed" in message:
+                worker.warming, worker.warm = False, message["failure"] is None
+                if message["failure"] is not None:  # the next workers would fail alike
+                    log.warning("warming up stopped: worker %d failed to (%s)", worker.process.pid, message["failure"])
+                    self.warm_up = None
                 return
         self.selector.unregister(worker.channel)  # the worker is exiting; reaped below
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -481,9 +540,12 @@ class _Server:
         """Give each waiting rule to a ready worker; keep ``n_workers`` spare, and one more per rule still waiting.
 
         Rules arriving together then wait for workers importing side by side, as their own
-        processes would import, rather than for one batch after another.
+        processes would import, rather than for one batch after another. Warm workers are
+        given rules first; one warming up finishes first (a rule waits for the rest of its
+        warm-up, and does not share its failure). Idle workers warm up while no rule waits.
         """
-        for worker in [worker for worker in self.workers if worker.ready and worker.client is None]:
+        idle = [worker for worker in self.workers if worker.ready and worker.client is None and not worker.warming]
+        for worker in sorted(idle, key=lambda worker: not worker.warm):
             if not self.waiting:
                 break
             conn, request, fds = self.waiting.pop(0)
@@ -503,6 +565,11 @@ class _Server:
         spare = sum(worker.client is None for worker in self.workers)
         for _ in range(self.n_workers + len(self.waiting) - spare):
             self.start_worker()
+        if self.warm_up is not None and not self.waiting:
+            for worker in self.workers:
+                if worker.ready and worker.client is None and not (worker.warm or worker.warming):
+                    _send(worker.channel, self.warm_up)
+                    worker.warming = True
 
     def reap(self) -> None:
         for worker in [worker for worker in self.workers if worker.process.poll() is not None]:
@@ -517,6 +584,9 @@ class _Server:
                 worker.client.close()
                 self.last_active = time.monotonic()
                 log.info("worker %d exited: %d", worker.process.pid, code)
+            elif worker.warming and not self.stopping:
+                log.error("worker %d exited warming up (%d): warming up stopped", worker.process.pid, code)
+                self.warm_up = None
             elif not self.stopping:  # it could not import: rules run in their own processes instead
                 log.error("worker %d exited before running a rule (%d): stopping", worker.process.pid, code)
                 self.stop()
@@ -547,11 +617,15 @@ class _Server:
             "server": os.getpid(),
             "socket": str(socket_path()),
             "idle_minutes": self.idle_seconds / 60,
+            "warming_up": self.warm_up is not None,
             "workers": [
-                {"pid": w.process.pid, "state": "busy" if w.client else "ready" if w.ready else "importing"}
-                for w in self.workers
+                {"pid": w.process.pid, "state": _state(w), "warm": w.warm, "warming": w.warming} for w in self.workers
             ],
         }
+
+
+def _state(worker: _Worker) -> str:
+    return "busy" if worker.client else "warming up" if worker.warming else "ready" if worker.ready else "importing"
 
 
 def _module_command(*args: str) -> list[str]:
@@ -669,6 +743,33 @@ def start(*, n_workers: int, idle_minutes: float, wait_seconds: float = 120.0) -
             break
     state = "stopped" if server.poll() is not None else f"had no worker ready in {wait_seconds:.0f} s"
     raise InputError(f"the warm workers' server {state}: {log_path.read_text().strip()[-2000:]}", path=log_path)
+
+
+def warm_up(backend: str, *, n_cells: int = WARM_UP_CELLS, wait_seconds: float = 300.0) -> dict[str, Any] | None:
+    """Have the running server warm its idle workers up on ``backend``, and wait until one is warm.
+
+    Each runs rule qc_cluster's steps once on ``n_cells`` generated cells (see the module's
+    notes). A worker warmed up on the GPU holds a CUDA context: ask for it only where
+    processes may share the devices (:func:`omicsprep.backend.gpus_shared`).
+
+    Returns
+    -------
+    The server's status (no worker warm where warming up failed: the server's log says
+    why), or ``None`` when none runs.
+
+    Raises
+    ------
+    InputError
+        No worker was warm in ``wait_seconds``.
+    """
+    state = _ask({"warm_up": backend, "cells": n_cells})
+    deadline = time.monotonic() + wait_seconds
+    while state is not None and state["warming_up"] and not any(worker["warm"] for worker in state["workers"]):
+        if time.monotonic() > deadline:
+            raise InputError(f"no worker warmed up in {wait_seconds:.0f} s", path=socket_path().with_suffix(".log"))
+        time.sleep(0.2)
+        state = status()
+    return state
 
 
 def stop() -> dict[str, Any] | None:

@@ -163,13 +163,20 @@ def test_stopping_the_server_removes_its_socket(workers, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_starting_workers_on_a_gpu_machine_compiles_the_shipped_kernels(tmp_path, monkeypatch):
+def test_starting_workers_on_a_gpu_machine_compiles_the_shipped_kernels_then_warms_up(tmp_path, monkeypatch):
     # A fresh machine (an empty kernel cache): the command returns once the shipped kernels
-    # are compiled and the cache marked, so the first rule compiles nothing of them.
+    # are compiled and the cache marked, so the first rule compiles nothing of them, and a
+    # worker has run the steps once on the GPU, holding a CUDA context on our devices.
     cache = tmp_path / "kernels"
     monkeypatch.setenv("CUPY_CACHE_DIR", str(cache))
-    with warm_workers_running(n_workers=1):
-        pass
+    with warm_workers_running(n_workers=1) as env:
+        assert "ready (warm)" in omicsprep("workers", "status", env=env).stdout
+        ours = env.get("CUDA_VISIBLE_DEVICES")
+        result = run_script(tmp_path, "0", env={**env, "CUDA_VISIBLE_DEVICES": "0" if ours != "0" else "0,0"})
+        assert f"the workers hold CUDA contexts on CUDA_VISIBLE_DEVICES={ours}" in result.stderr
+        assert "anndata imported before the script: False" in result.stdout
+        result = run_script(tmp_path, "0", env=env)
+        assert "anndata imported before the script: True" in result.stdout, result.stderr
     assert len(list(cache.glob("omicsprep-kernels-*"))) == 1
     assert len(list(cache.glob("*.cubin"))) >= 100
 
@@ -198,3 +205,32 @@ def test_a_module_compiled_at_its_first_import_is_no_install_but_an_install_is_s
         result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
         assert "not used (packages were installed or removed since the workers started)" in result.stderr
         assert "anndata imported before the script: False" in result.stdout
+
+
+def test_idle_workers_warm_up_and_a_rule_goes_to_a_warm_one(tmp_path, workers, monkeypatch):
+    # `omicsprep workers start` asks for warm-ups on a GPU that processes share; here on the
+    # CPU backend, through the same protocol: each idle worker runs rule qc_cluster's steps once.
+    from omicsprep import workers as pool
+
+    monkeypatch.setenv("OMICSPREP_RUNTIME_DIR", workers["OMICSPREP_RUNTIME_DIR"])
+    state = pool.warm_up("cpu", n_cells=300)
+    warm = {str(worker["pid"]) for worker in state["workers"] if worker["warm"]}
+    assert warm and state["warming_up"], state
+    result = run_script(tmp_path, "0", env=workers)
+    assert result.returncode == 0, result.stderr
+    assert fields(result.stdout)["pid"] in warm
+    assert "warmed up (cpu, 300 cells)" in pool.socket_path().with_suffix(".log").read_text()
+
+
+def test_workers_holding_cuda_contexts_refuse_a_rule_that_sees_other_devices(monkeypatch):
+    from omicsprep.workers import _Server, fingerprint
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    server = _Server(n_workers=1, idle_seconds=60, listener=None, fingerprint=fingerprint(), holds_gpu=True)
+    request = {"fingerprint": fingerprint(), "affinity": sorted(os.sched_getaffinity(0)), "env": {}}
+    assert server.refusal({**request, "env": {"CUDA_VISIBLE_DEVICES": "0"}}) is None
+    assert server.refusal({**request, "env": {"CUDA_VISIBLE_DEVICES": "1"}}) == (
+        "the workers hold CUDA contexts on CUDA_VISIBLE_DEVICES=0; the rule sees 1"
+    )
+    server.holds_gpu = False  # workers without a context take the rule's devices as the rule would
+    assert server.refusal({**request, "env": {"CUDA_VISIBLE_DEVICES": "1"}}) is None
