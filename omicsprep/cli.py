@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> None:
         dest="warm_up",
         action="store_false",
         help="on a GPU machine, leave idle workers without a CUDA context rather than running the steps once "
-        "in each (which holds one per worker, and saves a GPU rule about 3 s of first steps)",
+        "in each (which holds one per worker, and saved a 5,000-cell GPU rule 1.4-1.5 s on the H200)",
     )
     pool.set_defaults(run=workers)
     args = parser.parse_args(argv)
