@@ -100,6 +100,7 @@ def run_workflow(
     fused: bool = False,
     caches: dict[str, str] | None = None,
     workers: bool = False,
+    fresh: bool = False,
     label: str = "",
 ) -> dict:
     """One run of the workflow on ``counts``.
@@ -107,8 +108,9 @@ def run_workflow(
     With ``fused``, qc, cluster and their figures as one rule (fuse_qc_cluster); with
     ``caches`` (:func:`kernel_caches`), kernels compiled into and loaded from those folders
     rather than the machine's; with ``workers``, the rules run by warm workers started
-    before the run (:func:`warm_workers`, untimed; ``workers_start_s``); ``label`` is added
-    to the run's name.
+    before the run (:func:`warm_workers`, untimed; ``workers_start_s``), the run started once a
+    worker has warmed up (as a server started earlier) or, ``fresh`` (a fresh machine's first
+    run), right after the command; ``label`` is added to the run's name.
     """
     name = (f"{backend}-fused" if fused else backend) + ("-workers" if workers else "") + label
     rundir = workdir / f"{name}_{counts.stem}"
@@ -119,7 +121,9 @@ def run_workflow(
     environment = dict(caches or {})
     with contextlib.ExitStack() as stack:
         if workers:
-            environment, workers_start = stack.enter_context(warm_workers(rundir / "runtime", environment))
+            environment, workers_start = stack.enter_context(
+                warm_workers(rundir / "runtime", environment, until_warm=not fresh)
+            )
         launched = time.time()
         wall = run_snakemake(
             rundir,
@@ -311,16 +315,23 @@ def run_snakemake(
 
 
 @contextlib.contextmanager
-def warm_workers(runtime: Path, environment: dict[str, str]) -> Iterator[tuple[dict[str, str], float]]:
+def warm_workers(
+    runtime: Path, environment: dict[str, str], *, until_warm: bool
+) -> Iterator[tuple[dict[str, str], float]]:
     """``omicsprep workers start`` for one run (its server's socket in ``runtime``), stopped after.
 
     Yields the run's environment (``environment`` and the server's folder) and the seconds
-    until a worker was ready.
+    until the command returned (``until_warm``: once a worker had warmed up, on a GPU machine).
     """
     env = {**environment, "OMICSPREP_RUNTIME_DIR": str(runtime)}
     command = [sys.executable, "-m", "omicsprep.cli", "workers"]
     start = time.perf_counter()
-    subprocess.run([*command, "start"], env={**user_environment(), **env}, check=True, capture_output=True)
+    subprocess.run(
+        [*command, "start", *["--until-warm"] * until_warm],
+        env={**user_environment(), **env},
+        check=True,
+        capture_output=True,
+    )
     try:
         yield env, time.perf_counter() - start
     finally:
@@ -609,7 +620,7 @@ def benchmark_size(
             with tempfile.TemporaryDirectory(prefix="kernel-caches-", dir=args.workdir) as folder:
                 caches = kernel_caches(Path(folder))
                 setup = {"setup_s": warm_kernels(backend, config, caches)} if args.setup else {}
-                first = run(caches=caches, label="-first" if args.setup else "-cold")
+                first = run(caches=caches, label="-first" if args.setup else "-cold", fresh=True)
                 results += [{**first, **setup}, run(caches=caches, label="-warm")]
     peer = run_peer(args.workdir, counts, config) if args.peer and on_cpu else None
     steps = pd.concat([result["steps"] for result in results], axis=1).reset_index() if results else None

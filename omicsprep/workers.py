@@ -24,9 +24,10 @@ a small generated sample, so that what steps load at their first use in a proces
 before its rule arrives. On the GPU that is the CUDA context, CuPy's kernels read from its
 cache, the libraries' modules and handles: 1.4-1.5 s of a 5,000-cell rule on the H200. A
 worker warmed up on the GPU holds a CUDA context on the server's ``CUDA_VISIBLE_DEVICES``,
-so a rule that sees other devices runs in its own process. A worker starts warming up only
-while no rule waits; a rule that arrives while every idle worker warms up waits for one to
-finish.
+so a rule that sees other devices runs in its own process. Workers warm up one at a time,
+and only while no rule waits: a rule that comes meanwhile goes to another idle worker
+(warm ones first), so a run started right after ``omicsprep workers start`` does not wait
+for warm-ups; it waits only where the one idle worker is warming up.
 """
 
 from __future__ import annotations
@@ -543,7 +544,8 @@ class _Server:
         Rules arriving together then wait for workers importing side by side, as their own
         processes would import, rather than for one batch after another. Warm workers are
         given rules first; one warming up finishes first (a rule waits for the rest of its
-        warm-up, and does not share its failure). Idle workers warm up while no rule waits.
+        warm-up, and does not share its failure). Idle workers warm up one at a time, while
+        no rule waits.
         """
         idle = [worker for worker in self.workers if worker.ready and worker.client is None and not worker.warming]
         for worker in sorted(idle, key=lambda worker: not worker.warm):
@@ -566,11 +568,11 @@ class _Server:
         spare = sum(worker.client is None for worker in self.workers)
         for _ in range(self.n_workers + len(self.waiting) - spare):
             self.start_worker()
-        if self.warm_up is not None and not self.waiting:
-            for worker in self.workers:
-                if worker.ready and worker.client is None and not (worker.warm or worker.warming):
-                    _send(worker.channel, self.warm_up)
-                    worker.warming = True
+        if self.warm_up is not None and not self.waiting and not any(worker.warming for worker in self.workers):
+            cold = [worker for worker in self.workers if worker.ready and worker.client is None and not worker.warm]
+            if cold:  # one at a time: the others stay free for rules
+                _send(cold[0].channel, self.warm_up)
+                cold[0].warming = True
 
     def reap(self) -> None:
         for worker in [worker for worker in self.workers if worker.process.poll() is not None]:
@@ -619,9 +621,7 @@ class _Server:
             "socket": str(socket_path()),
             "idle_minutes": self.idle_seconds / 60,
             "warming_up": self.warm_up is not None,
-            "workers": [
-                {"pid": w.process.pid, "state": _state(w), "warm": w.warm, "warming": w.warming} for w in self.workers
-            ],
+            "workers": [{"pid": w.process.pid, "state": _state(w), "warm": w.warm} for w in self.workers],
         }
 
 
@@ -746,8 +746,8 @@ def start(*, n_workers: int, idle_minutes: float, wait_seconds: float = 120.0) -
     raise InputError(f"the warm workers' server {state}: {log_path.read_text().strip()[-2000:]}", path=log_path)
 
 
-def warm_up(backend: str, *, n_cells: int = WARM_UP_CELLS, wait_seconds: float = 300.0) -> dict[str, Any] | None:
-    """Have the running server warm its idle workers up on ``backend``, and wait until one is warm.
+def warm_up(backend: str, *, n_cells: int = WARM_UP_CELLS) -> dict[str, Any] | None:
+    """Have the running server warm its idle workers up on ``backend``, one at a time; do not wait.
 
     Each runs rule qc_cluster's steps once on ``n_cells`` generated cells (see the module's
     notes). A worker warmed up on the GPU holds a CUDA context: ask for it only where
@@ -755,15 +755,24 @@ def warm_up(backend: str, *, n_cells: int = WARM_UP_CELLS, wait_seconds: float =
 
     Returns
     -------
-    The server's status (no worker warm where warming up failed: the server's log says
-    why), or ``None`` when none runs.
+    The server's status, or ``None`` when none runs.
+    """
+    return _ask({"warm_up": backend, "cells": n_cells})
+
+
+def wait_until_warm(*, wait_seconds: float = 300.0) -> dict[str, Any] | None:
+    """Wait until a worker is warm, or warming up has stopped (a failure: the server's log says why).
+
+    Returns
+    -------
+    The server's status, or ``None`` when none runs.
 
     Raises
     ------
     InputError
         No worker was warm in ``wait_seconds``.
     """
-    state = _ask({"warm_up": backend, "cells": n_cells})
+    state = status()
     deadline = time.monotonic() + wait_seconds
     while state is not None and state["warming_up"] and not any(worker["warm"] for worker in state["workers"]):
         if time.monotonic() > deadline:

@@ -176,8 +176,10 @@ OMICSPREP_CLI = [sys.executable, "-c", "from omicsprep.cli import main; main()"]
 
 
 @contextlib.contextmanager
-def warm_workers_running(*, n_workers: int) -> Iterator[dict[str, str]]:
+def warm_workers_running(*, n_workers: int, until_warm: bool = False) -> Iterator[dict[str, str]]:
     """``omicsprep workers start`` in a runtime folder of its own; yields the environment that reaches it.
+
+    ``until_warm``: the command returns once a worker has warmed up (on a GPU machine).
 
     The folder is short (under /tmp): a socket's path has at most 107 bytes.
     """
@@ -185,7 +187,7 @@ def warm_workers_running(*, n_workers: int) -> Iterator[dict[str, str]]:
     env.pop("OMICSPREP_IN_WORKER", None)
     command = [*OMICSPREP_CLI, "workers"]
     started = subprocess.run(
-        [*command, "start", "--workers", str(n_workers), "--idle-minutes", "5"],
+        [*command, "start", "--workers", str(n_workers), "--idle-minutes", "5", *["--until-warm"] * until_warm],
         env=env,
         capture_output=True,
         text=True,

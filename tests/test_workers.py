@@ -165,11 +165,11 @@ def test_stopping_the_server_removes_its_socket(workers, monkeypatch):
 @pytest.mark.gpu
 def test_starting_workers_on_a_gpu_machine_compiles_the_shipped_kernels_then_warms_up(tmp_path, monkeypatch):
     # A fresh machine (an empty kernel cache): the command returns once the shipped kernels
-    # are compiled and the cache marked, so the first rule compiles nothing of them, and a
-    # worker has run the steps once on the GPU, holding a CUDA context on our devices.
+    # are compiled and the cache marked, so the first rule compiles nothing of them, and (as
+    # asked) a worker has run the steps once on the GPU, holding a CUDA context on our devices.
     cache = tmp_path / "kernels"
     monkeypatch.setenv("CUPY_CACHE_DIR", str(cache))
-    with warm_workers_running(n_workers=1) as env:
+    with warm_workers_running(n_workers=1, until_warm=True) as env:
         assert "ready (warm)" in omicsprep("workers", "status", env=env).stdout
         ours = env.get("CUDA_VISIBLE_DEVICES")
         result = run_script(tmp_path, "0", env={**env, "CUDA_VISIBLE_DEVICES": "0" if ours != "0" else "0,0"})
@@ -207,19 +207,26 @@ def test_a_module_compiled_at_its_first_import_is_no_install_but_an_install_is_s
         assert "anndata imported before the script: False" in result.stdout
 
 
-def test_idle_workers_warm_up_and_a_rule_goes_to_a_warm_one(tmp_path, workers, monkeypatch):
+def test_idle_workers_warm_up_one_at_a_time_and_a_rule_goes_to_a_warm_one(tmp_path, monkeypatch):
     # `omicsprep workers start` asks for warm-ups on a GPU that processes share; here on the
-    # CPU backend, through the same protocol: each idle worker runs rule qc_cluster's steps once.
+    # CPU backend, through the same protocol: each idle worker runs rule qc_cluster's steps
+    # once, one worker at a time, so that a rule coming meanwhile finds one free.
     from omicsprep import workers as pool
 
-    monkeypatch.setenv("OMICSPREP_RUNTIME_DIR", workers["OMICSPREP_RUNTIME_DIR"])
-    state = pool.warm_up("cpu", n_cells=300)
-    warm = {str(worker["pid"]) for worker in state["workers"] if worker["warm"]}
-    assert warm and state["warming_up"], state
-    result = run_script(tmp_path, "0", env=workers)
-    assert result.returncode == 0, result.stderr
-    assert fields(result.stdout)["pid"] in warm
-    assert "warmed up (cpu, 300 cells)" in pool.socket_path().with_suffix(".log").read_text()
+    with warm_workers_running(n_workers=2) as env:
+        monkeypatch.setenv("OMICSPREP_RUNTIME_DIR", env["OMICSPREP_RUNTIME_DIR"])
+        assert pool.warm_up("cpu", n_cells=300)["warming_up"]
+        most_warming, deadline = 0, time.monotonic() + 240
+        while not all((state := pool.status())["workers"][i]["warm"] for i in range(2)):
+            most_warming = max(most_warming, sum(w["state"] == "warming up" for w in state["workers"]))
+            assert time.monotonic() < deadline, state
+            time.sleep(0.05)
+        assert most_warming == 1
+        warm = {str(worker["pid"]) for worker in state["workers"]}
+        result = run_script(tmp_path, "0", env=env)
+        assert result.returncode == 0, result.stderr
+        assert fields(result.stdout)["pid"] in warm
+        assert pool.socket_path().with_suffix(".log").read_text().count("warmed up (cpu, 300 cells)") == 2
 
 
 def test_workers_holding_cuda_contexts_refuse_a_rule_that_sees_other_devices(monkeypatch):
