@@ -202,10 +202,14 @@ def _neighbour_scores(
     search.fit(manifold)
     _, neighbors = search.kneighbors(manifold)
     # The point itself is in its table (distance 0) but not counted; the table stays on
-    # the device and only the counts come back.
+    # the device and only the counts come back. Counted by a product with ones (exact in
+    # float32 below 2^24), not ``.sum(axis=1)``: CuPy compiles its row reductions for a
+    # block size that grows with k, so every new range of group sizes compiled one, 1.5 s
+    # on a machine's first sample of that size.
     itself = xp.arange(len(manifold))[:, None]
-    nd = asnumpy(((neighbors >= n_obs) & (neighbors != itself)).sum(axis=1)).astype(np.float64)
-    del neighbors
+    simulated_neighbors = ((neighbors >= n_obs) & (neighbors != itself)).astype(xp.float32)
+    nd = asnumpy(simulated_neighbors @ xp.ones(neighbors.shape[1], dtype=xp.float32)).astype(np.float64)
+    del simulated_neighbors, neighbors
     rho, r, big_n = expected_rate, n_sim / float(n_obs), float(k_adj)
     q = (nd + 1) / (big_n + 2)
     ld = q * rho / r / (1 - rho - q * (1 - rho - rho / r))
