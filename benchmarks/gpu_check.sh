@@ -52,7 +52,8 @@
 #             into the empty caches first, timed); prints where each rule's seconds went; with $E2E_TRACE
 #             (a name), every process of the run sampled by py-spy (its wheel in .gpu/extra) into
 #             $OUT/trace_$E2E_TRACE.json.gz, summarized by benchmarks/trace_summary.py; the rules' logs of
-#             the runs at $E2E_CELLS go to $OUT/rule_logs_<time>.tgz
+#             the runs at $E2E_CELLS go to $OUT/rule_logs_<time>.tgz; the GPU memory in use is sampled
+#             during the runs ($OUT/gpu_memory_e2e.csv, its peak printed) and the outputs' sizes printed
 #   codecs    benchmarks/codecs_bench.py on the qc.h5ad and processed.h5ad of the e2e section's latest run at
 #             $CODECS_CELLS (100000) cells (run e2e first, in the same call or on the same machine)
 #   bam       benchmarks/umi_bench.py: BAM in, counts out, CPU backend (all cores) and GPU backend
@@ -253,8 +254,14 @@ echo "== end to end: benchmarks/run.py"
 tracer=()
 [ -n "${E2E_TRACE:-}" ] && tracer=(py-spy record --subprocesses --nonblocking --rate 100 --format chrometrace
   --output "$out/trace_${E2E_TRACE}.json" --)
+# GPU memory in use, sampled twice a second while the runs go (its peak printed after them).
+nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader,nounits -lms 500 >"$out/gpu_memory_e2e.csv" &
+sampler=$!
 "${tracer[@]}" python3 benchmarks/run.py --cells ${E2E_CELLS:-1000000} --backends ${E2E_BACKENDS:-gpu} ${E2E_ARGS:-} --cores "$(nproc)" --host H200 --workdir /tmp/ob \
   --results "$out/RESULTS_h200.md" --scaling-dir /tmp/ob/scaling --plot /tmp/ob/scaling.png 2>&1 | tail -n 60
+kill "$sampler"
+awk -F', ' '$2 > peak { peak = $2 } END { printf "GPU memory in use, peak during the runs: %d MiB\n", peak }' "$out/gpu_memory_e2e.csv"
+for cells in ${E2E_CELLS:-1000000}; do du -sh /tmp/ob/*_"$cells"x*/results/*/*.h5ad 2>/dev/null; done
 # The runs' rule logs (step ends, GPU start-up, phases: the rules' timelines), in one archive
 # (few files come back from $OUT).
 logs=()

@@ -21,6 +21,7 @@ import math
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
@@ -427,34 +428,217 @@ def to_device(adata: AnnData, *, backend: Backend) -> None:
 
 
 # CuPy's sparse matrices index with 32 bits: it would wrap larger index pointers silently.
+# A CSR matrix with more entries goes to the GPU in row blocks (a Dask array, computed in
+# this process), each of at most BLOCK_ENTRIES: rapids-singlecell's steps take such arrays,
+# and a block crosses between host and GPU on its own, so that host memory holds one
+# block's copy at a time (its indices narrowed to 32 bits: 1 GB).
 GPU_SPARSE_MAX_ENTRIES = 2**31 - 1
+BLOCK_ENTRIES = 1 << 28
 
 
 def _matrix_to_device(matrix: Any) -> Any:
     """A NumPy array or SciPy CSR/CSC matrix copied to the GPU (a matrix already there as it is).
 
+    A CSR matrix of more than :data:`GPU_SPARSE_MAX_ENTRIES` entries becomes row blocks
+    (:func:`row_blocks`) of at most :data:`BLOCK_ENTRIES` entries.
+
     Raises
     ------
     BackendUnavailableError
-        A sparse matrix has more entries, or a dimension longer, than CuPy's 32-bit indices reach.
+        A dimension longer, or a CSC matrix with more entries, than CuPy's 32-bit indices reach.
     """
     import numpy as np
     from scipy import sparse
 
-    if sparse.issparse(matrix) and max(matrix.nnz, *matrix.shape) > GPU_SPARSE_MAX_ENTRIES:
+    if sparse.issparse(matrix) and max(matrix.shape) > GPU_SPARSE_MAX_ENTRIES:
         msg = (
-            f"the GPU backend cannot hold a {matrix.shape[0]:,} x {matrix.shape[1]:,} matrix of {matrix.nnz:,} "
-            f"non-zeros: CuPy's sparse matrices index with 32 bits (at most {GPU_SPARSE_MAX_ENTRIES:,}); "
-            "run this sample with backend: cpu"
+            f"the GPU backend cannot hold a {matrix.shape[0]:,} x {matrix.shape[1]:,} matrix: CuPy's sparse "
+            f"matrices index with 32 bits (at most {GPU_SPARSE_MAX_ENTRIES:,}); run this sample with backend: cpu"
         )
         raise BackendUnavailableError(msg)
+    if sparse.issparse(matrix) and matrix.format == "csr" and matrix.nnz > GPU_SPARSE_MAX_ENTRIES:
+        bounds = row_block_bounds(matrix.indptr, max_entries=BLOCK_ENTRIES)
+        log.info("%d x %d matrix, %d entries: to the GPU in %d row blocks", *matrix.shape, matrix.nnz, len(bounds) - 1)
+        return row_blocks([_compressed_to_device(matrix, start, stop) for start, stop in pairwise(bounds)])
     if sparse.issparse(matrix) and matrix.format in COMPRESSED_FORMATS:
-        parts = (host_to_device(matrix.data), host_to_device(matrix.indices), host_to_device(matrix.indptr))
-        return COMPRESSED_FORMATS[matrix.format](cupyx_sparse())(parts, shape=matrix.shape)
+        if matrix.nnz > GPU_SPARSE_MAX_ENTRIES:
+            msg = (
+                f"the GPU backend cannot hold a CSC matrix of {matrix.nnz:,} entries (at most "
+                f"{GPU_SPARSE_MAX_ENTRIES:,}; a CSR one goes in row blocks); run this sample with backend: cpu"
+            )
+            raise BackendUnavailableError(msg)
+        return _compressed_to_device(matrix, 0, len(matrix.indptr) - 1)
     if sparse.issparse(matrix):
         msg = f"a {matrix.format.upper()} matrix cannot go to the GPU; CSR, CSC or dense only"
         raise TypeError(msg)
     return host_to_device(matrix) if isinstance(matrix, np.ndarray) else matrix
+
+
+def _compressed_to_device(matrix: Any, start: int, stop: int) -> Any:
+    """Rows (CSR) or columns (CSC) ``start:stop`` of a SciPy matrix, copied to the GPU with 32-bit indices."""
+    import numpy as np
+
+    first, last = int(matrix.indptr[start]), int(matrix.indptr[stop])
+    parts = (
+        host_to_device(matrix.data[first:last]),
+        host_to_device(matrix.indices[first:last].astype(np.int32, copy=False)),
+        host_to_device((matrix.indptr[start : stop + 1] - first).astype(np.int32)),
+    )
+    minor = matrix.shape[1] if matrix.format == "csr" else matrix.shape[0]
+    shape = (stop - start, minor) if matrix.format == "csr" else (minor, stop - start)
+    return COMPRESSED_FORMATS[matrix.format](cupyx_sparse())(parts, shape=shape)
+
+
+def row_block_bounds(indptr: Any, *, max_entries: int) -> list[int]:
+    """Bounds of consecutive row blocks of a CSR matrix, each of at most ``max_entries`` entries (or one row).
+
+    Parameters
+    ----------
+    indptr
+        The matrix's index pointers (host memory).
+    max_entries
+        Most entries per block.
+
+    Returns
+    -------
+    0, the first row of each later block, and the number of rows.
+    """
+    import numpy as np
+
+    n_rows = len(indptr) - 1
+    bounds = [0]
+    while bounds[-1] < n_rows:
+        start = bounds[-1]
+        stop = int(np.searchsorted(indptr, indptr[start] + max_entries, side="right")) - 1
+        bounds.append(min(n_rows, max(stop, start + 1)))
+    return bounds
+
+
+def row_blocks(blocks: list[Any]) -> Any:
+    """A Dask array of CSR matrices (SciPy's or CuPy's) stacked by rows, one block each, held in this process.
+
+    Parameters
+    ----------
+    blocks
+        The blocks, in order, with the same number of columns.
+    """
+    import dask.array
+
+    name = f"row-blocks-{uuid.uuid4().hex}"
+    graph = {(name, index, 0): block for index, block in enumerate(blocks)}
+    n_cols = blocks[0].shape[1]
+    chunks = (tuple(block.shape[0] for block in blocks), (n_cols,))
+    meta = type(blocks[0])((0, n_cols), dtype=blocks[0].dtype)
+    return dask.array.Array(graph, name, chunks, meta=meta)
+
+
+def blocks_of(matrix: Any) -> Iterator[Any]:
+    """Each row block of a Dask array of sparse matrices, computed in turn (one in memory at a time, unless held)."""
+    if len(matrix.chunks[1]) > 1:
+        matrix = matrix.rechunk({1: -1})
+    for block in matrix.to_delayed().ravel():
+        yield block.compute()
+
+
+def sparse_entries(matrix: Any) -> int:
+    """Stored entries of a SciPy or CuPy sparse matrix, or of a Dask array of them."""
+    if is_dask_array(matrix):
+        import dask
+
+        return sum(dask.compute(*(dask.delayed(_entries)(block) for block in matrix.to_delayed().ravel())))
+    return int(matrix.nnz)
+
+
+def _entries(block: Any) -> int:
+    return int(block.nnz)
+
+
+def _index_array(block: Any, positions: Any) -> Any:
+    """``positions`` (NumPy) on the block's device: CuPy's sparse matrices take CuPy indices."""
+    return cupy().asarray(positions) if not _on_host(block) else positions
+
+
+def _on_host(block: Any) -> bool:
+    return type(block).__module__.split(".")[0] in ("scipy", "numpy")
+
+
+def _stacked(parts: list[Any]) -> Any:
+    """CSR matrices stacked by rows, on the host or the GPU as they are."""
+    from scipy import sparse
+
+    return (sparse if _on_host(parts[0]) else cupyx_sparse()).vstack(parts, format="csr")
+
+
+def keep_rows(matrix: Any, keep: Any) -> Any:
+    """The rows of ``matrix`` where ``keep`` (booleans, host memory) is true; row blocks stay blocks.
+
+    Parameters
+    ----------
+    matrix
+        A NumPy, CuPy or SciPy matrix, or a Dask array of row blocks (:func:`row_blocks`).
+    keep
+        One boolean per row.
+    """
+    import numpy as np
+
+    if not is_dask_array(matrix):
+        return matrix[_index_array(matrix, np.flatnonzero(keep))]
+    bounds = np.cumsum((0, *matrix.chunks[0]))
+    kept = [
+        block[_index_array(block, np.flatnonzero(keep[start:stop]))]
+        for block, start, stop in zip(blocks_of(matrix), bounds[:-1], bounds[1:], strict=True)
+    ]
+    return row_blocks([block for block in kept if block.shape[0]] or kept[:1])
+
+
+def keep_columns(matrix: Any, keep: Any) -> Any:
+    """The columns of ``matrix`` where ``keep`` (booleans, host memory) is true; row blocks stay blocks."""
+    import numpy as np
+
+    columns = np.flatnonzero(keep)
+    if not is_dask_array(matrix):
+        return matrix[:, _index_array(matrix, columns)]
+    return row_blocks([block[:, _index_array(block, columns)] for block in blocks_of(matrix)])
+
+
+def take_rows(matrix: Any, rows: Any) -> Any:
+    """Rows ``rows`` (ascending positions, host memory) of ``matrix``, as one matrix (row blocks joined).
+
+    For a group of rows with fewer entries than :data:`GPU_SPARSE_MAX_ENTRIES`.
+    """
+    import numpy as np
+
+    if not is_dask_array(matrix):
+        return matrix[_index_array(matrix, rows)]
+    bounds = np.cumsum((0, *matrix.chunks[0]))
+    cut = np.searchsorted(rows, bounds)
+    parts = [
+        block[_index_array(block, rows[cut[index] : cut[index + 1]] - bounds[index])]
+        for index, block in enumerate(blocks_of(matrix))
+        if cut[index + 1] > cut[index]
+    ]
+    return _stacked(parts)
+
+
+def column_entries(matrix: Any) -> Any:
+    """Stored entries per column of a sparse matrix (or of row blocks), in host memory."""
+    import numpy as np
+
+    counts = np.zeros(matrix.shape[1], dtype=np.int64)
+    for block in blocks_of(matrix) if is_dask_array(matrix) else [matrix]:
+        xp = np if _on_host(block) else cupy()
+        counts += asnumpy(xp.bincount(block.indices, minlength=matrix.shape[1]))
+    return counts
+
+
+def take_columns(matrix: Any, start: int, stop: int) -> Any:
+    """Columns ``start:stop`` of every row of ``matrix``, as one CSR matrix (row blocks joined).
+
+    For columns with fewer entries than :data:`GPU_SPARSE_MAX_ENTRIES` (:func:`column_entries`).
+    """
+    if not is_dask_array(matrix):
+        return matrix[:, start:stop]
+    return _stacked([block[:, start:stop] for block in blocks_of(matrix)])
 
 
 # The largest temporary of a blocked computation on either backend (a block of gene-gene
@@ -563,8 +747,19 @@ def copy_blocks(array: Any) -> Any:
 
 def _persisted(array: Any) -> Any:
     array = array.persist()
-    importlib.import_module("distributed").wait(array)  # persist returns at once; steps are timed
+    if _distributed_client() is not None:
+        importlib.import_module("distributed").wait(array)  # persist returns at once; steps are timed
     return array
+
+
+def _distributed_client() -> Any:
+    """The Dask client in use (``merge.dask``'s workers), or ``None``: Dask arrays are then this process's."""
+    if "distributed" not in sys.modules:
+        return None
+    try:
+        return sys.modules["distributed"].default_client()
+    except ValueError:
+        return None
 
 
 def materialize(array: Any) -> Any:
@@ -586,6 +781,8 @@ def gather(array: Any) -> Any:
 def _to_host_value(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _to_host_value(v) for k, v in value.items()}
+    if is_dask_array(value) and _distributed_client() is None and hasattr(value._meta, "indptr"):  # noqa: SLF001
+        return value  # row blocks (beyond CuPy's 32-bit indices): written block by block (omicsprep.io)
     if is_dask_array(value):
         import dask
         import numpy as np
@@ -599,7 +796,12 @@ def _to_host_value(value: Any) -> Any:
 
 
 def to_host(adata: AnnData) -> None:
-    """Bring every array of ``adata`` back to host memory, in place, before writing."""
+    """Bring every array of ``adata`` back to host memory, in place, before writing.
+
+    A sparse matrix in row blocks of this process (:func:`row_blocks`: more entries than
+    CuPy's 32-bit indices reach) stays where it is: :mod:`omicsprep.io` writes it block by
+    block, each brought back as it is written, so that host memory holds one block at a time.
+    """
     adata.X = _to_host_value(adata.X)
     for mapping in (adata.layers, adata.obsm, adata.varm, adata.obsp, adata.varp):
         for key in list(mapping.keys()):

@@ -19,7 +19,7 @@ from anndata import AnnData
 from scipy import sparse
 
 from omicsprep.atac import lsi
-from omicsprep.backend import Backend, gpu_workers, shard_to_gpus, to_device, to_host
+from omicsprep.backend import Backend, gpu_workers, is_dask_array, keep_rows, shard_to_gpus, to_device, to_host
 from omicsprep.cells import ambient, calling
 from omicsprep.errors import InputError
 from omicsprep.multiome import wnn
@@ -114,7 +114,7 @@ def run_qc(
         )
         metrics = adata.obs[[c for c in CELL_METRICS if c in adata.obs]].copy()
         metrics["fail_reason"] = reasons
-        adata = adata[(reasons == "").to_numpy()].copy()
+        adata = _kept_cells(adata, (reasons == "").to_numpy())
         qc.require_cells(adata, minimum=options.min_cells_left, after="cell filtering")
         qc.filter_genes(adata, min_cells=options.min_cells_per_gene, backend=backend)
     if doublet_options.enabled:
@@ -130,7 +130,7 @@ def run_qc(
             doublets = adata.obs["predicted_doublet"].to_numpy()
             if doublet_options.remove:
                 metrics.loc[adata.obs_names[doublets], "fail_reason"] = "doublet"
-                adata = adata[~doublets].copy()
+                adata = _kept_cells(adata, ~doublets)
                 qc.require_cells(adata, minimum=options.min_cells_left, after="doublet removal")
     metrics["passed"] = metrics["fail_reason"] == ""
     if not keep_on_device:
@@ -140,6 +140,17 @@ def run_qc(
     params = {"qc": asdict(options), "doublets": asdict(doublet_options), "seed": seed}
     record_provenance(adata, rule="qc", backend=backend, params=params, timings=timer.seconds)
     return adata, metrics
+
+
+def _kept_cells(adata: AnnData, keep: np.ndarray) -> AnnData:
+    """A new AnnData of the cells where ``keep`` is true; ``X`` in row blocks stays in blocks (:func:`keep_rows`)."""
+    if not is_dask_array(adata.X):
+        return adata[keep].copy()
+    matrix, adata.X = adata.X, None  # anndata would index each block itself
+    kept = adata[keep].copy()
+    kept.X = keep_rows(matrix, keep)
+    adata.X = matrix
+    return kept
 
 
 def run_call_cells(

@@ -67,7 +67,7 @@ def qc_and_cluster() -> None:
                 adata,
                 output.processed,
                 compression=compression,
-                expected_bytes=io.stored_bytes(adata) + adata.X.data.nbytes,
+                expected_bytes=io.stored_bytes(adata) + io.values_bytes(adata.X),
             ) as processed,
             background_writes() as write_later,
         ):

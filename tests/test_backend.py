@@ -114,17 +114,30 @@ print(*sorted({sys.modules[name].IMPORTED_IN for name in CUPY_PARTS}))
     assert result.stdout.split() == ["omicsprep-prepare-gpu"]
 
 
-def test_a_matrix_beyond_32_bit_indices_is_refused_by_the_gpu_backend(monkeypatch):
-    # CuPy would wrap the index pointer of a matrix of 2^31 non-zeros or more; the limit is
-    # lowered here so that a small matrix crosses it, before anything touches a GPU.
+def test_only_a_csr_matrix_goes_to_the_gpu_beyond_32_bit_indices(monkeypatch):
+    # CuPy would wrap the index pointer of a matrix of 2^31 non-zeros or more: a CSR matrix
+    # goes in row blocks (tests/test_gpu.py), a CSC one or a longer dimension is refused. The
+    # limit is lowered here so that a small matrix crosses it, before anything touches a GPU.
     from scipy import sparse
 
     from omicsprep import backend
 
     monkeypatch.setattr(backend, "GPU_SPARSE_MAX_ENTRIES", 10)
-    adata = ad.AnnData(sparse.random(5, 4, density=0.6, format="csr", dtype=np.float32, random_state=0))
-    with pytest.raises(BackendUnavailableError, match=r"5 x 4 matrix of 12 non-zeros.*at most 10.*backend: cpu"):
-        backend.to_device(adata, backend="gpu")
+    matrix = sparse.random(5, 4, density=0.6, format="csc", dtype=np.float32, random_state=0)
+    with pytest.raises(BackendUnavailableError, match=r"CSC matrix of 12 entries.*at most 10.*backend: cpu"):
+        backend.to_device(ad.AnnData(matrix), backend="gpu")
+    monkeypatch.setattr(backend, "GPU_SPARSE_MAX_ENTRIES", 4)
+    with pytest.raises(BackendUnavailableError, match=r"5 x 4 matrix.*at most 4.*backend: cpu"):
+        backend.to_device(ad.AnnData(matrix.tocsr()), backend="gpu")
+
+
+def test_row_blocks_hold_at_most_their_entries_or_one_row():
+    from omicsprep.backend import row_block_bounds
+
+    indptr = np.cumsum([0, 3, 0, 9, 2, 2, 1])  # rows of 3, 0, 9 (beyond 5 alone), 2, 2 and 1 entries
+    assert row_block_bounds(indptr, max_entries=5) == [0, 2, 3, 6]
+    assert row_block_bounds(indptr, max_entries=100) == [0, 6]
+    assert row_block_bounds(np.zeros(1, dtype=np.int64), max_entries=5) == [0]
 
 
 def test_preparing_the_cpu_backend_starts_nothing():

@@ -151,3 +151,32 @@ def test_embedding_figure_of_many_cells_draws_a_random_share_and_labels_all():
     small = plotting.embedding_panels(coords[:1000], obs.iloc[:1000], keys=["cluster"], title="s")
     assert sum(len(line.get_xdata()) for line in small.axes[0].lines) == 1000
     assert small.get_suptitle() == "s"
+
+
+def widened(matrix):
+    """``matrix`` with 64-bit indices and index pointers, as SciPy holds a matrix beyond 2^31 entries."""
+    matrix = matrix.copy()
+    matrix.indices, matrix.indptr = matrix.indices.astype(np.int64), matrix.indptr.astype(np.int64)
+    return matrix
+
+
+def test_64_bit_indices_give_the_same_qc_and_clustering_on_the_cpu(pbmc):
+    """The CPU backend takes a matrix beyond 2^31 entries as SciPy holds it (64-bit indices): QC,
+    doublets, clustering and markers come out as with 32-bit indices."""
+    doublets = options.DoubletOptions()
+    results = {}
+    for wide in (False, True):
+        counts = pbmc.copy()
+        if wide:
+            counts.X = widened(counts.X)
+        adata, metrics = run_qc(counts, options=QC_OPTIONS, doublet_options=doublets, seed=0, backend="cpu")
+        if wide:
+            adata.X = widened(adata.X)
+        markers = run_clustering(adata, options=CLUSTER_OPTIONS, seed=0, backend="cpu")
+        results[wide] = (adata, metrics, markers)
+    (narrow, narrow_metrics, narrow_markers), (wide, wide_metrics, wide_markers) = results[False], results[True]
+    pd.testing.assert_frame_equal(wide_metrics, narrow_metrics, check_dtype=False)
+    pd.testing.assert_frame_equal(wide_markers, narrow_markers)
+    assert abs(wide.X - narrow.X).max() == 0 and abs(wide.layers["counts"] - narrow.layers["counts"]).max() == 0
+    np.testing.assert_array_equal(wide.obsm["X_umap"], narrow.obsm["X_umap"])
+    pd.testing.assert_series_equal(wide.obs["leiden_1.0"], narrow.obs["leiden_1.0"])

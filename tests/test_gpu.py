@@ -812,3 +812,62 @@ def test_staged_copies_round_trip_exactly(shape):
     for matrix in (adata.X, adata.layers["counts"]):
         assert sparse.isspmatrix_csr(matrix)
         assert_same_values(matrix, counts, "staged CSR")
+
+
+def test_a_matrix_beyond_32_bit_indices_is_processed_in_row_blocks_as_one_matrix(mouse_path, monkeypatch, tmp_path):
+    """A matrix of more entries than CuPy's sparse matrices index (2^31; lowered here) goes to the
+    GPU in row blocks: QC, doublets (in groups), normalization, HVG, PCA, neighbours and markers
+    (ranked in groups of genes) give what one matrix gives, and it writes as one matrix."""
+    import scanpy as sc
+
+    from omicsprep import backend
+    from omicsprep.options import DoubletOptions
+    from omicsprep.rna import clustering
+
+    counts = io.read_counts(mouse_path)
+    doublets = DoubletOptions(max_cells_per_run=4_000)  # three groups, doublets removed
+    results = {}
+    for blocked in (False, True):
+        if blocked:
+            monkeypatch.setattr(backend, "GPU_SPARSE_MAX_ENTRIES", counts.X.nnz // 3)
+            monkeypatch.setattr(backend, "BLOCK_ENTRIES", counts.X.nnz // 8)
+            monkeypatch.setattr(clustering, "MARKER_GROUP_ENTRIES", counts.X.nnz // 5)
+        adata, metrics = run_qc(counts.copy(), options=QC_OPTIONS, doublet_options=doublets, seed=0, backend="gpu")
+        qc_counts = asnumpy(backend.take_rows(adata.X, np.arange(adata.n_obs)))
+        run_clustering(adata, options=CLUSTER_OPTIONS, seed=0, backend="gpu")
+        results[blocked] = (adata, metrics, qc_counts)
+    (whole, whole_metrics, whole_counts), (blocks, block_metrics, block_counts) = results[False], results[True]
+    assert backend.is_dask_array(blocks.X) and len(blocks.X.chunks[0]) >= 8
+    pd.testing.assert_frame_equal(block_metrics, whole_metrics)
+    assert list(blocks.obs_names) == list(whole.obs_names) and list(blocks.var_names) == list(whole.var_names)
+    assert (block_counts != whole_counts).nnz == 0
+    assert (blocks.var["highly_variable"] == whole.var["highly_variable"]).all()
+    pd.testing.assert_frame_equal(blocks.var, whole.var, check_exact=False, rtol=1e-4)
+    normalized = asnumpy(backend.take_rows(blocks.X, np.arange(blocks.n_obs)))
+    assert abs(normalized - whole.X).max() < 1e-5
+    pca_correlation = [
+        abs(np.corrcoef(blocks.obsm["X_pca"][:, pc], whole.obsm["X_pca"][:, pc])[0, 1]) for pc in range(10)
+    ]
+    # Markers of the same clusters: ranked in groups of genes against all genes at once.
+    reference = sc.AnnData(
+        cupyx_sparse().csr_matrix(normalized), obs=blocks.obs, var=pd.DataFrame(index=blocks.var_names)
+    )
+    groupby = "leiden_1.0"
+    clustering.rank_markers(reference, groupby=groupby, method="wilcoxon", backend="gpu")
+    ranked = {
+        name: sc.get.rank_genes_groups_df(adata, group=None).set_index(["group", "names"]).sort_index()
+        for name, adata in (("blocks", blocks), ("whole", reference))
+    }
+    measure(
+        "test_a_matrix_beyond_32_bit_indices_is_processed_in_row_blocks_as_one_matrix",
+        row_blocks=len(blocks.X.chunks[0]),
+        min_pc_correlation=min(pca_correlation),
+        ari_leiden=adjusted_rand_score(blocks.obs[groupby], whole.obs[groupby]),
+        markers_max_score_difference=(ranked["blocks"]["scores"] - ranked["whole"]["scores"]).abs().max(),
+    )
+    assert min(pca_correlation) > 0.999
+    pd.testing.assert_frame_equal(ranked["blocks"], ranked["whole"], check_exact=False, rtol=1e-5, atol=1e-8)
+    io.write_h5ad(blocks, tmp_path / "blocks.h5ad", compression="gzip")
+    back = io.read_h5ad(tmp_path / "blocks.h5ad")
+    assert (normalized != back.X).nnz == 0 and (back.layers["counts"] != block_counts).nnz == 0
+    np.testing.assert_array_equal(back.obsm["X_pca"], blocks.obsm["X_pca"])

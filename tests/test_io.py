@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from itertools import pairwise
 
 import anndata as ad
 import h5py
@@ -339,6 +340,36 @@ def test_a_gzip_h5ad_is_deflated_in_threads_and_read_back_by_any_reader(tmp_path
             np.testing.assert_array_equal(back.obsm[key], adata.obsm[key])
         pd.testing.assert_frame_equal(back.obs, ad.read_h5ad(tmp_path / "anndata.h5ad").obs)
         assert back.uns["params"] == {"seed": 0, "method": "leiden"}
+
+
+@pytest.mark.parametrize("compression", [None, "gzip"])
+def test_a_matrix_in_row_blocks_is_written_block_by_block_as_one(tmp_path, monkeypatch, compression):
+    """X and counts in row blocks (a matrix beyond CuPy's 32-bit indices, on the GPU) are written as
+    one matrix, each block brought over in turn, the counts linked to X's indices; every reader reads them."""
+    from omicsprep.backend import row_block_bounds, row_blocks
+    from omicsprep.io import deflated
+
+    monkeypatch.setattr(deflated, "CHUNK_BYTES", 4096)  # chunks that span blocks, the last partial
+    adata = clustered_cells()
+    bounds = row_block_bounds(adata.X.indptr, max_entries=adata.X.nnz // 7)
+    assert len(bounds) > 7
+
+    def blocked(matrix):
+        return row_blocks([matrix[start:stop] for start, stop in pairwise(bounds)])
+
+    expected = adata.copy()
+    blocks_in_memory = {"X": blocked(adata.X), "counts": blocked(adata.layers["counts"])}
+    adata.X, adata.layers["counts"] = blocks_in_memory["X"], blocks_in_memory["counts"]
+    assert io.stored_bytes(adata) == pytest.approx(io.stored_bytes(expected), rel=0.01)
+    assert io.values_bytes(adata.X) == expected.X.data.nbytes
+    io.write_h5ad(adata, tmp_path / "blocks.h5ad", compression=compression)
+    with h5py.File(tmp_path / "blocks.h5ad") as written:
+        assert written["layers/counts/indices"] == written["X/indices"]
+        assert written["X/indptr"].dtype == np.int64 and written["X/indices"].dtype == np.int32
+    for read in (ad.read_h5ad, io.read_h5ad):
+        back = read(tmp_path / "blocks.h5ad")
+        assert (back.X != expected.X).nnz == 0 and (back.layers["counts"] != expected.layers["counts"]).nnz == 0
+        pd.testing.assert_frame_equal(back.obs, ad.read_h5ad(tmp_path / "blocks.h5ad").obs)
 
 
 def test_an_h5ad_of_anndata_before_0_8_is_read_by_anndata(tmp_path):

@@ -14,6 +14,7 @@ import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from typing import Any, TypeVar
 
 import deflate
@@ -61,33 +62,106 @@ def create_deflated(
     The new ``h5py.Dataset``.
     """
     array = np.ascontiguousarray(array)
-    row_shape = array.shape[1:]
-    rows = min(len(array), chunk_rows or max(1, CHUNK_BYTES // max(1, array[:1].nbytes)))
-    shuffle = array.dtype.kind in "iu" and array.dtype.itemsize > 1
-    dataset = parent.create_dataset(
-        name,
-        shape=array.shape,
-        dtype=array.dtype,
-        chunks=(rows, *row_shape),
-        compression="gzip",
-        compression_opts=level,
-        shuffle=shuffle,
+    n_rows, *row_shape = array.shape
+    rows = DeflatedRows(
+        parent, name, dtype=array.dtype, row_shape=tuple(row_shape), n_rows=n_rows, level=level, chunk_rows=chunk_rows
     )
+    rows.append(array)
+    return rows.close()
 
-    def compress(start: int) -> bytearray:
-        block = array[start : start + rows]
-        if len(block) < rows:  # HDF5 stores edge chunks whole
-            whole = np.zeros((rows, *row_shape), dtype=array.dtype)  # in the array's byte order
+
+class DeflatedRows:
+    """An HDF5 dataset written in pieces of whole rows, deflated in several threads as :func:`create_deflated` writes.
+
+    Without ``n_rows`` the dataset grows with each piece (resizable), so that a matrix
+    brought from the GPU block by block is stored without being whole in host memory.
+
+    Parameters
+    ----------
+    parent, name
+        The HDF5 group and the new dataset's name.
+    dtype, row_shape
+        The values' type and the shape of a row (``()`` for a vector).
+    n_rows
+        The dataset's length, if known.
+    level, chunk_rows
+        As for :func:`create_deflated`.
+    """
+
+    def __init__(
+        self,
+        parent: Any,
+        name: str,
+        *,
+        dtype: np.dtype,
+        row_shape: tuple[int, ...] = (),
+        n_rows: int | None = None,
+        level: int = DEFLATE_LEVEL,
+        chunk_rows: int | None = None,
+    ) -> None:
+        dtype = np.dtype(dtype)
+        row_bytes = dtype.itemsize * int(np.prod(row_shape, dtype=np.int64))
+        rows = chunk_rows or max(1, CHUNK_BYTES // max(1, row_bytes))
+        self._rows = max(1, min(rows, n_rows)) if n_rows is not None else rows
+        self._row_shape = tuple(row_shape)
+        self._level = level
+        self._shuffle = dtype.kind in "iu" and dtype.itemsize > 1
+        self._resizable = n_rows is None
+        self._stored = 0
+        self._tail: np.ndarray | None = None  # rows short of a chunk, until the next piece
+        self.dataset = parent.create_dataset(
+            name,
+            shape=(n_rows or 0, *row_shape),
+            maxshape=(None, *row_shape) if self._resizable else None,
+            dtype=dtype,
+            chunks=(self._rows, *row_shape),
+            compression="gzip",
+            compression_opts=level,
+            shuffle=self._shuffle,
+        )
+
+    def append(self, piece: np.ndarray) -> None:
+        """Store the rows of ``piece`` after those stored; whole chunks at once, the rest with the next piece."""
+        piece = np.ascontiguousarray(piece, dtype=self.dataset.dtype)
+        if self._tail is not None:
+            head = np.concatenate((self._tail, piece[: self._rows - len(self._tail)]))
+            piece = piece[len(head) - len(self._tail) :]
+            self._tail = None
+            if len(head) < self._rows:
+                self._tail = head
+                return
+            self._store(head)
+        whole = len(piece) - len(piece) % self._rows
+        self._store(piece[:whole])
+        if whole < len(piece):
+            self._tail = piece[whole:].copy()  # not a view: the piece's memory is freed
+
+    def close(self) -> Any:
+        """Store the last rows (an edge chunk) and return the dataset."""
+        if self._tail is not None:
+            self._store(self._tail)
+            self._tail = None
+        return self.dataset
+
+    def _store(self, rows: np.ndarray) -> None:
+        if not len(rows):
+            return
+        if self._resizable:
+            self.dataset.resize(self._stored + len(rows), axis=0)
+        starts = range(0, len(rows), self._rows)
+        zero = (0,) * len(self._row_shape)
+        for start, stored in zip(starts, _in_order(partial(self._compress, rows), starts), strict=True):
+            self.dataset.id.write_direct_chunk((self._stored + start, *zero), stored)
+        self._stored += len(rows)
+
+    def _compress(self, rows: np.ndarray, start: int) -> bytearray:
+        block = rows[start : start + self._rows]
+        if len(block) < self._rows:  # HDF5 stores edge chunks whole
+            whole = np.zeros((self._rows, *self._row_shape), dtype=rows.dtype)  # in the array's byte order
             whole[: len(block)] = block
             block = whole
-        raw = _shuffled(block) if shuffle else block.reshape(-1).view(np.uint8)
-        return deflate.zlib_compress(raw, level)
-
-    starts = range(0, len(array), rows)
-    zero = (0,) * len(row_shape)
-    for start, stored in zip(starts, _in_order(compress, starts), strict=True):
-        dataset.id.write_direct_chunk((start, *zero), stored)
-    return dataset
+        raw = _shuffled(block) if self._shuffle else block.reshape(-1).view(np.uint8)
+        return deflate.zlib_compress(raw, self._level)
 
 
 def read_deflated(dataset: Any, *, dtype: np.dtype | type | None = None) -> np.ndarray | None:

@@ -20,8 +20,9 @@ import numpy as np
 import pandas as pd
 from scipy import sparse
 
+from omicsprep.backend import asnumpy, blocks_of, is_dask_array, sparse_entries
 from omicsprep.errors import OutOfMemoryError, OutOfSpaceError
-from omicsprep.io.deflated import DEFLATE_LEVEL, create_deflated, deflatable
+from omicsprep.io.deflated import DEFLATE_LEVEL, DeflatedRows, create_deflated, deflatable
 from omicsprep.timings import phase
 
 if TYPE_CHECKING:
@@ -130,12 +131,12 @@ def stored_bytes(adata: AnnData) -> int:
     layers = list(_named_layers(adata).values())
     arrays = [adata.X, *layers, *adata.obsm.values(), *adata.varm.values(), *adata.obsp.values()]
     for array in arrays:
-        if hasattr(array, "indptr"):  # SciPy's or CuPy's compressed matrices
-            total += array.data.nbytes
+        if hasattr(array, "indptr") or _compressed_sparse(array):  # SciPy's or CuPy's, or row blocks of them
+            total += values_bytes(array)
             # A layer laid out as X is stored as its values alone (H5adParts.write_layers);
             # the same shape and number of entries stand for the same layout here.
             if not (any(array is layer for layer in layers) and _same_size(array, adata.X)):
-                total += array.indices.nbytes + array.indptr.nbytes
+                total += _structure_bytes(array)
         elif hasattr(array, "nbytes"):
             total += int(array.nbytes)
     for frame in (adata.obs, adata.var):
@@ -146,6 +147,20 @@ def stored_bytes(adata: AnnData) -> int:
             text = column.dtype == object or pd.api.types.is_string_dtype(column.dtype)
             total += int((column.astype("category") if text else column).memory_usage(index=False, deep=True))
     return total
+
+
+def values_bytes(matrix: Any) -> int:
+    """Bytes of a matrix's values: a sparse one's stored entries (host, GPU or row blocks), a dense one's all."""
+    if hasattr(matrix, "indptr") or _compressed_sparse(matrix):
+        return sparse_entries(matrix) * matrix.dtype.itemsize
+    return int(matrix.nbytes)
+
+
+def _structure_bytes(matrix: Any) -> int:
+    """Bytes of a sparse matrix's indices and index pointers (row blocks: as written, 32 and 64 bits)."""
+    if is_dask_array(matrix):
+        return sparse_entries(matrix) * 4 + (matrix.shape[0] + 1) * 8
+    return int(matrix.indices.nbytes + matrix.indptr.nbytes)
 
 
 def write_h5ad(adata: AnnData, path: str | Path, *, compression: Literal["lzf", "gzip"] | None = None) -> None:
@@ -269,21 +284,66 @@ class H5adParts:
 
     def _write_sparse(self, parent: Any, key: str, matrix: Any, *, structure: Any = None) -> None:
         """A CSR or CSC matrix as anndata encodes it; indices and index pointers linked to ``structure``'s, if given."""
-        group = _encoded_group(parent, key, f"{matrix.format}_matrix")
+        group = _encoded_group(parent, key, f"{_sparse_format(matrix)}_matrix")
         group.attrs["shape"] = matrix.shape
-        for part in ("data", "indices", "indptr"):
-            if part != "data" and structure is not None:
-                group[part] = structure[part]
-            elif self._deflate and deflatable(getattr(matrix, part)):
+        if structure is not None:
+            group["indices"], group["indptr"] = structure["indices"], structure["indptr"]
+        if is_dask_array(matrix):
+            self._write_row_blocks(group, matrix, values_only=structure is not None)
+            return
+        for part in ("data",) if structure is not None else ("data", "indices", "indptr"):
+            if self._deflate and deflatable(getattr(matrix, part)):
                 create_deflated(group, part, getattr(matrix, part))
             else:
                 group.create_dataset(part, data=getattr(matrix, part), **self._dataset_kwargs)
+
+    def _write_row_blocks(self, group: Any, matrix: Any, *, values_only: bool) -> None:
+        """A CSR matrix in row blocks (on the GPU, say), brought to host memory and appended block by block.
+
+        The indices are stored as the blocks hold them (32 bits), the index pointers in 64 bits.
+        """
+        parts: dict[str, Any] = {}
+        stored = 0
+        for block in map(asnumpy, blocks_of(matrix)):
+            pieces = {"data": block.data}
+            if not values_only:
+                pieces["indices"] = block.indices
+                pieces["indptr"] = block.indptr[0 if not parts else 1 :].astype(np.int64) + stored
+            for part, piece in pieces.items():
+                if part not in parts:
+                    parts[part] = self._growing(group, part, piece.dtype)
+                parts[part].append(piece)
+            stored += block.nnz
+        for rows in parts.values():
+            rows.close()
+
+    def _growing(self, group: Any, name: str, dtype: np.dtype) -> Any:
+        """A dataset that grows by pieces (``append``, then ``close``), compressed as the file's others."""
+        if self._deflate:
+            return DeflatedRows(group, name, dtype=dtype)
+        dataset = group.create_dataset(name, shape=(0,), maxshape=(None,), dtype=dtype, **self._dataset_kwargs)
+        return _GrowingDataset(dataset)
 
     def close(self) -> None:
         """Close the file (as it stands: :func:`h5ad_in_parts` removes an unfinished one)."""
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+class _GrowingDataset:
+    """A resizable HDF5 vector appended to piece by piece (:class:`~omicsprep.io.deflated.DeflatedRows`' interface)."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def append(self, piece: np.ndarray) -> None:
+        stored = len(self.dataset)
+        self.dataset.resize(stored + len(piece), axis=0)
+        self.dataset[stored:] = piece
+
+    def close(self) -> Any:
+        return self.dataset
 
 
 def _encoded_group(parent: Any, key: str, encoding: str) -> Any:
@@ -299,17 +359,25 @@ def _encode(node: Any, encoding: str, *, version: str) -> Any:
 
 
 def _compressed_sparse(value: Any) -> bool:
+    """Whether ``value`` is a SciPy CSR or CSC matrix, or a Dask array of CSR blocks (host or GPU)."""
+    if is_dask_array(value):
+        return _sparse_format(value) == "csr"
     return sparse.issparse(value) and value.format in ("csr", "csc")
 
 
+def _sparse_format(matrix: Any) -> str | None:
+    """A compressed matrix's format (``"csr"``, ``"csc"``), that of a Dask array's blocks, else ``None``."""
+    block = matrix._meta if is_dask_array(matrix) else matrix  # noqa: SLF001 - Dask's block type
+    return block.format if hasattr(block, "indptr") else None
+
+
 def _same_size(matrix: Any, other: Any) -> bool:
-    """Whether two compressed sparse matrices (host or GPU) have the same format, shape and number of entries."""
+    """Whether two compressed sparse matrices (host, GPU or row blocks) have the same format, shape and entries."""
     return (
-        hasattr(matrix, "indptr")
-        and hasattr(other, "indptr")
-        and matrix.format == other.format
+        _sparse_format(matrix) is not None
+        and _sparse_format(matrix) == _sparse_format(other)
         and matrix.shape == other.shape
-        and matrix.nnz == other.nnz
+        and sparse_entries(matrix) == sparse_entries(other)
     )
 
 
@@ -318,11 +386,26 @@ COMPARED_AT_ONCE = 1 << 24
 
 
 def _same_layout(matrix: Any, other: Any) -> bool:
-    """Whether two CSR (or two CSC) matrices in host memory have the same shape, indices and index pointers."""
+    """Whether two CSR (or two CSC) matrices have the same shape, indices and index pointers.
+
+    Both in host memory, or both row blocks alike (compared block by block where they are).
+    """
     if not (_compressed_sparse(matrix) and _compressed_sparse(other) and _same_size(matrix, other)):
         return False
+    if is_dask_array(matrix) or is_dask_array(other):
+        return (
+            is_dask_array(matrix)
+            and is_dask_array(other)
+            and matrix.chunks == other.chunks
+            and all(map(_same_structure, blocks_of(matrix), blocks_of(other)))
+        )
+    return _same_structure(matrix, other)
+
+
+def _same_structure(matrix: Any, other: Any) -> bool:
+    """Whether two compressed matrices of the same size (host or GPU, not mixed) have the same indices and pointers."""
     return all(
-        np.array_equal(first[start : start + COMPARED_AT_ONCE], second[start : start + COMPARED_AT_ONCE])
+        bool((first[start : start + COMPARED_AT_ONCE] == second[start : start + COMPARED_AT_ONCE]).all())
         for first, second in ((matrix.indptr, other.indptr), (matrix.indices, other.indices))
         for start in range(0, len(first), COMPARED_AT_ONCE)
     )

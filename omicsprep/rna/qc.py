@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 from anndata import AnnData
 
-from omicsprep.backend import Backend, array_module, rapids_singlecell
+from omicsprep.backend import Backend, is_dask_array, keep_columns, rapids_singlecell, take_rows
 from omicsprep.errors import InputError
 from omicsprep.rna import doublets
 
@@ -174,7 +174,7 @@ def score_doublets(
     for label in range(n_groups):
         cells = np.flatnonzero(group == label)
         result = doublets.scrublet(
-            adata.X[array_module(backend).asarray(cells)],
+            take_rows(adata.X, cells),
             expected_rate=expected_rate,
             n_comps=n_comps,
             seed=seed,
@@ -190,7 +190,13 @@ def score_doublets(
 
 def filter_genes(adata: AnnData, *, min_cells: int, backend: Backend) -> None:
     """Drop, in place, genes detected in fewer than ``min_cells`` cells."""
-    if backend == "gpu":
+    if backend == "gpu" and is_dask_array(adata.X):  # row blocks: each block's columns taken on the GPU
+        keep, n_cells = rapids_singlecell().pp.filter_genes(adata.X, min_cells=min_cells, inplace=False, verbose=False)
+        matrix, adata.X = adata.X, None
+        adata.var["n_cells"] = n_cells
+        adata._inplace_subset_var(keep)  # noqa: SLF001 - as scanpy's and rapids-singlecell's filter_genes do
+        adata.X = keep_columns(matrix, keep)
+    elif backend == "gpu":
         rapids_singlecell().pp.filter_genes(adata, min_cells=min_cells, verbose=False)
     else:
         import scanpy as sc
