@@ -45,8 +45,10 @@ class ResourceModel:
     # Measured (benchmarks/RESULTS.md, "Resources follow the data"): on the CPU backend, qc's
     # peak was 1.6-1.7 GB for a 198 MB matrix and 2.7 GB for a 981 MB one (20,000 and 100,000
     # cells), and cluster's 0.8-0.9 and 2.0 GB for its 120 and 588 MB input; on the GPU at
-    # 3,000,000 cells qc's host peak was 78 GB for a 29 GB matrix. 3,000 MB plus 3x the inputs
-    # covers all of them.
+    # 3,000,000 cells qc's host peak was 78 GB for a 29 GB matrix, and 30 GB since the matrix
+    # goes to the GPU in row blocks and is written from there (qc_cluster, tree afb640d).
+    # 3,000 MB plus 3x the inputs covers all of them. Inputs count their values uncompressed
+    # (paths_mb): a gzip .h5ad holds about five times its size.
     memory_base_mb: float = 3000.0
     memory_per_input_mb: float = 3.0
     disk_per_input_mb: float = 1.5
@@ -106,7 +108,9 @@ def disk_mb(rule: str, *, inputs_mb: float) -> int:
 
 
 def paths_mb(paths: Iterable[str]) -> float:
-    """Megabytes on disk of files, and of every file within folders (a MatrixMarket folder, a Zarr store).
+    """Megabytes of files, and of every file within folders (a MatrixMarket folder, a Zarr store).
+
+    On disk, but HDF5 files (.h5ad, 10x .h5) count their values uncompressed (:func:`_held_bytes`).
 
     Raises
     ------
@@ -119,5 +123,34 @@ def paths_mb(paths: Iterable[str]) -> float:
         if not location.exists():
             raise FileNotFoundError(errno.ENOENT, "no such file or directory", path)
         files = location.rglob("*") if location.is_dir() else [location]
-        total += sum(file.stat().st_size for file in files if file.is_file())
+        total += sum(_held_bytes(file) for file in files if file.is_file())
     return total / MB
+
+
+HDF5_SUFFIXES = (".h5ad", ".h5")
+
+
+def _held_bytes(file: Path) -> int:
+    """Bytes a file holds: an HDF5 file (.h5ad, a 10x .h5) its values uncompressed, any other its size.
+
+    A compressed .h5ad (``h5ad_compression: gzip``, the default) takes about a fifth of its
+    values on disk, and a Cell Ranger matrix less: memory follows the values read, not the file.
+    """
+    size = file.stat().st_size
+    if file.suffix not in HDF5_SUFFIXES:
+        return size
+    import h5py
+
+    values = 0
+
+    def add(_: str, node: object) -> None:
+        nonlocal values
+        if isinstance(node, h5py.Dataset):  # each once: hard links (a layer's shared indices) are one object
+            values += node.size * node.dtype.itemsize
+
+    try:
+        with h5py.File(file, "r") as handle:
+            handle.visititems(add)
+    except OSError:  # not HDF5 after all: its size
+        return size
+    return max(size, values)

@@ -34,3 +34,19 @@ def test_folders_count_their_files_and_a_missing_input_is_named_as_given():
     with pytest.raises(FileNotFoundError) as raised:  # Snakemake then waits for the input to size the job
         resources.paths_mb([str(PBMC_MTX), missing])
     assert raised.value.filename == missing
+
+
+def test_a_compressed_h5ad_counts_its_values_uncompressed(tmp_path, pbmc):
+    """Memory follows the values read: a gzip .h5ad (a fifth on disk) asks as its uncompressed twin."""
+    from omicsprep import io
+
+    pbmc.layers["counts"] = pbmc.X.copy()
+    io.write_h5ad(pbmc, tmp_path / "plain.h5ad")
+    io.write_h5ad(pbmc, tmp_path / "gzip.h5ad", compression="gzip")
+    plain, compressed = (tmp_path / name for name in ("plain.h5ad", "gzip.h5ad"))
+    assert compressed.stat().st_size < plain.stat().st_size / 2
+    matrices = pbmc.X.data.nbytes * 2 + pbmc.X.indices.nbytes + pbmc.X.indptr.nbytes  # counts share X's indices
+    assert matrices / resources.MB < resources.paths_mb([str(compressed)]) <= plain.stat().st_size / resources.MB
+    assert resources.paths_mb([str(plain)]) == pytest.approx(plain.stat().st_size / resources.MB)
+    (tmp_path / "not.h5").write_text("text")  # named as HDF5, is not: its size
+    assert resources.paths_mb([str(tmp_path / "not.h5")]) == pytest.approx(4 / resources.MB)
