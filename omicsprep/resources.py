@@ -146,7 +146,7 @@ def _held_bytes(file: Path) -> int:
     def add(_: str, node: object) -> None:
         nonlocal values
         if isinstance(node, h5py.Dataset):  # each once: hard links (a layer's shared indices) are one object
-            values += node.size * node.dtype.itemsize
+            values += (node.size or 0) * node.dtype.itemsize  # an empty (null) dataspace has no size
 
     try:
         with h5py.File(file, "r") as handle:

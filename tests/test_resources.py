@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import h5py
 import pytest
 from conftest import PBMC_MTX, REPO
 
@@ -48,5 +49,8 @@ def test_a_compressed_h5ad_counts_its_values_uncompressed(tmp_path, pbmc):
     matrices = pbmc.X.data.nbytes * 2 + pbmc.X.indices.nbytes + pbmc.X.indptr.nbytes  # counts share X's indices
     assert matrices / resources.MB < resources.paths_mb([str(compressed)]) <= plain.stat().st_size / resources.MB
     assert resources.paths_mb([str(plain)]) == pytest.approx(plain.stat().st_size / resources.MB)
+    with h5py.File(compressed, "a") as handle:  # an empty dataset (anndata writes some in uns) has no size
+        handle["uns/empty"] = h5py.Empty("f")
+    assert resources.paths_mb([str(compressed)]) > matrices / resources.MB
     (tmp_path / "not.h5").write_text("text")  # named as HDF5, is not: its size
     assert resources.paths_mb([str(tmp_path / "not.h5")]) == pytest.approx(4 / resources.MB)
