@@ -13,7 +13,10 @@ from omicsprep.workflow import run_script
 def main() -> None:
     backend = resolve_backend(snakemake.params.backend)
     prepare_gpu(backend)  # overlaps reading the input
-    samples = {name: io.read_h5ad(path) for name, path in snakemake.input.items()}
+    # The merge takes each sample's counts, cells and genes: its normalized matrix, embeddings
+    # and graphs stay on disk (half the matrices' memory and reading).
+    unused = ("X", "obsm", "obsp", "varm", "uns")
+    samples = {name: io.read_h5ad(path, skip=unused) for name, path in snakemake.input.items()}
     merged, metrics = run_merge(
         samples,
         options=from_config(MergeOptions, snakemake.params.merge),

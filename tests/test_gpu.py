@@ -752,6 +752,48 @@ def test_merge_spread_over_gpus_with_dask_equals_one_gpu(pbmc_batches, pytestcon
     assert np.abs(spread_metrics[scores].to_numpy() - one_metrics[scores].to_numpy()).max() < 0.02
 
 
+def test_a_merge_beyond_32_bit_indices_runs_in_row_blocks_on_one_gpu_as_one_matrix(pbmc_batches, monkeypatch, tmp_path):
+    """Merged samples of more entries than CuPy's sparse matrices index (the limits lowered here) are
+    normalized, ranked (batch-aware HVGs) and reduced in row blocks on one GPU as one matrix is,
+    Harmony and the metrics follow, and the merged file holds the same matrices."""
+    from omicsprep import backend
+
+    def merged():
+        return run_merge(
+            pbmc_batches,
+            options=MERGE_OPTIONS,
+            clustering_options=CLUSTER_OPTIONS,
+            labels="leiden_1.0",
+            seed=0,
+            backend="gpu",
+        )
+
+    one, one_metrics = merged()
+    entries = one.layers["counts"].nnz
+    monkeypatch.setattr(backend, "GPU_SPARSE_MAX_ENTRIES", entries // 3)
+    monkeypatch.setattr(backend, "BLOCK_ENTRIES", entries // 6)
+    blocks, block_metrics = merged()
+    assert backend.is_dask_array(blocks.X) and len(blocks.X.chunks[0]) >= 6
+    rows = np.arange(blocks.n_obs)
+    counts, normalized = (asnumpy(backend.take_rows(m, rows)) for m in (blocks.layers["counts"], blocks.X))
+    assert (counts != one.layers["counts"]).nnz == 0
+    assert abs(normalized - one.X).max() < 1e-5
+    assert blocks.var["highly_variable"].equals(one.var["highly_variable"])
+    correlation = [abs(np.corrcoef(one.obsm["X_pca"][:, pc], blocks.obsm["X_pca"][:, pc])[0, 1]) for pc in range(10)]
+    scores = ["batch_mixing", "label_conservation"]
+    measure(
+        "test_a_merge_beyond_32_bit_indices_runs_in_row_blocks_on_one_gpu_as_one_matrix",
+        row_blocks=len(blocks.X.chunks[0]),
+        min_pc_correlation=min(correlation),
+        metrics_max_difference=np.abs(block_metrics[scores].to_numpy() - one_metrics[scores].to_numpy()).max(),
+    )
+    assert min(correlation) > 0.9999
+    assert np.abs(block_metrics[scores].to_numpy() - one_metrics[scores].to_numpy()).max() < 0.02
+    io.write_h5ad(blocks, tmp_path / "merged.h5ad", compression="gzip")
+    back = io.read_h5ad(tmp_path / "merged.h5ad")
+    assert (normalized != back.X).nnz == 0 and (back.layers["counts"] != counts).nnz == 0
+
+
 def test_shards_sit_on_every_gpu_and_come_back_whole(pbmc, pytestconfig):
     import_for_gpu_test(pytestconfig, "dask_cuda")
     n_gpus = cupy().cuda.runtime.getDeviceCount()

@@ -183,6 +183,16 @@ def test_read_single_elements(tmp_path, pbmc):
     assert list(elements["obs"].index) == list(pbmc.obs_names)
 
 
+def test_elements_skipped_are_not_read(tmp_path):
+    """What rule merge reads of a sample: its counts, cells and genes; the rest stays on disk."""
+    adata = clustered_cells()
+    io.write_h5ad(adata, tmp_path / "a.h5ad", compression="gzip")
+    partial = io.read_h5ad(tmp_path / "a.h5ad", skip=("X", "obsm", "obsp", "uns"))
+    assert partial.X is None and not partial.obsm and not partial.obsp and not partial.uns
+    assert (partial.layers["counts"] != adata.layers["counts"]).nnz == 0
+    assert list(partial.obs_names) == list(adata.obs_names) and list(partial.var_names) == list(adata.var_names)
+
+
 def test_has_feature_type_reads_the_feature_list_only():
     assert io.has_feature_type(PBMC_H5, "Gene Expression")
     assert not io.has_feature_type(PBMC_H5, "Antibody Capture")

@@ -7,6 +7,8 @@ provenance records only, and starts without it.
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,25 +23,39 @@ if TYPE_CHECKING:
 
 
 @timed_phase("read")
-def read_h5ad(path: str | Path) -> AnnData:
+def read_h5ad(path: str | Path, *, skip: Collection[str] = ()) -> AnnData:
     """Read an ``.h5ad`` file written by a previous rule.
 
     Arrays deflated by HDF5's gzip filter (``h5ad_compression: gzip``) are decompressed in
     several threads (:func:`~omicsprep.io.deflated.read_deflated`); the rest as anndata reads
     it. Files of anndata before 0.8 (no encoding on the file) are read by anndata whole.
+
+    Parameters
+    ----------
+    path
+        The file.
+    skip
+        Elements left unread (``"X"``, ``"obsm"``, ``"layers/counts"``, ...): they come back
+        as ``None`` or empty, and take no memory or time (a file of anndata before 0.8 is
+        read whole).
     """
     import anndata as ad
     from anndata.experimental import read_dispatched
 
+    skipped = {f"/{name.strip('/')}" for name in skip}
     with h5py.File(path, "r") as handle:
         if handle.attrs.get("encoding-type") == "anndata":
-            return read_dispatched(handle, _read_deflated_arrays)
+            return read_dispatched(handle, partial(_read_deflated_arrays, skipped=skipped))
     return ad.read_h5ad(path)
 
 
-def _read_deflated_arrays(read: Any, name: str, elem: Any, iospec: Any) -> Any:
-    """One element read as anndata reads it, but deflated arrays and sparse matrices by :func:`read_deflated`."""
-    del name  # the callback's signature
+def _read_deflated_arrays(read: Any, name: str, elem: Any, iospec: Any, *, skipped: set[str]) -> Any:
+    """One element read as anndata reads it, but deflated arrays and sparse matrices by :func:`read_deflated`.
+
+    Elements named in ``skipped`` are not read (``None``).
+    """
+    if name in skipped:
+        return None
     if iospec.encoding_type == "array" and isinstance(elem, h5py.Dataset):
         values = read_deflated(elem)
         return read(elem) if values is None else values
