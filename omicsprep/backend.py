@@ -570,19 +570,9 @@ def _stacked(parts: list[Any]) -> Any:
 
 
 def keep_rows(matrix: Any, keep: Any) -> Any:
-    """The rows of ``matrix`` where ``keep`` (booleans, host memory) is true; row blocks stay blocks.
-
-    Parameters
-    ----------
-    matrix
-        A NumPy, CuPy or SciPy matrix, or a Dask array of row blocks (:func:`row_blocks`).
-    keep
-        One boolean per row.
-    """
+    """The rows of row blocks (:func:`row_blocks`) where ``keep`` (a boolean per row, host memory) is true."""
     import numpy as np
 
-    if not is_dask_array(matrix):
-        return matrix[_index_array(matrix, np.flatnonzero(keep))]
     bounds = np.cumsum((0, *matrix.chunks[0]))
     kept = [
         block[_index_array(block, np.flatnonzero(keep[start:stop]))]
@@ -592,12 +582,10 @@ def keep_rows(matrix: Any, keep: Any) -> Any:
 
 
 def keep_columns(matrix: Any, keep: Any) -> Any:
-    """The columns of ``matrix`` where ``keep`` (booleans, host memory) is true; row blocks stay blocks."""
+    """The columns of row blocks where ``keep`` (one boolean per column, host memory) is true, as blocks."""
     import numpy as np
 
     columns = np.flatnonzero(keep)
-    if not is_dask_array(matrix):
-        return matrix[:, _index_array(matrix, columns)]
     return row_blocks([block[:, _index_array(block, columns)] for block in blocks_of(matrix)])
 
 
@@ -621,23 +609,21 @@ def take_rows(matrix: Any, rows: Any) -> Any:
 
 
 def column_entries(matrix: Any) -> Any:
-    """Stored entries per column of a sparse matrix (or of row blocks), in host memory."""
+    """Stored entries per column of row blocks, in host memory."""
     import numpy as np
 
     counts = np.zeros(matrix.shape[1], dtype=np.int64)
-    for block in blocks_of(matrix) if is_dask_array(matrix) else [matrix]:
+    for block in blocks_of(matrix):
         xp = np if _on_host(block) else cupy()
         counts += asnumpy(xp.bincount(block.indices, minlength=matrix.shape[1]))
     return counts
 
 
 def take_columns(matrix: Any, start: int, stop: int) -> Any:
-    """Columns ``start:stop`` of every row of ``matrix``, as one CSR matrix (row blocks joined).
+    """Columns ``start:stop`` of row blocks, as one CSR matrix (the blocks' parts joined).
 
     For columns with fewer entries than :data:`GPU_SPARSE_MAX_ENTRIES` (:func:`column_entries`).
     """
-    if not is_dask_array(matrix):
-        return matrix[:, start:stop]
     return _stacked([block[:, start:stop] for block in blocks_of(matrix)])
 
 

@@ -260,3 +260,26 @@ def test_cpu_path_asks_for_no_gpu_library(tmp_path):
     # The recorder catches omicsprep asking for CuPy even where CuPy is absent.
     assert [name for name, where in seen["control"] if where.startswith(package + "backend.py")][:1] == ["cupy"]
     assert seen["reason"].startswith("CuPy/CUDA unusable (ModuleNotFoundError")
+
+
+def test_row_blocks_are_subset_and_gathered_as_one_matrix_would_be():
+    """The helpers the GPU path uses on row blocks (CuPy's there), on SciPy blocks here."""
+    from scipy import sparse
+
+    from omicsprep import backend
+
+    matrix = sparse.random(40, 9, density=0.4, format="csr", dtype=np.float32, random_state=0)
+    blocks = backend.row_blocks([matrix[start:stop] for start, stop in ((0, 11), (11, 30), (30, 40))])
+    rng = np.random.default_rng(0)
+    cells, genes = rng.random(40) < 0.5, rng.random(9) < 0.6
+    rows = np.flatnonzero(rng.random(40) < 0.3)
+
+    def joined(blocked):
+        return backend.take_rows(blocked, np.arange(blocked.shape[0]))
+
+    assert backend.sparse_entries(blocks) == matrix.nnz
+    assert (joined(backend.keep_rows(blocks, cells)) != matrix[cells]).nnz == 0
+    assert (joined(backend.keep_columns(blocks, genes)) != matrix[:, genes]).nnz == 0
+    assert (backend.take_rows(blocks, rows) != matrix[rows]).nnz == 0
+    assert (backend.take_columns(blocks, 2, 7) != matrix[:, 2:7]).nnz == 0
+    np.testing.assert_array_equal(backend.column_entries(blocks), matrix.getnnz(axis=0))
