@@ -6,11 +6,11 @@ import numpy as np
 import pandas as pd
 import pytest
 import scanpy as sc
-from conftest import CLUSTER_OPTIONS, NO_DOUBLETS, QC_OPTIONS
+from conftest import CLUSTER_OPTIONS, MERGE_OPTIONS, NO_DOUBLETS, QC_OPTIONS
 from sklearn.metrics import adjusted_rand_score
 
 from omicsprep import io, options
-from omicsprep.pipeline import run_clustering, run_qc
+from omicsprep.pipeline import run_clustering, run_coexpression, run_merge, run_qc
 from omicsprep.rna import clustering
 
 
@@ -180,3 +180,22 @@ def test_64_bit_indices_give_the_same_qc_and_clustering_on_the_cpu(pbmc):
     assert abs(wide.X - narrow.X).max() == 0 and abs(wide.layers["counts"] - narrow.layers["counts"]).max() == 0
     np.testing.assert_array_equal(wide.obsm["X_umap"], narrow.obsm["X_umap"])
     pd.testing.assert_series_equal(wide.obs["leiden_1.0"], narrow.obs["leiden_1.0"])
+
+
+def test_64_bit_indices_give_the_same_coexpression_and_merge_on_the_cpu(pbmc):
+    """Rules coexpression and merge take inputs with 64-bit indices (an atlas sample's, as SciPy
+    holds them) and find the same modules and integration metrics."""
+    clustered, _ = run_qc(pbmc, options=QC_OPTIONS, doublet_options=NO_DOUBLETS, seed=0, backend="cpu")
+    run_clustering(clustered, options=CLUSTER_OPTIONS, seed=0, backend="cpu")
+    results = {}
+    for wide in (False, True):
+        adata = clustered.copy()
+        if wide:
+            adata.X, adata.layers["counts"] = widened(adata.X), widened(adata.layers["counts"])
+        network = run_coexpression(adata, options=options.CoexpressionOptions(), seed=0, backend="cpu")
+        halves = {"first": adata[::2].copy(), "second": adata[1::2].copy()}
+        settings = {"options": MERGE_OPTIONS, "clustering_options": CLUSTER_OPTIONS, "labels": "leiden_1.0"}
+        _, metrics = run_merge(halves, **settings, seed=0, backend="cpu")
+        results[wide] = (network["modules"], metrics)
+    pd.testing.assert_frame_equal(results[True][0], results[False][0])
+    pd.testing.assert_frame_equal(results[True][1], results[False][1])
