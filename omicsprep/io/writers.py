@@ -304,11 +304,12 @@ class H5adParts:
         """
         parts: dict[str, Any] = {}
         stored = 0
-        for block in map(asnumpy, blocks_of(matrix)):
+        for index, block in enumerate(map(asnumpy, blocks_of(matrix))):
             pieces = {"data": block.data}
             if not values_only:
                 pieces["indices"] = block.indices
-                pieces["indptr"] = block.indptr[0 if not parts else 1 :].astype(np.int64) + stored
+                # Each block's pointers start at 0: the first block's leading 0 stands for them all.
+                pieces["indptr"] = block.indptr[0 if index == 0 else 1 :].astype(np.int64) + stored
             for part, piece in pieces.items():
                 if part not in parts:
                     parts[part] = self._growing(group, part, piece.dtype)
