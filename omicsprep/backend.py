@@ -428,7 +428,7 @@ def to_device(adata: AnnData, *, backend: Backend) -> None:
 
 
 # CuPy's sparse matrices index with 32 bits: it would wrap larger index pointers silently.
-# A CSR matrix with more entries goes to the GPU in row blocks (a Dask array, computed in
+# A matrix with more entries goes to the GPU in row blocks (a Dask array, computed in
 # this process), each of at most BLOCK_ENTRIES: rapids-singlecell's steps take such arrays,
 # and a block crosses between host and GPU on its own, so that host memory holds one
 # block's copy at a time (its indices narrowed to 32 bits: 1 GB).
@@ -439,13 +439,14 @@ BLOCK_ENTRIES = 1 << 28
 def _matrix_to_device(matrix: Any) -> Any:
     """A NumPy array or SciPy CSR/CSC matrix copied to the GPU (a matrix already there as it is).
 
-    A CSR matrix of more than :data:`GPU_SPARSE_MAX_ENTRIES` entries becomes row blocks
-    (:func:`row_blocks`) of at most :data:`BLOCK_ENTRIES` entries.
+    A CSR or CSC matrix of more than :data:`GPU_SPARSE_MAX_ENTRIES` entries becomes row blocks
+    (:func:`row_blocks`) of at most :data:`BLOCK_ENTRIES` entries (a CSC matrix converted to
+    CSR on the host first).
 
     Raises
     ------
     BackendUnavailableError
-        A dimension longer, or a CSC matrix with more entries, than CuPy's 32-bit indices reach.
+        A dimension longer than CuPy's 32-bit indices reach.
     """
     import numpy as np
     from scipy import sparse
@@ -456,17 +457,14 @@ def _matrix_to_device(matrix: Any) -> Any:
             f"matrices index with 32 bits (at most {GPU_SPARSE_MAX_ENTRIES:,}); run this sample with backend: cpu"
         )
         raise BackendUnavailableError(msg)
-    if sparse.issparse(matrix) and matrix.format == "csr" and matrix.nnz > GPU_SPARSE_MAX_ENTRIES:
+    if sparse.issparse(matrix) and matrix.format in COMPRESSED_FORMATS and matrix.nnz > GPU_SPARSE_MAX_ENTRIES:
+        if matrix.format == "csc":  # the steps take blocks of cells (rows): a copy on the host, by SciPy
+            log.info("%d x %d CSC matrix, %d entries: converted to CSR for row blocks", *matrix.shape, matrix.nnz)
+            matrix = matrix.tocsr()
         bounds = row_block_bounds(matrix.indptr, max_entries=BLOCK_ENTRIES)
         log.info("%d x %d matrix, %d entries: to the GPU in %d row blocks", *matrix.shape, matrix.nnz, len(bounds) - 1)
         return row_blocks([_compressed_to_device(matrix, start, stop) for start, stop in pairwise(bounds)])
     if sparse.issparse(matrix) and matrix.format in COMPRESSED_FORMATS:
-        if matrix.nnz > GPU_SPARSE_MAX_ENTRIES:
-            msg = (
-                f"the GPU backend cannot hold a CSC matrix of {matrix.nnz:,} entries (at most "
-                f"{GPU_SPARSE_MAX_ENTRIES:,}; a CSR one goes in row blocks); run this sample with backend: cpu"
-            )
-            raise BackendUnavailableError(msg)
         return _compressed_to_device(matrix, 0, len(matrix.indptr) - 1)
     if sparse.issparse(matrix):
         msg = f"a {matrix.format.upper()} matrix cannot go to the GPU; CSR, CSC or dense only"

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from dataclasses import fields
 from pathlib import Path
 from types import ModuleType
 
@@ -28,10 +29,12 @@ from omicsprep.backend import gpu_unavailable_reason
 from omicsprep.options import (
     ClusteringOptions,
     DoubletOptions,
+    EmbeddingOptions,
     FilterOptions,
     MarkersOptions,
     MergeOptions,
     QcOptions,
+    from_config,
 )
 from omicsprep.pipeline import run_clustering, run_qc
 
@@ -50,6 +53,25 @@ DROPLETS_TRUTH = DEMO / "droplets" / "truth.parquet"
 QC_OPTIONS = QcOptions(filter=FilterOptions(method="thresholds", min_genes=10))
 NO_DOUBLETS = DoubletOptions(enabled=False, remove=False)
 CLUSTER_OPTIONS = ClusteringOptions(markers=MarkersOptions(n_genes=10))
+
+
+def widened(matrix: sparse.spmatrix) -> sparse.spmatrix:
+    """``matrix`` with 64-bit indices and index pointers, as SciPy holds a matrix beyond 2^31 entries."""
+    matrix = matrix.copy()
+    matrix.indices, matrix.indptr = matrix.indices.astype(np.int64), matrix.indptr.astype(np.int64)
+    return matrix
+
+
+def shipped_config() -> dict:
+    """The workflow's shipped ``config/config.yaml``."""
+    import yaml
+
+    return yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+
+
+def embedding_options(config: dict) -> EmbeddingOptions:
+    """The protein, chromatin and multiome rules' neighbours, UMAP and Leiden: their config sections."""
+    return from_config(EmbeddingOptions, {option.name: config[option.name] for option in fields(EmbeddingOptions)})
 
 
 def distinct_profiles(counts: AnnData) -> np.ndarray:

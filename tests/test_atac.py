@@ -252,3 +252,46 @@ def test_compressed_fragments_and_empty_peaks(tmp_path, peak_counts, barcodes):
     none = count_fragments(io.fragment_chunks(FRAGMENTS), barcodes=barcodes, peaks=peaks.iloc[:0])
     assert none.shape == (len(barcodes), 0)
     assert (none.obs["n_fragments"] == peak_counts.obs["n_fragments"]).all()
+
+
+def test_tfidf_and_lsi_of_row_blocks_equal_one_matrix_s(peak_counts):
+    # Beyond 32-bit indices the GPU holds the counts in row blocks (omicsprep.backend.to_device):
+    # the TF-IDF is made block by block and the SVD multiplies block by block. The same code
+    # runs on SciPy blocks here.
+    from omicsprep.backend import blocks_of, is_dask_array, row_blocks
+
+    whole, blocked = peak_counts.copy(), peak_counts.copy()
+    rows = peak_counts.X.tocsr()
+    blocked.X = row_blocks([rows[start:stop] for start, stop in ((0, 300), (300, 301), (301, 1000))])
+    for adata in (whole, blocked):
+        tfidf(adata, backend="cpu")
+        lsi(adata, n_comps=10, max_depth_correlation=0.9, backend="cpu")
+    assert is_dask_array(blocked.X) and is_dask_array(blocked.layers["counts"])
+    assert abs(sparse.vstack(list(blocks_of(blocked.X))) - whole.X).max() < 1e-12
+    np.testing.assert_array_equal(blocked.uns["lsi"]["kept"], whole.uns["lsi"]["kept"])
+    correlations = (np.abs(adata.uns["lsi"]["depth_correlation"]) for adata in (blocked, whole))  # up to sign
+    np.testing.assert_allclose(*correlations, atol=1e-9)
+    for k in range(whole.obsm["X_lsi"].shape[1]):  # up to sign
+        assert abs(np.corrcoef(blocked.obsm["X_lsi"][:, k], whole.obsm["X_lsi"][:, k])[0, 1]) > 1 - 1e-9
+
+
+def test_64_bit_indices_give_the_same_atac_results_on_the_cpu(peak_counts):
+    # Beyond 2^31 entries SciPy holds the counts with 64-bit indices (the GPU takes them in row
+    # blocks): rule atac's chain gives what it gives with 32-bit ones.
+    from dataclasses import replace
+
+    from conftest import embedding_options, shipped_config, widened
+
+    from omicsprep.options import AtacOptions, from_config
+    from omicsprep.pipeline import run_atac
+
+    config = shipped_config()
+    options = replace(from_config(AtacOptions, config["atac"]), min_cells_per_feature=1)
+    wide, narrow = peak_counts.copy(), peak_counts.copy()
+    wide.X = widened(wide.X)
+    assert peak_counts.X.indptr.dtype == np.int32
+    for adata in (wide, narrow):
+        run_atac(adata, options=options, embedding_options=embedding_options(config), seed=0, backend="cpu")
+    assert abs(wide.X - narrow.X).max() < 1e-12
+    np.testing.assert_allclose(np.abs(wide.obsm["X_lsi"]), np.abs(narrow.obsm["X_lsi"]), atol=1e-6)
+    assert wide.obs.filter(like="leiden").equals(narrow.obs.filter(like="leiden"))

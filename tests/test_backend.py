@@ -114,21 +114,19 @@ print(*sorted({sys.modules[name].IMPORTED_IN for name in CUPY_PARTS}))
     assert result.stdout.split() == ["omicsprep-prepare-gpu"]
 
 
-def test_only_a_csr_matrix_goes_to_the_gpu_beyond_32_bit_indices(monkeypatch):
-    # CuPy would wrap the index pointer of a matrix of 2^31 non-zeros or more: a CSR matrix
-    # goes in row blocks (tests/test_gpu.py), a CSC one or a longer dimension is refused. The
-    # limit is lowered here so that a small matrix crosses it, before anything touches a GPU.
+def test_a_dimension_beyond_32_bit_indices_is_refused_on_the_gpu(monkeypatch):
+    # CuPy would wrap the index pointer of a matrix of 2^31 non-zeros or more: such a matrix
+    # goes in row blocks (tests/test_gpu.py), a dimension that long is refused. The limit is
+    # lowered here so that a small matrix crosses it, before anything touches a GPU.
     from scipy import sparse
 
     from omicsprep import backend
 
-    monkeypatch.setattr(backend, "GPU_SPARSE_MAX_ENTRIES", 10)
-    matrix = sparse.random(5, 4, density=0.6, format="csc", dtype=np.float32, random_state=0)
-    with pytest.raises(BackendUnavailableError, match=r"CSC matrix of 12 entries.*at most 10.*backend: cpu"):
-        backend.to_device(ad.AnnData(matrix), backend="gpu")
     monkeypatch.setattr(backend, "GPU_SPARSE_MAX_ENTRIES", 4)
-    with pytest.raises(BackendUnavailableError, match=r"5 x 4 matrix.*at most 4.*backend: cpu"):
-        backend.to_device(ad.AnnData(matrix.tocsr()), backend="gpu")
+    matrix = sparse.random(5, 4, density=0.6, format="csr", dtype=np.float32, random_state=0)
+    for refused in (matrix, matrix.tocsc()):
+        with pytest.raises(BackendUnavailableError, match=r"5 x 4 matrix.*at most 4.*backend: cpu"):
+            backend.to_device(ad.AnnData(refused), backend="gpu")
 
 
 def test_row_blocks_hold_at_most_their_entries_or_one_row():

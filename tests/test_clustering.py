@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import scanpy as sc
-from conftest import CLUSTER_OPTIONS, MERGE_OPTIONS, NO_DOUBLETS, QC_OPTIONS
+from conftest import CLUSTER_OPTIONS, MERGE_OPTIONS, NO_DOUBLETS, QC_OPTIONS, widened
 from sklearn.metrics import adjusted_rand_score
 
 from omicsprep import io, options
@@ -151,13 +151,6 @@ def test_embedding_figure_of_many_cells_draws_a_random_share_and_labels_all():
     small = plotting.embedding_panels(coords[:1000], obs.iloc[:1000], keys=["cluster"], title="s")
     assert sum(len(line.get_xdata()) for line in small.axes[0].lines) == 1000
     assert small.get_suptitle() == "s"
-
-
-def widened(matrix):
-    """``matrix`` with 64-bit indices and index pointers, as SciPy holds a matrix beyond 2^31 entries."""
-    matrix = matrix.copy()
-    matrix.indices, matrix.indptr = matrix.indices.astype(np.int64), matrix.indptr.astype(np.int64)
-    return matrix
 
 
 def test_64_bit_indices_give_the_same_qc_and_clustering_on_the_cpu(pbmc):

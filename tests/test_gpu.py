@@ -12,12 +12,22 @@ one (kNN graph, HVGs, WNN); the others are the agreement measured on an H200.
 from __future__ import annotations
 
 import sys
-from dataclasses import asdict, fields, replace
+from dataclasses import asdict, replace
 
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import CITESEQ, CLUSTER_OPTIONS, MERGE_OPTIONS, MULTIOME, NO_DOUBLETS, QC_OPTIONS, import_for_gpu_test
+from conftest import (
+    CITESEQ,
+    CLUSTER_OPTIONS,
+    MERGE_OPTIONS,
+    MULTIOME,
+    NO_DOUBLETS,
+    QC_OPTIONS,
+    embedding_options,
+    import_for_gpu_test,
+    shipped_config,
+)
 from scipy import sparse
 from sklearn.metrics import adjusted_rand_score
 
@@ -37,7 +47,7 @@ from omicsprep.backend import (
     to_host,
 )
 from omicsprep.errors import BackendUnavailableError, InputError
-from omicsprep.options import EmbeddingOptions, from_config
+from omicsprep.options import from_config
 from omicsprep.pipeline import run_clustering, run_merge, run_qc
 
 pytestmark = pytest.mark.gpu
@@ -205,7 +215,7 @@ def worst_neighbour_excess(embedding: np.ndarray, neighbours: list[np.ndarray], 
     return excess
 
 
-def test_knn_graphs_are_the_same_on_the_same_embedding(clustered_both):
+def test_knn_graphs_are_the_same_on_the_sameembedding_options(clustered_both):
     """README: exact kNN on both backends, the GPU's kNN graph equals the CPU's.
 
     On the CPU run's PCs, cuML's brute-force search lists each cell's exact nearest neighbours, as
@@ -579,18 +589,6 @@ def test_fragments_with_bad_coordinates_are_refused_on_the_gpu(tmp_path):
         )
 
 
-def _shipped_config() -> dict:
-    import yaml
-    from conftest import REPO
-
-    return yaml.safe_load((REPO / "config" / "config.yaml").read_text())
-
-
-def _embedding(config: dict) -> EmbeddingOptions:
-    """The protein, chromatin and multiome rules' neighbours, UMAP and Leiden: their config sections."""
-    return from_config(EmbeddingOptions, {option.name: config[option.name] for option in fields(EmbeddingOptions)})
-
-
 def test_protein_rule_chain_agrees_on_cpu_and_gpu():
     """The shipped config's ``normalization: auto`` with empty droplets: dsb on both backends (README).
 
@@ -602,7 +600,7 @@ def test_protein_rule_chain_agrees_on_cpu_and_gpu():
     from omicsprep.pipeline import run_protein
     from omicsprep.protein import normalization
 
-    config = _shipped_config()
+    config = shipped_config()
     assert config["protein"]["normalization"] == "auto"
     options = from_config(ProteinOptions, config["protein"])
     empty = io.read_counts(CITESEQ / "empty_droplets", feature_type="Antibody Capture")
@@ -610,7 +608,9 @@ def test_protein_rule_chain_agrees_on_cpu_and_gpu():
     for backend in ("cpu", "gpu"):
         cells = io.read_counts(CITESEQ / "cells", feature_type="Antibody Capture")
         expected = cells.copy()
-        run_protein(cells, empty=empty, options=options, embedding_options=_embedding(config), seed=0, backend=backend)
+        run_protein(
+            cells, empty=empty, options=options, embedding_options=embedding_options(config), seed=0, backend=backend
+        )
         results[backend] = cells
         isotypes = normalization.isotype_controls(expected, pattern=config["protein"]["isotype_pattern"])
         normalization.dsb(expected, empty=empty, isotypes=isotypes, **config["protein"]["dsb"], backend=backend)
@@ -640,7 +640,7 @@ def test_atac_rule_chain_and_wnn_agree_on_cpu_and_gpu():
     from omicsprep.options import AtacOptions
     from omicsprep.pipeline import run_atac
 
-    config = _shipped_config()
+    config = shipped_config()
     options = replace(from_config(AtacOptions, config["atac"]), min_cells_per_feature=1)
     rna = multiome_rna()
     peaks = io.read_peaks(MULTIOME / "peaks.bed")
@@ -656,7 +656,7 @@ def test_atac_rule_chain_and_wnn_agree_on_cpu_and_gpu():
         run_atac(
             atac[backend],
             options=options,
-            embedding_options=_embedding(config),
+            embedding_options=embedding_options(config),
             seed=0,
             backend=backend,
         )
@@ -792,6 +792,52 @@ def test_a_merge_beyond_32_bit_indices_runs_in_row_blocks_on_one_gpu_as_one_matr
     io.write_h5ad(blocks, tmp_path / "merged.h5ad", compression="gzip")
     back = io.read_h5ad(tmp_path / "merged.h5ad")
     assert (normalized != back.X).nnz == 0 and (back.layers["counts"] != counts).nnz == 0
+
+
+def test_chromatin_beyond_32_bit_indices_runs_in_row_blocks_as_one_matrix(monkeypatch, tmp_path):
+    """Fragment counts of more entries than CuPy's sparse matrices index (the limits lowered here)
+    go to the GPU in row blocks (a CSC matrix made CSR first): rule atac's TF-IDF and LSI (an SVD
+    multiplied block by block) give what one matrix gives, and the file holds the same matrices."""
+    from omicsprep import backend
+    from omicsprep.atac.fragments import count_fragments
+    from omicsprep.options import AtacOptions
+    from omicsprep.pipeline import run_atac
+
+    config = shipped_config()
+    options = replace(from_config(AtacOptions, config["atac"]), min_cells_per_feature=1)
+    counts = count_fragments(
+        io.fragment_chunks(MULTIOME / "fragments.tsv.gz", backend="gpu"),
+        barcodes=pd.Index(pd.read_csv(MULTIOME / "barcodes.tsv", header=None)[0]),
+        peaks=io.read_peaks(MULTIOME / "peaks.bed"),
+        backend="gpu",
+    )
+    results = {}
+    for blocked in (False, True):
+        if blocked:
+            monkeypatch.setattr(backend, "GPU_SPARSE_MAX_ENTRIES", counts.X.nnz // 3)
+            monkeypatch.setattr(backend, "BLOCK_ENTRIES", counts.X.nnz // 7)
+        adata = counts.copy()
+        run_atac(adata, options=options, embedding_options=embedding_options(config), seed=0, backend="gpu")
+        results[blocked] = adata
+    whole, blocks = results[False], results[True]
+    assert backend.is_dask_array(blocks.X) and len(blocks.X.chunks[0]) >= 7
+    rows = np.arange(blocks.n_obs)
+    weighted, raw = (asnumpy(backend.take_rows(m, rows)) for m in (blocks.X, blocks.layers["counts"]))
+    assert (raw != whole.layers["counts"]).nnz == 0
+    lsi = (adata.obsm["X_lsi"] for adata in (blocks, whole))
+    correlation = [abs(np.corrcoef(mine, theirs)[0, 1]) for mine, theirs in zip(*(c.T for c in lsi), strict=True)]
+    measure(
+        "test_chromatin_beyond_32_bit_indices_runs_in_row_blocks_as_one_matrix",
+        row_blocks=len(blocks.X.chunks[0]),
+        tfidf_max_difference=abs(weighted - whole.X).max(),
+        min_lsi_correlation=min(correlation[:5]),
+    )
+    assert abs(weighted - whole.X).max() < 1e-12
+    np.testing.assert_array_equal(blocks.uns["lsi"]["kept"], whole.uns["lsi"]["kept"])
+    assert min(correlation[:5]) > 0.999  # the leading components, up to sign
+    io.write_h5ad(blocks, tmp_path / "atac.h5ad", compression="gzip")
+    back = io.read_h5ad(tmp_path / "atac.h5ad")
+    assert (weighted != back.X).nnz == 0 and (back.layers["counts"] != raw).nnz == 0
 
 
 def test_shards_sit_on_every_gpu_and_come_back_whole(pbmc, pytestconfig):

@@ -11,7 +11,6 @@ import numpy as np
 from scipy import sparse
 
 from omicsprep.backend import asnumpy
-from omicsprep.errors import InputError
 
 FEATURE_BITS = 40  # (feature, cell) keys: feature << 23 | cell; a tile is chromosome << tile bits | tile
 CELL_BITS = 63 - FEATURE_BITS
@@ -56,8 +55,6 @@ class FeatureColumns:
         With ``n_features``, every feature number below it is a column (peaks), else only
         those with counts (tiles).
         """
-        if self.size >= 1 << 31:  # indices are int32 (the only kind cupyx has)
-            raise InputError(f"{self.size:,} non-zero (cell, feature) counts: more than a sparse matrix holds here")
         features, lengths = (
             np.concatenate([np.zeros(0, np.int64), *self.features]),
             np.concatenate([np.zeros(0, np.int64), *self.lengths]),
@@ -65,7 +62,9 @@ class FeatureColumns:
         columns = np.arange(n_features) if n_features is not None else features
         per_column = np.zeros(columns.size, dtype=np.int64)
         per_column[np.searchsorted(columns, features)] = lengths
-        indptr = np.concatenate([[0], np.cumsum(per_column)]).astype(np.int32)
+        # SciPy keeps 32-bit indices where they reach, and widens them beyond 2^31 entries (the
+        # GPU then takes the matrix in row blocks: omicsprep.backend.to_device).
+        indptr = np.concatenate([[0], np.cumsum(per_column)])
         cells, counts = _trimmed(self.cells, self.size), _trimmed(self.counts, self.size)
         matrix = sparse.csc_matrix((asnumpy(counts), asnumpy(cells), indptr), shape=(n_cells, columns.size))
         matrix.has_sorted_indices = True  # cells ascend within each feature
