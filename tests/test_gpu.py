@@ -840,6 +840,38 @@ def test_chromatin_beyond_32_bit_indices_runs_in_row_blocks_as_one_matrix(monkey
     assert (weighted != back.X).nnz == 0 and (back.layers["counts"] != raw).nnz == 0
 
 
+def test_antibody_counts_beyond_32_bit_indices_run_in_row_blocks_as_one_matrix(monkeypatch, tmp_path):
+    """Tags of more entries than CuPy's sparse matrices index (the limit lowered here): rule
+    protein's normalized tags are dense, and its counts layer goes to the GPU and is written in
+    row blocks; results and file are one matrix's."""
+    from omicsprep import backend
+    from omicsprep.options import ProteinOptions
+    from omicsprep.pipeline import run_protein
+
+    config = shipped_config()
+    empty = io.read_counts(CITESEQ / "empty_droplets", feature_type="Antibody Capture")
+    cells = io.read_counts(CITESEQ / "cells", feature_type="Antibody Capture")
+    results = {}
+    for blocked in (False, True):
+        if blocked:
+            monkeypatch.setattr(backend, "GPU_SPARSE_MAX_ENTRIES", cells.X.nnz // 3)
+            monkeypatch.setattr(backend, "BLOCK_ENTRIES", cells.X.nnz // 5)
+        adata, options = cells.copy(), from_config(ProteinOptions, config["protein"])
+        embedding = embedding_options(config)
+        run_protein(adata, empty=empty, options=options, embedding_options=embedding, seed=0, backend="gpu")
+        results[blocked] = adata
+    whole, blocks = results[False], results[True]
+    assert backend.is_dask_array(blocks.layers["counts"]) and len(blocks.layers["counts"].chunks[0]) >= 5
+    raw = asnumpy(backend.take_rows(blocks.layers["counts"], np.arange(blocks.n_obs)))
+    assert (raw != whole.layers["counts"]).nnz == 0
+    np.testing.assert_array_equal(blocks.X, whole.X)
+    np.testing.assert_allclose(np.abs(blocks.obsm["X_pca"]), np.abs(whole.obsm["X_pca"]), atol=1e-4)
+    io.write_h5ad(blocks, tmp_path / "protein.h5ad", compression="gzip")
+    back = io.read_h5ad(tmp_path / "protein.h5ad")
+    assert (back.layers["counts"] != raw).nnz == 0
+    np.testing.assert_array_equal(back.X, whole.X)
+
+
 def test_shards_sit_on_every_gpu_and_come_back_whole(pbmc, pytestconfig):
     import_for_gpu_test(pytestconfig, "dask_cuda")
     n_gpus = cupy().cuda.runtime.getDeviceCount()

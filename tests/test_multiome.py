@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mudata
 import numpy as np
 import pandas as pd
 import pytest
@@ -111,3 +112,35 @@ def test_wnn_equals_muon_with_exhaustive_searches(rna_and_atac, monkeypatch):
     assert ours_edges.sum() == muon_edges.sum() == 19 * ours.n_obs
     assert ours_edges.multiply(muon_edges).sum() >= 0.99 * ours_edges.sum()
     assert (ours.obsp["connectivities"] - ours.obsp["connectivities"].T).count_nonzero() == 0
+
+
+def test_64_bit_indices_give_the_same_joint_results_and_file_on_the_cpu(rna_and_atac, tmp_path):
+    # Rule multiome joins the modalities' embeddings; their matrices, with 64-bit indices beyond
+    # 2^31 entries, are carried into the MuData file as they are.
+    from conftest import embedding_options, shipped_config, widened
+
+    from omicsprep.options import MultiomeOptions, from_config
+    from omicsprep.pipeline import run_multiome
+
+    config = shipped_config()
+    results = []
+    for widen in (True, False):
+        modalities = {name: rna_and_atac.mod[name].copy() for name in ("rna", "atac")}
+        modalities["atac"].obs.index.name = None  # the fixture's barcodes column, 0: not a name a file takes
+        if widen:
+            modalities["atac"].X = widened(modalities["atac"].X)  # the RNA's X is scaled, dense
+        results.append(
+            run_multiome(
+                modalities,
+                options=from_config(MultiomeOptions, config["multiome"]),
+                embedding_options=embedding_options(config),
+                seed=0,
+                backend="cpu",
+            )
+        )
+    wide, narrow = results
+    assert wide.obs.filter(like="wnn_").equals(narrow.obs.filter(like="wnn_"))
+    np.testing.assert_array_equal(wide.obsm["X_umap"], narrow.obsm["X_umap"])
+    io.write_h5mu(wide, tmp_path / "wide.h5mu")
+    back = mudata.read_h5mu(tmp_path / "wide.h5mu")
+    assert (back.mod["atac"].X != wide.mod["atac"].X).nnz == 0
