@@ -436,6 +436,11 @@ GPU_SPARSE_MAX_ENTRIES = 2**31 - 1
 BLOCK_ENTRIES = 1 << 28
 
 
+def max_gpu_sparse_entries() -> int:
+    """The most entries one CuPy sparse matrix holds (:data:`GPU_SPARSE_MAX_ENTRIES`, read when called)."""
+    return GPU_SPARSE_MAX_ENTRIES
+
+
 def _matrix_to_device(matrix: Any) -> Any:
     """A NumPy array or SciPy CSR/CSC matrix copied to the GPU (a matrix already there as it is).
 

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import DROPLETS_H5, DROPLETS_TRUTH, PBMC_H5
+from scipy import sparse
 
 from omicsprep import io
 from omicsprep.errors import InputError
@@ -169,3 +170,43 @@ def test_call_cells_on_the_gpu_calls_the_same_cells(raw, request):
     difference = (cpu_cells.obs["ambient_fraction"] - gpu_cells.obs["ambient_fraction"]).abs()
     print(f"\nMEASURE test_call_cells_gpu ambient_fraction_max_difference={difference.max():.2e}", flush=True)
     assert difference.mean() < 0.01
+
+
+@pytest.mark.parametrize("method", list(AMBIENT))
+def test_64_bit_indices_give_the_same_cells_and_ambient_removal_on_the_cpu(raw, method):
+    # Beyond 2^31 entries SciPy holds the droplets with 64-bit indices: emptyDrops, the quick
+    # clustering and SoupX or DecontX (its index pointers kept 64-bit on the host) give what
+    # they give with 32-bit ones.
+    from conftest import widened
+
+    wide_raw = raw.copy()
+    wide_raw.X = widened(sparse.csr_matrix(wide_raw.X))
+    wide, wide_calls = call(wide_raw, ambient=AMBIENT[method])
+    narrow, narrow_calls = call(raw, ambient=AMBIENT[method])
+    pd.testing.assert_frame_equal(wide_calls.table, narrow_calls.table)
+    assert abs(wide.X - narrow.X).max() < 1e-6
+    pd.testing.assert_series_equal(wide.obs["ambient_fraction"], narrow.obs["ambient_fraction"])
+    # SciPy narrows the called cells' indices again (they fit): their removal on 64-bit ones.
+    from omicsprep.cells import ambient
+
+    again = narrow.copy()
+    again.X = widened(sparse.csr_matrix(narrow.layers["counts_uncorrected"]))
+    ambient.remove_ambient(again, raw=wide_raw, options=AMBIENT[method], seed=CellOptions().seed, backend="cpu")
+    assert abs(again.X - narrow.X).max() < 1e-6
+
+
+@pytest.mark.parametrize("method", list(AMBIENT))
+def test_soupx_and_decontx_beyond_one_gpu_matrix_are_one_clear_error_before_any_gpu_work(raw, monkeypatch, method):
+    # Their GPU code holds every count in one CuPy matrix: beyond its 32-bit indices (the limit
+    # lowered here) the rule stops with one line, before the quick clustering touches a GPU.
+    from omicsprep import backend
+    from omicsprep.cells import ambient
+
+    cells = raw[np.asarray(raw.X.sum(axis=1)).ravel() >= CLEAR_CELL_TOTAL].copy()
+    monkeypatch.setattr(backend, "GPU_SPARSE_MAX_ENTRIES", cells.X.nnz - 1)
+    with pytest.raises(InputError) as error:
+        ambient.remove_ambient(cells, raw=raw, options=AMBIENT[method], seed=0, backend="gpu")
+    assert str(error.value) == (
+        f"{method} on the GPU takes at most {cells.X.nnz - 1:,} non-zero counts, and the {cells.n_obs:,} cells "
+        f"hold {cells.X.nnz:,}: run rule call_cells on the CPU (backend_per_rule: {{call_cells: cpu}})"
+    )

@@ -14,7 +14,7 @@ import pandas as pd
 from anndata import AnnData
 from scipy import sparse
 
-from omicsprep.backend import Backend, to_device, to_host
+from omicsprep.backend import Backend, max_gpu_sparse_entries, to_device, to_host
 from omicsprep.cells import decontx, soupx
 from omicsprep.errors import InputError
 from omicsprep.options import AmbientOptions, cluster_key
@@ -80,6 +80,14 @@ def remove_ambient(
     """
     if options.method == "none":
         return
+    # SoupX's and DecontX's GPU code holds every count in one CuPy matrix, and several arrays per
+    # count beside it: checked before the quick clustering.
+    if backend == "gpu" and options.method in ("soupx", "decontx") and cells.X.nnz > max_gpu_sparse_entries():
+        raise InputError(
+            f"{options.method} on the GPU takes at most {max_gpu_sparse_entries():,} non-zero counts, and the "
+            f"{cells.n_obs:,} cells hold {cells.X.nnz:,}: run rule call_cells on the CPU "
+            "(backend_per_rule: {call_cells: cpu})"
+        )
     counts = sparse.csr_matrix(cells.X)
     summary: dict[str, object] = {"method": options.method}
     if options.method == "cellbender":

@@ -26,7 +26,7 @@ import numpy as np
 from scipy import sparse
 from scipy.special import digamma, polygamma
 
-from omicsprep.backend import Backend, array_module, asnumpy, cupyx_sparse
+from omicsprep.backend import Backend, array_module, asnumpy, cupyx_sparse, max_gpu_sparse_entries
 from omicsprep.errors import InputError
 
 # Added to every probability, as decontX does, so no responsibility is 0/0.
@@ -200,12 +200,14 @@ def _entries(
     if (cell_totals <= 0).any():
         raise InputError(f"DecontX needs cells with counts: {int((cell_totals <= 0).sum())} cells have none")
     n_bins = labels.size * n_genes
-    if max(cells.nnz, n_bins) >= np.iinfo(np.int32).max:  # cuSPARSE takes 32-bit indices
+    if bins_by_product and max(cells.nnz, n_bins) > max_gpu_sparse_entries():  # cuSPARSE's 32-bit indices
         raise InputError(
-            f"DecontX handles fewer than 2**31 entries and cluster-gene pairs, got {cells.nnz:,} and {n_bins:,}"
+            f"DecontX on the GPU takes at most {max_gpu_sparse_entries():,} entries and cluster-gene pairs, got "
+            f"{cells.nnz:,} and {n_bins:,}: run rule call_cells on the CPU (backend_per_rule: {{call_cells: cpu}})"
         )
-    # The CSR arrays travel as they are (32-bit, counts often float32) and widen on the device.
-    indptr = xp.asarray(cells.indptr, dtype=xp.int32)
+    # The CSR arrays travel as they are (32-bit, counts often float32) and widen on the device;
+    # on the host the index pointers are 64-bit, as SciPy's beyond 2^31 entries.
+    indptr = xp.asarray(cells.indptr, dtype=xp.int32 if bins_by_product else xp.int64)
     genes = xp.asarray(cells.indices, dtype=xp.int32)
     counts = xp.asarray(cells.data).astype(xp.float64)
     # Every cell has entries, so a 1 where each cell after the first starts, summed, is the row.
