@@ -611,6 +611,11 @@ def take_rows(matrix: Any, rows: Any) -> Any:
     return _stacked(parts)
 
 
+def joined_rows(matrix: Any) -> Any:
+    """Row blocks as one CSR matrix, for fewer entries than :data:`GPU_SPARSE_MAX_ENTRIES`."""
+    return _stacked(list(blocks_of(matrix)))
+
+
 def column_entries(matrix: Any) -> Any:
     """Stored entries per column of row blocks, in host memory."""
     import numpy as np
@@ -751,6 +756,14 @@ def _distributed_client() -> Any:
         return None
 
 
+def in_row_blocks(value: Any) -> bool:
+    """Whether ``value`` is sparse row blocks held in this process (:func:`row_blocks`).
+
+    Such blocks hold a matrix beyond CuPy's 32-bit indices; Dask workers' shards are not these.
+    """
+    return is_dask_array(value) and _distributed_client() is None and hasattr(value._meta, "indptr")  # noqa: SLF001
+
+
 def materialize(array: Any) -> Any:
     """Run a lazy Dask array's graph, waiting for it; any other array is returned as it is.
 
@@ -770,8 +783,8 @@ def gather(array: Any) -> Any:
 def _to_host_value(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _to_host_value(v) for k, v in value.items()}
-    if is_dask_array(value) and _distributed_client() is None and hasattr(value._meta, "indptr"):  # noqa: SLF001
-        return value  # row blocks (beyond CuPy's 32-bit indices): written block by block (omicsprep.io)
+    if in_row_blocks(value):
+        return value  # written block by block (omicsprep.io)
     if is_dask_array(value):
         import dask
         import numpy as np

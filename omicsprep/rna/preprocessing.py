@@ -8,7 +8,20 @@ import numpy as np
 from anndata import AnnData
 from scipy import sparse
 
-from omicsprep.backend import Backend, copy_blocks, gather, materialize, rapids_singlecell, single_cell_api
+from omicsprep.backend import (
+    Backend,
+    asnumpy,
+    copy_blocks,
+    gather,
+    in_row_blocks,
+    joined_rows,
+    keep_columns,
+    materialize,
+    max_gpu_sparse_entries,
+    rapids_singlecell,
+    single_cell_api,
+    sparse_entries,
+)
 from omicsprep.options import HvgFlavor
 
 log = logging.getLogger(__name__)
@@ -85,10 +98,38 @@ def pca(adata: AnnData, *, n_comps: int, seed: int, backend: Backend) -> None:
     """
     n_hvg = int(adata.var["highly_variable"].sum())
     n_comps = min(n_comps, adata.n_obs - 1, n_hvg - 1)
-    if backend == "gpu":
+    if backend == "gpu" and in_row_blocks(adata.X):
+        _pca_of_row_blocks(adata, n_comps=n_comps, seed=seed)
+    elif backend == "gpu":
         rapids_singlecell().pp.pca(adata, n_comps=n_comps, mask_var="highly_variable", rng=seed)
         adata.obsm["X_pca"] = gather(adata.obsm["X_pca"])  # from Dask's workers, if X is sharded
     else:
         import scanpy as sc
 
         sc.pp.pca(adata, n_comps=n_comps, mask_var="highly_variable", svd_solver="arpack", random_state=seed)
+
+
+def _pca_of_row_blocks(adata: AnnData, *, n_comps: int, seed: int) -> None:
+    """rapids-singlecell's PCA of row blocks' highly variable genes, stored as for one matrix.
+
+    The genes are taken from the blocks once, and joined into one matrix where they fit
+    CuPy's 32-bit indices (a few hundred million entries at millions of cells): given the
+    blocks, rapids-singlecell's Dask PCA would select them twice (for the covariance, then the
+    projection) and multiply block by block.
+    """
+    variable = adata.var["highly_variable"].to_numpy()
+    selected = keep_columns(adata.X, variable)
+    if sparse_entries(selected) <= max_gpu_sparse_entries():
+        selected = joined_rows(selected)
+    embedding, components, variance_ratio, variance = rapids_singlecell().pp.pca(
+        selected, n_comps=n_comps, rng=seed, return_info=True
+    )
+    adata.obsm["X_pca"] = gather(embedding)
+    loadings = np.zeros((adata.n_vars, n_comps))
+    loadings[variable] = asnumpy(components).T
+    adata.varm["PCs"] = loadings
+    adata.uns["pca"] = {
+        "params": {"zero_center": True, "mask_var": "highly_variable"},
+        "variance": asnumpy(variance),
+        "variance_ratio": asnumpy(variance_ratio),
+    }
