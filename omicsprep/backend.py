@@ -422,9 +422,9 @@ def to_device(adata: AnnData, *, backend: Backend) -> None:
         ``"cpu"`` or ``"gpu"``.
     """
     if backend == "gpu":
-        adata.X = _matrix_to_device(adata.X)
+        adata.X = matrix_to_device(adata.X)
         for key in list(adata.layers.keys()):
-            adata.layers[key] = _matrix_to_device(adata.layers[key])
+            adata.layers[key] = matrix_to_device(adata.layers[key])
 
 
 # CuPy's sparse matrices index with 32 bits: it would wrap larger index pointers silently.
@@ -441,7 +441,7 @@ def max_gpu_sparse_entries() -> int:
     return GPU_SPARSE_MAX_ENTRIES
 
 
-def _matrix_to_device(matrix: Any) -> Any:
+def matrix_to_device(matrix: Any) -> Any:
     """A NumPy array or SciPy CSR/CSC matrix copied to the GPU (a matrix already there as it is).
 
     A CSR or CSC matrix of more than :data:`GPU_SPARSE_MAX_ENTRIES` entries becomes row blocks
@@ -609,6 +609,37 @@ def take_rows(matrix: Any, rows: Any) -> Any:
         if cut[index + 1] > cut[index]
     ]
     return _stacked(parts)
+
+
+def with_columns_at(matrix: Any, positions: Any, *, n_columns: int) -> Any:
+    """A CSR matrix (SciPy's or CuPy's) or row blocks with column ``j`` moved to ``positions[j]`` of ``n_columns``.
+
+    ``positions`` (host memory) are distinct; the indices come back sorted.
+    """
+    if is_dask_array(matrix):
+        return row_blocks([with_columns_at(block, positions, n_columns=n_columns) for block in blocks_of(matrix)])
+    from scipy import sparse
+
+    indices = _index_array(matrix, positions)[matrix.indices].astype(matrix.indices.dtype)
+    module = sparse if _on_host(matrix) else cupyx_sparse()
+    moved = module.csr_matrix((matrix.data, indices, matrix.indptr), shape=(matrix.shape[0], n_columns))
+    if not moved.has_sorted_indices:  # sorted in place: the values copied, the caller's left as they are
+        moved = module.csr_matrix((matrix.data.copy(), indices, matrix.indptr), shape=moved.shape)
+        moved.sort_indices()
+    return moved
+
+
+def stacked_rows(matrices: list[Any]) -> Any:
+    """CSR matrices (SciPy's or CuPy's) or row blocks stacked by rows.
+
+    On the host one matrix; on the GPU one matrix where it fits CuPy's 32-bit indices, else
+    row blocks (:func:`row_blocks`) of at most :data:`BLOCK_ENTRIES` entries.
+    """
+    blocks = [block for matrix in matrices for block in (blocks_of(matrix) if is_dask_array(matrix) else [matrix])]
+    if _on_host(blocks[0]) or sum(map(_entries, blocks)) <= GPU_SPARSE_MAX_ENTRIES:
+        return _stacked(blocks)
+    bounds = [row_block_bounds(asnumpy(block.indptr), max_entries=BLOCK_ENTRIES) for block in blocks]
+    return row_blocks([block[a:b] for block, cuts in zip(blocks, bounds, strict=True) for a, b in pairwise(cuts)])
 
 
 def joined_rows(matrix: Any) -> Any:

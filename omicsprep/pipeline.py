@@ -780,7 +780,8 @@ def run_merge(
             "give the rule more, e.g. --set-resources merge:gpu=2"
         )
     with timer.step("concatenate"):
-        adata = integration.concatenate_samples(samples, labels=labels)
+        # Sharded, the Dask workers take their shares of the host's matrix.
+        adata = integration.concatenate_samples(samples, labels=labels, backend="cpu" if sharded else backend)
         if key != "sample":
             batches = adata.obs[key].astype(str) if key in adata.obs else pd.Series("", index=adata.obs_names)
             unlabelled = sorted(set(adata.obs.loc[batches.isin(["", "nan"]), "sample"]))

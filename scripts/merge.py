@@ -14,9 +14,10 @@ def main() -> None:
     backend = resolve_backend(snakemake.params.backend)
     prepare_gpu(backend)  # overlaps reading the input
     # The merge takes each sample's counts, cells and genes: its normalized matrix, embeddings
-    # and graphs stay on disk (half the matrices' memory and reading).
+    # and graphs stay on disk (half the matrices' memory and reading). Each sample is read when
+    # the merge takes it: on the GPU its counts go to the device before the next is read.
     unused = ("X", "obsm", "obsp", "varm", "uns")
-    samples = {name: io.read_h5ad(path, skip=unused) for name, path in snakemake.input.items()}
+    samples = io.H5adSamples(dict(snakemake.input.items()), skip=unused)
     merged, metrics = run_merge(
         samples,
         options=from_config(MergeOptions, snakemake.params.merge),

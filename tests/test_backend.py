@@ -281,3 +281,12 @@ def test_row_blocks_are_subset_and_gathered_as_one_matrix_would_be():
     assert (backend.take_rows(blocks, rows) != matrix[rows]).nnz == 0
     assert (backend.take_columns(blocks, 2, 7) != matrix[:, 2:7]).nnz == 0
     np.testing.assert_array_equal(backend.column_entries(blocks), matrix.getnnz(axis=0))
+    assert (backend.joined_rows(blocks) != matrix).nnz == 0
+    # The merge's: columns placed among more (here reversed into 12), then stacked by rows.
+    positions = np.arange(9)[::-1] + 3
+    placed = sparse.csr_matrix((matrix.shape[0], 12), dtype=np.float32)
+    placed[:, positions] = matrix
+    for whole_or_blocks in (matrix, blocks):
+        moved = backend.with_columns_at(whole_or_blocks, positions, n_columns=12)
+        assert (joined(moved) if backend.is_dask_array(moved) else moved).has_sorted_indices
+        assert (backend.stacked_rows([moved, placed[:5]]) != sparse.vstack([placed, placed[:5]])).nnz == 0

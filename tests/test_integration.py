@@ -20,7 +20,7 @@ from omicsprep.rna import integration
 
 
 def test_concatenation_keeps_every_cell_and_gene(pbmc_batches):
-    merged = integration.concatenate_samples(pbmc_batches, labels="leiden_1.0")
+    merged = integration.concatenate_samples(pbmc_batches, labels="leiden_1.0", backend="cpu")
     assert merged.n_obs == sum(a.n_obs for a in pbmc_batches.values())
     assert set(merged.var_names) == set(pbmc_batches["first"].var_names) | set(pbmc_batches["second"].var_names)
     assert merged.obs_names.is_unique
@@ -111,3 +111,26 @@ def test_label_conservation_on_hand_built_clusters():
         index=[f"c{i}" for i in range(10)],
     )
     assert integration.label_conservation(AnnData(obs=obs), clusters="leiden") == pytest.approx(0.25, abs=1e-12)
+
+
+def test_merged_counts_equal_anndatas_outer_concatenation_also_read_one_sample_at_a_time(pbmc_batches, tmp_path):
+    # The counts are stacked by omicsprep (each sample's genes placed among all samples'), the
+    # cells and genes by anndata: the matrix is anndata's outer concatenation's. Read from files
+    # one sample at a time (io.H5adSamples, as rule merge reads them), the same.
+    import anndata as ad
+
+    from omicsprep import io
+
+    samples = {name: adata[:, ::-1].copy() if name == "second" else adata for name, adata in pbmc_batches.items()}
+    counts = {name: AnnData(adata.layers["counts"], var=adata.var[[]]) for name, adata in samples.items()}
+    reference = ad.concat(counts, join="outer", fill_value=0)
+    merged = integration.concatenate_samples(samples, labels="leiden_1.0", backend="cpu")
+    assert list(merged.var_names) == list(reference.var_names)
+    assert merged.X.has_sorted_indices and (sparse.csr_matrix(reference.X) != merged.X).nnz == 0
+    paths = {}
+    for name, adata in samples.items():
+        paths[name] = tmp_path / f"{name}.h5ad"
+        io.write_h5ad(adata, paths[name], compression="gzip")
+    from_files = integration.concatenate_samples(io.H5adSamples(paths, skip=("X",)), labels="leiden_1.0", backend="cpu")
+    assert (from_files.X != merged.X).nnz == 0
+    pd.testing.assert_frame_equal(from_files.obs, merged.obs)

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
         read_peaks,
         read_tss,
     )
-    from omicsprep.io.results import read_h5ad, read_h5ad_elements, read_provenance, read_table
+    from omicsprep.io.results import H5adSamples, read_h5ad, read_h5ad_elements, read_provenance, read_table
     from omicsprep.io.star import (
         read_barcode_stats,
         read_solo_features,
@@ -73,6 +73,7 @@ _MODULES = {
     "READ_FORMATS": "formats",
     "atomic_path": "writers",
     "H5adParts": "writers",
+    "H5adSamples": "results",
     "h5ad_in_parts": "writers",
     "detect_format": "formats",
     "fragment_chunks": "fragments",
@@ -112,6 +113,7 @@ __all__ = [
     "READ_FORMATS",
     "DuplicateBarcodes",
     "H5adParts",
+    "H5adSamples",
     "InputFormat",
     "atomic_path",
     "detect_format",

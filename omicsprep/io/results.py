@@ -7,7 +7,7 @@ provenance records only, and starts without it.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+from collections.abc import Collection, Iterator, Mapping
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -107,6 +107,33 @@ def _record(group: h5py.Group) -> dict[str, Any]:
 
 
 @timed_phase("read")
+class H5adSamples(Mapping[str, "AnnData"]):
+    """Samples' ``.h5ad`` files as a mapping that reads a sample each time it is asked for, holding none.
+
+    A merge that takes each sample once, in order, then holds one sample's matrices at a
+    time (:func:`omicsprep.rna.integration.concatenate_samples` on the GPU).
+
+    Parameters
+    ----------
+    paths
+        Sample name to its file.
+    skip
+        Elements left unread, as :func:`read_h5ad` takes them.
+    """
+
+    def __init__(self, paths: Mapping[str, str | Path], *, skip: Collection[str] = ()) -> None:
+        self.paths, self.skip = dict(paths), tuple(skip)
+
+    def __getitem__(self, name: str) -> AnnData:
+        return read_h5ad(self.paths[name], skip=self.skip)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.paths)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+
 def read_h5ad_elements(path: str | Path, keys: list[str]) -> dict[str, object]:
     """Read single elements (e.g. ``"obs"``, ``"obsm/X_umap"``) of an ``.h5ad`` file.
 

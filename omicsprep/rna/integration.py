@@ -12,46 +12,55 @@ from anndata import AnnData
 from scipy import sparse
 from sklearn.metrics import adjusted_rand_score
 
-from omicsprep.backend import Backend, rapids_singlecell
+from omicsprep.backend import Backend, matrix_to_device, rapids_singlecell, stacked_rows, with_columns_at
 
 log = logging.getLogger(__name__)
 
 
-def concatenate_samples(samples: Mapping[str, AnnData], *, labels: str | None = None) -> AnnData:
+def concatenate_samples(samples: Mapping[str, AnnData], *, labels: str | None = None, backend: Backend) -> AnnData:
     """One AnnData of every sample's cells: raw counts, genes joined outer, ``obs["sample"]``.
 
     A gene absent from a sample counts zero there. Barcodes become ``<sample>:<barcode>``,
-    unique across samples.
+    unique across samples. On the GPU each sample's counts go to the device as the sample is
+    taken from ``samples``: with a mapping that reads each when asked (:class:`omicsprep.io.H5adSamples`),
+    host memory holds one sample's counts at a time.
 
     Parameters
     ----------
     samples
         Sample name to its cells, raw counts in ``layers["counts"]`` when present, else
-        in ``X``.
+        in ``X``; taken once each, in order.
     labels
         A per-sample ``obs`` column to keep as ``obs["sample_clusters"]`` (prefixed with
         the sample), e.g. each sample's own clusters for the label-conservation metric.
+    backend
+        ``"cpu"`` (the counts in host memory) or ``"gpu"`` (on the GPU: one CuPy matrix, or
+        row blocks beyond its 32-bit indices, :func:`omicsprep.backend.to_device`).
 
     Returns
     -------
-    Cells x genes, CSR counts; ``uns["merge"]["genes_missing"]`` counts, per sample, the
-    genes it lacks.
+    Cells x genes, CSR counts (float32); ``uns["merge"]["genes_missing"]`` counts, per sample,
+    the genes it lacks.
     """
-    parts = {}
+    parts, counts = {}, {}
     for name, adata in samples.items():
-        counts = adata.layers.get("counts", adata.X)
         obs = adata.obs[[c for c in ("batch",) if c in adata.obs]].copy()
         if labels is not None:
             obs["sample_clusters"] = name + ":" + adata.obs[labels].astype(str)
-        parts[name] = AnnData(
-            sparse.csr_matrix(counts, dtype=np.float32), obs=obs, var=pd.DataFrame(index=adata.var_names)
-        )
-    merged = ad.concat(parts, join="outer", label="sample", index_unique=":", fill_value=0)
+        parts[name] = AnnData(obs=obs, var=pd.DataFrame(index=adata.var_names))
+        matrix = sparse.csr_matrix(adata.layers.get("counts", adata.X), dtype=np.float32)
+        counts[name] = matrix_to_device(matrix) if backend == "gpu" else matrix
+    merged = ad.concat(parts, join="outer", label="sample", index_unique=":")  # cells and genes; counts below
     merged.obs_names = [
         f"{sample}:{barcode.rsplit(':', 1)[0]}"
         for sample, barcode in zip(merged.obs["sample"], merged.obs_names, strict=True)
     ]
-    merged.X = sparse.csr_matrix(merged.X)
+    merged.X = stacked_rows(
+        [
+            with_columns_at(counts.pop(name), merged.var_names.get_indexer(part.var_names), n_columns=merged.n_vars)
+            for name, part in parts.items()
+        ]
+    )
     merged.uns["merge"] = {"genes_missing": {name: int(merged.n_vars - part.n_vars) for name, part in parts.items()}}
     log.info(
         "merged %d samples: %d cells x %d genes; genes missing per sample %s",
