@@ -157,3 +157,13 @@ def test_trace_summary_gives_each_thread_its_call_paths(tmp_path, capsys, monkey
     assert lines[2].strip() == "0.04  main (tmp1.qc.py:1) > read_counts (counts.py:1) > read (dataset.py:1)"
     assert lines[3].strip() == "0.01  main (tmp1.qc.py:1)"
     assert "0.05 s" in lines[5] and "thread 2" in lines[5]
+
+
+def test_merge_memory_benchmark_runs_on_the_cpu(tmp_path):
+    results = tmp_path / "RESULTS.md"
+    script = str(REPO / "benchmarks" / "merge_memory_bench.py")
+    command = [sys.executable, script, "--cells", "600", "--genes", "3000", "--samples", "1", "3", "--backend", "cpu"]
+    subprocess.run([*command, "--results", str(results)], check=True, capture_output=True, text=True, timeout=600)
+    table = results.read_text()
+    assert "Merge reading, 600-cell samples, cpu backend" in table
+    assert table.count("| one at a time") == 2 and table.count("| all read first") == 2
