@@ -630,16 +630,45 @@ def with_columns_at(matrix: Any, positions: Any, *, n_columns: int) -> Any:
 
 
 def stacked_rows(matrices: list[Any]) -> Any:
-    """CSR matrices (SciPy's or CuPy's) or row blocks stacked by rows.
+    """CSR matrices (SciPy's or CuPy's) or row blocks stacked by rows; ``matrices`` is emptied.
 
     On the host one matrix; on the GPU one matrix where it fits CuPy's 32-bit indices, else
-    row blocks (:func:`row_blocks`) of at most :data:`BLOCK_ENTRIES` entries.
+    row blocks (:func:`row_blocks`) of at most :data:`BLOCK_ENTRIES` entries. Each block is
+    freed once copied, so that memory holds the stack and one block, not the blocks twice.
     """
     blocks = [block for matrix in matrices for block in (blocks_of(matrix) if is_dask_array(matrix) else [matrix])]
-    if _on_host(blocks[0]) or sum(map(_entries, blocks)) <= GPU_SPARSE_MAX_ENTRIES:
-        return _stacked(blocks)
-    bounds = [row_block_bounds(asnumpy(block.indptr), max_entries=BLOCK_ENTRIES) for block in blocks]
-    return row_blocks([block[a:b] for block, cuts in zip(blocks, bounds, strict=True) for a, b in pairwise(cuts)])
+    matrices.clear()
+    entries = sum(map(_entries, blocks))
+    if _on_host(blocks[0]) or entries <= GPU_SPARSE_MAX_ENTRIES:
+        return _copied_into_one(blocks, entries=entries)
+    pieces = []
+    while blocks:
+        block = blocks.pop(0)
+        cuts = row_block_bounds(asnumpy(block.indptr), max_entries=BLOCK_ENTRIES)
+        pieces += [block[start:stop] for start, stop in pairwise(cuts)]
+    return row_blocks(pieces)
+
+
+def _copied_into_one(blocks: list[Any], *, entries: int) -> Any:
+    """CSR blocks (all on the host or all on the GPU) copied into one matrix, each taken from ``blocks`` once copied."""
+    import numpy as np
+    from scipy import sparse
+
+    on_host = _on_host(blocks[0])
+    xp = np if on_host else cupy()
+    index_type = xp.int32 if entries <= GPU_SPARSE_MAX_ENTRIES else xp.int64
+    shape = (sum(block.shape[0] for block in blocks), blocks[0].shape[1])
+    data, indices = xp.empty(entries, dtype=blocks[0].dtype), xp.empty(entries, dtype=index_type)
+    indptr = xp.zeros(shape[0] + 1, dtype=index_type)
+    entry = row = 0
+    while blocks:
+        block = blocks.pop(0)
+        n_entries, n_rows = _entries(block), block.shape[0]
+        data[entry : entry + n_entries] = block.data[:n_entries]
+        indices[entry : entry + n_entries] = block.indices[:n_entries]
+        indptr[row + 1 : row + n_rows + 1] = block.indptr[1:].astype(index_type) + entry
+        entry, row = entry + n_entries, row + n_rows
+    return (sparse if on_host else cupyx_sparse()).csr_matrix((data, indices, indptr), shape=shape)
 
 
 def joined_rows(matrix: Any) -> Any:
