@@ -40,6 +40,10 @@ class ResourceModel:
         Outputs per megabyte of inputs.
     disk_base_mb
         Outputs of any size (figures, tables).
+    gpu_memory_per_input_mb
+        Peak memory per megabyte of inputs where the rule's backend is ``gpu``, if it differs
+        (its matrices wait on the GPU); ``None``: as on the CPU. A rule on ``auto`` is sized
+        as on the CPU, since where it lands is known only when it runs.
     """
 
     # Measured (benchmarks/RESULTS.md, "Resources follow the data"): on the CPU backend, qc's
@@ -53,6 +57,7 @@ class ResourceModel:
     memory_per_input_mb: float = 3.0
     disk_per_input_mb: float = 1.5
     disk_base_mb: float = 100.0
+    gpu_memory_per_input_mb: float | None = None
 
 
 # Outputs: qc writes 0.6x its input, cluster 2.1-2.3x its input (the embeddings and layers),
@@ -65,9 +70,11 @@ MODELS: dict[str, ResourceModel] = {
     "call_cells": ResourceModel(memory_per_input_mb=4.0, disk_per_input_mb=0.5),
     # Not measured: CellBender reads the raw matrix into its own process (PyTorch, pyro).
     "cellbender": ResourceModel(memory_base_mb=4000, memory_per_input_mb=4.0, disk_per_input_mb=2.0),
-    "qc": ResourceModel(disk_per_input_mb=1.0),
-    "cluster": ResourceModel(disk_per_input_mb=2.5),
-    "qc_cluster": ResourceModel(disk_per_input_mb=2.5),
+    # On the GPU the host holds less: qc_cluster's peak was 0.78x its inputs at 1,000,000 cells
+    # (7.6 GB) and 1.04x at 3,000,000 (30.4 GB, the matrix in row blocks); 1.5x leaves room.
+    "qc": ResourceModel(disk_per_input_mb=1.0, gpu_memory_per_input_mb=1.5),
+    "cluster": ResourceModel(disk_per_input_mb=2.5, gpu_memory_per_input_mb=1.5),
+    "qc_cluster": ResourceModel(disk_per_input_mb=2.5, gpu_memory_per_input_mb=1.5),
     # Not measured: as a matrix rule.
     "coexpression": ResourceModel(),
     "protein": ResourceModel(),
@@ -81,7 +88,7 @@ MODELS: dict[str, ResourceModel] = {
 }
 
 
-def memory_mb(rule: str, *, inputs_mb: float, attempt: int = 1) -> int:
+def memory_mb(rule: str, *, inputs_mb: float, attempt: int = 1, backend: str = "cpu") -> int:
     """Megabytes of host memory for a job of ``rule`` whose inputs total ``inputs_mb``.
 
     Parameters
@@ -92,13 +99,18 @@ def memory_mb(rule: str, *, inputs_mb: float, attempt: int = 1) -> int:
         The job's inputs, megabytes on disk.
     attempt
         Snakemake's attempt (1 first): each retry asks for that many times more.
+    backend
+        The rule's configured backend (``cpu``, ``gpu`` or ``auto``).
 
     Returns
     -------
     Whole megabytes.
     """
     model = MODELS[rule]
-    return int(model.memory_base_mb + model.memory_per_input_mb * inputs_mb) * attempt
+    per_input = model.memory_per_input_mb
+    if backend == "gpu" and model.gpu_memory_per_input_mb is not None:
+        per_input = model.gpu_memory_per_input_mb
+    return int(model.memory_base_mb + per_input * inputs_mb) * attempt
 
 
 def disk_mb(rule: str, *, inputs_mb: float) -> int:

@@ -282,7 +282,8 @@ def memory_for(rule_name):
     """The rule's ``mem_mb``: from its inputs' size, more at each retry (omicsprep.resources)."""
 
     def mem_mb(wildcards, input, attempt):
-        return resources.memory_mb(rule_name, inputs_mb=resources.paths_mb(input), attempt=attempt)
+        inputs_mb = resources.paths_mb(input)
+        return resources.memory_mb(rule_name, inputs_mb=inputs_mb, attempt=attempt, backend=backend_for(rule_name))
 
     return mem_mb
 

@@ -27,6 +27,17 @@ def test_memory_grows_with_the_inputs_and_each_retry():
     assert resources.disk_mb("qc", inputs_mb=10_000) > resources.disk_mb("qc", inputs_mb=10)
 
 
+def test_a_matrix_rule_on_the_gpu_asks_for_less_host_memory_and_still_what_it_used():
+    # qc_cluster on the H200 at 3,000,000 cells: 29,300 MB of counts' values, a 30.4 GB peak
+    # (benchmarks/RESULTS.md, "Atlas scale"); on the CPU the model asks 3x.
+    on_gpu = resources.memory_mb("qc_cluster", inputs_mb=29_300, backend="gpu")
+    assert 30_400 < on_gpu < resources.memory_mb("qc_cluster", inputs_mb=29_300, backend="cpu")
+    assert resources.memory_mb("qc_cluster", inputs_mb=29_300, backend="auto") == resources.memory_mb(
+        "qc_cluster", inputs_mb=29_300
+    )
+    assert resources.memory_mb("atac", inputs_mb=1_000, backend="gpu") == resources.memory_mb("atac", inputs_mb=1_000)
+
+
 def test_folders_count_their_files_and_a_missing_input_is_named_as_given():
     # A MatrixMarket folder: its three files.
     expected = sum(path.stat().st_size for path in PBMC_MTX.iterdir() if path.is_file()) / resources.MB
