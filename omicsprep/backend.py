@@ -634,7 +634,10 @@ def stacked_rows(matrices: list[Any]) -> Any:
 
     On the host one matrix; on the GPU one matrix where it fits CuPy's 32-bit indices, else
     row blocks (:func:`row_blocks`) of at most :data:`BLOCK_ENTRIES` entries. Each block is
-    freed once copied, so that memory holds the stack and one block, not the blocks twice.
+    freed once copied (or cut into row blocks). On the host the stack's pages are taken as
+    it fills, so memory holds about the stack and one block; on the GPU one matrix is
+    allocated whole while the blocks are held, up to twice the stack (17 GB each at 2^31
+    entries), and row blocks hold the blocks and one block's pieces.
     """
     blocks = [block for matrix in matrices for block in (blocks_of(matrix) if is_dask_array(matrix) else [matrix])]
     matrices.clear()

@@ -7,6 +7,7 @@ metrics also on hand-built neighbour graphs and clusters with values computed by
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
@@ -131,6 +132,8 @@ def test_merged_counts_equal_anndatas_outer_concatenation_also_read_one_sample_a
     for name, adata in samples.items():
         paths[name] = tmp_path / f"{name}.h5ad"
         io.write_h5ad(adata, paths[name], compression="gzip")
-    from_files = integration.concatenate_samples(io.H5adSamples(paths, skip=("X",)), labels="leiden_1.0", backend="cpu")
+    lazily = io.H5adSamples(paths, skip=("X",))
+    assert isinstance(lazily, Mapping) and list(lazily) == list(samples)
+    from_files = integration.concatenate_samples(lazily, labels="leiden_1.0", backend="cpu")
     assert (from_files.X != merged.X).nnz == 0
     pd.testing.assert_frame_equal(from_files.obs, merged.obs)

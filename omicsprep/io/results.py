@@ -106,7 +106,6 @@ def _record(group: h5py.Group) -> dict[str, Any]:
     return values
 
 
-@timed_phase("read")
 class H5adSamples(Mapping[str, "AnnData"]):
     """Samples' ``.h5ad`` files as a mapping that reads a sample each time it is asked for, holding none.
 
@@ -134,6 +133,7 @@ class H5adSamples(Mapping[str, "AnnData"]):
         return len(self.paths)
 
 
+@timed_phase("read")
 def read_h5ad_elements(path: str | Path, keys: list[str]) -> dict[str, object]:
     """Read single elements (e.g. ``"obs"``, ``"obsm/X_umap"``) of an ``.h5ad`` file.
 

@@ -50,6 +50,7 @@ def concatenate_samples(samples: Mapping[str, AnnData], *, labels: str | None = 
         parts[name] = AnnData(obs=obs, var=pd.DataFrame(index=adata.var_names))
         matrix = sparse.csr_matrix(adata.layers.get("counts", adata.X), dtype=np.float32)
         counts[name] = matrix_to_device(matrix) if backend == "gpu" else matrix
+        del adata, matrix  # before the next sample is read
     merged = ad.concat(parts, join="outer", label="sample", index_unique=":")  # cells and genes; counts below
     merged.obs_names = [
         f"{sample}:{barcode.rsplit(':', 1)[0]}"
