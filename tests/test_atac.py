@@ -295,3 +295,18 @@ def test_64_bit_indices_give_the_same_atac_results_on_the_cpu(peak_counts):
     assert abs(wide.X - narrow.X).max() < 1e-12
     np.testing.assert_allclose(np.abs(wide.obsm["X_lsi"]), np.abs(narrow.obsm["X_lsi"]), atol=1e-6)
     assert wide.obs.filter(like="leiden").equals(narrow.obs.filter(like="leiden"))
+
+
+def test_cells_per_feature_are_counted_a_chunk_of_entries_at_a_time(peak_counts, monkeypatch):
+    # Rule atac's feature filter, without copying the matrix: in chunks of 1,000 entries here,
+    # across CSC (as counted), CSR and dense, with stored zeros and a negative value among them.
+    from omicsprep import pipeline
+
+    monkeypatch.setattr(pipeline, "FEATURE_CHUNK_ENTRIES", 1_000)
+    matrix = peak_counts.X.copy()
+    matrix.data[::7] = 0
+    matrix.data[5] = -1
+    expected = np.asarray((matrix > 0).sum(axis=0)).ravel()
+    assert matrix.nnz > 3_000 and (expected < np.diff(peak_counts.X.indptr)).any()
+    for form in (matrix, matrix.tocsr(), matrix.tocoo(), matrix.toarray()):
+        np.testing.assert_array_equal(pipeline._cells_per_feature(form), expected)
