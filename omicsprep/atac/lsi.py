@@ -67,7 +67,7 @@ def lsi(adata: AnnData, *, n_comps: int = 50, max_depth_correlation: float = 0.9
     n_comps = min(n_comps, min(adata.shape) - 1)
     if is_dask_array(adata.X):
         linalg = cupyx_sparse_linalg() if backend == "gpu" else host_linalg
-        matrix = _stacked_rows(_row_parts(adata.X), xp=xp, linalg=linalg)
+        matrix = _row_blocks_operator(_row_parts(adata.X), xp=xp, linalg=linalg)
     else:
         matrix = cupyx_sparse().csr_matrix(adata.X) if backend == "gpu" else sparse.csr_matrix(adata.X)
     if backend == "gpu":
@@ -92,7 +92,7 @@ def _row_parts(matrix: Any) -> list[Any]:
     return list(blocks_of(matrix)) if is_dask_array(matrix) else [matrix]
 
 
-def _stacked_rows(blocks: list[Any], *, xp: ModuleType, linalg: ModuleType) -> Any:
+def _row_blocks_operator(blocks: list[Any], *, xp: ModuleType, linalg: ModuleType) -> Any:
     """Row blocks as one linear operator (SciPy's or CuPy's): products are taken block by block."""
     bounds = np.cumsum([0, *(block.shape[0] for block in blocks)])
 
