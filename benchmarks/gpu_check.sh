@@ -56,6 +56,10 @@
 #             during the runs ($OUT/gpu_memory_e2e.csv, its peak printed) and the outputs' sizes printed
 #   codecs    benchmarks/codecs_bench.py on the qc.h5ad and processed.h5ad of the e2e section's latest run at
 #             $CODECS_CELLS (100000) cells (run e2e first, in the same call or on the same machine)
+#   study     benchmarks/study.py: the bundled demo and a study of $STUDY_SAMPLES (16) x $STUDY_CELLS (10000) cells
+#             ($STUDY_WHAT: demo study), each with the mission's command on $STUDY_BACKENDS (gpu cpu); tables in
+#             $OUT/study.md ($STUDY_EXTRA: more Snakemake arguments, a tuning tip)
+#   probe     a GPU rule's imports timed in one process and in one per core at once, and the slowest imports
 #   bam       benchmarks/umi_bench.py: BAM in, counts out, CPU backend (all cores) and GPU backend
 #             against umi_tools count, at $BAM_READS (10000000) reads; the BAM (pysam, about 2
 #             minutes) is written in the background from the start, beside the other sections;
@@ -273,6 +277,24 @@ if [ -n "${E2E_TRACE:-}" ]; then
   gzip -f "$out/trace_${E2E_TRACE}.json"
   python3 benchmarks/trace_summary.py "$out/trace_${E2E_TRACE}.json.gz" | head -n 60
 fi
+fi
+
+if wants study; then
+echo "== studies as users run them: snakemake --cores $(nproc) --resources gpu=1, the shipped config, both backends"
+for what in ${STUDY_WHAT:-demo study}; do
+  if [ "$what" = demo ]; then which=(--demo); else which=(--samples "${STUDY_SAMPLES:-16}" --cells "${STUDY_CELLS:-10000}"); fi
+  python3 benchmarks/study.py "${which[@]}" --backends ${STUDY_BACKENDS:-gpu cpu} --cores "$(nproc)" \
+    --workdir /tmp/study --results "$out/study.md" ${STUDY_EXTRA:+--extra "$STUDY_EXTRA"} 2>&1 | tail -n 40
+done
+fi
+
+if wants probe; then
+echo "== a GPU rule's imports: one process, then $(nproc) at once"
+imports='import time; t=time.perf_counter(); import omicsprep.pipeline, rapids_singlecell, cuml, pylibcugraph, cupy; cupy.cuda.runtime.free(0); print(f"{time.perf_counter()-t:.2f}")'
+python3 -c "$imports"; python3 -c "$imports"
+for i in $(seq "$(nproc)"); do python3 -c "$imports" & done | sort -n | tr '\n' ' '; echo
+python3 -X importtime -c 'import omicsprep.pipeline, rapids_singlecell, cuml, pylibcugraph' 2>&1 \
+  | sort -t'|' -k2 -n | tail -n 25
 fi
 
 if wants codecs; then

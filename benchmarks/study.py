@@ -1,0 +1,164 @@
+"""A study end to end, as a user runs it: `snakemake --cores N --resources gpu=1`, the shipped config.
+
+    python benchmarks/study.py --samples 16 --cells 10000 --backends gpu cpu --workdir /tmp/study
+    python benchmarks/study.py --demo --backends gpu cpu --workdir /tmp/study
+
+Generates the study (benchmarks/generate.py: each sample its own cells and depth, drawn from
+one set of cell types; cached in the work folder) or takes the bundled demo, runs the
+workflow once per backend in a fresh folder with the mission's command (``--config
+backend=cpu`` for the CPU), and prints one table: wall seconds per backend and the ratio,
+then the seconds of each rule summed over samples, its process start-up (from the rules'
+logs) and the most rules that ran at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import sparse
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+from generate import CHUNK, chunk_counts, profiles, write_10x_h5  # noqa: E402
+from run import machine, read_phases, user_environment  # noqa: E402
+
+
+def study_sample(task: tuple[int, int, int]) -> sparse.csr_matrix:
+    """One sample's counts (``task``: index, cells, genes): the study's cell types, its own cells and depth."""
+    index, n_cells, n_genes = task
+    cdfs = profiles(n_genes, np.random.default_rng(0))
+    depth = 0.7 + 0.6 * np.random.default_rng([1, index]).random()
+    chunks = []
+    for chunk, start in enumerate(range(0, n_cells, CHUNK)):
+        rng = np.random.default_rng([2, index, chunk])
+        counts, _ = chunk_counts(min(CHUNK, n_cells - start), n_genes, cdfs, rng)
+        chunks.append(counts)
+    counts = sparse.vstack(chunks, format="csr")
+    counts.data = np.maximum(np.round(counts.data * depth), 1).astype(np.float32)
+    return counts
+
+
+def write_study(folder: Path, *, n_samples: int, n_cells: int, n_genes: int) -> Path:
+    """The study's 10x HDF5 files and its sample sheet (batch: the sample; four donors); the sheet's path."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    folder.mkdir(parents=True, exist_ok=True)
+    sheet = folder / f"samples_{n_samples}x{n_cells}.tsv"
+    paths = [folder / f"sample{index:02d}_{n_cells}x{n_genes}.h5" for index in range(n_samples)]
+    missing = [index for index, path in enumerate(paths) if not path.exists()]
+    with ProcessPoolExecutor() as pool:
+        tasks = [(index, n_cells, n_genes) for index in missing]
+        for index, counts in zip(missing, pool.map(study_sample, tasks), strict=True):
+            write_10x_h5(counts, paths[index], compression="gzip")
+    rows = [f"sample{index:02d}\t{path}\tsample{index:02d}\tdonor{index % 4}" for index, path in enumerate(paths)]
+    sheet.write_text("sample\tinput\tbatch\tdonor\n" + "\n".join(rows) + "\n")
+    return sheet
+
+
+def run(rundir: Path, *, sheet: Path, configfiles: list[Path], backend: str, cores: int, extra: list[str]) -> float:
+    """The mission's command in a fresh ``rundir``; its wall seconds."""
+    subprocess.run(["rm", "-rf", *(str(rundir / name) for name in ("results", "logs", "benchmarks", ".snakemake"))])
+    rundir.mkdir(parents=True, exist_ok=True)
+    command = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "-s",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(rundir),
+        "--configfile",
+        *map(str, configfiles),
+        "--config",
+        f"samples={sheet}",
+        *([f"backend={backend}"] if backend == "cpu" else []),
+        "--cores",
+        str(cores),
+        "--resources",
+        "gpu=1",
+        *extra,
+        "--quiet",
+    ]
+    print("$", shlex.join(command), flush=True)
+    start = time.perf_counter()
+    result = subprocess.run(command, capture_output=True, text=True, check=False, env=user_environment())
+    wall = time.perf_counter() - start
+    if result.returncode != 0:
+        raise RuntimeError(f"workflow ({backend}) failed:\n{result.stderr[-5000:]}")
+    return wall
+
+
+def rule_table(rundir: Path, label: str) -> pd.DataFrame:
+    """Per rule: jobs, seconds summed over them (benchmark files), mean start-up (logs), most at once."""
+    rows, spans = [], []
+    for path in sorted((rundir / "benchmarks").glob("*/*.tsv")):
+        seconds = float(pd.read_csv(path, sep="\t")["s"].iloc[0])
+        phases = read_phases(rundir / "logs" / path.parent.name / f"{path.stem}.log") or {}
+        rows.append({"rule": path.parent.name, "seconds": seconds, "startup": phases.get("startup", np.nan)})
+        if "started_at" in phases:
+            spans.append((phases["started_at"], phases["ended_at"]))
+    frame = pd.DataFrame(rows)
+    table = frame.groupby("rule").agg(jobs=("seconds", "size"), seconds=("seconds", "sum"), startup=("startup", "mean"))
+    events = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+    running = np.cumsum([step for _, step in events]) if events else np.zeros(1)
+    table.columns = pd.MultiIndex.from_product([[label], table.columns])
+    return table.round(2), int(running.max())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=16)
+    parser.add_argument("--cells", type=int, default=10_000)
+    parser.add_argument("--genes", type=int, default=20_000)
+    parser.add_argument("--demo", action="store_true", help="the bundled demo instead of a generated study")
+    parser.add_argument("--backends", nargs="+", default=["gpu", "cpu"], choices=["gpu", "cpu"])
+    parser.add_argument("--cores", type=int, default=16)
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/omicsprep-study"))
+    parser.add_argument("--extra", default="", help="more Snakemake arguments (a tuning tip, not the default)")
+    parser.add_argument("--results", type=Path, help="append the tables to this Markdown file")
+    args = parser.parse_args()
+    configfiles = [REPO / "config" / "config.yaml"]
+    if args.demo:
+        sheet, name = REPO / "resources" / "demo" / "samples.tsv", "demo"
+        configfiles.append(REPO / "resources" / "demo" / "config.yaml")
+    else:
+        name = f"{args.samples}x{args.cells}"
+        sheet = write_study(args.workdir / "data", n_samples=args.samples, n_cells=args.cells, n_genes=args.genes)
+    walls, tables, at_once = {}, [], {}
+    for backend in args.backends:
+        rundir = args.workdir / f"{name}_{backend}"
+        if args.demo:  # the demo's sheet names files under resources/
+            rundir.mkdir(parents=True, exist_ok=True)
+            (rundir / "resources").unlink(missing_ok=True)
+            (rundir / "resources").symlink_to(REPO / "resources")
+        walls[backend] = run(
+            rundir, sheet=sheet, configfiles=configfiles, backend=backend, cores=args.cores, extra=args.extra.split()
+        )
+        table, at_once[backend] = rule_table(rundir, backend)
+        tables.append(table)
+    summary = pd.DataFrame(
+        {"wall_s": {b: round(s, 2) for b, s in walls.items()}, "most_rules_at_once": at_once}
+    ).rename_axis("backend")
+    if {"gpu", "cpu"} <= set(walls):
+        summary["cpu_over_gpu"] = round(walls["cpu"] / walls["gpu"], 2)
+    command = shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]])
+    text = (
+        f"#### {name}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: `python benchmarks/{command}`\n\n"
+        f"{machine()}\n\n{summary.to_markdown()}\n\n{pd.concat(tables, axis=1).to_markdown()}\n"
+    )
+    print(text, flush=True)
+    if args.results:
+        with args.results.open("a") as handle:
+            handle.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
