@@ -23,7 +23,6 @@ include: "rules/protein.smk"
 include: "rules/atac.smk"
 include: "rules/multiome.smk"
 include: "rules/merge.smk"
-include: "rules/plots.smk"
 include: "rules/report.smk"
 
 

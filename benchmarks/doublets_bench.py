@@ -8,7 +8,7 @@ stages once per group: 50 times at 1M cells. Generated counts (``generate.py``) 
 with each stage timed, then unmeasured (``plain_total``). The first GPU repeat shows what a
 process's first group costs beyond the others (kernels compiled or loaded, libraries'
 handles), stage by stage; ``--warm-up-cells`` first scores a group of that many generated
-cells, as a warm worker has (:mod:`omicsprep.workers`). Each stage's seconds are inclusive
+cells, as a worker of the GPU pool has (:mod:`omicsprep.pool`). Each stage's seconds are inclusive
 (the PCA's fit is inside the embedding), measured with the device synchronized before and
 after, which the pipeline does not do: the total is slightly above an unmeasured call's.
 """

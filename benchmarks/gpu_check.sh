@@ -46,10 +46,10 @@
 #             $KERNEL_PROCESSES (16) processes (omicsprep.kernels)
 #   imports   benchmarks/import_bench.py: a GPU rule's imports in fresh processes (rapids-singlecell, the pipeline,
 #             both as rule qc_cluster starts)
-#   e2e       benchmarks/run.py on $E2E_BACKENDS (gpu) at $E2E_CELLS (1000000) cells (data cached in /tmp/ob),
-#             with $E2E_ARGS (--fuse: also with qc, cluster and figures fused into one rule; --fused-only;
-#             --cold: each run first from empty kernel caches, then again; --cold --setup: omicsprep warm-kernels
-#             into the empty caches first, timed); prints where each rule's seconds went; with $E2E_TRACE
+#   e2e       benchmarks/run.py on $E2E_BACKENDS (gpu) at $E2E_CELLS (1000000) cells (data cached in /tmp/ob):
+#             each backend's first run (no GPU pool yet: the run starts it) and its next run, with
+#             $E2E_ARGS (--cold: from empty kernel caches, a fresh machine); prints where each rule's seconds
+#             went; with $E2E_TRACE
 #             (a name), every process of the run sampled by py-spy (its wheel in .gpu/extra) into
 #             $OUT/trace_$E2E_TRACE.json.gz, summarized by benchmarks/trace_summary.py; the rules' logs of
 #             the runs at $E2E_CELLS go to $OUT/rule_logs_<time>.tgz; the GPU memory in use is sampled

@@ -6,7 +6,7 @@ Calibrates :mod:`omicsprep.resources`.
         [--workdir /tmp/omicsprep-resources] [--results benchmarks/RESULTS.md]
 
 For each size: generates counts (benchmarks/generate.py, as benchmarks/run.py does), runs the
-workflow on them (qc and cluster as separate rules, then again fused), and reads each job's
+workflow on them, and reads each job's
 inputs and outputs from ``snakemake --detailed-summary`` and its peak resident memory from
 its ``benchmark:`` file. Prints, per rule: inputs MB, peak RSS MB, outputs MB, the ratios to
 the inputs, and what :mod:`omicsprep.resources` asks for those inputs (first attempt).
@@ -69,14 +69,14 @@ def peak_memory(rundir: Path) -> pd.Series:
     return pd.Series(peaks, name="peak_rss_mb")
 
 
-def measure(workdir: Path, counts: Path, *, backend: str, cores: int, fused: bool) -> pd.DataFrame:
+def measure(workdir: Path, counts: Path, *, backend: str, cores: int) -> pd.DataFrame:
     config = bench_config(workdir)
-    rundir = workdir / f"{backend}{'-fused' if fused else ''}_{counts.stem}"
+    rundir = workdir / f"{backend}_{counts.stem}"
     rundir.mkdir(parents=True, exist_ok=True)
     sheet = rundir / "samples.tsv"
     sheet.write_text(f"sample\tinput\nbench\t{counts}\n")
-    settings = [f"backend={backend}", f"fuse_qc_cluster={str(fused).lower()}"]
-    run_snakemake(rundir, config=config, sheet=sheet, backend=backend, cores=cores, settings=settings[1:])
+    settings = [f"backend={backend}"]
+    run_snakemake(rundir, config=config, sheet=sheet, backend=backend, cores=cores)
     table = job_sizes(rundir, config, sheet, settings).join(peak_memory(rundir), how="inner")
     table["rss_per_input_mb"] = table["peak_rss_mb"] / table["inputs_mb"]
     table["outputs_per_input_mb"] = table["outputs_mb"] / table["inputs_mb"]
@@ -97,11 +97,10 @@ def main() -> None:
     tables = []
     for n_cells in args.cells:
         counts = dataset(args.workdir, n_cells, args.genes, jobs=args.cores)
-        for fused in (False, True):
-            table = measure(args.workdir, counts, backend=args.backend, cores=args.cores, fused=fused)
-            table.insert(0, "cells", n_cells)
-            tables.append(table[~table["rule"].isin(tables[-1]["rule"])] if fused and tables else table)
-            print(tables[-1].to_string(index=False), flush=True)
+        table = measure(args.workdir, counts, backend=args.backend, cores=args.cores)
+        table.insert(0, "cells", n_cells)
+        tables.append(table)
+        print(table.to_string(index=False), flush=True)
     table = pd.concat(tables, ignore_index=True)
     if args.results:
         append_results(

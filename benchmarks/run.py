@@ -2,12 +2,12 @@
 
     python benchmarks/run.py --cells 20000 100000 --backends cpu gpu --peer
     python benchmarks/run.py --quick        # ~1 minute on 2 cores; used by the test suite
-    python benchmarks/run.py --cells 5000 --backends cpu gpu --fused-only --cold   # a fresh machine, then warm
-    python benchmarks/run.py --cells 5000 --backends cpu gpu --fused-only --workers  # also through warm workers
+    python benchmarks/run.py --cells 5000 --backends cpu gpu --cold   # a fresh machine's first run, then the next
 
 For each size: generates data (benchmarks/generate.py, cached in the work folder), runs the
 workflow with each backend and the peer (benchmarks/peer_scanpy.py) with the same settings,
-reads per-rule wall time and peak memory from the rules' benchmark files, checks agreement
+reads per-rule wall time and peak memory from the rules' benchmark files (and logs, for jobs
+run by the GPU pool), checks agreement
 (Leiden adjusted Rand index and HVG overlap against the peer), prints one table and appends
 it with machine, versions, date and command to RESULTS.md, and saves the raw rows under
 benchmarks/scaling/ from which the scaling plot (cells vs seconds, per backend) is drawn.
@@ -19,7 +19,6 @@ import argparse
 import contextlib
 import datetime as dt
 import functools
-import itertools
 import json
 import os
 import platform
@@ -30,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -42,6 +41,8 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 from generate import generate, write_10x_h5  # noqa: E402
 
+from omicsprep.workflow import read_phases  # noqa: E402
+
 # Settings shared by the workflow and the peer: fixed thresholds (the peer does no MAD).
 BENCH_CONFIG = {
     "qc": {"filter": {"method": "thresholds", "min_genes": 200, "max_pct_mt": 20}, "min_cells_per_gene": 3},
@@ -51,7 +52,7 @@ BENCH_CONFIG = {
     "markers": {"algorithm": "leiden", "resolution": 1.0, "method": "wilcoxon", "n_genes": 25},
     "coexpression": {"enabled": False},  # the scanpy peer has no counterpart (coexpr_bench.py times it)
 }
-COMPUTE_RULES = ("qc", "cluster", "qc_cluster")
+COMPUTE_RULES = ("qc", "cluster")
 
 
 def bench_config(workdir: Path, *, h5ad_compression: str | None = None) -> Path:
@@ -91,64 +92,32 @@ def dataset(workdir: Path, n_cells: int, n_genes: int, jobs: int) -> Path:
 
 
 def run_workflow(
-    workdir: Path,
-    counts: Path,
-    config: Path,
-    backend: str,
-    cores: int,
-    *,
-    fused: bool = False,
-    caches: dict[str, str] | None = None,
-    workers: bool = False,
-    fresh: bool = False,
-    label: str = "",
+    workdir: Path, counts: Path, config: Path, backend: str, cores: int, *, caches: dict[str, str], label: str
 ) -> dict:
-    """One run of the workflow on ``counts``.
+    """One run of the workflow on ``counts``, its kernels compiled into and loaded from ``caches``.
 
-    With ``fused``, qc, cluster and their figures as one rule (fuse_qc_cluster); with
-    ``caches`` (:func:`kernel_caches`), kernels compiled into and loaded from those folders
-    rather than the machine's; with ``workers``, the rules run by warm workers started
-    before the run (:func:`warm_workers`, untimed; ``workers_start_s``), the run started once a
-    worker has warmed up (as a server started earlier) or, ``fresh`` (a fresh machine's first
-    run), right after the command; ``label`` is added to the run's name.
+    ``caches`` (:func:`kernel_caches`; empty: the machine's) go into the run's environment;
+    ``label`` is added to the run's name.
     """
-    name = (f"{backend}-fused" if fused else backend) + ("-workers" if workers else "") + label
+    name = backend + label
     rundir = workdir / f"{name}_{counts.stem}"
     rundir.mkdir(parents=True, exist_ok=True)
     sheet = rundir / "samples.tsv"
     sheet.write_text(f"sample\tinput\nbench\t{counts}\n")
     shutil.rmtree(rundir / "results", ignore_errors=True)  # as a first run finds it; not Snakemake's to remove
-    environment = dict(caches or {})
-    with contextlib.ExitStack() as stack:
-        if workers:
-            environment, workers_start = stack.enter_context(
-                warm_workers(rundir / "runtime", environment, until_warm=not fresh)
-            )
-        launched = time.time()
-        wall = run_snakemake(
-            rundir,
-            config=config,
-            sheet=sheet,
-            backend=backend,
-            cores=cores,
-            settings=[f"fuse_qc_cluster={str(fused).lower()}"],
-            environment=environment,
-        )
+    launched = time.time()
+    wall = run_snakemake(rundir, config=config, sheet=sheet, backend=backend, cores=cores, environment=caches)
     times = pd.read_csv(rundir / "results" / "run_times.tsv", sep="\t")
     totals = times[times["step"] == "total"].set_index("rule")
     steps = times[times["step"] != "total"]
-    # A rule run by a worker: its benchmark file measured the process that handed it over.
     logged = [phases for phases in map(read_phases, rundir.glob("logs/*/*.log")) if phases]
-    worker_peaks = [phases.get("worker_max_rss_mb", 0.0) for phases in logged]
-    # A rule that found the workers unusable ran in its own process (it said why on stderr).
-    in_workers = f"{sum('warm_worker' in phases for phases in logged)}/{len(logged)}"
     return {
         "label": f"workflow-{name}",
         "wall_s": round(wall, 2),
-        **({"workers_start_s": round(workers_start, 2), "rules_in_workers": in_workers} if workers else {}),
+        "rules_in_pool": f"{sum('pool_worker' in phases for phases in logged)}/{len(logged)}",
         "compute_rules_s": round(float(totals.loc[totals.index.isin(COMPUTE_RULES), "seconds"].sum()), 2),
         "steps_s": round(float(steps.loc[~steps["step"].isin(["to_device", "to_host"]), "seconds"].sum()), 2),
-        "peak_rss_mb": round(max(float(totals["max_rss_mb"].max()), *worker_peaks), 1),
+        "peak_rss_mb": round(float(totals["max_rss_mb"].max()), 1),
         "obs": pd.read_parquet(rundir / "results" / "bench" / "obs.parquet"),
         "hvg": _hvg(rundir / "results" / "bench" / "processed.h5ad"),
         "steps": times.set_index(["rule", "step"])["seconds"].rename(f"workflow-{name}"),
@@ -157,17 +126,17 @@ def run_workflow(
     }
 
 
+def stop_pool() -> None:
+    """Stop this user's GPU pool (:mod:`omicsprep.pool`) and wait until it is gone: as before a first run."""
+    from omicsprep import pool
+
+    pool.stop()
+    deadline = time.monotonic() + 60
+    while pool.status() is not None and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 TRANSFER_STEPS = ("to_device", "to_host", "matrices_to_host")
-
-
-def read_phases(log: Path) -> dict[str, float] | None:
-    """The phases line that :func:`omicsprep.workflow.log_phases` wrote into a rule's log (``None``: none)."""
-    from omicsprep.workflow import PHASES_PREFIX
-
-    if not log.is_file():
-        return None
-    lines = [line for line in log.read_text().splitlines() if f" {PHASES_PREFIX}{{" in line]
-    return json.loads(lines[-1].split(f" {PHASES_PREFIX}", 1)[1]) if lines else None
 
 
 STEP_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \S+ omicsprep\.provenance: step (\S+) +([\d.]+) s$")
@@ -314,30 +283,6 @@ def run_snakemake(
     return time.perf_counter() - start
 
 
-@contextlib.contextmanager
-def warm_workers(
-    runtime: Path, environment: dict[str, str], *, until_warm: bool
-) -> Iterator[tuple[dict[str, str], float]]:
-    """``omicsprep workers start`` for one run (its server's socket in ``runtime``), stopped after.
-
-    Yields the run's environment (``environment`` and the server's folder) and the seconds
-    until the command returned (``until_warm``: once a worker had warmed up, on a GPU machine).
-    """
-    env = {**environment, "OMICSPREP_RUNTIME_DIR": str(runtime)}
-    command = [sys.executable, "-m", "omicsprep.cli", "workers"]
-    start = time.perf_counter()
-    subprocess.run(
-        [*command, "start", *["--until-warm"] * until_warm],
-        env={**user_environment(), **env},
-        check=True,
-        capture_output=True,
-    )
-    try:
-        yield env, time.perf_counter() - start
-    finally:
-        subprocess.run([*command, "stop"], env={**user_environment(), **env}, check=False, capture_output=True)
-
-
 def warm_kernels(backend: str, config: Path, caches: dict[str, str]) -> float:
     """Run ``omicsprep warm-kernels`` with the run's configuration into ``caches``; its wall seconds."""
     command = [sys.executable, "-m", "omicsprep.cli", "warm-kernels", "--backend", backend, "--configfile", str(config)]
@@ -417,9 +362,12 @@ def user_environment() -> dict[str, str]:
     """The environment as on a user's machine, where Python caches compiled modules (``__pycache__``).
 
     Some sandboxes set PYTHONDONTWRITEBYTECODE, and every process then compiles omicsprep's
-    modules anew (about 1 s on 2 cores), a cost no user pays after the first run.
+    modules anew (about 1 s on 2 cores), a cost no user pays after the first run. A pool
+    socket named by the caller's environment is left out: the workflow starts its own.
     """
-    return {name: value for name, value in os.environ.items() if name != "PYTHONDONTWRITEBYTECODE"}
+    return {
+        name: value for name, value in os.environ.items() if name not in ("PYTHONDONTWRITEBYTECODE", "OMICSPREP_POOL")
+    }
 
 
 def kernel_caches(folder: Path) -> dict[str, str]:
@@ -503,32 +451,16 @@ def main() -> None:
     parser.add_argument("--genes", type=int, default=20_000)
     parser.add_argument("--backends", nargs="+", default=["cpu"], choices=["cpu", "gpu"])
     parser.add_argument("--peer", action="store_true", help="also run the plain scanpy script")
-    parser.add_argument("--fuse", action="store_true", help="also run each backend with fuse_qc_cluster: true")
-    parser.add_argument("--fused-only", action="store_true", help="run each backend with fuse_qc_cluster: true only")
     parser.add_argument(
         "--cold",
         action="store_true",
-        help="run each backend twice from empty kernel caches: a fresh machine's first run (cold), then its second",
-    )
-    parser.add_argument(
-        "--setup",
-        action="store_true",
-        help="with --cold: run `omicsprep warm-kernels` (timed: setup_s) before the first run (labelled -first)",
+        help="each backend from empty kernel caches (a fresh machine's first run), then again (its next run)",
     )
     parser.add_argument(
         "--warm",
         action="store_true",
         help="first run `omicsprep warm-kernels` for each backend into this machine's caches (untimed), "
         "as on a machine that has run the workflow before",
-    )
-    parser.add_argument(
-        "--workers",
-        action="store_true",
-        help="also run each backend's runs with the rules handed to warm workers (omicsprep workers start, "
-        "timed apart: workers_start_s)",
-    )
-    parser.add_argument(
-        "--workers-only", action="store_true", help="as --workers, without the runs in rules' own processes"
     )
     parser.add_argument("--quick", action="store_true", help="2,000 cells x 5,000 genes, cpu and peer")
     parser.add_argument("--cpu-max-cells", type=int, default=None, help="skip the CPU backend and peer above this")
@@ -602,26 +534,18 @@ def benchmark_size(
     counts = dataset(args.workdir, n_cells, args.genes, jobs=args.cores)
     on_cpu = args.cpu_max_cells is None or n_cells <= args.cpu_max_cells
     backends = [b for b in args.backends if b == "gpu" or on_cpu]
-    modes = [True] if args.fused_only else [False, True] if args.fuse else [False]
     results = []
     for backend in backends:
         if args.warm:
             print(f"warm-kernels ({backend}): {warm_kernels(backend, config, {})} s", flush=True)
-        handed = [True] if args.workers_only else [False, True] if args.workers else [False]
-        for fused, workers in itertools.product(modes, handed):
-            run = functools.partial(
-                run_workflow, args.workdir, counts, config, backend, args.cores, fused=fused, workers=workers
-            )
-            if not args.cold:
-                results.append(run())
-                continue
-            # A fresh machine's first run, then its second: the same caches, empty at first
-            # (with --setup, filled by `omicsprep warm-kernels` before the first run).
-            with tempfile.TemporaryDirectory(prefix="kernel-caches-", dir=args.workdir) as folder:
-                caches = kernel_caches(Path(folder))
-                setup = {"setup_s": warm_kernels(backend, config, caches)} if args.setup else {}
-                first = run(caches=caches, label="-first" if args.setup else "-cold", fresh=True)
-                results += [{**first, **setup}, run(caches=caches, label="-warm")]
+        # On the GPU a first run (the GPU pool started by it), then the next (the pool warm): as
+        # a user runs the workflow, then again with a setting changed. With --cold, from empty caches.
+        stop_pool()
+        with tempfile.TemporaryDirectory(prefix="kernel-caches-", dir=args.workdir) as folder:
+            caches = kernel_caches(Path(folder)) if args.cold else {}
+            run = functools.partial(run_workflow, args.workdir, counts, config, backend, args.cores, caches=caches)
+            first = "-cold" if args.cold else "-first" if backend == "gpu" else ""
+            results += [run(label=first), *([run(label="-next")] if backend == "gpu" or args.cold else [])]
     peer = run_peer(args.workdir, counts, config) if args.peer and on_cpu else None
     steps = pd.concat([result["steps"] for result in results], axis=1).reset_index() if results else None
     phases = pd.concat([result["phases"] for result in results]) if results else None

@@ -10,10 +10,13 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor, wait
+from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omicsprep.timings import phase
@@ -37,6 +40,10 @@ def background_writes() -> Iterator[Callable[..., None]]:
         yield write_later
 
 
+# A pool worker's figure process, forked before the worker imported the GPU libraries (keep_figure_process).
+_kept: list[Executor] = []
+
+
 @contextlib.contextmanager
 def background_process(*, preload: str | None = None) -> Iterator[Callable[..., None]]:
     """Yield ``run_later(function, *args, **kwargs)``: the functions run in a second process meanwhile.
@@ -45,25 +52,49 @@ def background_process(*, preload: str | None = None) -> Iterator[Callable[..., 
     the interpreter, which a thread would share. The process is forked when the block
     starts, so a rule enters it first, while it is small (a copy of its memory stays
     shared until it exits) and has no GPU context, threads or input yet; ``preload``, a
-    module, is imported there meanwhile. Functions and arguments travel pickled. Where
-    processes are not forked (other systems than Linux, where forking is unsafe or
-    missing), each runs at once, here.
+    module, is imported there meanwhile. In a pool worker the process it forked at its start
+    is used instead (a process with a CUDA context must not fork). Functions and arguments
+    travel pickled. Where processes are not forked (other systems than Linux, where forking
+    is unsafe or missing), each runs at once, here.
     """
+    if _kept:
+        with _in_order(_kept[0], shut_down=False) as run_later:
+            yield partial(run_later, _run_in, Path.cwd(), _umask())
+        return
     if sys.platform != "linux":
         yield _run_now
         return
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    executor = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("fork"))
-    with _in_order(executor) as run_later:
+    with _in_order(_forked()) as run_later:
         run_later(_preload, preload)  # forks now
         yield run_later
 
 
+def keep_figure_process(*, preload: str | None = None) -> None:
+    """Fork, now, the process that :func:`background_process` uses from then on in this process (a pool worker).
+
+    Call it before anything starts threads or CUDA: the process is a copy of this one.
+    """
+    if sys.platform == "linux" and not _kept:
+        executor = _forked()
+        executor.submit(_preload, preload).result()
+        _kept.append(executor)
+
+
+def _forked() -> Executor:
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("fork"))
+
+
 @contextlib.contextmanager
-def _in_order(executor: Executor, *, wrap: Callable[..., None] | None = None) -> Iterator[Callable[..., None]]:
-    """Yield ``later(function, *args, **kwargs)``: submits to ``executor`` (one worker: in order), through ``wrap``."""
+def _in_order(
+    executor: Executor, *, wrap: Callable[..., None] | None = None, shut_down: bool = True
+) -> Iterator[Callable[..., None]]:
+    """Yield ``later(function, *args, **kwargs)``: submits to ``executor`` (one worker: in order), through ``wrap``.
+
+    The block ends once all has run (``executor`` shut down, unless ``shut_down`` is false).
+    """
     futures: list[Future[None]] = []
 
     def later(function: Callable[..., None], /, *args: Any, **kwargs: Any) -> None:
@@ -74,7 +105,10 @@ def _in_order(executor: Executor, *, wrap: Callable[..., None] | None = None) ->
         yield later
     finally:
         with phase("write"):
-            executor.shutdown(wait=True)
+            if shut_down:
+                executor.shutdown(wait=True)
+            else:
+                wait(futures)
     for future in futures:
         future.result()
 
@@ -88,6 +122,19 @@ def _write_in_background(writer: Callable[..., None], /, *args: Any, **kwargs: A
 
 def _run_now(function: Callable[..., None], /, *args: Any, **kwargs: Any) -> None:
     function(*args, **kwargs)
+
+
+def _run_in(folder: Path, umask: int, function: Callable[..., None], /, *args: Any, **kwargs: Any) -> None:
+    """Run ``function`` in ``folder`` with ``umask``: a kept figure process serves jobs of other folders."""
+    os.chdir(folder)
+    os.umask(umask)
+    function(*args, **kwargs)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _preload(module: str | None) -> None:

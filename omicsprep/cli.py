@@ -7,7 +7,7 @@ import logging
 import sys
 from dataclasses import fields, is_dataclass
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import get_type_hints
 
 from omicsprep.errors import BackendUnavailableError, InputError
 from omicsprep.options import METHODS, CoexpressionOptions, MetacellOptions, NormalizeOptions, Options, UmiOptions
@@ -150,36 +150,6 @@ def warm_kernels(args: argparse.Namespace) -> None:
     log.info("%s kernels of qc and cluster compiled and cached in %.1f s", backend, time.perf_counter() - start)
 
 
-def workers(args: argparse.Namespace) -> None:
-    """Start, stop or show this machine's warm workers (:mod:`omicsprep.workers`)."""
-    from omicsprep import workers
-
-    state: dict[str, Any] | None
-    if args.action == "start":
-        from omicsprep.backend import gpus_shared, resolve_backend
-        from omicsprep.kernels import shipped_kernels_compiling
-        from omicsprep.resources import usable_cores
-
-        backend = resolve_backend("auto")
-        # A fresh GPU machine's first run would compile its kernels one by one (42 s on an
-        # H200): here they compile in a process per core while the workers import.
-        with shipped_kernels_compiling(backend, processes=usable_cores()):
-            state = workers.start(n_workers=args.workers, idle_minutes=args.idle_minutes)
-        # After the compiling: a warm-up would compile the same kernels meanwhile. A worker
-        # warmed up holds a CUDA context, which a GPU in an exclusive compute mode refuses to others.
-        if backend == "gpu" and args.warm_up and gpus_shared():
-            state = workers.warm_up(backend)
-            if args.until_warm:
-                state = workers.wait_until_warm()
-    else:
-        state = workers.stop() if args.action == "stop" else workers.status()
-    if state is None:
-        print("no warm workers run for this environment")
-        return
-    states = ", ".join(f"{one['pid']} {one['state']}{' (warm)' * one['warm']}" for one in state.get("workers", []))
-    print(f"server {state.get('server', state.get('stopping'))} at {workers.socket_path()}; workers: {states or '-'}")
-
-
 def main(argv: list[str] | None = None) -> None:
     """Run the ``omicsprep`` command named in ``argv`` (the process's arguments by default)."""
     parser = argparse.ArgumentParser(prog="omicsprep")
@@ -267,30 +237,6 @@ def main(argv: list[str] | None = None) -> None:
         help="write the GPU steps' CuPy kernel requests here, as a manifest (omicsprep/cupy_kernels.json.gz)",
     )
     warm.set_defaults(run=warm_kernels)
-    pool = commands.add_parser(
-        "workers",
-        help="keep processes on this machine with the rules' libraries imported, which run the rules' scripts",
-    )
-    pool.add_argument("action", choices=["start", "stop", "status"])
-    pool.add_argument("--workers", type=int, default=2, help="processes kept ready (each runs one rule, then exits)")
-    pool.add_argument(
-        "--idle-minutes", type=float, default=60.0, help="the server stops after this long without a rule"
-    )
-    pool.add_argument(
-        "--no-warm-up",
-        dest="warm_up",
-        action="store_false",
-        help="on a GPU machine, leave idle workers without a CUDA context rather than running the steps once "
-        "in each, one worker at a time (which holds one per worker, and saved a 5,000-cell GPU rule 1.4-1.5 s "
-        "on the H200)",
-    )
-    pool.add_argument(
-        "--until-warm",
-        action="store_true",
-        help="return once a worker has warmed up, not while the first one warms up (a rule that comes meanwhile "
-        "goes to a worker not warmed up)",
-    )
-    pool.set_defaults(run=workers)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s")
     try:

@@ -1,12 +1,13 @@
 """CuPy's kernels compiled ahead, in parallel processes (``omicsprep warm-kernels``).
 
 CuPy compiles each kernel with NVRTC at first use, one after another, and caches it on disk
-(``CUPY_CACHE_DIR``, by default ``~/.cupy/kernel_cache``). Rule qc_cluster asks for 140 of them:
+(``CUPY_CACHE_DIR``, by default ``~/.cupy/kernel_cache``). Rules qc and cluster ask for 140 of them:
 on a fresh H200 machine that took 42 s, 27 s of it for 12 CUB reductions of 2-3 s each
 (``benchmarks/kernel_compile_bench.py``). Threads barely help: NVRTC compiled the 140 in 30.5 s
 in 16 threads. So omicsprep ships the requests that ``omicsprep warm-kernels --record`` saw
-(:data:`MANIFEST`: sources and options, not binaries), and ``omicsprep warm-kernels`` hands
-them to one process per core (7.3 s on 16 cores of that machine), then runs the steps for
+(:data:`MANIFEST`: sources and options, not binaries), and the workflow's pool of GPU
+processes (:mod:`omicsprep.pool`) hands them to one process per core as it starts (7.3 s on
+16 cores of that machine), as ``omicsprep warm-kernels`` does before it runs the steps for
 whatever the manifest lacks. A marker in the cache records that the manifest was compiled.
 
 A manifest holds to the CuPy release that recorded it: under another one, the sources CuPy
@@ -19,6 +20,7 @@ import contextlib
 import gzip
 import hashlib
 import heapq
+import importlib
 import inspect
 import json
 import logging
@@ -281,11 +283,30 @@ def _visible_device(index: int) -> str:
     return visible.split(",")[index] if visible else str(index)
 
 
+def compile_shipped_kernels() -> None:
+    """Compile the shipped kernels into this machine's cache in a process per core, unless done before (or no GPU)."""
+    from omicsprep.backend import cupy, gpu_unavailable_reason
+    from omicsprep.resources import usable_cores
+
+    if (reason := gpu_unavailable_reason()) is not None:
+        log.info("kernels not compiled ahead: %s", reason)
+        return
+    cupy().cuda.runtime.free(0)
+    start_compiling_ahead(processes=usable_cores()).finish()
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Compile the kernels of one group file (``python -m omicsprep.kernels GROUP.json``)."""
+    """``python -m omicsprep.kernels --ahead`` (:func:`compile_shipped_kernels`, as a pool starts) or ``GROUP.json``.
+
+    A group file holds the kernels one compiling process compiles (:func:`start_compiling_ahead`).
+    """
     from omicsprep.backend import cupy
 
     (path,) = sys.argv[1:] if argv is None else argv
+    if path == "--ahead":
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+        compile_shipped_kernels()
+        return
     group = json.loads(Path(path).read_text())
     Path(path).unlink()  # gone even when the command that started this process was stopped first
     cupy().cuda.runtime.free(0)  # a context, into which each compiled kernel is loaded
@@ -293,4 +314,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # As omicsprep.kernels (its logger's name, its globals), not a second copy as __main__.
+    importlib.import_module("omicsprep.kernels").main()

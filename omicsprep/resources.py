@@ -1,4 +1,4 @@
-"""Host memory and disk a rule's job needs, from the size of its inputs.
+"""Host memory, disk, threads and GPUs a rule's job needs, from the size of its inputs.
 
 The rules declare ``mem_mb`` and ``disk_mb`` with these (``rules/common.smk`` wraps them as
 Snakemake's callable resources), so local runs and cluster profiles size each job by its
@@ -22,6 +22,64 @@ MB = 1_000_000
 def usable_cores() -> int:
     """The cores this process may run on (its affinity mask, where the system has one: Linux)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+# A job on a local GPU whose inputs hold at most this many megabytes shares the GPU with other
+# such jobs (it asks for no whole GPU: gpu=0); a larger one holds it (gpu=1), apart from other
+# large ones. A 10,000-cell sample holds about 60 MB, 100,000 cells about 700 MB, 1,000,000
+# cells about 7 GB, and a job's device memory peaks at a few times its inputs.
+SHARED_GPU_MAX_INPUT_MB = 2000.0
+# Threads of a job on the CPU backend (a profile's set-threads overrides them); a job on the GPU
+# asks for one: its work is on the device (and it may wait for a worker of the pool meanwhile).
+CPU_THREADS = {"count_umis": 2, "call_cells": 2, "qc": 2, "cluster": 4, "cellbender": 4}
+
+
+def gpu_expected() -> bool:
+    """Whether backend ``auto`` will find a GPU here, told without starting CUDA: a visible NVIDIA device and RAPIDS."""
+    import importlib.util
+
+    if os.environ.get("CUDA_VISIBLE_DEVICES", "0").strip() in ("", "-1"):
+        return False
+    devices = Path("/dev").glob("nvidia[0-9]*")
+    return any(devices) and all(importlib.util.find_spec(name) is not None for name in ("cupy", "rapids_singlecell"))
+
+
+def gpus(*, backend: str, inputs_mb: float, local: bool) -> int:
+    """GPUs a job asks the scheduler for: none on the CPU; on a cluster one; locally one only for large inputs.
+
+    Parameters
+    ----------
+    backend
+        The rule's configured backend (``cpu``, ``gpu`` or ``auto``).
+    inputs_mb
+        The job's inputs (:func:`paths_mb`).
+    local
+        Whether Snakemake runs the job on this machine (not a cluster executor).
+    """
+    if backend == "cpu":
+        return 0
+    return 1 if not local or inputs_mb > SHARED_GPU_MAX_INPUT_MB else 0
+
+
+def threads(rule: str, *, backend: str, on_gpu: bool) -> int:
+    """Threads of a rule's jobs: one on the GPU, else the rule's CPU threads (:data:`CPU_THREADS`).
+
+    Parameters
+    ----------
+    rule
+        The rule.
+    backend
+        The rule's configured backend.
+    on_gpu
+        Whether backend ``auto`` lands on the GPU here (:func:`gpu_expected`).
+    """
+    return 1 if backend == "gpu" or (backend == "auto" and on_gpu) else CPU_THREADS.get(rule, 1)
+
+
+def pool_workers(cores: int) -> int:
+    """Warm processes of the GPU job pool (:mod:`omicsprep.pool`): half the cores, at most 8, one per 8 GB of memory."""
+    memory_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+    return max(1, min(8, cores // 2, int(memory_gb // 8)))
 
 
 @dataclass(frozen=True)
@@ -50,7 +108,7 @@ class ResourceModel:
     # peak was 1.6-1.7 GB for a 198 MB matrix and 2.7 GB for a 981 MB one (20,000 and 100,000
     # cells), and cluster's 0.8-0.9 and 2.0 GB for its 120 and 588 MB input; on the GPU at
     # 3,000,000 cells qc's host peak was 78 GB for a 29 GB matrix, and 30 GB since the matrix
-    # goes to the GPU in row blocks and is written from there (qc_cluster, tree afb640d).
+    # goes to the GPU in row blocks and is written from there (tree afb640d).
     # 3,000 MB plus 3x the inputs covers all of them. Inputs count their values uncompressed
     # (paths_mb): a gzip .h5ad holds about five times its size.
     memory_base_mb: float = 3000.0
@@ -60,8 +118,7 @@ class ResourceModel:
     gpu_memory_per_input_mb: float | None = None
 
 
-# Outputs: qc writes 0.6x its input, cluster 2.1-2.3x its input (the embeddings and layers),
-# qc_cluster 1.9-2.0x.
+# Outputs: qc writes 0.6x its input, cluster 2.1-2.3x its input (the embeddings and layers).
 MODELS: dict[str, ResourceModel] = {
     # Reads are streamed in chunks: memory follows the chunk and the cells, not the file
     # (0.37-0.54 GB from 10M to 100M reads, README "Counting UMIs from reads").
@@ -70,11 +127,11 @@ MODELS: dict[str, ResourceModel] = {
     "call_cells": ResourceModel(memory_per_input_mb=4.0, disk_per_input_mb=0.5),
     # Not measured: CellBender reads the raw matrix into its own process (PyTorch, pyro).
     "cellbender": ResourceModel(memory_base_mb=4000, memory_per_input_mb=4.0, disk_per_input_mb=2.0),
-    # On the GPU the host holds less: qc_cluster's peak was 0.78x its inputs at 1,000,000 cells
-    # (7.6 GB) and 1.04x at 3,000,000 (30.4 GB, the matrix in row blocks); 1.5x leaves room.
+    # On the GPU the host holds less: qc and cluster in one process (a rule since merged into
+    # them) peaked at 0.78x their inputs at 1,000,000 cells (7.6 GB) and 1.04x at 3,000,000
+    # (30.4 GB, the matrix in row blocks); 1.5x leaves room.
     "qc": ResourceModel(disk_per_input_mb=1.0, gpu_memory_per_input_mb=1.5),
     "cluster": ResourceModel(disk_per_input_mb=2.5, gpu_memory_per_input_mb=1.5),
-    "qc_cluster": ResourceModel(disk_per_input_mb=2.5, gpu_memory_per_input_mb=1.5),
     # Not measured: as a matrix rule.
     "coexpression": ResourceModel(),
     "protein": ResourceModel(),

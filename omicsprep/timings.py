@@ -62,25 +62,19 @@ def timed_phase(name: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
 
 
 def phase_seconds() -> dict[str, float]:
-    """Seconds per phase so far in this process."""
+    """Seconds per phase so far in this process (in a pool worker, in its job)."""
     return dict(_phase_seconds)
 
 
-def merged_provenance(records: list[Mapping]) -> dict:
-    """One rule's provenance from the records of the steps it ran (rule qc_cluster: qc's and cluster's).
-
-    The backend is the first record's; seconds of steps both ran (moving data to the GPU
-    and back) are added up.
-    """
-    timings: dict[str, float] = {}
-    for record in records:
-        for step, seconds in record.get("timings", {}).items():
-            timings[step] = timings.get(step, 0.0) + float(seconds)
-    return {"backend": records[0].get("backend", ""), "timings": timings}
+def reset_phases() -> None:
+    """Forget the phases counted so far: a pool worker's next job counts its own."""
+    _phase_seconds.clear()
 
 
 def run_time_table(
-    benchmarks: Mapping[tuple[str, str], pd.DataFrame], provenance: Mapping[tuple[str, str], Mapping]
+    benchmarks: Mapping[tuple[str, str], pd.DataFrame],
+    provenance: Mapping[tuple[str, str], Mapping],
+    phases: Mapping[tuple[str, str], Mapping] | None = None,
 ) -> pd.DataFrame:
     """One row per (sample, rule, step): seconds, and peak memory for whole rules.
 
@@ -90,11 +84,15 @@ def run_time_table(
         ``(sample, rule)`` to the rule's ``benchmark:`` table (Snakemake's columns).
     provenance
         ``(sample, rule)`` to its ``uns["omicsprep"][rule]`` record (backend, timings).
+    phases
+        ``(sample, rule)`` to the ``phases`` line of its log (:func:`omicsprep.workflow.read_phases`):
+        a job run by a worker of the GPU pool (:mod:`omicsprep.pool`) has the worker's peak memory there.
 
     Returns
     -------
     Columns ``sample``, ``rule``, ``backend``, ``step``, ``seconds``, ``max_rss_mb``; the
-    row with step ``total`` is the whole process as Snakemake measured it.
+    row with step ``total`` is the whole job: its seconds as Snakemake measured them, its peak
+    memory the process's that ran it (the job's own, or its pool worker's).
     """
     import pandas as pd  # here: every rule imports this module, before its GPU start-up (prepare_gpu)
 
@@ -102,6 +100,7 @@ def run_time_table(
     for (sample, rule), bench in benchmarks.items():
         record = provenance.get((sample, rule), {})
         backend = record.get("backend", "")
+        worker_peak = (phases or {}).get((sample, rule), {}).get("worker_max_rss_mb")
         rows.append(
             {
                 "sample": sample,
@@ -109,7 +108,7 @@ def run_time_table(
                 "backend": backend,
                 "step": "total",
                 "seconds": float(bench["s"].iloc[-1]),
-                "max_rss_mb": float(bench["max_rss"].iloc[-1]),
+                "max_rss_mb": float(worker_peak if worker_peak is not None else bench["max_rss"].iloc[-1]),
             }
         )
         for step, seconds in record.get("timings", {}).items():

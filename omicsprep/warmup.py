@@ -65,7 +65,7 @@ def generated_counts(*, n_cells: int, n_genes: int, n_types: int = 6, seed: int 
 
 
 def warm_kernels(config: dict[str, Any], *, backend: Backend, n_cells: int = 4000, n_genes: int = 3000) -> None:
-    """Run qc and cluster, as rule qc_cluster does, on a generated sample; the results are dropped.
+    """Run qc and cluster in one process on a generated sample, the cells kept on the device; the results are dropped.
 
     Parameters
     ----------

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from omicsprep import pool
 from omicsprep.errors import BackendUnavailableError, InputError, OutOfMemoryError, OutOfSpaceError
 from omicsprep.timings import phase, phase_seconds
 
@@ -30,9 +31,19 @@ if TYPE_CHECKING:
 log = logging.getLogger("omicsprep")
 
 
-def run_script(main: Callable[[], None], *, log_path: str | Path, sample: str | None = None, threads: int = 1) -> None:
+def run_script(
+    main: Callable[[], None],
+    *,
+    log_path: str | Path,
+    sample: str | None = None,
+    threads: int = 1,
+    backend: str | None = None,
+) -> None:
     """Run a rule's script body with logging to ``log_path`` and one-line user errors.
 
+    A job whose backend may be the GPU (``backend`` ``auto`` or ``gpu``) first hands itself
+    to the workflow's pool of warm processes, where one runs (:func:`omicsprep.pool.hand_over`);
+    the script then runs in a worker of the pool, and this process exits with its status.
     Logging, warnings and standard error (the C libraries' too, such as HDF5's error
     stack) go to the log. Bad input, an unusable backend, a full disk (or too little room
     to start an output) and memory running out while writing end the rule with a single
@@ -40,7 +51,7 @@ def run_script(main: Callable[[], None], *, log_path: str | Path, sample: str | 
     (with the traceback for the last two); anything else keeps its
     traceback, in the log. SIGTERM (a cancelled job) unwinds the script, so that no
     temporary output is left behind. A body that succeeds ends the process at once
-    (:func:`exit_at_once`).
+    (:func:`exit_at_once`), unless a pool worker runs it, which gives back what it took.
 
     Parameters
     ----------
@@ -52,9 +63,14 @@ def run_script(main: Callable[[], None], *, log_path: str | Path, sample: str | 
         The sample the rule works on, named in errors.
     threads
         The rule's threads: BLAS/OpenMP pools and Numba use no more.
+    backend
+        The rule's configured backend, for a rule that may use the GPU.
     """
+    startup = seconds_since_process_start()
+    if backend in ("auto", "gpu"):
+        pool.hand_over(started_at=time.time() - (startup or 0.0))
     console = os.fdopen(os.dup(2), "w", buffering=1)
-    log_file = Path(log_path).open("w", buffering=1)  # noqa: SIM115 - lives as long as the process
+    log_file = Path(log_path).open("w", buffering=1)  # noqa: SIM115 - closed at the end (a pool worker goes on)
     os.dup2(log_file.fileno(), 2)
     sys.stderr = log_file
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
@@ -65,7 +81,6 @@ def run_script(main: Callable[[], None], *, log_path: str | Path, sample: str | 
     limit_threads(threads)
     return_freed_memory()
     started = time.perf_counter()
-    startup = seconds_since_process_start()
     try:
         main()
         log_phases(startup=startup, body=time.perf_counter() - started)
@@ -82,16 +97,23 @@ def run_script(main: Callable[[], None], *, log_path: str | Path, sample: str | 
     except Exception:
         log.exception("failed")
         raise
+    finally:
+        if pool.in_worker():  # it goes on: what this job opened is closed (standard error is the log until then)
+            sys.stderr = sys.__stderr__
+            for stream in (console, log_file):
+                stream.close()
     exit_at_once(log_file, console)
 
 
 def exit_at_once(*streams: Any) -> None:
-    """End a rule's process that succeeded without the interpreter's teardown.
+    """End a rule's process that succeeded without the interpreter's teardown; in a pool worker, return.
 
     Every output is closed and renamed by then. The interpreter's teardown (a GPU rule's
     CUDA context and memory pools, large arrays, module after module) is left to the
     system, which frees it all at once.
     """
+    if pool.in_worker():
+        return
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr, *streams):
         with contextlib.suppress(OSError, ValueError):
@@ -99,10 +121,8 @@ def exit_at_once(*streams: Any) -> None:
     os._exit(0)
 
 
-def quality_control(
-    adata: AnnData, *, snakemake: Any, backend: Backend, keep_on_device: bool
-) -> tuple[AnnData, pd.DataFrame]:
-    """Rule qc's work (:func:`omicsprep.pipeline.run_qc`); rules qc and qc_cluster share it.
+def quality_control(adata: AnnData, *, snakemake: Any, backend: Backend) -> tuple[AnnData, pd.DataFrame]:
+    """Rule qc's work (:func:`omicsprep.pipeline.run_qc`).
 
     The pipeline is imported here (:func:`_pipeline`).
 
@@ -114,8 +134,6 @@ def quality_control(
         The rule's ``snakemake`` object: params ``qc``, ``doublets`` and ``seed``.
     backend
         ``"cpu"`` or ``"gpu"``.
-    keep_on_device
-        Leave the cells that passed on the GPU, for clustering in the same process.
 
     Returns
     -------
@@ -129,12 +147,11 @@ def quality_control(
         doublet_options=from_config(DoubletOptions, snakemake.params.doublets),
         seed=snakemake.params.seed,
         backend=backend,
-        keep_on_device=keep_on_device,
     )
 
 
 def write_qc(adata: AnnData, metrics: pd.DataFrame, *, snakemake: Any) -> None:
-    """Rule qc's outputs, from the cells that passed (brought to host memory first); rules qc and qc_cluster share it.
+    """Rule qc's tables and AnnData, from the cells that passed (brought to host memory first).
 
     Parameters
     ----------
@@ -156,7 +173,7 @@ def write_qc(adata: AnnData, metrics: pd.DataFrame, *, snakemake: Any) -> None:
 def cluster(
     adata: AnnData, *, snakemake: Any, backend: Backend, after_step: Callable[[str, AnnData], None] | None = None
 ) -> pd.DataFrame:
-    """Rule cluster's work on QC'd cells, in place; rules cluster and qc_cluster share it.
+    """Rule cluster's work on QC'd cells, in place.
 
     Parameters
     ----------
@@ -192,7 +209,7 @@ def _pipeline() -> ModuleType:
 
 
 def write_clustering(adata: AnnData, markers: pd.DataFrame, *, snakemake: Any, h5ad: str | H5adParts) -> None:
-    """Rule cluster's outputs: the markers, the cells' table and the AnnData; rules cluster and qc_cluster share it.
+    """Rule cluster's outputs: the markers, the cells' table and the AnnData.
 
     Parameters
     ----------
@@ -203,8 +220,8 @@ def write_clustering(adata: AnnData, markers: pd.DataFrame, *, snakemake: Any, h
     snakemake
         The rule's ``snakemake`` object: outputs ``obs`` and ``markers``, config ``h5ad_compression``.
     h5ad
-        Where the processed AnnData goes (the rules name that output differently), or its
-        file with the matrices written already (:func:`write_normalized`), finished here.
+        Where the processed AnnData goes, or its file with the matrices written already
+        (:func:`write_normalized`), finished here.
     """
     from omicsprep import io
 
@@ -216,11 +233,8 @@ def write_clustering(adata: AnnData, markers: pd.DataFrame, *, snakemake: Any, h
         h5ad.finish(adata)
 
 
-def write_normalized(processed: H5adParts, adata: AnnData, *, qc_cells: AnnData) -> None:
+def write_normalized(processed: H5adParts, adata: AnnData, *, counts: Any) -> None:
     """Write the processed AnnData's normalized matrix and counts, final before clustering ends.
-
-    The counts are those of ``qc_cells``, the copy of the cells written as rule qc's output
-    (in host memory by then, or brought there): rule cluster reads its counts from that file.
 
     Parameters
     ----------
@@ -228,18 +242,19 @@ def write_normalized(processed: H5adParts, adata: AnnData, *, qc_cells: AnnData)
         The processed AnnData's file.
     adata
         The cells being clustered, with ``X`` normalized (in host memory or on the GPU).
-    qc_cells
-        Rule qc's AnnData of the same cells.
+    counts
+        Their counts in host memory, as read from rule qc's output (``layers["counts"]``
+        holds the same values, on the GPU there).
     """
     from omicsprep.backend import asnumpy
 
     normalized = asnumpy(adata.X)
     processed.write("X", normalized)
-    processed.write_layers({"counts": asnumpy(qc_cells.X)}, x=normalized)
+    processed.write_layers({"counts": counts}, x=normalized)
 
 
 def write_qc_figures(metrics: pd.DataFrame, *, sample: str, histograms: str, scatter: str) -> None:
-    """Draw and write the QC figures of every input cell; rules plot_qc and qc_cluster share it.
+    """Draw and write the QC figures of every input cell (rule qc, in its second process).
 
     Parameters
     ----------
@@ -256,40 +271,11 @@ def write_qc_figures(metrics: pd.DataFrame, *, sample: str, histograms: str, sca
     io.write_figure(plotting.qc_scatter(metrics, title=sample), scatter)
 
 
-def write_embedding_figures(
-    coords: np.ndarray,
-    obs: pd.DataFrame,
-    *,
-    sample: str,
-    cluster_keys: list[str],
-    metric_keys: list[str],
-    clusters: str,
-    metrics: str,
-) -> None:
-    """Draw and write the UMAP coloured by clusters and by QC metrics (rule plot_umap).
-
-    Parameters
-    ----------
-    coords
-        The UMAP coordinates, one row per cell.
-    obs
-        The cells' table, with the columns ``cluster_keys`` and (those present of) ``metric_keys``.
-    sample
-        The figures' title.
-    cluster_keys, metric_keys
-        The columns to colour by: clusters, and QC metrics.
-    clusters, metrics
-        Where the two figures go.
-    """
-    write_embedding_figure(coords, obs, sample=sample, keys=cluster_keys, path=clusters)
-    write_embedding_figure(coords, obs, sample=sample, keys=metric_keys, path=metrics)
-
-
 def write_embedding_figure(coords: np.ndarray, obs: pd.DataFrame, *, sample: str, keys: list[str], path: str) -> None:
     """Draw and write the UMAP with a panel per column of ``obs`` among ``keys`` (those present).
 
-    Rule qc_cluster draws the metrics' figure once UMAP is done, beside clustering, and the
-    clusters' after; rule plot_umap both (:func:`write_embedding_figures`).
+    Rule cluster draws the metrics' figure once UMAP is done, beside clustering, and the
+    clusters' after.
 
     Parameters
     ----------
@@ -313,11 +299,9 @@ def write_embedding_figure(coords: np.ndarray, obs: pd.DataFrame, *, sample: str
 def seconds_since_process_start() -> float | None:
     """Seconds since this process started (Linux; ``None`` elsewhere): for a rule, its start-up and imports.
 
-    In a warm worker (:mod:`omicsprep.workers`), since the rule's own process started.
+    In a pool worker (:mod:`omicsprep.pool`), since the job's own process started.
     """
-    from omicsprep.workers import job_started_at
-
-    if (started_at := job_started_at()) is not None:
+    if (started_at := pool.job_started_at()) is not None:
         return max(0.0, time.time() - started_at)
     with contextlib.suppress(OSError, ValueError, IndexError, AttributeError):
         # Field 22 of /proc/self/stat: the start, in clock ticks of the boot-time clock (the
@@ -337,22 +321,26 @@ def log_phases(*, startup: float | None, body: float) -> None:
     body the seconds of each :func:`omicsprep.timings.phase` (``read``, ``write``,
     ``gpu_import``, ``imports``); and the process's start and this moment (``started_at``, ``ended_at``,
     seconds since the epoch), which place the rule on the run's timeline.
-    ``benchmarks/run.py`` reads it back from the rule's log. A rule run by a warm worker
-    adds the worker's pid and its peak memory (``warm_worker``, ``worker_max_rss_mb``): the
-    rule's ``benchmark:`` file measures the process that handed the rule over.
+    ``benchmarks/run.py`` and rule run_times read it back from the rule's log. A job run by
+    a pool worker adds the worker's pid, its peak memory and its CPU seconds during the job
+    (``pool_worker``, ``worker_max_rss_mb``, ``worker_cpu_s``): the rule's ``benchmark:``
+    file measures the job's own process, which waited.
     """
-    from omicsprep.workers import job_worker
-
     ended_at = time.time()
     seconds = {"startup": startup, "body": body, **phase_seconds()}
     line: dict[str, Any] = {name: round(value, 4) for name, value in seconds.items() if value is not None}
     line |= {"started_at": round(ended_at - body - (startup or 0.0), 3), "ended_at": round(ended_at, 3)}
-    if (worker := job_worker()) is not None:
-        import resource
-
-        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kilobytes on Linux
-        line |= {"warm_worker": worker, "worker_max_rss_mb": round(peak_mb, 1)}
+    line |= pool.job_usage()
     log.info("%s%s", PHASES_PREFIX, json.dumps(line))
+
+
+def read_phases(log_path: str | Path) -> dict[str, Any] | None:
+    """The phases line :func:`log_phases` wrote into a rule's log; ``None`` when there is none."""
+    path = Path(log_path)
+    if not path.is_file():
+        return None
+    lines = [line for line in path.read_text(errors="replace").splitlines() if f" {PHASES_PREFIX}{{" in line]
+    return json.loads(lines[-1].split(f" {PHASES_PREFIX}", 1)[1]) if lines else None
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:

@@ -1,18 +1,37 @@
-# One fused rule: on the GPU every process pays for importing RAPIDS and compiling
-# kernels, so normalization through markers share one process and one device transfer.
+# Normalization through markers in one process (the data move to the GPU once), and the UMAP
+# figures, drawn in a second process meanwhile. Its parameters are not qc's: changing a
+# clustering setting reruns this rule only.
 rule cluster:
     input:
         h5ad=rules.qc.output.h5ad,
     output:
         h5ad="results/{sample}/processed.h5ad",
         obs="results/{sample}/obs.parquet",
-        markers=markers_output(),
+        markers=report(
+            "results/{sample}/markers.tsv",
+            category="Markers",
+            caption="../report/markers.rst",
+            labels={"sample": "{sample}"},
+        ),
+        umap_clusters=report(
+            "results/{sample}/plots/umap_clusters.png",
+            category="Embedding",
+            caption="../report/umap_clusters.rst",
+            labels={"sample": "{sample}", "figure": "clusters"},
+        ),
+        umap_metrics=report(
+            "results/{sample}/plots/umap_qc.png",
+            category="Embedding",
+            caption="../report/umap_qc.rst",
+            labels={"sample": "{sample}", "figure": "QC metrics"},
+        ),
     log:
         "logs/cluster/{sample}.log",
     benchmark:
         "benchmarks/cluster/{sample}.tsv"
     conda:
         conda_env_for("cluster")
+    threads: threads_for("cluster")
     resources:
         gpu=gpus_for("cluster"),
         mem_mb=memory_for("cluster"),
@@ -21,60 +40,7 @@ rule cluster:
         backend=backend_for("cluster"),
         steps=cluster_params(),
         seed=config["seed"],
-    script:
-        "../scripts/cluster.py"
-
-
-# qc, cluster and their figures in one process (config fuse_qc_cluster): the same outputs as
-# the four rules, with three process starts, one import of the GPU libraries and the reads of
-# qc.h5ad and processed.h5ad fewer.
-rule qc_cluster:
-    input:
-        counts=counts_input,
-    output:
-        **qc_figure_outputs(),
-        **embedding_figure_outputs(),
-        h5ad=rules.qc.output.h5ad,
-        metrics=rules.qc.output.metrics,
-        processed=rules.cluster.output.h5ad,
-        obs=rules.cluster.output.obs,
-        markers=markers_output(),  # rules.cluster.output would drop the report flag
-    log:
-        "logs/qc_cluster/{sample}.log",
-    benchmark:
-        "benchmarks/qc_cluster/{sample}.tsv"
-    conda:
-        conda_env_for("qc_cluster")
-    resources:
-        gpu=gpus_for("qc_cluster"),
-        mem_mb=memory_for("qc_cluster"),
-        disk_mb=disk_for("qc_cluster"),
-    params:
-        backend=backend_for("qc_cluster"),
-        format=counts_format,
-        ambient_corrected=ambient_corrected,
-        metadata=sample_metadata,
-        duplicate_barcodes=config["duplicate_barcodes"],
-        qc=config["qc"],
-        doublets=config["doublets"],
-        steps=cluster_params(),
-        seed=config["seed"],
         cluster_keys=cluster_keys(),
         metric_keys=QC_METRIC_COLUMNS,
     script:
-        "../scripts/qc.py"
-
-
-if config["fuse_qc_cluster"]:
-
-    ruleorder: qc_cluster > qc
-    ruleorder: qc_cluster > cluster
-    ruleorder: qc_cluster > plot_qc
-    ruleorder: qc_cluster > plot_umap
-
-else:
-
-    ruleorder: qc > qc_cluster
-    ruleorder: cluster > qc_cluster
-    ruleorder: plot_qc > qc_cluster
-    ruleorder: plot_umap > qc_cluster
+        "../scripts/cluster.py"

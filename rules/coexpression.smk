@@ -2,7 +2,7 @@
 # the eigengenes (the expression moves to the GPU once), and its two figures.
 rule coexpression:
     input:
-        h5ad=produced_by_either(rules.cluster.output.h5ad),
+        h5ad=rules.cluster.output.h5ad,
     output:
         edges=coexpression_file("edges"),
         modules=report(

@@ -2,6 +2,7 @@
 
 import csv
 import difflib
+import os
 import re
 import shlex
 import sys
@@ -18,10 +19,11 @@ from omicsprep.configuration import fill_defaults, read_yaml
 from omicsprep.errors import InputError
 from omicsprep.io import COEXPRESSION_FILES, READ_FORMATS, resolve_format
 from omicsprep.options import ClusteringOptions, EmbeddingOptions, cluster_key
-from omicsprep import resources
+from omicsprep import pool, resources
 
 CONFIG_SCHEMA = Path(workflow.basedir) / "config" / "schemas" / "config.schema.yaml"
 SAMPLES_SCHEMA = Path(workflow.basedir) / "config" / "schemas" / "samples.schema.yaml"
+CONFIG_SCHEMA_DATA = read_yaml(CONFIG_SCHEMA.read_text())
 
 
 def validated_config(config):
@@ -31,7 +33,7 @@ def validated_config(config):
     as text, and ``null`` too: text where the schema wants a number, a boolean, a list or
     null is read as YAML first. Every problem is named on one line, with its key.
     """
-    schema = read_yaml(CONFIG_SCHEMA.read_text())
+    schema = CONFIG_SCHEMA_DATA
     validator = Draft202012Validator(schema)
     while True:
         retyped = False
@@ -260,22 +262,35 @@ def backend_for(rule_name):
     return config["backend_per_rule"].get(rule_name, config["backend"])
 
 
-def check_fused_backends():
-    """Under fuse_qc_cluster, qc and cluster run as one job (qc_cluster), so overrides of either cannot apply."""
-    overridden = sorted({"qc", "cluster"} & set(config["backend_per_rule"]))
-    if config["fuse_qc_cluster"] and overridden:
-        raise WorkflowError(
-            f"config: backend_per_rule.{overridden[0]} does not apply with fuse_qc_cluster: true "
-            "(qc and cluster run as one rule): set backend_per_rule.qc_cluster"
-        )
+def jobs_run_here():
+    """Whether this run's jobs run on this machine, not through a cluster executor.
 
-
-check_fused_backends()
+    A dry run of a cluster executor executes as a local one: Snakemake then forces
+    threads for its jobs, which a local run on Linux does not use.
+    """
+    settings = workflow.execution_settings  # none where nothing runs (--report)
+    return workflow.local_exec and not (settings is not None and settings.use_threads)
 
 
 def gpus_for(rule_name):
-    """GPUs requested from the scheduler; none for rules pinned to the CPU."""
-    return 0 if backend_for(rule_name) == "cpu" else 1
+    """The GPUs a job asks for: none pinned to the CPU; one on a cluster; locally one only for
+    large inputs, smaller jobs sharing the GPU (omicsprep.resources.gpus)."""
+    backend = backend_for(rule_name)
+
+    def gpu(wildcards, input):
+        if backend == "cpu" or not jobs_run_here():  # without reading the inputs' sizes
+            return resources.gpus(backend=backend, inputs_mb=0.0, local=False)
+        return resources.gpus(backend=backend, inputs_mb=resources.paths_mb(input), local=True)
+
+    return gpu
+
+
+GPU_EXPECTED = resources.gpu_expected()
+
+
+def threads_for(rule_name):
+    """The rule's threads: one where its jobs run on the GPU, its CPU threads otherwise (a profile may set them)."""
+    return resources.threads(rule_name, backend=backend_for(rule_name), on_gpu=GPU_EXPECTED)
 
 
 def memory_for(rule_name):
@@ -391,61 +406,6 @@ def check_reference():
 
 
 check_reference()
-
-
-def markers_output():
-    """The marker table, in the report: an output of rule cluster, or of qc_cluster."""
-    return report(
-        "results/{sample}/markers.tsv",
-        category="Markers",
-        caption="../report/markers.rst",
-        labels={"sample": "{sample}"},
-    )
-
-
-def qc_figure_outputs():
-    """The QC figures, in the report: outputs of rule plot_qc, or of qc_cluster."""
-    return {
-        "histograms": report(
-            "results/{sample}/plots/qc_histograms.png",
-            category="Quality control",
-            caption="../report/qc_histograms.rst",
-            labels={"sample": "{sample}", "figure": "histograms"},
-        ),
-        "scatter": report(
-            "results/{sample}/plots/qc_scatter.png",
-            category="Quality control",
-            caption="../report/qc_scatter.rst",
-            labels={"sample": "{sample}", "figure": "UMIs vs genes"},
-        ),
-    }
-
-
-def embedding_figure_outputs():
-    """The UMAP figures, in the report: outputs of rule plot_umap, or of qc_cluster."""
-    return {
-        "umap_clusters": report(
-            "results/{sample}/plots/umap_clusters.png",
-            category="Embedding",
-            caption="../report/umap_clusters.rst",
-            labels={"sample": "{sample}", "figure": "clusters"},
-        ),
-        "umap_metrics": report(
-            "results/{sample}/plots/umap_qc.png",
-            category="Embedding",
-            caption="../report/umap_qc.rst",
-            labels={"sample": "{sample}", "figure": "QC metrics"},
-        ),
-    }
-
-
-def produced_by_either(path):
-    """An output path (``rules.qc.output.h5ad``) as a plain pattern, for an input of another rule.
-
-    Given as it is, it ties the consumer to the rule that declared it; as a pattern, Snakemake
-    picks its producer by the rules' order (qc and cluster, or qc_cluster under fuse_qc_cluster).
-    """
-    return str(path)
 
 
 def for_sample(path, sample):
@@ -631,7 +591,6 @@ TIMED_RULES = {
     "call_cells": "h5ad",
     "qc": "h5ad",
     "cluster": "h5ad",
-    "qc_cluster": "processed",
     "coexpression": "provenance",
     "protein": "h5ad",
     "atac": "h5ad",
@@ -644,9 +603,8 @@ def rules_of(sample):
     """The timed rules that run for a sample."""
     runs = {
         "call_cells": sample in RNA_SAMPLES and has_droplets(sample),
-        "qc": sample in RNA_SAMPLES and not config["fuse_qc_cluster"],
-        "cluster": sample in RNA_SAMPLES and not config["fuse_qc_cluster"],
-        "qc_cluster": sample in RNA_SAMPLES and config["fuse_qc_cluster"],
+        "qc": sample in RNA_SAMPLES,
+        "cluster": sample in RNA_SAMPLES,
         "coexpression": sample in RNA_SAMPLES and config["coexpression"]["enabled"],
         "protein": sample in PROTEIN_SAMPLES,
         "atac": sample in ATAC_SAMPLES,
@@ -669,15 +627,15 @@ def timed_rules():
     return [rule for _, rule in timed_pairs()]
 
 
-def provenance_rules():
-    """Per timed rule, the rules whose provenance records its output holds (qc_cluster: both)."""
-    return [["qc", "cluster"] if rule == "qc_cluster" else [rule] for rule in timed_rules()]
-
-
-# timed_benchmarks and timed_provenance read the rules' paths, so they are called where run_times
-# is defined, after the timed rules (rules/report.smk is included last).
+# timed_benchmarks, timed_logs and timed_provenance read the rules' paths, so they are called where
+# run_times is defined, after the timed rules (rules/report.smk is included last).
 def timed_benchmarks():
     return [for_sample(getattr(rules, rule).benchmark, sample) for sample, rule in timed_pairs()]
+
+
+def timed_logs():
+    """The timed jobs' logs: a job run by a worker of the GPU pool records the worker's peak memory there."""
+    return [for_sample(getattr(rules, rule).log[0], sample) for sample, rule in timed_pairs()]
 
 
 def timed_provenance():
@@ -690,9 +648,7 @@ def final_outputs():
     """The targets of rule all, from the rules' outputs (so read after every rule is defined)."""
     per_sample = [
         *rules.cluster.output,
-        rules.qc.output.metrics,
-        *rules.plot_qc.output,
-        *rules.plot_umap.output,
+        *rules.qc.output,
         *(rules.coexpression.output if config["coexpression"]["enabled"] else []),
     ]
     return [
@@ -715,6 +671,26 @@ def cancel_rescheduling_timers():
     for thread in threading.enumerate():
         if isinstance(thread, threading.Timer):
             thread.cancel()
+
+
+def start_gpu_pool():
+    """Start (or find) the pool of warm GPU processes for this run's GPU jobs, on a local run with a GPU.
+
+    Its socket goes into the environment the jobs inherit (omicsprep.pool.POOL); a job on the
+    CPU backend, on a cluster, or of another environment runs in its own process. A pool named
+    in the environment already is used instead (OMICSPREP_POOL=off: none).
+    """
+    gpu_rules = CONFIG_SCHEMA_DATA["properties"]["backend_per_rule"]["properties"]
+    on_gpu = GPU_EXPECTED and any(backend_for(rule) != "cpu" for rule in gpu_rules)
+    if not jobs_run_here() or not on_gpu or os.environ.get(pool.POOL):
+        return
+    path = pool.start(n_workers=resources.pool_workers(workflow.cores))
+    if path is not None:
+        os.environ[pool.POOL] = str(path)
+
+
+onstart:
+    start_gpu_pool()
 
 
 onsuccess:

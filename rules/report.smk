@@ -15,6 +15,6 @@ rule run_times:
     params:
         samples=timed_samples(),
         rules=timed_rules(),
-        provenance_rules=provenance_rules(),
+        logs=timed_logs(),
     script:
         "../scripts/run_times.py"

@@ -1,8 +1,5 @@
 """Rule align: STARsolo on a sample's FASTQs, into results/{sample}/star/."""
 
-import omicsprep.handoff  # noqa: F401 - first: a warm worker runs this script, if started (omicsprep workers)
-
-# isort: split
 from pathlib import Path
 
 from omicsprep.align.run import align_sample, sample_chemistry

@@ -3,20 +3,18 @@
 Then TF-IDF, LSI, neighbours, UMAP and clusters.
 """
 
-import omicsprep.handoff  # noqa: F401 - first: a warm worker runs this script, if started (omicsprep workers)
-
-# isort: split
-from omicsprep import io
-from omicsprep.atac.fragments import count_fragments
-from omicsprep.backend import prepare_gpu, resolve_backend
-from omicsprep.options import AtacOptions, EmbeddingOptions, from_config
-from omicsprep.pipeline import run_atac
 from omicsprep.workflow import run_script
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
 
 
 def main() -> None:
+    from omicsprep import io
+    from omicsprep.atac.fragments import count_fragments
+    from omicsprep.backend import prepare_gpu, resolve_backend
+    from omicsprep.options import AtacOptions, EmbeddingOptions, from_config
+    from omicsprep.pipeline import run_atac
+
     backend = resolve_backend(snakemake.params.backend)
     prepare_gpu(backend)  # overlaps reading the input
     options = from_config(AtacOptions, snakemake.params.atac)
@@ -46,4 +44,10 @@ def main() -> None:
     io.write_h5ad(adata, snakemake.output.h5ad, compression=snakemake.config["h5ad_compression"])
 
 
-run_script(main, log_path=snakemake.log[0], sample=snakemake.wildcards.sample, threads=snakemake.threads)
+run_script(
+    main,
+    log_path=snakemake.log[0],
+    sample=snakemake.wildcards.sample,
+    threads=snakemake.threads,
+    backend=snakemake.params.backend,
+)

@@ -1,19 +1,17 @@
 """Rule call_cells: call the cells among a sample's raw droplets and remove ambient RNA from them."""
 
-import omicsprep.handoff  # noqa: F401 - first: a warm worker runs this script, if started (omicsprep workers)
-
-# isort: split
-from omicsprep import io, plotting
-from omicsprep.backend import resolve_backend
-from omicsprep.errors import InputError
-from omicsprep.options import CellOptions, from_config
-from omicsprep.pipeline import run_call_cells
 from omicsprep.workflow import run_script
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
 
 
 def main() -> None:
+    from omicsprep import io, plotting
+    from omicsprep.backend import resolve_backend
+    from omicsprep.errors import InputError
+    from omicsprep.options import CellOptions, from_config
+    from omicsprep.pipeline import run_call_cells
+
     sample = snakemake.wildcards.sample
     inputs = snakemake.input
     duplicates = snakemake.params.duplicate_barcodes
@@ -49,4 +47,10 @@ def main() -> None:
     io.write_h5ad(cells, snakemake.output.h5ad, compression=snakemake.config["h5ad_compression"])
 
 
-run_script(main, log_path=snakemake.log[0], sample=snakemake.wildcards.sample, threads=snakemake.threads)
+run_script(
+    main,
+    log_path=snakemake.log[0],
+    sample=snakemake.wildcards.sample,
+    threads=snakemake.threads,
+    backend=snakemake.params.backend,
+)

@@ -4,22 +4,20 @@ When configured, also the modules of each cluster's own network. A sample whose 
 be built (too few cells or usable genes) gets empty tables and the reason in provenance.json.
 """
 
-import omicsprep.handoff  # noqa: F401 - first: a warm worker runs this script, if started (omicsprep workers)
-
-# isort: split
-import pandas as pd
-
-from omicsprep import io, plotting
-from omicsprep.backend import resolve_backend
-from omicsprep.errors import InputError
-from omicsprep.options import CoexpressionOptions, from_config
-from omicsprep.pipeline import run_coexpression, run_coexpression_per_cluster, skipped_coexpression
 from omicsprep.workflow import run_script
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
 
 
 def main() -> None:
+    import pandas as pd
+
+    from omicsprep import io, plotting
+    from omicsprep.backend import resolve_backend
+    from omicsprep.errors import InputError
+    from omicsprep.options import CoexpressionOptions, from_config
+    from omicsprep.pipeline import run_coexpression, run_coexpression_per_cluster, skipped_coexpression
+
     backend = resolve_backend(snakemake.params.backend)
     options, seed = from_config(CoexpressionOptions, snakemake.params.coexpression), snakemake.params.seed
     adata = io.read_h5ad(snakemake.input.h5ad)
@@ -44,4 +42,10 @@ def main() -> None:
     io.write_coexpression(result, figures, paths=paths)
 
 
-run_script(main, log_path=snakemake.log[0], sample=snakemake.wildcards.sample, threads=snakemake.threads)
+run_script(
+    main,
+    log_path=snakemake.log[0],
+    sample=snakemake.wildcards.sample,
+    threads=snakemake.threads,
+    backend=snakemake.params.backend,
+)

@@ -1,20 +1,18 @@
 """Rule count_umis: deduplicate the UMIs of a sample's reads (BAM/SAM or molecule table)."""
 
-import omicsprep.handoff  # noqa: F401 - first: a warm worker runs this script, if started (omicsprep workers)
-
-# isort: split
-import logging
-
-from omicsprep import io
-from omicsprep.backend import resolve_backend
-from omicsprep.options import UmiOptions, from_config
-from omicsprep.reads import counting
 from omicsprep.workflow import run_script
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
 
 
 def main() -> None:
+    import logging
+
+    from omicsprep import io
+    from omicsprep.backend import resolve_backend
+    from omicsprep.options import UmiOptions, from_config
+    from omicsprep.reads import counting
+
     adata = counting.count_umis(
         snakemake.input.reads,
         fmt=snakemake.params.format,
@@ -29,4 +27,10 @@ def main() -> None:
     io.write_h5ad(adata, snakemake.output.h5ad, compression=snakemake.config["h5ad_compression"])
 
 
-run_script(main, log_path=snakemake.log[0], sample=snakemake.wildcards.sample, threads=snakemake.threads)
+run_script(
+    main,
+    log_path=snakemake.log[0],
+    sample=snakemake.wildcards.sample,
+    threads=snakemake.threads,
+    backend=snakemake.params.backend,
+)

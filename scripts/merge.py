@@ -1,16 +1,14 @@
 """Rule merge: all samples concatenated, Harmony-corrected, clustered, with integration metrics."""
 
-import omicsprep.handoff  # noqa: F401 - first: a warm worker runs this script, if started (omicsprep workers)
-
-# isort: split
-from omicsprep import io, plotting
-from omicsprep.backend import prepare_gpu, resolve_backend
-from omicsprep.options import ClusteringOptions, MergeOptions, from_config, parse_cluster_key
-from omicsprep.pipeline import run_merge
 from omicsprep.workflow import run_script
 
 
 def main() -> None:
+    from omicsprep import io, plotting
+    from omicsprep.backend import prepare_gpu, resolve_backend
+    from omicsprep.options import ClusteringOptions, MergeOptions, from_config, parse_cluster_key
+    from omicsprep.pipeline import run_merge
+
     backend = resolve_backend(snakemake.params.backend)
     prepare_gpu(backend)  # overlaps reading the input
     # The merge takes each sample's counts, cells and genes: its normalized matrix, embeddings
@@ -39,4 +37,6 @@ def main() -> None:
 # it is, without the `snakemake` object Snakemake injects: only the imports may run then.
 if __name__ == "__main__":
     snakemake = snakemake  # noqa: F821 - injected by Snakemake
-    run_script(main, log_path=snakemake.log[0], sample="merged", threads=snakemake.threads)
+    # Not in the GPU pool with Dask's workers, which start by running this file as their main module.
+    backend = None if snakemake.params.merge["dask"] else snakemake.params.backend
+    run_script(main, log_path=snakemake.log[0], sample="merged", threads=snakemake.threads, backend=backend)

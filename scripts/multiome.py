@@ -1,18 +1,16 @@
 """Rule multiome: modalities joined by barcode, WNN, joint UMAP and clusters."""
 
-import omicsprep.handoff  # noqa: F401 - first: a warm worker runs this script, if started (omicsprep workers)
-
-# isort: split
-from omicsprep import io, plotting
-from omicsprep.backend import prepare_gpu, resolve_backend
-from omicsprep.options import EmbeddingOptions, MultiomeOptions, from_config
-from omicsprep.pipeline import run_multiome
 from omicsprep.workflow import run_script
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
 
 
 def main() -> None:
+    from omicsprep import io, plotting
+    from omicsprep.backend import prepare_gpu, resolve_backend
+    from omicsprep.options import EmbeddingOptions, MultiomeOptions, from_config
+    from omicsprep.pipeline import run_multiome
+
     backend = resolve_backend(snakemake.params.backend)
     prepare_gpu(backend)  # overlaps reading the input
     modalities = {name: io.read_h5ad(path) for name, path in snakemake.input.items()}
@@ -29,4 +27,10 @@ def main() -> None:
     io.write_h5mu(mdata, snakemake.output.h5mu)
 
 
-run_script(main, log_path=snakemake.log[0], sample=snakemake.wildcards.sample, threads=snakemake.threads)
+run_script(
+    main,
+    log_path=snakemake.log[0],
+    sample=snakemake.wildcards.sample,
+    threads=snakemake.threads,
+    backend=snakemake.params.backend,
+)

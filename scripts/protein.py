@@ -1,20 +1,18 @@
 """Rule protein: antibody tags' QC, CLR or dsb, PCA, neighbours, UMAP and clusters."""
 
-import omicsprep.handoff  # noqa: F401 - first: a warm worker runs this script, if started (omicsprep workers)
-
-# isort: split
-from omicsprep import io
-from omicsprep.backend import prepare_gpu, resolve_backend
-from omicsprep.cells.calling import called_cells
-from omicsprep.options import EmbeddingOptions, ProteinOptions, from_config
-from omicsprep.pipeline import run_protein
-from omicsprep.protein.normalization import background_droplets
 from omicsprep.workflow import run_script
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
 
 
 def main() -> None:
+    from omicsprep import io
+    from omicsprep.backend import prepare_gpu, resolve_backend
+    from omicsprep.cells.calling import called_cells
+    from omicsprep.options import EmbeddingOptions, ProteinOptions, from_config
+    from omicsprep.pipeline import run_protein
+    from omicsprep.protein.normalization import background_droplets
+
     backend = resolve_backend(snakemake.params.backend)
     prepare_gpu(backend)  # overlaps reading the input
     duplicates = snakemake.params.duplicate_barcodes
@@ -41,4 +39,10 @@ def main() -> None:
     io.write_h5ad(adata, snakemake.output.h5ad, compression=snakemake.config["h5ad_compression"])
 
 
-run_script(main, log_path=snakemake.log[0], sample=snakemake.wildcards.sample, threads=snakemake.threads)
+run_script(
+    main,
+    log_path=snakemake.log[0],
+    sample=snakemake.wildcards.sample,
+    threads=snakemake.threads,
+    backend=snakemake.params.backend,
+)

@@ -1,8 +1,5 @@
 """Rule star_index: STAR's genome index of the reference FASTA and GTF."""
 
-import omicsprep.handoff  # noqa: F401 - first: a warm worker runs this script, if started (omicsprep workers)
-
-# isort: split
 from pathlib import Path
 
 from omicsprep.align.run import build_index

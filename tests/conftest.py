@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
@@ -198,27 +199,24 @@ OMICSPREP_CLI = [sys.executable, "-c", "from omicsprep.cli import main; main()"]
 
 
 @contextlib.contextmanager
-def warm_workers_running(*, n_workers: int, until_warm: bool = False) -> Iterator[dict[str, str]]:
-    """``omicsprep workers start`` in a runtime folder of its own; yields the environment that reaches it.
-
-    ``until_warm``: the command returns once a worker has warmed up (on a GPU machine).
+def pool_running(*, n_workers: int) -> Iterator[dict[str, str]]:
+    """A pool of warm processes (omicsprep.pool) in a runtime folder of its own, its workers ready;
+    yields the environment whose jobs it runs (the workflow then starts none of its own).
 
     The folder is short (under /tmp): a socket's path has at most 107 bytes.
     """
-    env = {**os.environ, "OMICSPREP_RUNTIME_DIR": tempfile.mkdtemp(prefix="workers-", dir="/tmp")}
-    env.pop("OMICSPREP_IN_WORKER", None)
-    command = [*OMICSPREP_CLI, "workers"]
-    started = subprocess.run(
-        [*command, "start", "--workers", str(n_workers), "--idle-minutes", "5", *["--until-warm"] * until_warm],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
-    assert "ready" in started.stdout, started.stdout
+    from omicsprep import pool
+
+    env = {**os.environ, "XDG_RUNTIME_DIR": tempfile.mkdtemp(prefix="pool-", dir="/tmp")}
+    code = f"from omicsprep import pool; print(pool.start(n_workers={n_workers}, idle_seconds=300))"
+    started = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    env[pool.POOL] = started.stdout.strip()
+    deadline = time.monotonic() + 300
+    while (state := pool.status(Path(env[pool.POOL]))) is None or "ready" not in state["workers"]:
+        assert time.monotonic() < deadline, state
+        time.sleep(0.2)
     try:
         yield env
     finally:
-        subprocess.run([*command, "stop"], env=env, capture_output=True, timeout=60, check=True)
-        shutil.rmtree(env["OMICSPREP_RUNTIME_DIR"], ignore_errors=True)
+        pool.stop(Path(env[pool.POOL]))
+        shutil.rmtree(env["XDG_RUNTIME_DIR"], ignore_errors=True)

@@ -28,14 +28,25 @@ def test_memory_grows_with_the_inputs_and_each_retry():
 
 
 def test_a_matrix_rule_on_the_gpu_asks_for_less_host_memory_and_still_what_it_used():
-    # qc_cluster on the H200 at 3,000,000 cells: 29,300 MB of counts' values, a 30.4 GB peak
-    # (benchmarks/RESULTS.md, "Atlas scale"); on the CPU the model asks 3x.
-    on_gpu = resources.memory_mb("qc_cluster", inputs_mb=29_300, backend="gpu")
-    assert 30_400 < on_gpu < resources.memory_mb("qc_cluster", inputs_mb=29_300, backend="cpu")
-    assert resources.memory_mb("qc_cluster", inputs_mb=29_300, backend="auto") == resources.memory_mb(
-        "qc_cluster", inputs_mb=29_300
-    )
+    # qc and cluster in one process on the H200 at 3,000,000 cells: 29,300 MB of counts' values,
+    # a 30.4 GB peak (benchmarks/RESULTS.md, "Atlas scale"); on the CPU the model asks 3x.
+    on_gpu = resources.memory_mb("qc", inputs_mb=29_300, backend="gpu")
+    assert 30_400 < on_gpu < resources.memory_mb("qc", inputs_mb=29_300, backend="cpu")
+    assert resources.memory_mb("qc", inputs_mb=29_300, backend="auto") == resources.memory_mb("qc", inputs_mb=29_300)
     assert resources.memory_mb("atac", inputs_mb=1_000, backend="gpu") == resources.memory_mb("atac", inputs_mb=1_000)
+
+
+def test_small_gpu_jobs_share_a_local_gpu_and_ask_one_thread():
+    # 10,000 cells hold about 60 MB, 1,000,000 about 7 GB: on a cluster each job has its own GPU.
+    assert resources.gpus(backend="auto", inputs_mb=60, local=True) == 0
+    assert resources.gpus(backend="gpu", inputs_mb=7_000, local=True) == 1
+    assert resources.gpus(backend="auto", inputs_mb=60, local=False) == 1
+    assert resources.gpus(backend="cpu", inputs_mb=7_000, local=False) == 0
+    assert resources.threads("cluster", backend="auto", on_gpu=True) == 1
+    assert resources.threads("cluster", backend="auto", on_gpu=False) == resources.CPU_THREADS["cluster"] == 4
+    assert resources.threads("cluster", backend="cpu", on_gpu=True) == 4
+    assert resources.threads("protein", backend="cpu", on_gpu=True) == 1
+    assert 1 <= resources.pool_workers(cores=16) <= 8 and resources.pool_workers(cores=1) == 1
 
 
 def test_folders_count_their_files_and_a_missing_input_is_named_as_given():

@@ -27,9 +27,9 @@ from omicsprep import resources
 pytestmark = pytest.mark.workflow
 
 PROFILE = REPO / "profiles" / "slurm"
-TARGETS = ["results/pbmc/obs.parquet", "results/pbmc/markers.tsv", "results/pbmc/plots/qc_histograms.png"]
+TARGETS = ["results/pbmc/obs.parquet", "results/pbmc/markers.tsv", "results/run_times.tsv"]
 # Backend auto: qc may use the GPU (here it finds none and runs on the CPU); cluster is
-# pinned to the CPU; plot_qc never uses the GPU.
+# pinned to the CPU; run_times never uses the GPU.
 CONFIG = ["backend_per_rule={cluster: cpu}"]
 # No accounting database here: job states come from squeue, and SLURM guesses no account.
 NO_ACCOUNTING = [
@@ -173,7 +173,7 @@ def test_documented_slurm_command_applies_the_slurm_profile(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     jobs = dry_run_jobs(result.stdout + result.stderr)
     profile = yaml.safe_load((PROFILE / "config.yaml").read_text())
-    assert {"qc", "cluster", "coexpression", "plot_qc", "plot_umap", "run_times"} <= {job["rule"] for job in jobs}
+    assert {"qc", "cluster", "coexpression", "run_times"} <= {job["rule"] for job in jobs}
     for job in jobs:
         rule = job["rule"]
         if rule == "all":  # the default target: nothing to run
@@ -187,7 +187,7 @@ def test_documented_slurm_command_applies_the_slurm_profile(tmp_path):
             "threads": profile["set-threads"].get(rule, 1),
             **{name: str(profile_resource(profile, rule, name, 1)) for name in ("slurm_partition", "runtime")},
             "mem_mb": str(asked_memory(profile, rule, 1, inputs=inputs)),
-            "gpu": None if rule in ("plot_qc", "plot_umap", "run_times") else "0" if rule == "cluster" else "1",
+            "gpu": None if rule == "run_times" else "0" if rule == "cluster" else "1",
         }
         assert asked == expected, rule
 
@@ -210,7 +210,7 @@ def test_workflow_through_shipped_slurm_profile(slurm_cluster, tmp_path):
     jobs = scontrol_jobs(job_ids)
     jobs["rule"] = jobs["Comment"].str.extract(r"^rule_(\w+?)_wildcards", expand=False)
     jobs["attempt"] = jobs.groupby("rule").cumcount() + 1
-    assert sorted(jobs["rule"]) == ["cluster", "plot_qc", "qc", "qc"]  # qc cancelled once, then retried
+    assert sorted(jobs["rule"]) == ["cluster", "coexpression", "qc", "qc", "run_times"]  # qc cancelled, retried
     assert jobs.loc[cancelled, "rule"] == "qc"
     assert jobs.loc[cancelled, "attempt"] == 1
 
@@ -225,14 +225,14 @@ def test_workflow_through_shipped_slurm_profile(slurm_cluster, tmp_path):
         assert megabytes(job["MinMemoryNode"]) == memory, job_id
         assert minutes(job["TimeLimit"]) == profile_resource(profile, rule, "runtime", attempt), job_id
         assert int(job["NumCPUs"]) == profile["set-threads"].get(rule, 1), job_id
-    qc, cluster, plot_qc = (jobs[jobs["rule"] == rule] for rule in ("qc", "cluster", "plot_qc"))
+    qc, cluster, run_times = (jobs[jobs["rule"] == rule] for rule in ("qc", "cluster", "run_times"))
     # A rule that may use the GPU goes to the gpu partition and asks for one GPU; the rule
     # pinned to the CPU and the CPU-only rule ask for none.
     assert (qc["Partition"] == "gpu").all()
     assert (qc["TresPerJob"] == "gres:gpu:1").all()
     assert cluster["TresPerJob"].isna().all()
-    assert plot_qc["TresPerJob"].isna().all()
-    assert (plot_qc["Partition"] == "cpu").all()
+    assert run_times["TresPerJob"].isna().all()
+    assert (run_times["Partition"] == "cpu").all()
     # The retry asked for more memory than the cancelled attempt.
     memory = qc.sort_values("attempt")["MinMemoryNode"].map(megabytes).tolist()
     assert memory[1] > memory[0]
