@@ -208,7 +208,7 @@ def test_workflow_through_shipped_slurm_profile(slurm_cluster, tmp_path):
 
     job_ids = re.findall(r"submitted with SLURM jobid (\d+)", runs["slurm"].stderr)
     jobs = scontrol_jobs(job_ids)
-    jobs["rule"] = jobs["Comment"].str.extract(r"^rule_(\w+?)_wildcards", expand=False)
+    jobs["rule"] = jobs["Comment"].str.extract(r"^rule_(\w+?)(?:_wildcards|$)", expand=False)
     jobs["attempt"] = jobs.groupby("rule").cumcount() + 1
     assert sorted(jobs["rule"]) == ["cluster", "coexpression", "qc", "qc", "run_times"]  # qc cancelled, retried
     assert jobs.loc[cancelled, "rule"] == "qc"
@@ -217,7 +217,12 @@ def test_workflow_through_shipped_slurm_profile(slurm_cluster, tmp_path):
     # What each job asked for is what the shipped profile, the config and the rules' memory
     # models (of the job's inputs) say.
     profile = yaml.safe_load((PROFILE / "config.yaml").read_text())
-    inputs = {"qc": [str(PBMC_H5)], "cluster": [str(tmp_path / "slurm" / "results" / "pbmc" / "qc.h5ad")]}
+    results = tmp_path / "slurm" / "results" / "pbmc"
+    inputs = {
+        "qc": [str(PBMC_H5)],
+        "cluster": [str(results / "qc.h5ad")],
+        "coexpression": [str(results / "processed.h5ad")],
+    }
     for job_id, job in jobs.iterrows():
         rule, attempt = job["rule"], job["attempt"]
         assert job["Partition"] == profile_resource(profile, rule, "slurm_partition", attempt), job_id
