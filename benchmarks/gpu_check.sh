@@ -45,7 +45,7 @@
 #             recorded into a manifest), on the filled caches, and with that manifest compiled ahead in
 #             $KERNEL_PROCESSES (16) processes (omicsprep.kernels)
 #   imports   benchmarks/import_bench.py: a GPU rule's imports in fresh processes (rapids-singlecell, the pipeline,
-#             both as rule qc_cluster starts)
+#             both as a rule that runs qc and cluster in one process starts)
 #   e2e       benchmarks/run.py on $E2E_BACKENDS (gpu) at $E2E_CELLS (1000000) cells (data cached in /tmp/ob):
 #             each backend's first run (no GPU pool yet: the run starts it) and its next run, with
 #             $E2E_ARGS (--cold: from empty kernel caches, a fresh machine); prints where each rule's seconds

@@ -7,7 +7,7 @@ rapids-singlecell being usable, and the process's wall time):
 
 - ``plain``: ``import rapids_singlecell``;
 - ``pipeline``: ``import omicsprep.pipeline`` (AnnData, scanpy, SciPy, Numba, scikit-learn);
-- ``rule``: as rule qc_cluster starts: ``prepare_gpu`` (context, rapids-singlecell, cuML,
+- ``rule``: as a rule running qc and cluster in one process starts: ``prepare_gpu`` (context, rapids-singlecell, cuML,
   pylibcugraph in a thread) while the main thread imports ``omicsprep.pipeline``, then
   waiting for rapids-singlecell.
 

@@ -1,8 +1,8 @@
-"""A fresh machine's kernel compiles in rule qc_cluster's steps, and what compiling them ahead saves.
+"""A fresh machine's kernel compiles in qc's and cluster's steps, and what compiling them ahead saves.
 
     python benchmarks/kernel_compile_bench.py [--processes 16] [--out DIR]
 
-Each step is a fresh process running :func:`omicsprep.warmup.warm_kernels` (rule qc_cluster's
+Each step is a fresh process running :func:`omicsprep.warmup.warm_kernels` (qc's and cluster's
 steps on a generated sample of 4,000 cells), with CuPy's, Numba's and the CUDA driver's caches
 in folders of its own:
 

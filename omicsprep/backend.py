@@ -901,7 +901,7 @@ def _version_of(module_name: str) -> str:
 def module_versions(*, backend: Backend) -> dict[str, str]:
     """Versions of the analysis libraries imported by this process; on the GPU backend, the GPU's name too.
 
-    A warm worker (:mod:`omicsprep.workers`) imports the GPU libraries before it knows its
+    A worker of the GPU pool (:mod:`omicsprep.pool`) imports the GPU libraries before it knows its
     rule's backend: a CPU rule records them neither there nor in its own process.
     """
     recorded = [name for name in RECORDED_MODULES if backend == "gpu" or name not in GPU_MODULES]

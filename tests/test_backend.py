@@ -168,7 +168,7 @@ def test_versions_name_the_libraries_in_use():
 
 
 def test_a_cpu_rule_records_no_gpu_library_even_where_one_is_imported(monkeypatch):
-    # As in a warm worker, which imported the GPU libraries before it knew its rule's backend.
+    # As in a worker of the GPU pool, which imported the GPU libraries before it knew its job's backend.
     import types
 
     monkeypatch.setitem(sys.modules, "cuml", types.SimpleNamespace(__version__="26.10.0"))

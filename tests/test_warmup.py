@@ -111,7 +111,7 @@ def test_kernels_are_dealt_into_groups_of_about_equal_time():
 @pytest.mark.gpu
 def test_shipped_kernels_compiled_ahead_leave_nothing_to_compile_in_the_steps(tmp_path):
     # A fresh machine (empty caches): the shipped manifest compiled ahead in processes, then
-    # rule qc_cluster's steps on the generated sample compile nothing more (but the 3 kernels
+    # qc's and cluster's steps on the generated sample compile nothing more (but the 3 kernels
     # with name expressions, which are not shipped: CuPy compiles them in every process); a second start
     # finds the cache marked and starts no process.
     code = """
