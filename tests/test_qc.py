@@ -42,6 +42,25 @@ def test_mad_outliers():
     assert qc.mad_outliers(values, n_mads=5).tolist() == [False] * 5 + [True]
 
 
+def test_mad_outliers_are_flagged_on_both_sides_of_real_cells(pbmc):
+    """Five MADs around the median, below as above: the PBMCs have one cell with too few genes
+    and one with too many counts for their spread (a one-sided check keeps one of them)."""
+    qc.annotate_gene_groups(pbmc, patterns=QC_OPTIONS.gene_groups)
+    qc.calculate_qc_metrics(pbmc, qc_vars=["mt", "ribo", "hb"], backend="cpu")
+    sides = {}
+    for metric in qc.MAD_METRICS:
+        values = pbmc.obs[metric].to_numpy()
+        median = np.median(values)
+        mad = np.median(np.abs(values - median))
+        low, high = values < median - 5 * mad, values > median + 5 * mad
+        np.testing.assert_array_equal(qc.mad_outliers(values, n_mads=5), low | high)
+        sides[metric] = (int(low.sum()), int(high.sum()))
+    assert sides == {"log1p_total_counts": (0, 1), "log1p_n_genes_by_counts": (1, 0)}
+    reasons = qc.qc_pass_mask(pbmc, method="mad", n_mads=5, n_mads_mt=3)
+    assert (reasons == "mad_log1p_total_counts").sum() == 1
+    assert (reasons == "mad_log1p_n_genes_by_counts").sum() == 1
+
+
 def test_mad_of_zero_flags_nothing():
     # Most cells without mitochondrial counts: no spread to judge outliers by.
     values = np.array([0.0, 0.0, 0.0, 0.0, 0.5, 2.0])
