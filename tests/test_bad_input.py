@@ -108,6 +108,11 @@ def dry_run_error(tmp_path: Path, *config: str) -> str:
     [
         ("sample\tinput\tfragment", f"a\t{PBMC_H5}\tx", "unknown column 'fragment': did you mean 'fragments'?"),
         ("Sample\tinput", f"a\t{PBMC_H5}", "unknown column 'Sample': did you mean 'sample'?"),
+        # The near misses furthest from their column (difflib's ratio 0.80 to 0.89).
+        ("sample\tinput\tbatches", f"a\t{PBMC_H5}\tb1", "unknown column 'batches': did you mean 'batch'?"),
+        ("sample\tinput\tpeak", f"a\t{PBMC_H5}\tx", "unknown column 'peak': did you mean 'peaks'?"),
+        ("sample\tinput\tchemestry", f"a\t{PBMC_H5}\t10xv3", "unknown column 'chemestry': did you mean 'chemistry'?"),
+        ("sample\tinput\tadt_empties", f"a\t{PBMC_H5}\tx", "unknown column 'adt_empties': did you mean 'adt_empty'?"),
         (
             "sample\tinput\tformat",
             f"a\t{PBMC_H5}\th5",
@@ -128,6 +133,18 @@ def test_sheet_problems_name_the_line_sample_and_column(tmp_path, header, row, m
     # no schema dump
     assert "row 0" not in stderr
     assert "properties" not in stderr
+
+
+def test_usual_metadata_columns_are_not_taken_for_near_misses(tmp_path):
+    # treatment is as close to fragments (0.67) as a near miss may not be.
+    metadata = ["donor", "condition", "tissue", "treatment", "replicate", "patient", "age", "sex", "time", "group"]
+    sheet = write_sheet(
+        tmp_path / "s.tsv",
+        [f"a\t{PBMC_H5}\t" + "\t".join("x" * len(metadata))],
+        header="\t".join(["sample", "input", *metadata]),
+    )
+    result = snakemake("-n", "--config", f"samples={sheet}", workdir=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
 
 
 def test_nested_command_line_values_are_read_as_yaml(tmp_path):
