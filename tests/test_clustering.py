@@ -109,6 +109,40 @@ def test_single_cluster_gives_an_empty_markers_table_with_the_usual_columns(mous
     assert list(empty.columns) == list(markers.columns)
 
 
+def test_each_resolution_gives_its_own_clustering(mouse_clustered):
+    """Leiden at 0.5 and 2 as scanpy clusters at those resolutions, Louvain as igraph's multilevel
+    does: coarser below 1, finer above (a resolution not passed on would give 1.0's clusters)."""
+    import random
+
+    import igraph
+
+    adata, _ = mouse_clustered
+    again = adata.copy()
+    clustering.cluster_graph(again, algorithm="leiden", resolutions=[0.5, 2.0], seed=0, backend="cpu")
+    clustering.cluster_graph(again, algorithm="louvain", resolutions=[0.5, 2.0], seed=0, backend="cpu")
+    edges = sparse_upper_edges(again.obsp["connectivities"])
+    graph = igraph.Graph(n=again.n_obs, edges=edges[:, :2].astype(int).tolist(), edge_attrs={"weight": edges[:, 2]})
+    counts = {}
+    for resolution in (0.5, 2.0):
+        peer = adata.copy()
+        sc.tl.leiden(peer, resolution=resolution, flavor="igraph", n_iterations=-1, directed=False, random_state=0)
+        assert adjusted_rand_score(again.obs[f"leiden_{resolution}"], peer.obs["leiden"]) == 1.0
+        igraph.set_random_number_generator(random.Random(0))
+        multilevel = graph.community_multilevel(weights="weight", resolution=resolution).membership
+        assert adjusted_rand_score(again.obs[f"louvain_{resolution}"], multilevel) == 1.0
+        counts[resolution] = [again.obs[f"{algorithm}_{resolution}"].nunique() for algorithm in ("leiden", "louvain")]
+    one = [adata.obs["leiden_1.0"].nunique(), adata.obs["louvain_1.0"].nunique()]
+    assert all(low < middle < high for low, middle, high in zip(counts[0.5], one, counts[2.0], strict=True)), counts
+
+
+def sparse_upper_edges(adjacency) -> np.ndarray:
+    """The upper triangle's edges of a symmetric sparse matrix: rows of (source, target, weight)."""
+    from scipy import sparse
+
+    upper = sparse.triu(adjacency, k=1).tocoo()
+    return np.column_stack([upper.row, upper.col, upper.data])
+
+
 def test_louvain_is_seeded(mouse_clustered):
     adata, _ = mouse_clustered
     again = adata.copy()
