@@ -128,6 +128,27 @@ def test_lsi_drops_components_that_track_depth(peak_counts):
     np.testing.assert_allclose(filtered.obsm["X_lsi"], components[:, kept], rtol=1e-9, atol=1e-9)
 
 
+def test_a_component_against_depth_is_dropped_as_one_with_it(peak_counts, monkeypatch):
+    # An SVD's components have no sign of their own: the one that tracks depth may come out
+    # negated (correlation -0.93 here), and is dropped all the same.
+    from scipy.sparse import linalg
+
+    solver = linalg.svds
+
+    def negated(*args, **kwargs):
+        left, singular, right = solver(*args, **kwargs)
+        return -left, singular, -right
+
+    monkeypatch.setattr(linalg, "svds", negated)
+    adata = peak_counts.copy()
+    tfidf(adata, backend="cpu")
+    lsi(adata, n_comps=10, max_depth_correlation=0.9, backend="cpu")
+    correlation = adata.uns["lsi"]["depth_correlation"]
+    assert correlation[0] < -0.9 and (np.abs(correlation[1:]) < 0.1).all()
+    assert adata.uns["lsi"]["kept"].tolist() == [False] + [True] * 9
+    assert adata.obsm["X_lsi"].shape == (1000, 9)
+
+
 def test_bad_fragments_are_one_clear_error(tmp_path, barcodes):
     bad = tmp_path / "fragments.tsv"
     bad.write_text("chr1\t200\t100\tAAACAGCCAGCATGTC-1\t1\n")
