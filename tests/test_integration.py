@@ -50,6 +50,46 @@ def test_harmony_mixes_the_pbmc_batches_and_keeps_the_clusters(pbmc_batches):
     assert merged.uns["omicsprep"]["merge"]["backend"] == "cpu"
 
 
+def test_the_merge_selects_genes_and_corrects_by_the_batch_key_not_the_sample(pbmc_batches):
+    """Three samples in two batches (the first half's cells in two samples), 50 of the 149 genes:
+    the merge's HVGs are ranked within batches and Harmony corrects the batches, as a batch-aware
+    selection and a Harmony of batches give them, and not as by sample or without batches."""
+    from dataclasses import replace
+
+    from omicsprep.rna import preprocessing
+
+    first = pbmc_batches["first"]
+    samples = {"a": first[::2].copy(), "b": first[1::2].copy(), "c": pbmc_batches["second"].copy()}
+    for name, batch in (("a", "A"), ("b", "A"), ("c", "C")):
+        samples[name].obs["batch"] = batch
+    options = replace(CLUSTER_OPTIONS, hvg=replace(CLUSTER_OPTIONS.hvg, n_top_genes=50))
+    merged, _ = run_merge(
+        samples,
+        options=replace(MERGE_OPTIONS, batch_key="batch"),
+        clustering_options=options,
+        labels="leiden_1.0",
+        seed=0,
+        backend="cpu",
+    )
+    assert merged.n_vars == 149 and merged.var["highly_variable"].sum() == 50
+    selections = {}
+    for key in ("batch", "sample", None):
+        alone = integration.concatenate_samples(samples, labels="leiden_1.0", backend="cpu")
+        preprocessing.normalize(alone, target_sum=options.normalize.target_sum, backend="cpu")
+        preprocessing.highly_variable_genes(alone, flavor="seurat_v3", n_top_genes=50, batch_key=key, backend="cpu")
+        selections[key] = alone.var["highly_variable"]
+    assert merged.var["highly_variable"].equals(selections["batch"])
+    assert not selections["batch"].equals(selections["sample"]) and not selections["batch"].equals(selections[None])
+    harmony = MERGE_OPTIONS.harmony
+    corrected = {}
+    for key in ("batch", "sample"):
+        again = merged.copy()
+        integration.harmony(again, key=key, theta=harmony.theta, max_iter=harmony.max_iter, seed=0, backend="cpu")
+        corrected[key] = again.obsm["X_pca_harmony"]
+    np.testing.assert_allclose(merged.obsm["X_pca_harmony"], corrected["batch"], rtol=1e-6, atol=1e-6)
+    assert np.abs(corrected["batch"] - corrected["sample"]).max() > 0.1
+
+
 def neighbour_graph(batches: list[str], neighbours: dict[int, list[int]]) -> AnnData:
     """Cells with a batch each and a kNN graph in obsp["distances"].
 
