@@ -145,6 +145,19 @@ def test_matches_dropletutils(dropletutils, case):
     # so a few borderline calls flip with the Monte Carlo draws.
     assert (called != called_r).sum() <= 0.05 * called_r.sum()
     np.testing.assert_array_equal(table["fdr"].isna(), theirs["fdr"].isna())
+    # FDR values against DropletUtils' (within the Monte Carlo noise their p-values carry: at
+    # most 0.032 apart, 0.0006-0.0054 on average over the four cases), and as Benjamini-Hochberg
+    # makes them from p-values: never below them, growing with them, above them for some
+    # (raw p-values as FDR would be none).
+    fdr, fdr_r = table["fdr"].to_numpy(), theirs["fdr"].to_numpy()
+    both = ~np.isnan(fdr) & ~np.isnan(fdr_r)
+    assert np.abs(fdr[both] - fdr_r[both]).max() < 0.05 and np.abs(fdr[both] - fdr_r[both]).mean() < 0.01
+    p_all = table["p_value"].to_numpy()
+    adjusted = both & ~np.isnan(p_all) & (table["total"].to_numpy() < retain)  # retained ones: FDR of p 0
+    order = np.argsort(p_all[adjusted], kind="stable")
+    assert np.all(fdr[adjusted] >= p_all[adjusted] - 1e-12)
+    assert np.all(np.diff(fdr[adjusted][order]) >= -1e-12)
+    assert (fdr[adjusted] > p_all[adjusted] + 1e-6).sum() > 0.5 * (p_all[adjusted] < 1).sum()
 
 
 def test_cell_ranger_marks_ordmag_cells_as_called_without_testing():
