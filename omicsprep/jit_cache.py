@@ -5,12 +5,22 @@ process because they are not declared ``cache=True``; a workflow rule is a new p
 that cost would recur in every run. Turning caching on before
 their first call stores the machine code in Numba's cache directory (``NUMBA_CACHE_DIR``
 or ``__pycache__``), where later processes find it.
+
+Numba keys a cached function by its own source file only: a function whose machine code
+holds another module's function (``umi.count_groups`` calls ``umi_kernels``' kernel) kept
+running the old code after that module changed. :func:`track_sources` keys omicsprep's cached
+functions by every module of the package instead.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 from functools import cache
+from pathlib import Path
+from typing import Any
+
+PACKAGE = Path(__file__).parent
 
 UMAP_MODULES = ("umap.umap_", "umap.layouts", "umap.utils", "umap.spectral")
 
@@ -28,3 +38,56 @@ def cache_umap_kernels() -> int:
                 kernel.enable_caching()
                 enabled += 1
     return enabled
+
+
+@cache
+def sources_digest(root: Path) -> str:
+    """A digest of the content of every Python module under ``root`` (once per process)."""
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def track_sources(root: Path = PACKAGE) -> None:
+    """Key Numba's on-disk cache of each function defined under ``root`` by every module there.
+
+    A change to any of them then compiles those functions anew, rather than running machine
+    code built from the old source of a module they call. Call it before the functions are
+    defined (``cache=True`` picks its cache as it decorates). Functions elsewhere keep
+    Numba's own keys.
+    """
+    from numba.core import caching
+
+    # Numba's own names, public since 0.61 (underscored before); none found: Numba's keys stay.
+    impl = getattr(caching, "CacheImpl", None) or getattr(caching, "_CacheImpl", None)
+    found = [getattr(caching, name, None) or getattr(caching, f"_{name}", None) for name in LOCATORS]
+    bases = [base for base in found if isinstance(base, type)]
+    locators = getattr(impl, "_locator_classes", None)
+    root = root.resolve()
+    if not isinstance(locators, list) or len(bases) < len(LOCATORS):
+        return
+    if all(getattr(locator, "tracked_root", None) != root for locator in locators):
+        locators[:0] = [_tracking(base, root) for base in bases]
+
+
+# Numba's locators of a regular module's cache: NUMBA_CACHE_DIR, else __pycache__ beside it.
+LOCATORS = ("UserProvidedCacheLocator", "InTreeCacheLocator")
+
+
+def _tracking(base: type, root: Path) -> type:
+    """``base``, a Numba cache locator, for functions under ``root``, their cache keyed by all of it too."""
+
+    class TrackingLocator(base):
+        tracked_root = root
+
+        @classmethod
+        def from_function(cls, py_func: Any, py_file: str) -> Any:
+            if not Path(py_file).resolve().is_relative_to(root):
+                return None
+            return super().from_function(py_func, py_file)
+
+        def get_source_stamp(self) -> Any:
+            return (super().get_source_stamp(), sources_digest(root))
+
+    return TrackingLocator

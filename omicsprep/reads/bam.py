@@ -30,8 +30,11 @@ import numba
 import numpy as np
 
 from omicsprep.errors import InputError
+from omicsprep.jit_cache import track_sources
 from omicsprep.reads.umi import numba_threads
 from omicsprep.resources import usable_cores
+
+track_sources()  # before the functions below are compiled and cached (cache=True)
 
 BGZF_EOF = bytes.fromhex("1f8b08040000000000ff0600424302001b0003000000000000000000")
 CHUNK_BYTES = 16 << 20  # inflated bytes scanned at a time (plus one record carried over)

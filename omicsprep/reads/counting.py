@@ -24,10 +24,13 @@ from scipy import sparse
 
 from omicsprep.backend import Backend
 from omicsprep.errors import InputError
+from omicsprep.jit_cache import track_sources
 from omicsprep.options import UmiOptions
 from omicsprep.reads.bam import BamRecords
 from omicsprep.reads.molecules import ReadTable, encode_reads, estimated_reads, usable_bam_codes, usable_reads
 from omicsprep.reads.umi import dedup_reads, numba_threads
+
+track_sources()  # before the functions below are compiled and cached (cache=True)
 
 
 def count_umis(

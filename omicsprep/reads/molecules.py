@@ -25,9 +25,12 @@ import pyarrow.compute as pc
 from omicsprep.backend import Backend, cudf
 from omicsprep.errors import InputError, existing_file
 from omicsprep.io.text import STREAM_CODECS, cudf_parse_errors, cudf_text_chunks, unparsable
+from omicsprep.jit_cache import track_sources
 from omicsprep.options import BamOptions, TableOptions
 from omicsprep.reads.bam import BamRecords, bgzf_eof_present
 from omicsprep.reads.umi import check_umi_lengths, pack_umis
+
+track_sources()  # before the functions below are compiled and cached (cache=True)
 
 # Where the cell barcode and UMI sit in read names: umis-style `...:CELL_<cb>:UMI_<umi>:...`
 # and umi_tools extract's `<read>_<cb>_<umi>`.

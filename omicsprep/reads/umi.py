@@ -22,9 +22,12 @@ import pyarrow.compute as pc
 
 from omicsprep.backend import Backend, cudf, cupy
 from omicsprep.errors import InputError
+from omicsprep.jit_cache import track_sources
 from omicsprep.options import METHODS, Method
 from omicsprep.reads import umi_kernels
 from omicsprep.resources import usable_cores
+
+track_sources()  # before the functions below are compiled and cached (cache=True)
 
 if TYPE_CHECKING:
     from pandas import DataFrame  # or cudf.DataFrame
