@@ -492,6 +492,23 @@ def test_report_holds_plots_and_timings(cpu_run):
         assert name in html
 
 
+@pytest.mark.parametrize(
+    ("setting", "reruns"),
+    [
+        ("leiden={resolutions: [0.5, 1.0, 1.5]}", {"cluster", "coexpression", "run_times"}),
+        ("neighbors={n_neighbors: 20}", {"cluster", "coexpression", "run_times"}),
+        ("doublets={expected_rate: 0.08}", {"qc", "cluster", "coexpression", "run_times"}),
+    ],
+)
+def test_a_changed_clustering_setting_reruns_clustering_not_qc(cpu_run, setting, reruns):
+    """Snakemake reruns a job whose parameters changed, and what follows it: a resolution or
+    neighbours' setting reruns rule cluster, not qc and its doublet scoring; a QC setting both."""
+    result = snakemake("-n", "--config", f"samples={cpu_run / 'samples.tsv'}", "backend=cpu", setting, workdir=cpu_run)
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = set(re.findall(r"^rule (\w+):$", result.stdout + result.stderr, flags=re.MULTILINE))
+    assert jobs - {"all"} == reruns, jobs
+
+
 def expect_failure(result: subprocess.CompletedProcess, *fragments: str) -> None:
     assert result.returncode != 0
     output = result.stdout + result.stderr
