@@ -105,6 +105,29 @@ def run_script(
     exit_at_once(log_file, console)
 
 
+def run_rule(main: Callable[[], None], snakemake: Any, *, sample: str | None = None, pooled: bool = True) -> None:
+    """:func:`run_script` for a rule's script: its log, sample, threads and backend from ``snakemake``.
+
+    Parameters
+    ----------
+    main
+        The script's body.
+    snakemake
+        The rule's ``snakemake`` object.
+    sample
+        The sample named in errors, where the rule has no ``sample`` wildcard.
+    pooled
+        Whether the GPU pool may run a rule whose params hold a backend.
+    """
+    run_script(
+        main,
+        log_path=snakemake.log[0],
+        sample=sample or snakemake.wildcards.get("sample"),
+        threads=snakemake.threads,
+        backend=snakemake.params.get("backend") if pooled else None,
+    )
+
+
 def exit_at_once(*streams: Any) -> None:
     """End a rule's process that succeeded without the interpreter's teardown; in a pool worker, return.
 

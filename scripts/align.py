@@ -4,7 +4,7 @@ from pathlib import Path
 
 from omicsprep.align.run import align_sample, sample_chemistry
 from omicsprep.options import AlignOptions, from_config
-from omicsprep.workflow import run_script
+from omicsprep.workflow import run_rule
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
 
@@ -25,4 +25,4 @@ def main() -> None:
     )
 
 
-run_script(main, log_path=snakemake.log[0], sample=snakemake.wildcards.sample, threads=snakemake.threads)
+run_rule(main, snakemake)

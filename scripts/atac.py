@@ -3,7 +3,7 @@
 Then TF-IDF, LSI, neighbours, UMAP and clusters.
 """
 
-from omicsprep.workflow import run_script
+from omicsprep.workflow import run_rule
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
 
@@ -44,10 +44,4 @@ def main() -> None:
     io.write_h5ad(adata, snakemake.output.h5ad, compression=snakemake.config["h5ad_compression"])
 
 
-run_script(
-    main,
-    log_path=snakemake.log[0],
-    sample=snakemake.wildcards.sample,
-    threads=snakemake.threads,
-    backend=snakemake.params.backend,
-)
+run_rule(main, snakemake)

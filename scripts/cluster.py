@@ -9,7 +9,7 @@ cells are clustered, by clusters at the end.
 from functools import partial
 from typing import TYPE_CHECKING
 
-from omicsprep.workflow import run_script
+from omicsprep.workflow import run_rule
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -79,10 +79,4 @@ def write_what_is_final(
         draw_later(write_embedding_figure, coords, obs, sample=snakemake.wildcards.sample, keys=keys, path=path)
 
 
-run_script(
-    main,
-    log_path=snakemake.log[0],
-    sample=snakemake.wildcards.sample,
-    threads=snakemake.threads,
-    backend=snakemake.params.backend,
-)
+run_rule(main, snakemake)

@@ -4,7 +4,7 @@ When configured, also the modules of each cluster's own network. A sample whose 
 be built (too few cells or usable genes) gets empty tables and the reason in provenance.json.
 """
 
-from omicsprep.workflow import run_script
+from omicsprep.workflow import run_rule
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
 
@@ -42,10 +42,4 @@ def main() -> None:
     io.write_coexpression(result, figures, paths=paths)
 
 
-run_script(
-    main,
-    log_path=snakemake.log[0],
-    sample=snakemake.wildcards.sample,
-    threads=snakemake.threads,
-    backend=snakemake.params.backend,
-)
+run_rule(main, snakemake)

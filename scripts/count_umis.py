@@ -1,6 +1,6 @@
 """Rule count_umis: deduplicate the UMIs of a sample's reads (BAM/SAM or molecule table)."""
 
-from omicsprep.workflow import run_script
+from omicsprep.workflow import run_rule
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
 
@@ -27,10 +27,4 @@ def main() -> None:
     io.write_h5ad(adata, snakemake.output.h5ad, compression=snakemake.config["h5ad_compression"])
 
 
-run_script(
-    main,
-    log_path=snakemake.log[0],
-    sample=snakemake.wildcards.sample,
-    threads=snakemake.threads,
-    backend=snakemake.params.backend,
-)
+run_rule(main, snakemake)

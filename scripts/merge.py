@@ -1,6 +1,6 @@
 """Rule merge: all samples concatenated, Harmony-corrected, clustered, with integration metrics."""
 
-from omicsprep.workflow import run_script
+from omicsprep.workflow import run_rule
 
 
 def main() -> None:
@@ -38,5 +38,4 @@ def main() -> None:
 if __name__ == "__main__":
     snakemake = snakemake  # noqa: F821 - injected by Snakemake
     # Not in the GPU pool with Dask's workers, which start by running this file as their main module.
-    backend = None if snakemake.params.merge["dask"] else snakemake.params.backend
-    run_script(main, log_path=snakemake.log[0], sample="merged", threads=snakemake.threads, backend=backend)
+    run_rule(main, snakemake, sample="merged", pooled=not snakemake.params.merge["dask"])

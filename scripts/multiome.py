@@ -1,6 +1,6 @@
 """Rule multiome: modalities joined by barcode, WNN, joint UMAP and clusters."""
 
-from omicsprep.workflow import run_script
+from omicsprep.workflow import run_rule
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
 
@@ -27,10 +27,4 @@ def main() -> None:
     io.write_h5mu(mdata, snakemake.output.h5mu)
 
 
-run_script(
-    main,
-    log_path=snakemake.log[0],
-    sample=snakemake.wildcards.sample,
-    threads=snakemake.threads,
-    backend=snakemake.params.backend,
-)
+run_rule(main, snakemake)

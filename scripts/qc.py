@@ -5,7 +5,7 @@ The QC figures of every input cell are drawn in a second process while the outpu
 
 from typing import TYPE_CHECKING
 
-from omicsprep.workflow import run_script
+from omicsprep.workflow import run_rule
 
 if TYPE_CHECKING:
     from anndata import AnnData
@@ -44,10 +44,4 @@ def read_counts() -> "AnnData":
     return adata
 
 
-run_script(
-    main,
-    log_path=snakemake.log[0],
-    sample=snakemake.wildcards.sample,
-    threads=snakemake.threads,
-    backend=snakemake.params.backend,
-)
+run_rule(main, snakemake)

@@ -1,6 +1,6 @@
 """Rule run_times: one table of every rule's benchmark and per-step timings."""
 
-from omicsprep.workflow import run_script
+from omicsprep.workflow import run_rule
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
 
@@ -20,4 +20,4 @@ def main() -> None:
     io.write_table(run_time_table(benchmarks, provenance, phases), snakemake.output.table)
 
 
-run_script(main, log_path=snakemake.log[0])
+run_rule(main, snakemake)

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from omicsprep.align.run import build_index
-from omicsprep.workflow import run_script
+from omicsprep.workflow import run_rule
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
 
@@ -17,4 +17,4 @@ def main() -> None:
     )
 
 
-run_script(main, log_path=snakemake.log[0], threads=snakemake.threads)
+run_rule(main, snakemake)
