@@ -216,12 +216,6 @@ def cupy() -> ModuleType:
     return gpu_module("cupy")
 
 
-def gpus_shared() -> bool:
-    """Whether several processes may hold contexts on every visible GPU at once (CUDA's default compute mode)."""
-    runtime = cupy().cuda.runtime
-    return all(runtime.getDeviceProperties(device)["computeMode"] == 0 for device in range(runtime.getDeviceCount()))
-
-
 def release_device_memory() -> None:
     """Give back to the driver the device and pinned host memory that CuPy's pools keep for reuse."""
     gc.collect()  # arrays no longer referenced, but in cycles, still hold their blocks

@@ -59,7 +59,7 @@ def background_process(*, preload: str | None = None) -> Iterator[Callable[..., 
     """
     if _kept:
         with _in_order(_kept[0], shut_down=False) as run_later:
-            yield partial(run_later, _run_in, Path.cwd(), _umask())
+            yield partial(run_later, _run_in, Path.cwd(), current_umask())
         return
     if sys.platform != "linux":
         yield _run_now
@@ -131,7 +131,8 @@ def _run_in(folder: Path, umask: int, function: Callable[..., None], /, *args: A
     function(*args, **kwargs)
 
 
-def _umask() -> int:
+def current_umask() -> int:
+    """The umask of this process (read by setting it, then set back)."""
     mask = os.umask(0)
     os.umask(mask)
     return mask

@@ -285,14 +285,14 @@ def _visible_device(index: int) -> str:
 
 def compile_shipped_kernels() -> None:
     """Compile the shipped kernels into this machine's cache in a process per core, unless done before (or no GPU)."""
-    from omicsprep.backend import cupy, gpu_unavailable_reason
+    from omicsprep.backend import gpu_unavailable_reason
     from omicsprep.resources import usable_cores
 
     if (reason := gpu_unavailable_reason()) is not None:
         log.info("kernels not compiled ahead: %s", reason)
         return
-    cupy().cuda.runtime.free(0)
-    start_compiling_ahead(processes=usable_cores()).finish()
+    with shipped_kernels_compiling("gpu", processes=usable_cores()):
+        pass
 
 
 def main(argv: list[str] | None = None) -> None:

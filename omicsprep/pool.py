@@ -54,6 +54,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from omicsprep.background import current_umask
+
 log = logging.getLogger(__name__)
 
 # The pool's socket, set by the workflow for its jobs, which hand themselves over; set beforehand,
@@ -207,7 +209,7 @@ def hand_over(*, started_at: float) -> None:
         "run": sys.argv,
         "cwd": str(Path.cwd()),
         "env": dict(os.environ),
-        "umask": _umask(),
+        "umask": current_umask(),
         "started_at": started_at,
         "fingerprint": fingerprint(),
     }
@@ -236,12 +238,6 @@ def hand_over(*, started_at: float) -> None:
         os._exit(1)
     code = status["exit"]
     os._exit(code if code >= 0 else 128 - code)  # a signal's number, as a shell reports it
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 # -- a worker's side ------------------------------------------------------------------------------------------------

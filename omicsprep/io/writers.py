@@ -21,6 +21,7 @@ import pandas as pd
 from scipy import sparse
 
 from omicsprep.backend import asnumpy, blocks_of, is_dask_array, sparse_entries
+from omicsprep.background import current_umask
 from omicsprep.errors import OutOfMemoryError, OutOfSpaceError
 from omicsprep.io.deflated import DEFLATE_LEVEL, DeflatedRows, create_deflated, deflatable
 from omicsprep.timings import phase
@@ -29,12 +30,6 @@ if TYPE_CHECKING:
     from anndata import AnnData
     from matplotlib.figure import Figure  # only a type here: matplotlib takes 0.3 s to import
     from mudata import MuData
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 TEMPORARY_INFIX = ".tmp"
@@ -90,7 +85,7 @@ def atomic_path(
         with phase("write") if timed else contextlib.nullcontext():
             yield tmp
         # mkstemp creates the file private (0600); give it the permissions of a normal file.
-        tmp.chmod(0o666 & ~_umask())
+        tmp.chmod(0o666 & ~current_umask())
         tmp.replace(path)
     except (OutOfSpaceError, OutOfMemoryError):  # reported already, by another output's writer
         raise
