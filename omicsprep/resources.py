@@ -31,7 +31,7 @@ def usable_cores() -> int:
 SHARED_GPU_MAX_INPUT_MB = 2000.0
 # Threads of a job on the CPU backend (a profile's set-threads overrides them); a job on the GPU
 # asks for one: its work is on the device (and it may wait for a worker of the pool meanwhile).
-CPU_THREADS = {"count_umis": 2, "call_cells": 2, "qc": 2, "cluster": 4, "cellbender": 4}
+CPU_THREADS = {"qc": 2, "cluster": 4}
 
 
 def gpu_expected() -> bool:
