@@ -278,9 +278,9 @@ def gpus_for(rule_name):
     backend = backend_for(rule_name)
 
     def gpu(wildcards, input):
-        if backend == "cpu" or not jobs_run_here():  # without reading the inputs' sizes
-            return resources.gpus(backend=backend, inputs_mb=0.0, local=False)
-        return resources.gpus(backend=backend, inputs_mb=resources.paths_mb(input), local=True)
+        local = jobs_run_here()
+        sized = local and backend != "cpu"  # the inputs' sizes are read only where they decide
+        return resources.gpus(backend=backend, inputs_mb=resources.paths_mb(input) if sized else 0.0, local=local)
 
     return gpu
 
