@@ -9,6 +9,7 @@ from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import get_type_hints
 
+from omicsprep import __version__
 from omicsprep.errors import BackendUnavailableError, InputError
 from omicsprep.options import METHODS, CoexpressionOptions, MetacellOptions, NormalizeOptions, Options, UmiOptions
 
@@ -150,22 +151,24 @@ def warm_kernels(args: argparse.Namespace) -> None:
     log.info("%s kernels of qc and cluster compiled and cached in %.1f s", backend, time.perf_counter() - start)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run the ``omicsprep`` command named in ``argv`` (the process's arguments by default)."""
-    parser = argparse.ArgumentParser(prog="omicsprep")
+def command_parser() -> argparse.ArgumentParser:
+    """The ``omicsprep`` command's parser: its subcommands, each option with its help and default."""
+    parser = argparse.ArgumentParser(prog="omicsprep", description="omicsprep's steps outside the workflow")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     umi_defaults, network_defaults = UmiOptions(), CoexpressionOptions()
     commands = parser.add_subparsers(dest="command", required=True)
+    with_defaults = {"formatter_class": argparse.ArgumentDefaultsHelpFormatter}  # --help shows each default
     umis = commands.add_parser(
-        "count-umis", help="BAM/SAM or molecule table with cell, UMI and gene -> cell x gene counts"
+        "count-umis", help="BAM/SAM or molecule table with cell, UMI and gene -> cell x gene counts", **with_defaults
     )
-    umis.add_argument("input", type=Path)
+    umis.add_argument("input", type=Path, help="BAM/SAM with cell, UMI and gene tags, or a molecule table")
     umis.add_argument("-o", "--output", type=Path, required=True, help="counts as .h5ad")
     umis.add_argument("--tsv", type=Path, help="also the long table gene<TAB>cell<TAB>count (as umi_tools count)")
     # Each option's dest is its field of UmiOptions (or of its bam and table options).
     bam, table = umi_defaults.bam, umi_defaults.table
-    umis.add_argument("--cell-tag", default=bam.cell_tag)
-    umis.add_argument("--umi-tag", default=bam.umi_tag)
-    umis.add_argument("--gene-tag", default=bam.gene_tag)
+    umis.add_argument("--cell-tag", default=bam.cell_tag, help="BAM tag of the corrected cell barcode")
+    umis.add_argument("--umi-tag", default=bam.umi_tag, help="BAM tag of the corrected UMI")
+    umis.add_argument("--gene-tag", default=bam.gene_tag, help="BAM tag of the gene the read is assigned to")
     umis.add_argument(
         "--extract-umi-method",
         dest="umi_source",
@@ -179,12 +182,21 @@ def main(argv: list[str] | None = None) -> None:
         default=umi_defaults.skip_gene_regex,
         help="skip reads whose gene matches",
     )
-    umis.add_argument("--method", choices=METHODS, default=umi_defaults.method)
-    umis.add_argument("--edit-distance-threshold", type=int, default=umi_defaults.edit_distance_threshold)
-    umis.add_argument("--min-mapq", type=int, default=bam.min_mapq)
-    umis.add_argument("--cell-column", default=table.cell_column, help="molecule tables (.parquet/.csv/.tsv[.gz])")
-    umis.add_argument("--umi-column", default=table.umi_column)
-    umis.add_argument("--gene-column", default=table.gene_column)
+    umis.add_argument(
+        "--method", choices=METHODS, default=umi_defaults.method, help="UMI deduplication, as umi_tools count's"
+    )
+    umis.add_argument(
+        "--edit-distance-threshold",
+        type=int,
+        default=umi_defaults.edit_distance_threshold,
+        help="UMIs this many mismatches apart may be merged",
+    )
+    umis.add_argument("--min-mapq", type=int, default=bam.min_mapq, help="reads of lower mapping quality are skipped")
+    umis.add_argument(
+        "--cell-column", default=table.cell_column, help="molecule tables' cell column (.parquet/.csv/.tsv[.gz])"
+    )
+    umis.add_argument("--umi-column", default=table.umi_column, help="molecule tables' UMI column")
+    umis.add_argument("--gene-column", default=table.gene_column, help="molecule tables' gene column")
     umis.add_argument("--count-column", default=table.count_column, help="reads per row, for aggregated tables")
     umis.add_argument(
         "--chunk-rows",
@@ -199,10 +211,14 @@ def main(argv: list[str] | None = None) -> None:
         help="where UMIs are deduplicated; gpu without a usable GPU is an error",
     )
     umis.set_defaults(run=count_umis)
-    network = commands.add_parser("coexpr", help="gene co-expression network, modules and eigengenes of an .h5ad")
+    network = commands.add_parser(
+        "coexpr", help="gene co-expression network, modules and eigengenes of an .h5ad", **with_defaults
+    )
     network.add_argument("input", type=Path, help="cells x genes; log-normalized X (counts are normalized first)")
     network.add_argument("-o", "--output", type=Path, required=True, help="folder for the tables and figures")
-    network.add_argument("--backend", choices=["auto", "cpu", "gpu"], default="auto")
+    network.add_argument(
+        "--backend", choices=["auto", "cpu", "gpu"], default="auto", help="gpu without a usable GPU is an error"
+    )
     network.add_argument(
         "--n-genes", type=int, default=network_defaults.n_genes, help="most variable genes in the network"
     )
@@ -210,18 +226,21 @@ def main(argv: list[str] | None = None) -> None:
     network.add_argument(
         "--resolution", type=float, default=network_defaults.resolution, help="Leiden resolution of the modules"
     )
-    network.add_argument("--correlation", choices=["pearson", "spearman"], default=network_defaults.correlation)
+    network.add_argument(
+        "--correlation", choices=["pearson", "spearman"], default=network_defaults.correlation, help="gene-gene measure"
+    )
     network.add_argument(
         "--metacells",
         choices=["none", "knn", "kmeans"],
         default="none",  # not the workflow's knn: an .h5ad given here may have no neighbour graph
         help="pool cells first (knn needs obsp['connectivities'], kmeans obsm['X_pca'])",
     )
-    network.add_argument("--seed", type=int, default=0)
+    network.add_argument("--seed", type=int, default=0, help="seed of Leiden and k-means")
     network.set_defaults(run=coexpr)
     warm = commands.add_parser(
         "warm-kernels",
         help="compile the kernels of qc and cluster once per machine (or shared cache folder), before the first run",
+        **with_defaults,
     )
     warm.add_argument(
         "--configfile",
@@ -230,14 +249,21 @@ def main(argv: list[str] | None = None) -> None:
         default=[],
         help="the run's configuration files, over config/config.yaml: the settings whose kernels are compiled",
     )
-    warm.add_argument("--backend", choices=["auto", "cpu", "gpu"], default="auto")
+    warm.add_argument(
+        "--backend", choices=["auto", "cpu", "gpu"], default="auto", help="gpu without a usable GPU is an error"
+    )
     warm.add_argument(
         "--record",
         type=Path,
         help="write the GPU steps' CuPy kernel requests here, as a manifest (omicsprep/cupy_kernels.json.gz)",
     )
     warm.set_defaults(run=warm_kernels)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the ``omicsprep`` command named in ``argv`` (the process's arguments by default)."""
+    args = command_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s")
     try:
         args.run(args)

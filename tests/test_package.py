@@ -1,11 +1,15 @@
-"""The package's shape: no module imports one that imports it back, however indirectly."""
+"""The package's shape: no module imports one that imports it back, however indirectly; its command's help."""
 
 from __future__ import annotations
 
+import argparse
 import ast
 from pathlib import Path
 
+import pytest
+
 import omicsprep
+from omicsprep.cli import command_parser, main
 
 PACKAGE = Path(omicsprep.__file__).parent
 
@@ -80,3 +84,17 @@ def test_no_module_imports_itself_back():
 def test_a_circle_of_imports_is_found():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert import_cycles(graph) == [["a", "b", "c"]]
+
+
+def test_the_command_tells_its_version_and_every_option_its_meaning_and_default(capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.strip() == f"omicsprep {omicsprep.__version__}"
+    commands = next(a for a in command_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(commands.choices) == {"count-umis", "coexpr", "warm-kernels"}
+    for name, subparser in commands.choices.items():
+        options = [a for a in subparser._actions if not isinstance(a, argparse._HelpAction)]
+        assert all(action.help for action in options), (name, [a.dest for a in options if not a.help])
+        text = subparser.format_help()
+        assert "(default: CB)" in text if name == "count-umis" else "(default: auto)" in text
