@@ -16,6 +16,7 @@ the most rules that ran at once. The GPU runs twice: first with no pool of warm 
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import subprocess
 import sys
@@ -98,16 +99,25 @@ def run(rundir: Path, *, sheet: Path, configfiles: list[Path], backend: str, cor
     return wall
 
 
-def rule_table(rundir: Path, label: str) -> pd.DataFrame:
-    """Per rule: jobs, seconds summed over them (benchmark files), mean start-up (logs), most at once."""
+def rule_table(rundir: Path, label: str, *, timeline: Path | None = None) -> tuple[pd.DataFrame, int]:
+    """Per rule: jobs, seconds summed over them (benchmark files), mean start-up (logs), most at once.
+
+    With ``timeline``, each job's start, waiting and end (seconds from the first job's start) go there as CSV.
+    """
     rows, spans = [], []
     for path in sorted((rundir / "benchmarks").glob("*/*.tsv")):
         seconds = float(pd.read_csv(path, sep="\t")["s"].iloc[0])
         phases = read_phases(rundir / "logs" / path.parent.name / f"{path.stem}.log") or {}
-        rows.append({"rule": path.parent.name, "seconds": seconds, "startup": phases.get("startup", np.nan)})
+        rows.append({"rule": path.parent.name, "job": path.stem, "seconds": seconds, **phases})
         if "started_at" in phases:
             spans.append((phases["started_at"], phases["ended_at"]))
     frame = pd.DataFrame(rows)
+    if "startup" not in frame:
+        frame["startup"] = np.nan
+    if timeline is not None and "started_at" in frame:
+        first = frame["started_at"].min()
+        jobs = frame.assign(start=frame["started_at"] - first, end=frame["ended_at"] - first).sort_values("start")
+        jobs.drop(columns=["started_at", "ended_at"]).round(2).to_csv(timeline, index=False)
     table = frame.groupby("rule").agg(jobs=("seconds", "size"), seconds=("seconds", "sum"), startup=("startup", "mean"))
     events = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
     running = np.cumsum([step for _, step in events]) if events else np.zeros(1)
@@ -134,6 +144,8 @@ def main() -> None:
     else:
         name = f"{args.samples}x{args.cells}"
         sheet = write_study(args.workdir / "data", n_samples=args.samples, n_cells=args.cells, n_genes=args.genes)
+    if os.environ.get("OMICSPREP_POOL_WORKERS"):  # a tuning tip, named in the tables it gives
+        name += f"_{os.environ['OMICSPREP_POOL_WORKERS']}workers"
     walls, tables, at_once = {}, [], {}
     runs = [
         label
@@ -152,7 +164,8 @@ def main() -> None:
         walls[label] = run(
             rundir, sheet=sheet, configfiles=configfiles, backend=backend, cores=args.cores, extra=args.extra.split()
         )
-        table, at_once[label] = rule_table(rundir, label)
+        timeline = args.results.with_name(f"timeline_{name}_{label}.csv") if args.results else None
+        table, at_once[label] = rule_table(rundir, label, timeline=timeline)
         tables.append(table)
     summary = pd.DataFrame(
         {"wall_s": {label: round(s, 2) for label, s in walls.items()}, "most_rules_at_once": at_once}

@@ -76,8 +76,16 @@ def threads(rule: str, *, backend: str, on_gpu: bool) -> int:
     return 1 if backend == "gpu" or (backend == "auto" and on_gpu) else CPU_THREADS.get(rule, 1)
 
 
+POOL_WORKERS = "OMICSPREP_POOL_WORKERS"
+
+
 def pool_workers(cores: int) -> int:
-    """Warm processes of the GPU job pool (:mod:`omicsprep.pool`): half the cores, at most 8, one per 8 GB of memory."""
+    """Warm processes of the GPU job pool (:mod:`omicsprep.pool`): half the cores, at most 8, one per 8 GB of memory.
+
+    ``OMICSPREP_POOL_WORKERS`` in the environment sets the number instead.
+    """
+    if os.environ.get(POOL_WORKERS):
+        return max(1, int(os.environ[POOL_WORKERS]))
     memory_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
     return max(1, min(8, cores // 2, int(memory_gb // 8)))
 
