@@ -8,6 +8,7 @@ import os
 import shutil
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 
 class InputError(ValueError):
@@ -44,6 +45,22 @@ class InputError(ValueError):
     def for_sample(self, sample: str) -> InputError:
         """Return the same error with the sample named."""
         return InputError(self.problem, path=self.path, sample=sample)
+
+
+class TooFewCellsError(InputError):
+    """Too few cells left after a QC step; ``metrics`` is every input cell's QC metrics and fail reason.
+
+    Parameters
+    ----------
+    problem
+        Which filters removed how many cells, in one sentence.
+    metrics
+        The table the user looks at to loosen the settings (not kept when pickled).
+    """
+
+    def __init__(self, problem: str, *, metrics: Any = None, **where: Any) -> None:
+        self.metrics = metrics
+        super().__init__(problem, **where)
 
 
 def existing_file(path: str | Path) -> Path:

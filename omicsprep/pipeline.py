@@ -115,7 +115,10 @@ def run_qc(
         metrics = adata.obs[[c for c in CELL_METRICS if c in adata.obs]].copy()
         metrics["fail_reason"] = reasons
         adata = _kept_cells(adata, (reasons == "").to_numpy())
-        qc.require_cells(adata, minimum=options.min_cells_left, after="cell filtering")
+        settings = qc.filter_settings(limits)
+        qc.require_cells(
+            adata, minimum=options.min_cells_left, after="cell filtering", metrics=metrics, settings=settings
+        )
         qc.filter_genes(adata, min_cells=options.min_cells_per_gene, backend=backend)
     if doublet_options.enabled:
         with timer.step("doublets"):
@@ -131,7 +134,10 @@ def run_qc(
             if doublet_options.remove:
                 metrics.loc[adata.obs_names[doublets], "fail_reason"] = "doublet"
                 adata = _kept_cells(adata, ~doublets)
-                qc.require_cells(adata, minimum=options.min_cells_left, after="doublet removal")
+                settings["doublet"] = f"(Scrublet, expected rate {doublet_options.expected_rate})"
+                qc.require_cells(
+                    adata, minimum=options.min_cells_left, after="doublet removal", metrics=metrics, settings=settings
+                )
     metrics["passed"] = metrics["fail_reason"] == ""
     if not keep_on_device:
         with timer.step("to_host"):

@@ -154,23 +154,35 @@ def quality_control(adata: AnnData, *, snakemake: Any, backend: Backend) -> tupl
     adata
         The sample's raw counts, in host memory.
     snakemake
-        The rule's ``snakemake`` object: params ``qc``, ``doublets`` and ``seed``.
+        The rule's ``snakemake`` object: params ``qc``, ``doublets`` and ``seed``; its log.
     backend
         ``"cpu"`` or ``"gpu"``.
 
     Returns
     -------
     The cells that passed and every input cell's metrics, as :func:`~omicsprep.pipeline.run_qc` returns them.
+
+    Raises
+    ------
+    TooFewCellsError
+        Too few cells passed; every input cell's metrics are written beside the rule's log first.
     """
+    from omicsprep import io
+    from omicsprep.errors import TooFewCellsError
     from omicsprep.options import DoubletOptions, QcOptions, from_config
 
-    return _pipeline().run_qc(
-        adata,
-        options=from_config(QcOptions, snakemake.params.qc),
-        doublet_options=from_config(DoubletOptions, snakemake.params.doublets),
-        seed=snakemake.params.seed,
-        backend=backend,
-    )
+    try:
+        return _pipeline().run_qc(
+            adata,
+            options=from_config(QcOptions, snakemake.params.qc),
+            doublet_options=from_config(DoubletOptions, snakemake.params.doublets),
+            seed=snakemake.params.seed,
+            backend=backend,
+        )
+    except TooFewCellsError as exc:  # the table beside the log: Snakemake removes a failed job's outputs
+        beside_log = Path(snakemake.log[0]).with_suffix(".cell_metrics.parquet")
+        io.write_table(exc.metrics, beside_log, index=True)
+        raise TooFewCellsError(f"{exc.problem} (each cell's metrics and fail reason: {beside_log})") from None
 
 
 def write_qc(adata: AnnData, metrics: pd.DataFrame, *, snakemake: Any) -> None:

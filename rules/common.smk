@@ -87,10 +87,11 @@ def load_sample_sheet(path):
     """Read and check the sample sheet; every problem names the sheet, the line or sample
     and the column, on one line.
 
-    Spreadsheet exports are accepted: a UTF-8 byte-order mark is dropped, and so are blank
-    rows (tabs only). Lines starting with ``#`` are comments. Columns other than the known
-    ones are sample metadata, copied into ``obs``; a near-miss of a known column
-    (``fragment``, ``Input``) is refused.
+    Tab-separated, or comma-separated (nf-core's sheets) where the file ends in ``.csv`` or
+    its first line has commas and no tab. Spreadsheet exports are accepted: a UTF-8
+    byte-order mark is dropped, and so are blank rows (separators only). Lines starting
+    with ``#`` are comments. Columns other than the known ones are sample metadata, copied
+    into ``obs``; a near-miss of a known column (``fragment``, ``Input``) is refused.
     """
     sheet = Path(path)
     where = f"sample sheet {str(sheet)!r}"
@@ -99,7 +100,7 @@ def load_sample_sheet(path):
     with sheet.open(newline="", encoding="utf-8-sig") as handle:
         lines = [
             (number, fields)
-            for number, fields in enumerate(csv.reader(handle, delimiter="\t"), start=1)
+            for number, fields in enumerate(csv.reader(handle, delimiter=sheet_delimiter(sheet)), start=1)
             if any(field.strip() for field in fields) and not fields[0].startswith("#")
         ]
     if not lines:
@@ -152,6 +153,15 @@ def load_sample_sheet(path):
                 f"{where}: sample {row.sample!r}: raw file {row.raw!r} holds reads: give reads in column input"
             )
     return samples.set_index("sample", drop=False)
+
+
+def sheet_delimiter(sheet):
+    """A comma for a ``.csv`` sheet or one whose header has commas and no tab; else a tab."""
+    if sheet.suffix.lower() == ".csv":
+        return ","
+    with sheet.open(encoding="utf-8-sig") as handle:
+        header = next((line for line in handle if line.strip() and not line.startswith("#")), "")
+    return "," if "," in header and "\t" not in header else "\t"
 
 
 def check_columns(header, where):

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import anndata as ad
+import pandas as pd
 import pytest
 import yaml
 from conftest import PBMC_H5, REPO
@@ -61,13 +62,14 @@ def test_repeated_barcodes_are_renamed_and_logged_when_asked(repeated_barcodes, 
 def spreadsheet_run(tmp_path_factory, repeated_barcodes):
     """One workflow run (qc only) over a sheet as a spreadsheet exports it, with repeated barcodes.
 
-    The sheet has a byte-order mark, tab-only trailing rows and a metadata column; one
-    sample's barcodes repeat.
+    The sheet is a CSV file as Excel's "CSV UTF-8" writes one: a byte-order mark, CRLF line
+    ends, a quoted value holding a comma and separator-only trailing rows; it has a metadata
+    column, and one sample's barcodes repeat.
     """
     workdir = tmp_path_factory.mktemp("spreadsheet")
-    sheet = workdir / "samples.tsv"
-    rows = ["sample\tinput\tcondition", f"pbmc\t{PBMC_H5}\tstimulated", f"repeats\t{repeated_barcodes}\tcontrol"]
-    sheet.write_bytes(b"\xef\xbb\xbf" + "\r\n".join([*rows, "\t\t", "\t\t", ""]).encode())
+    sheet = workdir / "samples.csv"
+    rows = ["sample,input,condition", f'pbmc,{PBMC_H5},"stimulated, 6 h"', f"repeats,{repeated_barcodes},control"]
+    sheet.write_bytes(b"\xef\xbb\xbf" + "\r\n".join([*rows, ",,", ",,", ""]).encode())
     targets = ["results/pbmc/qc.h5ad", "results/repeats/qc.h5ad"]
     result = snakemake(
         *targets, "--cores", "2", "--keep-going", "--config", f"samples={sheet}", "backend=cpu", workdir=workdir
@@ -78,7 +80,7 @@ def spreadsheet_run(tmp_path_factory, repeated_barcodes):
 def test_a_spreadsheet_export_is_read_and_its_metadata_copied_into_obs(spreadsheet_run):
     workdir, _ = spreadsheet_run
     obs = ad.read_h5ad(workdir / "results" / "pbmc" / "qc.h5ad").obs
-    assert (obs["condition"] == "stimulated").all()
+    assert (obs["condition"] == "stimulated, 6 h").all()
     assert (obs["sample"] == "pbmc").all()
 
 
@@ -94,6 +96,32 @@ def test_repeated_barcodes_stop_their_sample_with_one_line(spreadsheet_run, repe
         )
     ]
     assert not any((workdir / "results" / "repeats").rglob("*"))
+
+
+def test_a_sample_that_qc_empties_names_the_filter_and_keeps_its_cell_metrics_beside_the_log(tmp_path):
+    sheet = write_sheet(tmp_path / "s.tsv", [f"pbmc\t{PBMC_H5}"])
+    result = snakemake(
+        "results/pbmc/qc.h5ad",
+        "--cores",
+        "1",
+        "--config",
+        f"samples={sheet}",
+        "backend=cpu",
+        "qc={filter: {min_genes: 100000}}",
+        workdir=tmp_path,
+    )
+    assert result.returncode != 0
+    errors = [line for line in (result.stdout + result.stderr).splitlines() if "omicsprep error" in line]
+    table = tmp_path / "logs" / "qc" / "pbmc.cell_metrics.parquet"
+    assert len(errors) == 1
+    assert errors[0].startswith(
+        "omicsprep error: sample 'pbmc': only 0 cells left after cell filtering (at least 30 needed): "
+        "min_genes 100000 removed 1,107 of 1,107 cells; median per input cell: 19 genes, 29 UMIs"
+    )
+    assert errors[0].endswith(f"(each cell's metrics and fail reason: {table.relative_to(tmp_path)})")
+    metrics = pd.read_parquet(table)
+    assert len(metrics) == 1107 and (metrics["fail_reason"] == "min_genes").all()
+    assert not any((tmp_path / "results" / "pbmc").rglob("*.*"))  # no partial output
 
 
 def dry_run_error(tmp_path: Path, *config: str) -> str:
@@ -133,6 +161,14 @@ def test_sheet_problems_name_the_line_sample_and_column(tmp_path, header, row, m
     # no schema dump
     assert "row 0" not in stderr
     assert "properties" not in stderr
+
+
+def test_a_comma_separated_sheet_not_named_csv_is_read_as_one(tmp_path):
+    sheet = write_sheet(
+        tmp_path / "s.txt", ["# a comment, with a comma", f"a,{PBMC_H5},x"], header="sample,input,fragment"
+    )
+    stderr = dry_run_error(tmp_path, f"samples={sheet}")
+    assert f"sample sheet '{sheet}': unknown column 'fragment': did you mean 'fragments'?" in stderr
 
 
 def test_usual_metadata_columns_are_not_taken_for_near_misses(tmp_path):

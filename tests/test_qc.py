@@ -11,7 +11,7 @@ import scanpy as sc
 from conftest import NO_DOUBLETS, QC_OPTIONS
 
 from omicsprep import io
-from omicsprep.errors import InputError
+from omicsprep.errors import TooFewCellsError
 from omicsprep.options import DoubletOptions, FilterOptions
 from omicsprep.pipeline import run_qc
 from omicsprep.rna import doublets, qc
@@ -172,7 +172,17 @@ def simulated_neighbours(scores: np.ndarray, k_adj: int, expected_rate: float = 
     return q * (k_adj + 2) - 1
 
 
-def test_too_few_cells_left_is_a_clear_error(pbmc):
-    options = replace(QC_OPTIONS, filter=FilterOptions(method="thresholds", min_genes=10_000, max_pct_mt=None))
-    with pytest.raises(InputError, match="only 0 cells left after cell filtering"):
+def test_too_few_cells_left_names_each_filter_and_what_it_removed(pbmc):
+    options = replace(QC_OPTIONS, filter=FilterOptions(method="thresholds", min_genes=20, max_counts=19))
+    n_genes = (pbmc.X > 0).sum(axis=1).A1
+    with pytest.raises(TooFewCellsError) as caught:
         run_qc(pbmc, options=options, doublet_options=NO_DOUBLETS, seed=0, backend="cpu")
+    metrics = caught.value.metrics
+    assert len(metrics) == pbmc.n_obs and (metrics["fail_reason"] != "").all()
+    low = int((n_genes < 20).sum())  # min_genes removes these, max_counts the others (20 genes: 20 UMIs or more)
+    assert 0 < low < pbmc.n_obs
+    assert str(caught.value).startswith(
+        f"only 0 cells left after cell filtering (at least 30 needed): min_genes 20 removed {low:,}, "
+        f"max_counts 19 removed {pbmc.n_obs - low:,} of {pbmc.n_obs:,} cells; median per input cell: "
+        f"{np.median(n_genes):,.0f} genes, {np.median(pbmc.X.sum(axis=1).A1):,.0f} UMIs, "
+    )

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import logging
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
 from anndata import AnnData
 
 from omicsprep.backend import Backend, is_dask_array, keep_columns, rapids_singlecell, take_rows
-from omicsprep.errors import InputError
+from omicsprep.errors import TooFewCellsError
+from omicsprep.options import FilterOptions
 from omicsprep.rna import doublets
 
 log = logging.getLogger(__name__)
@@ -204,14 +205,50 @@ def filter_genes(adata: AnnData, *, min_cells: int, backend: Backend) -> None:
         sc.pp.filter_genes(adata, min_cells=min_cells)
 
 
-def require_cells(adata: AnnData, *, minimum: int, after: str) -> None:
-    """Fail clearly when fewer than ``minimum`` cells are left.
+def require_cells(adata: AnnData, *, minimum: int, after: str, metrics: pd.DataFrame, settings: dict[str, Any]) -> None:
+    """Fail clearly when fewer than ``minimum`` cells are left: which filters removed how many, of how many.
+
+    Parameters
+    ----------
+    adata
+        The cells left.
+    minimum
+        Fewest cells the sample may keep.
+    after
+        The step that removed cells, named in the message.
+    metrics
+        Every input cell's QC metrics and ``fail_reason`` (empty: kept); carried by the error.
+    settings
+        Each fail reason's setting (``{"min_genes": 200, "mad_log1p_total_counts": "5 MADs"}``).
 
     Raises
     ------
-    InputError
-        Too few cells remain after the step named ``after``.
+    TooFewCellsError
+        Too few cells remain, e.g. "only 0 cells left after cell filtering (at least 30 needed):
+        min_genes 200 removed 1,107 of 1,107 cells; median per input cell: 45 genes, 61 UMIs".
     """
-    if adata.n_obs < minimum:
-        msg = f"only {adata.n_obs} cells left after {after} (at least {minimum} needed); loosen the QC settings"
-        raise InputError(msg)
+    if adata.n_obs >= minimum:
+        return
+    removed = metrics["fail_reason"][metrics["fail_reason"] != ""].value_counts()
+    in_order = [reason for reason in settings if reason in removed.index]  # as the filters were applied
+    filters = ", ".join(f"{reason} {settings[reason]} removed {removed[reason]:,}" for reason in in_order)
+    medians = [f"{metrics['n_genes_by_counts'].median():,.0f} genes", f"{metrics['total_counts'].median():,.0f} UMIs"]
+    if "pct_counts_mt" in metrics:
+        medians.append(f"{metrics['pct_counts_mt'].median():.1f}% mitochondrial")
+    problem = (
+        f"only {adata.n_obs} cells left after {after} (at least {minimum} needed): {filters} of {len(metrics):,} "
+        f"cells; median per input cell: {', '.join(medians)}; loosen the QC settings"
+    )
+    raise TooFewCellsError(problem, metrics=metrics)
+
+
+def filter_settings(filter_options: FilterOptions) -> dict[str, Any]:
+    """Each fail reason of :func:`qc_pass_mask` with its setting, as :func:`require_cells` names them."""
+    settings = {
+        name: getattr(filter_options, name)
+        for name in ("min_genes", "max_genes", "min_counts", "max_counts", "max_pct_mt")
+        if getattr(filter_options, name) is not None
+    }
+    settings.update({f"mad_{metric}": f"({filter_options.n_mads} MADs)" for metric in MAD_METRICS})
+    settings["mad_pct_counts_mt"] = f"({filter_options.n_mads_mt} MADs)"
+    return settings
