@@ -83,9 +83,16 @@ def pool_workers(cores: int) -> int:
     """Warm processes of the GPU job pool (:mod:`omicsprep.pool`): half the cores, at most 8, one per 8 GB of memory.
 
     ``OMICSPREP_POOL_WORKERS`` in the environment sets the number instead.
+
+    Raises
+    ------
+    ValueError
+        That setting is not a whole number of 1 or more.
     """
-    if os.environ.get(POOL_WORKERS):
-        return max(1, int(os.environ[POOL_WORKERS]))
+    if value := os.environ.get(POOL_WORKERS, "").strip():
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"{POOL_WORKERS}={value!r}: give a whole number of workers, 1 or more")
+        return int(value)
     memory_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
     return max(1, min(8, cores // 2, int(memory_gb // 8)))
 

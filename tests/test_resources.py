@@ -49,6 +49,15 @@ def test_small_gpu_jobs_share_a_local_gpu_and_ask_one_thread():
     assert 1 <= resources.pool_workers(cores=16) <= 8 and resources.pool_workers(cores=1) == 1
 
 
+def test_the_pool_workers_can_be_set(monkeypatch):
+    monkeypatch.setenv(resources.POOL_WORKERS, "12")
+    assert resources.pool_workers(cores=16) == 12
+    for wrong in ("0", "four"):
+        monkeypatch.setenv(resources.POOL_WORKERS, wrong)
+        with pytest.raises(ValueError, match=f"OMICSPREP_POOL_WORKERS='{wrong}': give a whole number"):
+            resources.pool_workers(cores=16)
+
+
 def test_folders_count_their_files_and_a_missing_input_is_named_as_given():
     # A MatrixMarket folder: its three files.
     expected = sum(path.stat().st_size for path in PBMC_MTX.iterdir() if path.is_file()) / resources.MB
