@@ -750,7 +750,8 @@ def run_merge(
     """Samples merged and integrated with Harmony.
 
     Normalized, batch-aware HVGs, PCA, Harmony, neighbours, UMAP and Leiden on the
-    corrected embedding, with integration metrics before and after Harmony.
+    corrected embedding, with integration metrics before and after Harmony, and markers of
+    the merged Leiden clusters at the resolution of ``labels`` (``uns["rank_genes_groups"]``).
 
     With ``options.dask`` on the GPU backend, the merged counts are spread over
     ``n_gpus`` GPUs (a Dask worker each) for normalization, HVGs and PCA; Harmony,
@@ -767,8 +768,8 @@ def run_merge(
         (``theta``, ``max_iter``) and ``dask`` (``enabled`` and ``allow_partial`` are the
         workflow's).
     clustering_options
-        ``normalize``, ``hvg``, ``pca``, ``neighbors``, ``umap`` and ``leiden`` (not
-        ``louvain`` nor ``markers``).
+        ``normalize``, ``hvg``, ``pca``, ``neighbors``, ``umap``, ``leiden`` and the
+        markers' ``method`` (not ``louvain``).
     labels
         The per-sample cluster column whose conservation is measured (a
         :func:`omicsprep.options.cluster_key`); the merged cells are clustered by
@@ -868,6 +869,11 @@ def run_merge(
     _umap_and_leiden(
         adata, umap=clustering_options.umap, leiden=clustering_options.leiden, seed=seed, backend=backend, timer=timer
     )
+    with timer.step("markers"):
+        if sharded:  # the Dask workers' matrix came back to this host
+            to_device(adata, backend=backend)
+        markers = cluster_key("leiden", resolution)
+        clustering.rank_markers(adata, groupby=markers, method=clustering_options.markers.method, backend=backend)
     with timer.step("to_host"):
         to_host(adata)
     metrics = pd.DataFrame(rows)

@@ -1,5 +1,6 @@
 # All RNA samples as one (merge.enabled): concatenated, batch-aware HVGs, PCA, Harmony,
-# neighbours, UMAP and Leiden on the corrected embedding, with integration metrics.
+# neighbours, UMAP and Leiden on the corrected embedding, with integration metrics and the
+# merged clusters' markers.
 rule merge:
     input:
         unpack(merge_inputs),
@@ -10,6 +11,12 @@ rule merge:
             category="Integration",
             caption="../report/integration.rst",
             labels={"sample": "merged", "table": "integration metrics"},
+        ),
+        markers=report(
+            "results/merged/markers.tsv",
+            category="Markers",
+            caption="../report/markers_merged.rst",
+            labels={"sample": "merged"},
         ),
         umap=report(
             "results/merged/plots/umap_merged.png",

@@ -1,4 +1,4 @@
-"""Rule merge: all samples concatenated, Harmony-corrected, clustered, with integration metrics."""
+"""Rule merge: all samples concatenated, Harmony-corrected, clustered, with integration metrics and markers."""
 
 from omicsprep.workflow import run_rule
 
@@ -8,6 +8,7 @@ def main() -> None:
     from omicsprep.backend import prepare_gpu, resolve_backend
     from omicsprep.options import ClusteringOptions, MergeOptions, from_config, parse_cluster_key
     from omicsprep.pipeline import run_merge
+    from omicsprep.rna import clustering
 
     backend = resolve_backend(snakemake.params.backend)
     prepare_gpu(backend)  # overlaps reading the input
@@ -30,6 +31,8 @@ def main() -> None:
         plotting.embedding_panels(merged.obsm["X_umap"], merged.obs, keys=keys, title="merged"), snakemake.output.umap
     )
     io.write_table(metrics, snakemake.output.metrics)
+    markers = clustering.markers_table(merged, n_genes=snakemake.params.clustering["markers"]["n_genes"])
+    io.write_table(markers, snakemake.output.markers)
     io.write_h5ad(merged, snakemake.output.h5ad, compression=snakemake.config["h5ad_compression"])
 
 

@@ -32,6 +32,27 @@ def test_concatenation_keeps_every_cell_and_gene(pbmc_batches):
     assert (pbmc_batches["first"].layers["counts"] != first.X).nnz == 0  # counts unchanged, zero where absent
 
 
+def test_concatenation_keeps_every_cell_column_and_the_genes_descriptions(pbmc_batches):
+    samples = {name: adata.copy() for name, adata in pbmc_batches.items()}
+    samples["first"].obs["donor"] = "d1"  # a sheet column one sample has
+    samples["second"].obs["cell_type"] = np.where(samples["second"].obs["leiden_1.0"] == "0", "T", "other")
+    merged = integration.concatenate_samples(samples, labels="leiden_1.0", backend="cpu")
+    first = merged.obs["sample"] == "first"
+    for name, adata in samples.items():
+        part = merged.obs.loc[merged.obs["sample"] == name]
+        for column in ("total_counts", "n_genes_by_counts", "pct_counts_mt"):
+            np.testing.assert_array_equal(part[column].to_numpy(), adata.obs[column].to_numpy())
+        expected = (name + ":" + adata.obs["leiden_1.0"].astype(str)).to_numpy()
+        np.testing.assert_array_equal(part["sample_leiden_1.0"].astype(str).to_numpy(), expected)
+    assert (merged.obs.loc[first, "donor"] == "d1").all() and merged.obs.loc[~first, "donor"].isna().all()
+    assert merged.obs.loc[~first, "cell_type"].isin(["T", "other"]).all()
+    assert not any(key.startswith(("leiden_", "louvain_")) for key in merged.obs)  # the merge's own, later
+    genes = samples["first"].var
+    assert {"gene_ids", "feature_types"} <= set(merged.var.columns)
+    assert "n_cells" not in merged.var and "highly_variable" not in merged.var  # per-sample statistics
+    pd.testing.assert_series_equal(merged.var.loc[genes.index, "gene_ids"], genes["gene_ids"])
+
+
 def test_harmony_mixes_the_pbmc_batches_and_keeps_the_clusters(pbmc_batches):
     merged, metrics = run_merge(
         pbmc_batches,

@@ -889,8 +889,8 @@ def test_merge_with_harmony_and_keep_going(tmp_path):
     """
     empty = tmp_path / "empty.h5ad"
     ad.AnnData(sparse.csr_matrix((0, 5), dtype=np.float32)).write_h5ad(empty)
-    rows = [f"pbmc_a\t{PBMC_H5}\tb1", f"pbmc_b\t{PBMC_MTX}\tb2", f"broken\t{empty}\tb3"]
-    sheet = write_sheet(tmp_path / "s.tsv", rows, header="sample\tinput\tbatch")
+    rows = [f"pbmc_a\t{PBMC_H5}\tb1\td1", f"pbmc_b\t{PBMC_MTX}\tb2\td2", f"broken\t{empty}\tb3\td3"]
+    sheet = write_sheet(tmp_path / "s.tsv", rows, header="sample\tinput\tbatch\tdonor")
     overlay = tmp_path / "merge.yaml"
     overlay.write_text("merge:\n  enabled: true\n  batch_key: batch\ncoexpression:\n  enabled: false\n")
     target = "results/merged/integration.tsv"
@@ -909,6 +909,22 @@ def test_merge_with_harmony_and_keep_going(tmp_path):
     assert merged.n_obs == 2 * ad.read_h5ad(tmp_path / "results" / "pbmc_a" / "processed.h5ad").n_obs
     assert "X_pca_harmony" in merged.obsm
     assert merged.obs["leiden_1.0"].nunique() >= 3
+    # Everything the samples knew of their cells and genes, their own clusters prefixed.
+    sample_a = ad.read_h5ad(tmp_path / "results" / "pbmc_a" / "processed.h5ad")
+    of_a = merged.obs[merged.obs["sample"] == "pbmc_a"]
+    assert (of_a["donor"] == "d1").all() and (merged.obs.loc[merged.obs["sample"] == "pbmc_b", "donor"] == "d2").all()
+    np.testing.assert_array_equal(of_a["pct_counts_mt"], sample_a.obs["pct_counts_mt"])
+    np.testing.assert_array_equal(of_a["doublet_score"], sample_a.obs["doublet_score"])
+    np.testing.assert_array_equal(
+        of_a["sample_leiden_1.0"].astype(str), "pbmc_a:" + sample_a.obs["leiden_1.0"].astype(str)
+    )
+    assert (merged.var.loc[sample_a.var_names, "gene_ids"] == sample_a.var["gene_ids"]).all()
+    assert (merged.var["feature_types"] == "Gene Expression").all()
+    # Markers of the merged clusters, in the AnnData and as a table.
+    markers = pd.read_csv(tmp_path / "results" / "merged" / "markers.tsv", sep="\t")
+    assert merged.uns["rank_genes_groups"]["params"]["groupby"] == "leiden_1.0"
+    assert set(markers["group"].astype(str)) == set(merged.obs["leiden_1.0"].astype(str))
+    assert set(markers["gene"]) <= set(merged.var_names) and (markers.groupby("group").size() <= 25).all()
     metrics = pd.read_csv(tmp_path / target, sep="\t").set_index("stage")
     assert metrics.loc["after", "batch_mixing"] > 0.9  # identical batches mix fully
     assert metrics.loc["after", "label_conservation"] > 0.5

@@ -13,6 +13,7 @@ from scipy import sparse
 from sklearn.metrics import adjusted_rand_score
 
 from omicsprep.backend import Backend, matrix_to_device, rapids_singlecell, stacked_rows, with_columns_at
+from omicsprep.options import parse_cluster_key
 
 log = logging.getLogger(__name__)
 
@@ -21,9 +22,15 @@ def concatenate_samples(samples: Mapping[str, AnnData], *, labels: str | None = 
     """One AnnData of every sample's cells: raw counts, genes joined outer, ``obs["sample"]``.
 
     A gene absent from a sample counts zero there. Barcodes become ``<sample>:<barcode>``,
-    unique across samples. On the GPU each sample's counts go to the device as the sample is
-    taken from ``samples``: with a mapping that reads each when asked (:class:`omicsprep.io.H5adSamples`),
-    host memory holds one sample's counts at a time.
+    unique across samples. Every per-cell column of the samples is kept (sheet metadata,
+    the input's own columns, QC metrics, doublets, ambient fractions; missing where a sample
+    lacks it); each sample's own clusters become ``sample_<key>`` (``sample_leiden_1.0``),
+    their labels prefixed with the sample, so that the merged clusters take the plain names.
+    Of ``var``, the columns that describe a gene alike in every sample that has it (gene ids,
+    feature types, gene groups) are kept; per-sample statistics are not. On the GPU each
+    sample's counts go to the device as the sample is taken from ``samples``: with a mapping
+    that reads each when asked (:class:`omicsprep.io.H5adSamples`), host memory holds one
+    sample's counts at a time.
 
     Parameters
     ----------
@@ -42,12 +49,17 @@ def concatenate_samples(samples: Mapping[str, AnnData], *, labels: str | None = 
     Cells x genes, CSR counts (float32); ``uns["merge"]["genes_missing"]`` counts, per sample,
     the genes it lacks.
     """
-    parts, counts = {}, {}
+    parts, counts, gene_tables = {}, {}, []
     for name, adata in samples.items():
-        obs = adata.obs[[c for c in ("batch",) if c in adata.obs]].copy()
+        obs = adata.obs.drop(columns=["sample"], errors="ignore")
+        clusters = [key for key in obs if parse_cluster_key(key)]
         if labels is not None:
             obs["sample_clusters"] = name + ":" + adata.obs[labels].astype(str)
+        obs = obs.rename(columns={key: f"sample_{key}" for key in clusters})
+        for key in clusters:
+            obs[f"sample_{key}"] = pd.Categorical(name + ":" + obs[f"sample_{key}"].astype(str))
         parts[name] = AnnData(obs=obs, var=pd.DataFrame(index=adata.var_names))
+        gene_tables.append(adata.var)
         matrix = sparse.csr_matrix(adata.layers.get("counts", adata.X), dtype=np.float32)
         counts[name] = matrix_to_device(matrix) if backend == "gpu" else matrix
         del adata, matrix  # before the next sample is read
@@ -62,6 +74,7 @@ def concatenate_samples(samples: Mapping[str, AnnData], *, labels: str | None = 
             for name, part in parts.items()
         ]
     )
+    merged.var = shared_gene_columns(gene_tables, genes=merged.var_names)
     merged.uns["merge"] = {"genes_missing": {name: int(merged.n_vars - part.n_vars) for name, part in parts.items()}}
     log.info(
         "merged %d samples: %d cells x %d genes; genes missing per sample %s",
@@ -71,6 +84,48 @@ def concatenate_samples(samples: Mapping[str, AnnData], *, labels: str | None = 
         merged.uns["merge"]["genes_missing"],
     )
     return merged
+
+
+# Statistics of one sample's cells that scanpy and rapids-singlecell keep in var: not a merged gene's.
+PER_SAMPLE_GENE_STATISTICS = frozenset(
+    {
+        "n_cells",
+        "n_cells_by_counts",
+        "mean_counts",
+        "log1p_mean_counts",
+        "pct_dropout_by_counts",
+        "total_counts",
+        "log1p_total_counts",
+        "highly_variable",
+        "highly_variable_rank",
+        "highly_variable_nbatches",
+        "highly_variable_intersection",
+        "means",
+        "variances",
+        "variances_norm",
+        "dispersions",
+        "dispersions_norm",
+        "mean",
+        "std",
+    }
+)
+
+
+def shared_gene_columns(tables: list[pd.DataFrame], *, genes: pd.Index) -> pd.DataFrame:
+    """The samples' ``var`` columns that describe a gene alike in every sample that has it, for ``genes``.
+
+    Gene ids, feature types and gene-group flags are kept; statistics of each sample's cells
+    (:data:`PER_SAMPLE_GENE_STATISTICS`, or any column two samples give differently for one
+    gene) are left out.
+    """
+    stacked = pd.concat(tables)
+    kept = {}
+    for column in stacked.columns.difference(PER_SAMPLE_GENE_STATISTICS, sort=False):
+        values = stacked[column].dropna()
+        per_gene = values.groupby(level=0, sort=False)
+        if not values.empty and per_gene.nunique().max() <= 1:
+            kept[column] = per_gene.first()
+    return pd.DataFrame(kept, index=genes) if kept else pd.DataFrame(index=genes)
 
 
 def harmony(adata: AnnData, *, key: str, theta: float, max_iter: int, seed: int, backend: Backend) -> None:
