@@ -157,9 +157,11 @@ def command_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     umi_defaults, network_defaults = UmiOptions(), CoexpressionOptions()
     commands = parser.add_subparsers(dest="command", required=True)
-    with_defaults = {"formatter_class": argparse.ArgumentDefaultsHelpFormatter}  # --help shows each default
+    with_defaults = argparse.ArgumentDefaultsHelpFormatter  # --help shows each default
     umis = commands.add_parser(
-        "count-umis", help="BAM/SAM or molecule table with cell, UMI and gene -> cell x gene counts", **with_defaults
+        "count-umis",
+        help="BAM/SAM or molecule table with cell, UMI and gene -> cell x gene counts",
+        formatter_class=with_defaults,
     )
     umis.add_argument("input", type=Path, help="BAM/SAM with cell, UMI and gene tags, or a molecule table")
     umis.add_argument("-o", "--output", type=Path, required=True, help="counts as .h5ad")
@@ -212,7 +214,7 @@ def command_parser() -> argparse.ArgumentParser:
     )
     umis.set_defaults(run=count_umis)
     network = commands.add_parser(
-        "coexpr", help="gene co-expression network, modules and eigengenes of an .h5ad", **with_defaults
+        "coexpr", help="gene co-expression network, modules and eigengenes of an .h5ad", formatter_class=with_defaults
     )
     network.add_argument("input", type=Path, help="cells x genes; log-normalized X (counts are normalized first)")
     network.add_argument("-o", "--output", type=Path, required=True, help="folder for the tables and figures")
@@ -240,7 +242,7 @@ def command_parser() -> argparse.ArgumentParser:
     warm = commands.add_parser(
         "warm-kernels",
         help="compile the kernels of qc and cluster once per machine (or shared cache folder), before the first run",
-        **with_defaults,
+        formatter_class=with_defaults,
     )
     warm.add_argument(
         "--configfile",

@@ -430,6 +430,11 @@ def counts_input(wildcards):
     return SAMPLE_SHEET.loc[wildcards.sample, "input"]
 
 
+def called_samples():
+    """The RNA samples whose cells rule call_cells called among their droplets."""
+    return [sample for sample in RNA_SAMPLES if has_droplets(sample)]
+
+
 def counts_format(wildcards):
     return "h5ad" if has_droplets(wildcards.sample) else input_format(wildcards)
 
@@ -668,6 +673,7 @@ def final_outputs():
         *expand(list(rules.multiome.output), sample=MULTIOME_SAMPLES),
         *(rules.merge.output if config["merge"]["enabled"] else []),
         rules.run_times.output.table,
+        *([rules.summary.output.table] if RNA_SAMPLES else []),
     ]
 
 

@@ -18,3 +18,28 @@ rule run_times:
         logs=timed_logs(),
     script:
         "../scripts/run_times.py"
+
+
+# One row per sample, shown on the report's first page (report/workflow.rst).
+rule summary:
+    input:
+        metrics=expand(rules.qc.output.metrics, sample=RNA_SAMPLES),
+        obs=expand(rules.cluster.output.obs, sample=RNA_SAMPLES),
+        barcodes=expand(rules.call_cells.output.barcodes, sample=called_samples()),
+        run_times=rules.run_times.output.table,
+    output:
+        table=report(
+            "results/summary.tsv",
+            category="Summary",
+            caption="../report/summary.rst",
+        ),
+    log:
+        "logs/summary/all.log",
+    conda:
+        "../envs/cpu.yaml"
+    params:
+        samples=RNA_SAMPLES,
+        called=called_samples(),
+        clusters=markers_cluster_key(),
+    script:
+        "../scripts/summary.py"

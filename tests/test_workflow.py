@@ -490,14 +490,38 @@ def test_report_holds_plots_and_timings(cpu_run):
     html = (cpu_run / "report.html").read_text(errors="replace")
     for name in ("qc_histograms.png", "umap_clusters.png", "run_times.tsv", "markers.tsv"):
         assert name in html
+    # The report opens on the study's summary, a table with a row per sample; tables are tables.
+    description = re.search(r'var workflow_desc = "(.*?)";\n', html).group(1)
+    title = '<h1 class=\\"title\\">Study summary</h1>'
+    assert description.startswith('<div class=\\"document\\" id=\\"study-summary\\">\\n' + title)
+    first_row = description.split("<tbody")[1].split("</tr>")[0]
+    assert "<td>pbmc_h5</td>" in first_row and "<td>1107</td>" in first_row
+    assert html.count('<th class=\\"head\\">pct_nz_group</th>') == 2  # each sample's markers, as a table
+
+
+def test_the_study_summary_counts_each_samples_cells_through_qc(cpu_run):
+    summary = pd.read_csv(cpu_run / "results" / "summary.tsv", sep="\t", index_col="sample")
+    assert list(summary.index) == ["pbmc_h5", "pbmc_mtx"]
+    for sample, row in summary.iterrows():
+        metrics = pd.read_parquet(cpu_run / "results" / sample / "qc" / "cell_metrics.parquet")
+        obs = pd.read_parquet(cpu_run / "results" / sample / "obs.parquet")
+        kept = metrics[metrics["passed"]]
+        assert row["cells_in"] == len(metrics) == 1107 and row["cells_kept"] == len(obs) == len(kept)
+        removed = row[[column for column in summary if column.startswith("removed_")]]
+        assert removed.sum() == len(metrics) - len(kept) and (removed > 0).any()
+        assert row["removed_min_genes"] == (metrics["fail_reason"] == "min_genes").sum()
+        assert row["median_genes"] == kept["n_genes_by_counts"].median()
+        assert row["median_umis"] == kept["total_counts"].median()
+        assert row["clusters"] == obs["leiden_1.0"].nunique()
+        assert pd.isna(row["barcodes"]) and row["seconds"] > 0  # no droplets: no barcodes
 
 
 @pytest.mark.parametrize(
     ("setting", "reruns"),
     [
-        ("leiden={resolutions: [0.5, 1.0, 1.5]}", {"cluster", "coexpression", "run_times"}),
-        ("neighbors={n_neighbors: 20}", {"cluster", "coexpression", "run_times"}),
-        ("doublets={expected_rate: 0.08}", {"qc", "cluster", "coexpression", "run_times"}),
+        ("leiden={resolutions: [0.5, 1.0, 1.5]}", {"cluster", "coexpression", "run_times", "summary"}),
+        ("neighbors={n_neighbors: 20}", {"cluster", "coexpression", "run_times", "summary"}),
+        ("doublets={expected_rate: 0.08}", {"qc", "cluster", "coexpression", "run_times", "summary"}),
     ],
 )
 def test_a_changed_clustering_setting_reruns_clustering_not_qc(cpu_run, setting, reruns):
