@@ -40,7 +40,9 @@ def validated_config(config):
         for error in validator.iter_errors(config):
             if error.validator in ("type", "enum") and isinstance(error.instance, str) and error.absolute_path:
                 value = read_yaml(error.instance)
-                if not isinstance(value, str) and Draft202012Validator(error.schema).is_valid(value):
+                # A type error is mended by the type alone: the value's other checks then name their own problem.
+                wanted = {"type": error.validator_value} if error.validator == "type" else error.schema
+                if not isinstance(value, str) and Draft202012Validator(wanted).is_valid(value):
                     set_nested(config, list(error.absolute_path), value)
                     retyped = True
         if not retyped:
@@ -254,7 +256,8 @@ MULTIOME_SAMPLES = [s for s in SAMPLES if len(sample_modalities(s)) > 1]
 QC_METRIC_COLUMNS = ["total_counts", "n_genes_by_counts", "pct_counts_mt", "doublet_score"]
 
 
-def check_marker_resolution():
+def check_settings_together():
+    """Refuse settings that the schema allows one by one but not together."""
     markers = config["markers"]
     resolutions = config[markers["algorithm"]]["resolutions"]
     if markers["resolution"] not in resolutions:
@@ -262,9 +265,15 @@ def check_marker_resolution():
             f"config: markers.resolution {markers['resolution']} is not among "
             f"{markers['algorithm']}.resolutions {resolutions}"
         )
+    n_pcs, n_comps = config["neighbors"]["n_pcs"], config["pca"]["n_comps"]
+    if n_pcs > n_comps:
+        raise WorkflowError(
+            f"config: neighbors.n_pcs {n_pcs} is more than pca.n_comps {n_comps}: "
+            "the neighbour graph can use only the components PCA computes"
+        )
 
 
-check_marker_resolution()
+check_settings_together()
 
 
 def backend_for(rule_name):
@@ -296,6 +305,12 @@ def gpus_for(rule_name):
 
 
 GPU_EXPECTED = resources.gpu_expected()
+
+# The SLURM executor picks each job's partition from this file (profiles/slurm/partitions.yaml:
+# with GPUs for a job asking for one), whatever the working directory; read only by that executor.
+os.environ.setdefault(
+    "SNAKEMAKE_SLURM_PARTITIONS", str(Path(workflow.basedir) / "profiles" / "slurm" / "partitions.yaml")
+)
 
 
 def threads_for(rule_name):

@@ -199,6 +199,23 @@ def test_nested_command_line_values_are_read_as_yaml(tmp_path):
     assert "config: markers.resolution: 'high' is not of type 'number'" in stderr
 
 
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("seed=-5", "config: seed: -5 is less than the minimum of 0"),
+        ("seed=4294967296", "config: seed: 4294967296 is greater than the maximum of 4294967295"),
+        ("cells={seed: -1}", "config: cells.seed: -1 is less than the minimum of 0"),
+        (
+            "pca={n_comps: 20}",
+            "config: neighbors.n_pcs 30 is more than pca.n_comps 20: the neighbour graph can use only the components",
+        ),
+    ],
+)
+def test_settings_the_steps_cannot_take_are_refused_before_any_job(tmp_path, setting, message):
+    sheet = write_sheet(tmp_path / "s.tsv", [f"pbmc\t{PBMC_H5}"])
+    assert message in dry_run_error(tmp_path, f"samples={sheet}", setting)
+
+
 def test_the_shipped_config_is_for_real_samples_and_the_demo_has_its_own():
     shipped = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     schema = yaml.safe_load((REPO / "config" / "schemas" / "config.schema.yaml").read_text())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -226,3 +228,18 @@ def test_64_bit_indices_give_the_same_coexpression_and_merge_on_the_cpu(pbmc):
         results[wide] = (network["modules"], metrics)
     pd.testing.assert_frame_equal(results[True][0], results[False][0])
     pd.testing.assert_frame_equal(results[True][1], results[False][1])
+
+
+def test_fewer_components_than_asked_are_one_log_line_each(pbmc, caplog):
+    adata, _ = run_qc(pbmc, options=QC_OPTIONS, doublet_options=NO_DOUBLETS, seed=0, backend="cpu")
+    wide = {"pca": options.PcaOptions(n_comps=5000), "neighbors": options.NeighborsOptions(n_pcs=5000)}
+    many = replace(CLUSTER_OPTIONS, **wide)
+    with caplog.at_level("INFO", logger="omicsprep"):
+        run_clustering(adata, options=many, seed=0, backend="cpu")
+    n_hvg = int(adata.var["highly_variable"].sum())
+    lines = [record.getMessage() for record in caplog.records if "not the 5000 asked" in record.getMessage()]
+    assert lines == [
+        f"pca: {n_hvg - 1} components, not the 5000 asked: {adata.n_obs} cells, {n_hvg} variable genes",
+        f"neighbors: {n_hvg - 1} components of X_pca, not the 5000 asked: it has {n_hvg - 1}",
+    ]
+    assert adata.obsm["X_pca"].shape[1] == n_hvg - 1

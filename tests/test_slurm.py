@@ -185,9 +185,10 @@ def test_documented_slurm_command_applies_the_slurm_profile(tmp_path):
         inputs = [path if Path(path).is_absolute() else str(tmp_path / path) for path in job["inputs"]]
         expected = {
             "threads": profile["set-threads"].get(rule, 1),
-            **{name: str(profile_resource(profile, rule, name, 1)) for name in ("slurm_partition", "runtime")},
+            "slurm_partition": None,  # the executor picks one from partitions.yaml: none is fixed
+            "runtime": str(profile_resource(profile, rule, "runtime", 1)),
             "mem_mb": str(asked_memory(profile, rule, 1, inputs=inputs)),
-            "gpu": None if rule == "run_times" else "0" if rule == "cluster" else "1",
+            "gpu": None if rule in ("run_times", "summary") else "0" if rule == "cluster" else "1",
         }
         assert asked == expected, rule
 
@@ -225,7 +226,7 @@ def test_workflow_through_shipped_slurm_profile(slurm_cluster, tmp_path):
     }
     for job_id, job in jobs.iterrows():
         rule, attempt = job["rule"], job["attempt"]
-        assert job["Partition"] == profile_resource(profile, rule, "slurm_partition", attempt), job_id
+        assert job["Partition"] == ("gpu" if job["TresPerJob"] == "gres:gpu:1" else "cpu"), job_id
         memory = asked_memory(profile, rule, attempt, inputs=inputs.get(rule, []))
         assert megabytes(job["MinMemoryNode"]) == memory, job_id
         assert minutes(job["TimeLimit"]) == profile_resource(profile, rule, "runtime", attempt), job_id
@@ -250,7 +251,22 @@ def test_workflow_through_shipped_slurm_profile(slurm_cluster, tmp_path):
     assert states[cancelled] == "CANCELLED"
     assert (states[[job_id for job_id in job_ids if job_id != cancelled]] == "COMPLETED").all()
 
+    assert (cluster["Partition"] == "cpu").all()  # pinned to the CPU: the partition without GPUs
     slurm, local = (pd.read_parquet(tmp_path / mode / TARGETS[0]) for mode in ("slurm", "local"))
     pd.testing.assert_frame_equal(slurm, local)
     slurm, local = (pd.read_csv(tmp_path / mode / TARGETS[1], sep="\t") for mode in ("slurm", "local"))
     pd.testing.assert_frame_equal(slurm, local)
+
+
+def test_a_cpu_backend_run_asks_slurm_for_no_gpu_and_no_gpu_partition(slurm_cluster, tmp_path):
+    """--config backend=cpu through the SLURM profile (a cluster without GPUs, or a choice):
+    every job goes to the partition without GPUs and asks for none."""
+    sheet = write_sheet(tmp_path / "samples.tsv", [f"pbmc\t{PBMC_H5}"])
+    arguments = [*documented_slurm_arguments(), *NO_ACCOUNTING, "--config", f"samples={sheet}", "backend=cpu"]
+    command = workflow_command("results/pbmc/obs.parquet", *arguments, workdir=tmp_path)
+    run = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1200)
+    assert run.returncode == 0, run.stderr[-4000:]
+    jobs = scontrol_jobs(re.findall(r"submitted with SLURM jobid (\d+)", run.stderr))
+    assert sorted(jobs["Comment"].str.extract(r"^rule_(\w+?)_wildcards", expand=False)) == ["cluster", "qc"]
+    assert (jobs["Partition"] == "cpu").all()
+    assert "TresPerJob" not in jobs or jobs["TresPerJob"].isna().all()  # scontrol lists it for a GPU job only

@@ -54,7 +54,9 @@ def neighbors(
     use_rep
         The embedding: ``X_pca``, or e.g. ``X_lsi`` for chromatin.
     """
-    n_pcs = min(n_pcs, adata.obsm[use_rep].shape[1])
+    if n_pcs > (available := adata.obsm[use_rep].shape[1]):
+        log.info("neighbors: %d components of %s, not the %d asked: it has %d", available, use_rep, n_pcs, available)
+        n_pcs = available
     n_neighbors = min(n_neighbors, adata.n_obs - 1)
     if backend == "gpu":
         rapids_singlecell().pp.neighbors(

@@ -97,7 +97,9 @@ def pca(adata: AnnData, *, n_comps: int, seed: int, backend: Backend) -> None:
         ``"cpu"`` (scanpy, ARPACK) or ``"gpu"`` (cuML).
     """
     n_hvg = int(adata.var["highly_variable"].sum())
-    n_comps = min(n_comps, adata.n_obs - 1, n_hvg - 1)
+    if n_comps > (most := min(adata.n_obs - 1, n_hvg - 1)):
+        log.info("pca: %d components, not the %d asked: %d cells, %d variable genes", most, n_comps, adata.n_obs, n_hvg)
+        n_comps = most
     if backend == "gpu" and in_row_blocks(adata.X):
         _pca_of_row_blocks(adata, n_comps=n_comps, seed=seed)
     elif backend == "gpu":
