@@ -11,6 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import CITESEQ, DROPLETS_H5, MOUSE_ZARR, PBMC_H5, PBMC_MTX
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import sparse
 
 from omicsprep import io
@@ -423,3 +425,76 @@ def test_every_name_of_io_is_found_in_its_module():
         assert getattr(io, name) is not None, name
     with pytest.raises(AttributeError, match="no attribute 'read_everything'"):
         _ = io.read_everything
+
+
+def same_matrix(ours: sparse.csr_matrix, theirs: sparse.csr_matrix) -> None:
+    """The same CSR matrix to the last bit: values, their type, indices and row pointers."""
+    assert ours.dtype == theirs.dtype == np.float32
+    for name in ("data", "indices", "indptr"):
+        np.testing.assert_array_equal(getattr(ours, name), getattr(theirs, name), err_msg=name)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.float32, np.float64])
+@pytest.mark.parametrize("layout", ["dense", "csr", "csc"])
+def test_the_same_counts_in_any_type_and_layout_are_read_as_one_matrix(tmp_path, dtype, layout):
+    reference = io.read_counts(PBMC_H5)
+    counts = reference.X.astype(dtype)
+    stored = {"dense": counts.toarray(), "csr": counts, "csc": counts.tocsc()}[layout]
+    path = tmp_path / "counts.h5ad"
+    ad.AnnData(stored, obs=reference.obs[[]], var=reference.var[[]]).write_h5ad(path)
+    same_matrix(io.read_counts(path).X, reference.X)
+    zarr = tmp_path / "counts.zarr"
+    ad.AnnData(stored, obs=reference.obs[[]], var=reference.var[[]]).write_zarr(zarr)
+    same_matrix(io.read_counts(zarr).X, reference.X)
+
+
+def test_counts_stored_as_dense_float64_cluster_as_the_10x_file_does(tmp_path):
+    # Issue 45's case: float64 values carried through normalization and PCA had moved cells between clusters.
+    from conftest import CLUSTER_OPTIONS, NO_DOUBLETS, QC_OPTIONS
+
+    from omicsprep.pipeline import run_clustering, run_qc
+
+    reference = io.read_counts(PBMC_H5)
+    path = tmp_path / "dense.h5ad"
+    ad.AnnData(reference.X.toarray().astype(np.float64), obs=reference.obs[[]], var=reference.var).write_h5ad(path)
+    results = []
+    for counts in (reference, io.read_counts(path)):
+        cells, _ = run_qc(counts, options=QC_OPTIONS, doublet_options=NO_DOUBLETS, seed=0, backend="cpu")
+        run_clustering(cells, options=CLUSTER_OPTIONS, seed=0, backend="cpu")
+        results.append(cells)
+    pd.testing.assert_frame_equal(results[0].obs, results[1].obs)
+    np.testing.assert_array_equal(results[0].obsm["X_umap"], results[1].obsm["X_umap"])
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    cells=st.integers(1, 12),
+    genes=st.integers(1, 9),
+    seed=st.integers(0, 2**32 - 1),
+    dtype=st.sampled_from([np.int16, np.int64, np.uint32, np.float32, np.float64]),
+    layout=st.sampled_from(["dense", "csr", "csc", "coo_with_repeats"]),
+)
+def test_any_storage_of_random_counts_reads_as_the_canonical_matrix(
+    tmp_path_factory, cells, genes, seed, dtype, layout
+):
+    """Random counts, stored in any integer or float type and any layout (entries repeated
+    and explicit zeros included), read back as one canonical CSR matrix of their sums."""
+    rng = np.random.default_rng(seed)
+    dense = rng.poisson(1.0, size=(cells, genes)) * (rng.random((cells, genes)) < 0.5)
+    if not dense.any():
+        dense[0, 0] = 1
+    if layout == "coo_with_repeats":  # each entry split in two parts, some of them zero, in random order
+        rows, columns = np.nonzero(np.ones_like(dense))
+        first = rng.integers(0, dense.ravel() + 1)
+        order = rng.permutation(2 * dense.size)
+        values = np.concatenate([first, dense.ravel() - first])[order]
+        stored = sparse.coo_matrix(
+            (values.astype(dtype), (np.tile(rows, 2)[order], np.tile(columns, 2)[order])), shape=dense.shape
+        ).tocsr(copy=False)
+        stored.has_canonical_format = False
+    else:
+        stored = {"dense": dense, "csr": sparse.csr_matrix(dense), "csc": sparse.csc_matrix(dense)}[layout]
+        stored = stored.astype(dtype)
+    path = tmp_path_factory.mktemp("random") / "counts.h5ad"
+    ad.AnnData(stored).write_h5ad(path)
+    same_matrix(io.read_counts(path).X, sparse.csr_matrix(dense.astype(np.float32)))

@@ -244,7 +244,7 @@ def read_counts(
         raise InputError(f"matrix is empty ({adata.n_obs} cells x {adata.n_vars} genes)", path=path)
     _unique_barcodes(adata, path=path, duplicate_barcodes=duplicate_barcodes)
     adata.var_names_make_unique()
-    adata.X = _compact_csr(adata.X)
+    adata.X = _canonical_csr(adata.X)
     _check_counts(adata, path=path, fractional=fractional)
     return adata
 
@@ -264,12 +264,22 @@ def _unique_barcodes(adata: AnnData, *, path: Path, duplicate_barcodes: Duplicat
     adata.obs_names_make_unique()
 
 
-def _compact_csr(matrix: sparse.spmatrix | np.ndarray) -> sparse.csr_matrix:
-    """``matrix`` as CSR with 32-bit indices where they fit.
+def _canonical_csr(matrix: sparse.spmatrix | np.ndarray) -> sparse.csr_matrix:
+    """``matrix`` in one form whatever the file held: CSR, float32, canonical, no stored zeros.
 
-    10x HDF5 files store 64-bit indices, which would make every later copy half as large again.
+    Indices sorted and summed, 32-bit where they fit. The same counts stored dense or sparse,
+    as integers or as floats of either width, then give the same results to the last bit
+    (float64 values would otherwise carry through normalization and PCA and move cells
+    between clusters). 10x HDF5 files store 64-bit indices, which would make every later
+    copy half as large again.
     """
     matrix = sparse.csr_matrix(matrix)
+    if matrix.dtype != np.float32:
+        matrix = matrix.astype(np.float32)
+    if not matrix.has_canonical_format:
+        matrix.sum_duplicates()
+    if np.count_nonzero(matrix.data) < matrix.nnz:  # counted without a copy: 3M cells hold billions
+        matrix.eliminate_zeros()
     if matrix.indices.dtype != np.int32 and max(matrix.nnz, matrix.shape[1]) < np.iinfo(np.int32).max:
         indices = matrix.indices.astype(np.int32)
         matrix = sparse.csr_matrix(
