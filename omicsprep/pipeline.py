@@ -789,13 +789,16 @@ def run_merge(
     Raises
     ------
     InputError
-        ``batch_key`` is ``batch`` and some samples have none.
+        Fewer than two samples, samples that share no gene, or ``batch_key`` is ``batch``
+        and some samples have none.
     ValueError
         ``labels`` is not a cluster column name.
     BackendUnavailableError
         ``options.dask`` on the GPU backend, and fewer than ``n_gpus`` GPUs or no
         dask-cuda.
     """
+    if len(samples) < 2:  # batch mixing and label conservation of one sample say nothing
+        raise InputError(f"a merge needs two samples or more; given {len(samples)}: {list(samples)}")
     parsed_labels = parse_cluster_key(labels)
     if parsed_labels is None:
         raise ValueError(f"labels {labels!r} is not a cluster column name (such as leiden_1.0)")

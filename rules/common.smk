@@ -265,6 +265,11 @@ def check_settings_together():
             f"config: markers.resolution {markers['resolution']} is not among "
             f"{markers['algorithm']}.resolutions {resolutions}"
         )
+    if config["merge"]["enabled"] and len(RNA_SAMPLES) < 2:
+        raise WorkflowError(
+            f"config: merge.enabled needs two RNA samples or more; the sheet has {len(RNA_SAMPLES)} "
+            f"({', '.join(RNA_SAMPLES) or 'none'}): a merge of one says nothing of batches"
+        )
     n_pcs, n_comps = config["neighbors"]["n_pcs"], config["pca"]["n_comps"]
     if n_pcs > n_comps:
         raise WorkflowError(

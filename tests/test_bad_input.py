@@ -205,6 +205,7 @@ def test_nested_command_line_values_are_read_as_yaml(tmp_path):
         ("seed=-5", "config: seed: -5 is less than the minimum of 0"),
         ("seed=4294967296", "config: seed: 4294967296 is greater than the maximum of 4294967295"),
         ("cells={seed: -1}", "config: cells.seed: -1 is less than the minimum of 0"),
+        ("merge={enabled: true}", "config: merge.enabled needs two RNA samples or more; the sheet has 1 (pbmc)"),
         (
             "pca={n_comps: 20}",
             "config: neighbors.n_pcs 30 is more than pca.n_comps 20: the neighbour graph can use only the components",

@@ -16,6 +16,7 @@ from anndata import AnnData
 from conftest import CLUSTER_OPTIONS, MERGE_OPTIONS
 from scipy import sparse
 
+from omicsprep.errors import InputError
 from omicsprep.pipeline import run_merge
 from omicsprep.rna import integration
 
@@ -51,6 +52,25 @@ def test_concatenation_keeps_every_cell_column_and_the_genes_descriptions(pbmc_b
     assert {"gene_ids", "feature_types"} <= set(merged.var.columns)
     assert "n_cells" not in merged.var and "highly_variable" not in merged.var  # per-sample statistics
     pd.testing.assert_series_equal(merged.var.loc[genes.index, "gene_ids"], genes["gene_ids"])
+
+
+def test_samples_that_share_no_gene_or_one_sample_are_not_merged(pbmc_batches):
+    renamed = pbmc_batches["second"].copy()
+    renamed.var_names = "ENSG_" + renamed.var_names  # ids where the first has symbols
+    first = pbmc_batches["first"].var_names
+    expected = f"the samples share no gene (first {len(first)} (e.g. '{first[0]}'), second {renamed.n_vars} (e.g. 'ENSG"
+    with pytest.raises(InputError) as caught:
+        integration.concatenate_samples({"first": pbmc_batches["first"], "second": renamed}, backend="cpu")
+    assert str(caught.value).startswith(expected)
+    with pytest.raises(InputError, match=r"a merge needs two samples or more; given 1: \['first'\]"):
+        run_merge(
+            {"first": pbmc_batches["first"]},
+            options=MERGE_OPTIONS,
+            clustering_options=CLUSTER_OPTIONS,
+            labels="leiden_1.0",
+            seed=0,
+            backend="cpu",
+        )
 
 
 def test_harmony_mixes_the_pbmc_batches_and_keeps_the_clusters(pbmc_batches):

@@ -13,6 +13,7 @@ from scipy import sparse
 from sklearn.metrics import adjusted_rand_score
 
 from omicsprep.backend import Backend, matrix_to_device, rapids_singlecell, stacked_rows, with_columns_at
+from omicsprep.errors import InputError
 from omicsprep.options import parse_cluster_key
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,11 @@ def concatenate_samples(samples: Mapping[str, AnnData], *, labels: str | None = 
     -------
     Cells x genes, CSR counts (float32); ``uns["merge"]["genes_missing"]`` counts, per sample,
     the genes it lacks.
+
+    Raises
+    ------
+    InputError
+        The samples share no gene (other species, or genes named otherwise).
     """
     parts, counts, gene_tables = {}, {}, []
     for name, adata in samples.items():
@@ -63,6 +69,13 @@ def concatenate_samples(samples: Mapping[str, AnnData], *, labels: str | None = 
         matrix = sparse.csr_matrix(adata.layers.get("counts", adata.X), dtype=np.float32)
         counts[name] = matrix_to_device(matrix) if backend == "gpu" else matrix
         del adata, matrix  # before the next sample is read
+    shared = set.intersection(*(set(part.var_names) for part in parts.values()))
+    if len(parts) > 1 and not shared:
+        sizes = ", ".join(f"{name} {part.n_vars} (e.g. {part.var_names[0]!r})" for name, part in parts.items())
+        raise InputError(
+            f"the samples share no gene ({sizes}): a merge of them would mean nothing; check that they are "
+            "of one species and name their genes alike (symbols or ids)"
+        )
     merged = ad.concat(parts, join="outer", label="sample", index_unique=":")  # cells and genes; counts below
     merged.obs_names = [
         f"{sample}:{barcode.rsplit(':', 1)[0]}"
@@ -77,10 +90,11 @@ def concatenate_samples(samples: Mapping[str, AnnData], *, labels: str | None = 
     merged.var = shared_gene_columns(gene_tables, genes=merged.var_names)
     merged.uns["merge"] = {"genes_missing": {name: int(merged.n_vars - part.n_vars) for name, part in parts.items()}}
     log.info(
-        "merged %d samples: %d cells x %d genes; genes missing per sample %s",
+        "merged %d samples: %d cells x %d genes, %d of them in every sample; genes missing per sample %s",
         len(parts),
         merged.n_obs,
         merged.n_vars,
+        len(shared),
         merged.uns["merge"]["genes_missing"],
     )
     return merged
