@@ -298,8 +298,28 @@ def run_clustering(
     with timer.step("to_host"):
         to_host(adata)
     params = {**asdict(options), "seed": seed}
-    record_provenance(adata, rule="cluster", backend=backend, params=params, timings=timer.seconds)
+    adapted = _values_used(params, adata)
+    record_provenance(adata, rule="cluster", backend=backend, params=params, timings=timer.seconds, adapted=adapted)
     return clustering.markers_table(adata, n_genes=markers.n_genes)
+
+
+def _values_used(params: dict[str, Any], adata: AnnData) -> dict[str, dict[str, Any]]:
+    """Put the values the steps used (they adapt to small samples) into ``params``.
+
+    Returns those that differ from the ones asked, as ``{"section.key": {"asked", "used"}}``.
+    """
+    used = {
+        ("hvg", "flavor"): adata.uns["hvg"]["flavor"],
+        ("pca", "n_comps"): adata.obsm["X_pca"].shape[1],
+        ("neighbors", "n_neighbors"): adata.uns["neighbors"]["params"]["n_neighbors"],
+        ("neighbors", "n_pcs"): adata.uns["neighbors"]["params"]["n_pcs"],
+    }
+    adapted = {}
+    for (section, key), value in used.items():
+        if (asked := params[section][key]) != value:
+            adapted[f"{section}.{key}"] = {"asked": asked, "used": value}
+            params[section][key] = value
+    return adapted
 
 
 def _neighbors(adata: AnnData, *, options: NeighborsOptions, use_rep: str, backend: Backend) -> None:

@@ -41,7 +41,13 @@ class StepTimer:
 
 
 def record_provenance(
-    adata: AnnData, *, rule: str, backend: Backend, params: Mapping[str, Any], timings: Mapping[str, float]
+    adata: AnnData,
+    *,
+    rule: str,
+    backend: Backend,
+    params: Mapping[str, Any],
+    timings: Mapping[str, float],
+    adapted: Mapping[str, Any] | None = None,
 ) -> None:
     """Store, under ``uns["omicsprep"][rule]``, how this rule produced ``adata``.
 
@@ -57,11 +63,15 @@ def record_provenance(
         The configuration the rule used (stored as JSON text).
     timings
         Seconds per step, from :class:`StepTimer`.
+    adapted
+        Settings the data made the rule change, each with the value asked and the one used
+        (``params`` holds the one used); stored as JSON text.
     """
     record = {
         "backend": backend,
         "versions": module_versions(backend=backend),
         "params": json.dumps(params, sort_keys=True, default=str),
         "timings": dict(timings),
+        "adapted": json.dumps(adapted or {}, sort_keys=True, default=str),
     }
     adata.uns.setdefault("omicsprep", {})[rule] = record

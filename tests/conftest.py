@@ -40,6 +40,7 @@ from omicsprep.options import (
 from omicsprep.pipeline import run_clustering, run_qc
 
 REPO = Path(__file__).resolve().parents[1]
+SCHEMA = REPO / "config" / "schemas" / "config.schema.yaml"
 DEMO = REPO / "resources" / "demo"
 MULTIOME = DEMO / "multiome_pbmc"
 CITESEQ = DEMO / "citeseq_dsb"

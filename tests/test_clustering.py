@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 import pytest
 import scanpy as sc
-from conftest import CLUSTER_OPTIONS, MERGE_OPTIONS, NO_DOUBLETS, QC_OPTIONS, widened
+import yaml
+from conftest import CLUSTER_OPTIONS, MERGE_OPTIONS, NO_DOUBLETS, QC_OPTIONS, SCHEMA, widened
 from sklearn.metrics import adjusted_rand_score
 
 from omicsprep import io, options
@@ -243,3 +245,36 @@ def test_fewer_components_than_asked_are_one_log_line_each(pbmc, caplog):
         f"neighbors: {n_hvg - 1} components of X_pca, not the 5000 asked: it has {n_hvg - 1}",
     ]
     assert adata.obsm["X_pca"].shape[1] == n_hvg - 1
+    record = adata.uns["omicsprep"]["cluster"]
+    used = json.loads(record["params"])
+    assert (used["pca"]["n_comps"], used["neighbors"]["n_pcs"]) == (n_hvg - 1, n_hvg - 1)
+    assert json.loads(record["adapted"]) == {
+        "pca.n_comps": {"asked": 5000, "used": n_hvg - 1},
+        "neighbors.n_pcs": {"asked": 5000, "used": n_hvg - 1},
+    }
+
+
+SMALLEST_SAMPLE = yaml.safe_load(SCHEMA.read_text())["properties"]["qc"]["properties"]["min_cells_left"]["minimum"]
+
+
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("n_cells", [SMALLEST_SAMPLE, 40])
+def test_the_smallest_samples_qc_lets_through_run_every_step(pbmc, n_cells, backend, caplog):
+    """seurat_v3's loess fit fails on these few PBMCs: seurat's dispersion ranks the genes,
+    and PCA and the neighbour graph take what the cells allow, each a log line and a record.
+    """
+    adata, _ = run_qc(pbmc, options=QC_OPTIONS, doublet_options=NO_DOUBLETS, seed=0, backend="cpu")
+    adata = adata[:n_cells].copy()
+    with caplog.at_level("INFO", logger="omicsprep"):
+        markers = run_clustering(adata, options=CLUSTER_OPTIONS, seed=0, backend=backend)
+    assert any(r.getMessage().startswith("hvg: seurat_v3's loess fit failed on") for r in caplog.records)
+    adapted = json.loads(adata.uns["omicsprep"]["cluster"]["adapted"])
+    assert adapted["hvg.flavor"] == {"asked": "seurat_v3", "used": "seurat"}
+    assert adapted["pca.n_comps"]["used"] == adata.obsm["X_pca"].shape[1] < CLUSTER_OPTIONS.pca.n_comps
+    asked_neighbors = CLUSTER_OPTIONS.neighbors.n_neighbors
+    if n_cells <= asked_neighbors:
+        assert adapted["neighbors.n_neighbors"] == {"asked": asked_neighbors, "used": n_cells - 1}
+    assert np.isfinite(adata.obsm["X_umap"]).all()
+    for resolution in CLUSTER_OPTIONS.leiden.resolutions:
+        assert adata.obs[f"leiden_{resolution}"].notna().all()
+    assert list(markers.columns) == list(clustering.markers_table(adata, n_genes=1).columns)

@@ -44,9 +44,11 @@ def neighbors(
     adata
         Cells with the embedding in ``obsm[use_rep]``.
     n_neighbors
-        Neighbours per cell, the cell itself included (scanpy's convention).
+        Neighbours per cell, the cell itself included (scanpy's convention); capped below
+        the number of cells.
     n_pcs
-        Leading dimensions of the embedding used; capped by those present.
+        Leading dimensions of the embedding used; capped by those present. The values used
+        go to ``uns["neighbors"]["params"]``, each cap to the log.
     metric
         Distance, e.g. ``"euclidean"`` or ``"cosine"``.
     backend
@@ -57,7 +59,9 @@ def neighbors(
     if n_pcs > (available := adata.obsm[use_rep].shape[1]):
         log.info("neighbors: %d components of %s, not the %d asked: it has %d", available, use_rep, n_pcs, available)
         n_pcs = available
-    n_neighbors = min(n_neighbors, adata.n_obs - 1)
+    if n_neighbors >= adata.n_obs:
+        log.info("neighbors: %d neighbours, not the %d asked: %d cells", adata.n_obs - 1, n_neighbors, adata.n_obs)
+        n_neighbors = adata.n_obs - 1
     if backend == "gpu":
         rapids_singlecell().pp.neighbors(
             adata, n_neighbors=n_neighbors, n_pcs=n_pcs, use_rep=use_rep, metric=metric, algorithm="brute"
@@ -69,6 +73,7 @@ def neighbors(
         sc.pp.neighbors(
             adata, n_neighbors=n_neighbors, n_pcs=n_pcs, use_rep=use_rep, metric=metric, transformer="sklearn"
         )
+    adata.uns["neighbors"]["params"].update(n_neighbors=n_neighbors, n_pcs=n_pcs)  # the values used
 
 
 def umap(adata: AnnData, *, min_dist: float, seed: int, backend: Backend) -> None:

@@ -65,6 +65,8 @@ def highly_variable_genes(
         Log-normalized ``X`` and raw ``layers["counts"]`` (from :func:`normalize`).
     flavor
         ``"seurat_v3"`` ranks genes on the raw counts; the others on log-normalized values.
+        Where seurat_v3's loess fit of variance on mean fails (a handful of cells or genes),
+        ``"seurat"`` ranks them instead, logged and recorded in ``uns["hvg"]["flavor"]``.
     n_top_genes
         How many genes to flag; capped at the number of genes.
     backend
@@ -75,10 +77,22 @@ def highly_variable_genes(
         pass for biology.
     """
     n_top = min(n_top_genes, adata.n_vars)
-    layer = "counts" if flavor == "seurat_v3" else None
-    single_cell_api(backend).pp.highly_variable_genes(
-        adata, flavor=flavor, n_top_genes=n_top, layer=layer, batch_key=batch_key
-    )
+    select = single_cell_api(backend).pp.highly_variable_genes
+    if flavor == "seurat_v3":
+        try:
+            select(adata, flavor=flavor, n_top_genes=n_top, layer="counts", batch_key=batch_key)
+        except ValueError as exc:  # skmisc's loess, on few cells or genes: "near singularities", "svddc failed"
+            reason = exc.args[0].decode() if exc.args and isinstance(exc.args[0], bytes) else str(exc)
+            log.info(
+                "hvg: seurat_v3's loess fit failed on %d cells and %d genes (%s): seurat's dispersion ranks them",
+                adata.n_obs,
+                adata.n_vars,
+                reason,
+            )
+            flavor = "seurat"
+    if flavor != "seurat_v3":
+        select(adata, flavor=flavor, n_top_genes=n_top, batch_key=batch_key)
+    adata.uns["hvg"] = {"flavor": flavor}  # as scanpy records it: the flavour used
     log.info("highly variable genes: %d of %d", int(adata.var["highly_variable"].sum()), adata.n_vars)
 
 
