@@ -183,6 +183,42 @@ def test_bad_fragments_are_one_clear_error(tmp_path, barcodes):
         count_fragments(io.fragment_chunks(bad), barcodes=barcodes)
 
 
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+def test_fragments_that_miss_the_cells_or_the_peaks_name_the_mismatch(barcodes, backend, caplog):
+    """Peaks without the fragments' 'chr' prefix, or cells whose barcodes end in another
+    suffix, stop the count naming the cause, not LSI later for want of features.
+    """
+    peaks = io.read_peaks(MULTIOME / "peaks.bed")
+    with caplog.at_level("INFO", logger="omicsprep"):
+        count_fragments(io.fragment_chunks(FRAGMENTS, backend=backend), barcodes=barcodes, peaks=peaks, backend=backend)
+    assert "fragments: 8,140 of 120,000 fragments in the cells; 937 of 1,000 cells with fragments; 3 of the " in (
+        caplog.text
+    )
+    bare = peaks.assign(chrom=peaks["chrom"].str.removeprefix("chr"))
+    with pytest.raises(
+        InputError,
+        match=rf"^file '{FRAGMENTS}': the fragments' chromosomes \(chr1, chr2, chr4\) and the peaks' \(1, 10, 11, "
+        r"\.\.\.\) share none; they match without the 'chr' prefix",
+    ):
+        count_fragments(
+            io.fragment_chunks(FRAGMENTS, backend=backend),
+            barcodes=barcodes,
+            peaks=bare,
+            source=FRAGMENTS,
+            backend=backend,
+        )
+    other_well = barcodes.str.replace("-1", "-2")
+    with pytest.raises(
+        InputError,
+        match=r"none of the 120,000 fragments is of one of the 1,000 cells: barcodes like '[ACGT]{16}-1' against the "
+        r"cells' 'AAACAGCCAGCATGTC-2'; they match without the '-<number>' suffix",
+    ):
+        count_fragments(io.fragment_chunks(FRAGMENTS, backend=backend), barcodes=other_well, backend=backend)
+    unrelated = pd.Index([f"CELL{i}" for i in range(len(barcodes))])
+    with pytest.raises(InputError, match=r"against the cells' 'CELL0'$"):
+        count_fragments(io.fragment_chunks(FRAGMENTS, backend=backend), barcodes=unrelated, backend=backend)
+
+
 def test_counts_within_the_genome_are_unchanged_by_its_check(tmp_path, peak_counts, barcodes):
     sizes = tmp_path / "chrom.sizes"
     sizes.write_text("chr1\t248956422\nchr2\t242193529\nchr4\t190214555\n")

@@ -8,6 +8,8 @@ chunk size and the output matrix, not the file.
 
 from __future__ import annotations
 
+import logging
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,6 +34,10 @@ PER_CELL = ("n_fragments", "nucleosome_free", "mono_nucleosome", "in_features", 
 TSS_EXTEND = 1000
 TSS_FLANK = 100
 TSS_CENTER = 1001
+BARCODE_EXAMPLES = 100  # fragments' barcodes outside the cells kept to diagnose a mismatch
+BARCODE_SUFFIX = re.compile(r"-\d+$")  # the GEM well's, e.g. "-1" in Cell Ranger's barcodes
+
+log = logging.getLogger(__name__)
 
 
 def count_fragments(
@@ -91,7 +97,8 @@ def count_fragments(
         Repeated barcodes; unsorted fragments; fragments whose end is not after their
         start, with a negative start or beyond 2**32 bp; more chromosomes than tile keys
         hold; with ``chrom_sizes``, fragments on an unknown chromosome or past its end;
-        overlapping peaks.
+        overlapping peaks; no fragment of a cell, or no peak on the fragments'
+        chromosomes (naming the mismatch: a barcode suffix, a ``chr`` prefix).
     """
     _check_barcodes(barcodes)
     xp = array_module(backend)
@@ -102,6 +109,7 @@ def count_fragments(
         for chunk in chunks:
             if len(chunk):
                 counter.add(chunk)
+        counter.check_matched()
     return counter.to_anndata()
 
 
@@ -135,6 +143,7 @@ class _FragmentCounter:
         self.columns = FeatureColumns(xp)
         self.chromosomes: list[str] = []  # in the fragments' order
         self.last_position, self.outside_cells = -1, 0
+        self.outside_examples: dict[str, None] = {}  # (ordered set) barcodes of fragments outside the cells
 
     def add(self, chunk) -> None:
         """Count a chunk of fragments (not empty) that follows the previous ones."""
@@ -146,6 +155,9 @@ class _FragmentCounter:
         cell = xp.asarray(self.cells.get_indexer(chunk["barcode"]), dtype=xp.int64)
         inside = cell >= 0
         self.outside_cells += int((~inside).sum())
+        if len(self.outside_examples) < BARCODE_EXAMPLES and not bool(inside.all()):
+            outside = asnumpy(xp.flatnonzero(~inside)[:BARCODE_EXAMPLES])
+            self.outside_examples.update(dict.fromkeys(_host(chunk["barcode"].iloc[outside]).tolist()))
         cell, chrom, start, end = cell[inside], chrom[inside], start[inside], end[inside]
         self._count_lengths(cell, end - start)
         fragment, feature = self.features.overlaps(chrom, start, end, chromosomes=self.chromosomes)
@@ -187,6 +199,26 @@ class _FragmentCounter:
         self.per_cell[PER_CELL.index(name)] += _bincount(
             cell, weights=weights, minlength=len(self.barcodes), xp=self.xp
         )
+
+    def check_matched(self) -> None:
+        """Stop where the fragments miss every cell, or the peaks every chromosome; log the shares.
+
+        One share of fragments matched is normal: 10x files hold the fragments of every barcode.
+        """
+        in_cells = int(self.per_cell[PER_CELL.index("n_fragments")].sum())
+        if self.outside_cells and not in_cells:
+            raise InputError(_unmatched_barcodes(self.outside_cells, list(self.outside_examples), self.barcodes))
+        cells_with_fragments = int((self.per_cell[PER_CELL.index("n_fragments")] > 0).sum())
+        shares = [
+            f"{in_cells:,} of {in_cells + self.outside_cells:,} fragments in the cells",
+            f"{cells_with_fragments:,} of {len(self.barcodes):,} cells with fragments",
+        ]
+        if isinstance(self.features, _Peaks) and self.chromosomes and self.features.chromosomes:
+            with_peaks = set(self.chromosomes) & set(self.features.chromosomes)
+            if not with_peaks:
+                raise InputError(_unmatched_chromosomes(self.chromosomes, self.features.chromosomes))
+            shares.append(f"{len(with_peaks)} of the fragments' {len(self.chromosomes)} chromosomes with peaks")
+        log.info("fragments: %s", "; ".join(shares))
 
     def to_anndata(self) -> AnnData:
         """The counts (all features finished) and the QC per cell, as :func:`count_fragments` returns them."""
@@ -451,6 +483,30 @@ def _naming_errors(source: str | Path | None) -> Iterator[None]:
         if source is None or exc.path is not None:
             raise
         raise InputError(exc.problem, path=source, sample=exc.sample) from exc
+
+
+def _unmatched_barcodes(n_fragments: int, examples: list[str], cells: pd.Index) -> str:
+    """What the fragments' barcodes and the cells' have apart, when no fragment is a cell's."""
+    problem = (
+        f"none of the {n_fragments:,} fragments is of one of the {len(cells):,} cells: barcodes like "
+        f"{examples[0]!r} against the cells' {cells[0]!r}"
+    )
+    bare_cells = {BARCODE_SUFFIX.sub("", barcode) for barcode in cells}
+    if any(BARCODE_SUFFIX.sub("", barcode) in bare_cells for barcode in examples):
+        problem += "; they match without the '-<number>' suffix: give the fragments' and the cells' barcodes the same"
+    return problem
+
+
+def _unmatched_chromosomes(fragments: list[str], peaks: list[str]) -> str:
+    """What the fragments' chromosomes and the peaks' have apart, when they share none."""
+    problem = f"the fragments' chromosomes ({_some(fragments)}) and the peaks' ({_some(peaks)}) share none"
+    if {name.removeprefix("chr") for name in fragments} & {name.removeprefix("chr") for name in peaks}:
+        problem += "; they match without the 'chr' prefix: name the chromosomes alike in both files"
+    return problem
+
+
+def _some(names: list[str], shown: int = 3) -> str:
+    return ", ".join(names[:shown]) + (", ..." if len(names) > shown else "")
 
 
 def _new_chromosomes(chrom, *, known: list[str], index_type, xp: ModuleType) -> list[str]:
