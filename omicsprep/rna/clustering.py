@@ -259,7 +259,8 @@ def _ordered_categories(labels: np.ndarray) -> pd.Categorical:
 def rank_markers(adata: AnnData, *, groupby: str, method: MarkerMethod, backend: Backend) -> None:
     """Rank marker genes of each cluster against the rest into ``uns["rank_genes_groups"]``.
 
-    Nothing is ranked (and a warning logged) when there is a single cluster.
+    Clusters of one cell (a very high resolution) have no statistics and are left out, with a
+    log line; nothing is ranked (and a warning logged) when fewer than two clusters are left.
 
     Parameters
     ----------
@@ -272,17 +273,24 @@ def rank_markers(adata: AnnData, *, groupby: str, method: MarkerMethod, backend:
     backend
         ``"cpu"`` or ``"gpu"``.
     """
-    if adata.obs[groupby].nunique() < 2:
-        log.warning("only one cluster in %s: no markers", groupby)
+    sizes = adata.obs[groupby].value_counts()
+    ranked = sizes.index[sizes >= 2]
+    if len(ranked) < 2:
+        log.warning("only %d cluster(s) of two cells or more in %s: no markers", len(ranked), groupby)
         return
+    groups = "all" if len(ranked) == len(sizes) else [str(group) for group in sizes.index if group in set(ranked)]
+    if groups != "all":
+        log.info("markers: %d clusters of one cell in %s left out", len(sizes) - len(ranked), groupby)
     if backend == "gpu" and is_dask_array(adata.X):
-        _rank_markers_by_gene_group(adata, groupby=groupby, method=method)
+        _rank_markers_by_gene_group(adata, groupby=groupby, method=method, groups=groups)
     elif backend == "gpu":
-        rapids_singlecell().tl.rank_genes_groups(adata, groupby, method=method, use_raw=False, pts=True)
+        rapids_singlecell().tl.rank_genes_groups(
+            adata, groupby, groups=groups, method=method, use_raw=False, pts=True
+        )
     else:
         import scanpy as sc
 
-        sc.tl.rank_genes_groups(adata, groupby, method=method, use_raw=False, pts=True)
+        sc.tl.rank_genes_groups(adata, groupby, groups=groups, method=method, use_raw=False, pts=True)
 
 
 # Most entries of X ranked at once when X is in row blocks (8 GB on the GPU): rapids-singlecell's
@@ -290,7 +298,9 @@ def rank_markers(adata: AnnData, *, groupby: str, method: MarkerMethod, backend:
 MARKER_GROUP_ENTRIES = 4 * BLOCK_ENTRIES
 
 
-def _rank_markers_by_gene_group(adata: AnnData, *, groupby: str, method: MarkerMethod) -> None:
+def _rank_markers_by_gene_group(
+    adata: AnnData, *, groupby: str, method: MarkerMethod, groups: str | list[str]
+) -> None:
     """:func:`rank_markers` on the GPU for ``X`` in row blocks: genes in groups, then joined.
 
     Each gene's test is its own; only the Benjamini-Hochberg correction spans all genes, so it
@@ -303,7 +313,9 @@ def _rank_markers_by_gene_group(adata: AnnData, *, groupby: str, method: MarkerM
     for start, stop in pairwise(bounds):
         var = pd.DataFrame(index=adata.var_names[start:stop])
         genes = AnnData(take_columns(adata.X, start, stop), obs=adata.obs[[groupby]], var=var)
-        rapids_singlecell().tl.rank_genes_groups(genes, groupby, method=method, use_raw=False, pts=True)
+        rapids_singlecell().tl.rank_genes_groups(
+            genes, groupby, groups=groups, method=method, use_raw=False, pts=True
+        )
         rankings.append(genes.uns["rank_genes_groups"])
     adata.uns["rank_genes_groups"] = _joined_rankings(rankings)
 
@@ -342,5 +354,7 @@ def markers_table(adata: AnnData, *, n_genes: int) -> pd.DataFrame:
     if "rank_genes_groups" not in adata.uns:
         return pd.DataFrame(columns=columns)
     table = sc.get.rank_genes_groups_df(adata, group=None).rename(columns={"names": "gene"})
+    if "group" not in table:  # scanpy drops it for one group (logreg of two clusters ranks one)
+        table.insert(0, "group", adata.uns["rank_genes_groups"]["names"].dtype.names[0])
     table = table.groupby("group", observed=True, sort=False).head(n_genes)
     return table[[c for c in columns if c in table.columns]]

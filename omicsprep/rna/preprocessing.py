@@ -65,8 +65,9 @@ def highly_variable_genes(
         Log-normalized ``X`` and raw ``layers["counts"]`` (from :func:`normalize`).
     flavor
         ``"seurat_v3"`` ranks genes on the raw counts; the others on log-normalized values.
-        Where seurat_v3's loess fit of variance on mean fails (a handful of cells or genes),
-        ``"seurat"`` ranks them instead, logged and recorded in ``uns["hvg"]["flavor"]``.
+        Where the flavour fails on the data (seurat_v3's loess fit or cell_ranger's bins of
+        mean expression, on a handful of cells or genes), ``"seurat"`` ranks them instead,
+        logged and recorded in ``uns["hvg"]["flavor"]``.
     n_top_genes
         How many genes to flag; capped at the number of genes.
     backend
@@ -78,19 +79,17 @@ def highly_variable_genes(
     """
     n_top = min(n_top_genes, adata.n_vars)
     select = single_cell_api(backend).pp.highly_variable_genes
-    if flavor == "seurat_v3":
-        try:
-            select(adata, flavor=flavor, n_top_genes=n_top, layer="counts", batch_key=batch_key)
-        except ValueError as exc:  # skmisc's loess, on few cells or genes: "near singularities", "svddc failed"
-            reason = exc.args[0].decode() if exc.args and isinstance(exc.args[0], bytes) else str(exc)
-            log.info(
-                "hvg: seurat_v3's loess fit failed on %d cells and %d genes (%s): seurat's dispersion ranks them",
-                adata.n_obs,
-                adata.n_vars,
-                reason,
-            )
-            flavor = "seurat"
-    if flavor != "seurat_v3":
+    layer = "counts" if flavor == "seurat_v3" else None
+    try:
+        select(adata, flavor=flavor, n_top_genes=n_top, layer=layer, batch_key=batch_key)
+    except ValueError as exc:  # seurat_v3's loess or cell_ranger's quantile bins, on few cells or genes
+        if flavor == "seurat":
+            raise
+        reason = exc.args[0].decode() if exc.args and isinstance(exc.args[0], bytes) else str(exc).splitlines()[0]
+        log.info(
+            "hvg: %s failed on %d cells and %d genes (%s): seurat's dispersion ranks them", flavor, *adata.shape, reason
+        )
+        flavor = "seurat"
         select(adata, flavor=flavor, n_top_genes=n_top, batch_key=batch_key)
     if n_top == adata.n_vars:  # every gene flagged: rapids-singlecell flags those no cell expresses too
         expressed = np.asarray(asnumpy(gather(adata.layers["counts"].sum(axis=0)))).ravel() > 0
