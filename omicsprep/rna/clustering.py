@@ -284,9 +284,7 @@ def rank_markers(adata: AnnData, *, groupby: str, method: MarkerMethod, backend:
     if backend == "gpu" and is_dask_array(adata.X):
         _rank_markers_by_gene_group(adata, groupby=groupby, method=method, groups=groups)
     elif backend == "gpu":
-        rapids_singlecell().tl.rank_genes_groups(
-            adata, groupby, groups=groups, method=method, use_raw=False, pts=True
-        )
+        rapids_singlecell().tl.rank_genes_groups(adata, groupby, groups=groups, method=method, use_raw=False, pts=True)
     else:
         import scanpy as sc
 
@@ -298,9 +296,7 @@ def rank_markers(adata: AnnData, *, groupby: str, method: MarkerMethod, backend:
 MARKER_GROUP_ENTRIES = 4 * BLOCK_ENTRIES
 
 
-def _rank_markers_by_gene_group(
-    adata: AnnData, *, groupby: str, method: MarkerMethod, groups: str | list[str]
-) -> None:
+def _rank_markers_by_gene_group(adata: AnnData, *, groupby: str, method: MarkerMethod, groups: str | list[str]) -> None:
     """:func:`rank_markers` on the GPU for ``X`` in row blocks: genes in groups, then joined.
 
     Each gene's test is its own; only the Benjamini-Hochberg correction spans all genes, so it
@@ -313,9 +309,7 @@ def _rank_markers_by_gene_group(
     for start, stop in pairwise(bounds):
         var = pd.DataFrame(index=adata.var_names[start:stop])
         genes = AnnData(take_columns(adata.X, start, stop), obs=adata.obs[[groupby]], var=var)
-        rapids_singlecell().tl.rank_genes_groups(
-            genes, groupby, groups=groups, method=method, use_raw=False, pts=True
-        )
+        rapids_singlecell().tl.rank_genes_groups(genes, groupby, groups=groups, method=method, use_raw=False, pts=True)
         rankings.append(genes.uns["rank_genes_groups"])
     adata.uns["rank_genes_groups"] = _joined_rankings(rankings)
 

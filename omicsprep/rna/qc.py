@@ -237,7 +237,8 @@ def require_cells(adata: AnnData, *, minimum: int, after: str, metrics: pd.DataF
         medians.append(f"{metrics['pct_counts_mt'].median():.1f}% mitochondrial")
     problem = f"only {adata.n_obs} cells left after {after} (at least {minimum} needed): "
     if filters:
-        problem += f"{filters} of {len(metrics):,} cells; median per input cell: {', '.join(medians)}; loosen the QC settings"
+        problem += f"{filters} of {len(metrics):,} cells; median per input cell: {', '.join(medians)}; "
+        problem += "loosen the QC settings"
     else:
         problem += f"the sample holds {len(metrics):,} cells, none removed; qc.min_cells_left asks more"
     raise TooFewCellsError(problem, metrics=metrics)
