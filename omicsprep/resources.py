@@ -136,7 +136,7 @@ class ResourceModel:
 # Outputs: qc writes 0.6x its input, cluster 2.1-2.3x its input (the embeddings and layers).
 MODELS: dict[str, ResourceModel] = {
     # Reads are streamed in chunks: memory follows the chunk and the cells, not the file
-    # (0.37-0.54 GB from 10M to 100M reads, README "Counting UMIs from reads").
+    # (0.37-0.54 GB from 10M to 100M reads, docs/steps.md "Counting UMIs from reads").
     "count_umis": ResourceModel(memory_base_mb=4000, memory_per_input_mb=0.1, disk_per_input_mb=0.2),
     # Not measured: a raw matrix read whole, plus emptyDrops' and the quick clustering's copies.
     "call_cells": ResourceModel(memory_per_input_mb=4.0, disk_per_input_mb=0.5),

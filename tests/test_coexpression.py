@@ -136,7 +136,7 @@ def test_repeated_sparse_entries_are_summed():
 
 
 def hub_scores_from_edges(edges: pd.DataFrame, modules: pd.DataFrame) -> pd.Series:
-    """The README's hub score, from an edge list.
+    """The hub score of docs/steps.md, from an edge list.
 
     A gene's summed edge weight to genes of its own module over the largest such sum in the
     module; 0 for unassigned genes.
@@ -343,7 +343,7 @@ def test_modules_named_by_size_small_ones_unassigned_and_hub_scores(algorithm, m
     np.testing.assert_allclose(
         table.set_index("gene")["hub_score"].reindex(HAND_GENES), [hubs[g] for g in HAND_GENES], rtol=1e-12
     )
-    # The same scores from the edge list by the README's definition (applied to the command's output in
+    # The same scores from the edge list by docs/steps.md's definition (applied to the command's output in
     # test_cli_writes_the_tables_and_figures).
     edges = pd.DataFrame(HAND_EDGES, columns=["gene_a", "gene_b", "weight"])
     np.testing.assert_allclose(

@@ -5,8 +5,9 @@ skipping elsewhere.
 
 Each comparison prints its measured agreement on one line starting with ``MEASURE`` (run
 with ``-s``; ``benchmarks/gpu_check.sh tests`` collects them), before asserting, so that a
-failing run still reports every figure. Thresholds are the README's claims where it makes
-one (kNN graph, HVGs, WNN); the others are the agreement measured on an H200.
+failing run still reports every figure. Thresholds are the docs' claims (docs/design.md,
+docs/steps.md) where they make one (kNN graph, HVGs, WNN); the others are the agreement
+measured on an H200.
 """
 
 from __future__ import annotations
@@ -169,7 +170,7 @@ def test_clustering_agrees(clustered_both):
         modularity_ratio=q_gpu / q_cpu,
         leiden_ari=ari,
     )
-    # README: "HVGs are identical" (here every gene is highly variable: 613 genes < 2,000;
+    # docs/design.md: "HVGs are identical" (here every gene is highly variable: 613 genes < 2,000;
     # test_highly_variable_genes_are_identical ranks them).
     assert hvg_differ == 0
     assert min(pc_correlations) > 0.99, pc_correlations
@@ -216,7 +217,7 @@ def worst_neighbour_excess(embedding: np.ndarray, neighbours: list[np.ndarray], 
 
 
 def test_knn_graphs_are_the_same_on_the_sameembedding_options(clustered_both):
-    """README: exact kNN on both backends, the GPU's kNN graph equals the CPU's.
+    """docs/design.md: exact kNN on both backends, the GPU's kNN graph equals the CPU's.
 
     On the CPU run's PCs, cuML's brute-force search lists each cell's exact nearest neighbours, as
     scikit-learn does: where the two lists differ, only by cells tied within float32 rounding.
@@ -249,7 +250,7 @@ def test_knn_graphs_are_the_same_on_the_sameembedding_options(clustered_both):
 
 
 def test_highly_variable_genes_are_identical(qc_both):
-    """README: HVGs are identical on both backends.
+    """docs/design.md: HVGs are identical on both backends.
 
     200 of the 613 genes, ranked by seurat_v3 (the configured flavour) on each backend from the same counts.
     """
@@ -590,7 +591,7 @@ def test_fragments_with_bad_coordinates_are_refused_on_the_gpu(tmp_path):
 
 
 def test_protein_rule_chain_agrees_on_cpu_and_gpu():
-    """The shipped config's ``normalization: auto`` with empty droplets: dsb on both backends (README).
+    """The shipped config's ``normalization: auto`` with empty droplets: dsb on both backends (docs/steps.md).
 
     Then PCA, neighbours and Leiden agree across backends.
     """
@@ -686,7 +687,7 @@ def test_atac_rule_chain_and_wnn_agree_on_cpu_and_gpu():
         joint_edges_differing=edges_differing,
         joint_edges_shared=cpu_edges.multiply(gpu_edges).sum() / cpu_edges.sum(),
     )
-    # README: "the weights are within 0.004 of the CPU's and the joint neighbours are the same".
+    # docs/steps.md: "the weights are within 0.004 of the CPU's and the joint neighbours are the same".
     for difference in differences.values():
         assert difference.max() < 0.004
         assert difference.mean() < 1e-3
