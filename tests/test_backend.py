@@ -122,7 +122,7 @@ def test_a_dimension_beyond_32_bit_indices_is_refused_on_the_gpu(monkeypatch):
 
     from omicsprep import backend
 
-    monkeypatch.setattr(backend, "GPU_SPARSE_MAX_ENTRIES", 4)
+    monkeypatch.setattr(backend.placement, "GPU_SPARSE_MAX_ENTRIES", 4)
     matrix = sparse.random(5, 4, density=0.6, format="csr", dtype=np.float32, random_state=0)
     for refused in (matrix, matrix.tocsc()):
         with pytest.raises(BackendUnavailableError, match=r"5 x 4 matrix.*at most 4.*backend: cpu"):
@@ -256,7 +256,9 @@ def test_cpu_path_asks_for_no_gpu_library(tmp_path):
     assert seen["clusters"] >= 2
     assert [[name, where] for name, where in seen["cpu_path"] if where.startswith(package)] == []
     # The recorder catches omicsprep asking for CuPy even where CuPy is absent.
-    assert [name for name, where in seen["control"] if where.startswith(package + "backend.py")][:1] == ["cupy"]
+    assert [name for name, where in seen["control"] if where.startswith(package + "backend/libraries.py")][:1] == [
+        "cupy"
+    ]
     assert seen["reason"].startswith("CuPy/CUDA unusable (ModuleNotFoundError")
 
 

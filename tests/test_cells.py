@@ -203,7 +203,7 @@ def test_soupx_and_decontx_beyond_one_gpu_matrix_are_one_clear_error_before_any_
     from omicsprep.cells import ambient
 
     cells = raw[np.asarray(raw.X.sum(axis=1)).ravel() >= CLEAR_CELL_TOTAL].copy()
-    monkeypatch.setattr(backend, "GPU_SPARSE_MAX_ENTRIES", cells.X.nnz - 1)
+    monkeypatch.setattr(backend.placement, "GPU_SPARSE_MAX_ENTRIES", cells.X.nnz - 1)
     with pytest.raises(InputError) as error:
         ambient.remove_ambient(cells, raw=raw, options=AMBIENT[method], seed=0, backend="gpu")
     assert str(error.value) == (

@@ -771,8 +771,8 @@ def test_a_merge_beyond_32_bit_indices_runs_in_row_blocks_on_one_gpu_as_one_matr
 
     one, one_metrics = merged()
     entries = one.layers["counts"].nnz
-    monkeypatch.setattr(backend, "GPU_SPARSE_MAX_ENTRIES", entries // 3)
-    monkeypatch.setattr(backend, "BLOCK_ENTRIES", entries // 6)
+    monkeypatch.setattr(backend.placement, "GPU_SPARSE_MAX_ENTRIES", entries // 3)
+    monkeypatch.setattr(backend.placement, "BLOCK_ENTRIES", entries // 6)
     blocks, block_metrics = merged()
     assert backend.is_dask_array(blocks.X) and len(blocks.X.chunks[0]) >= 6
     rows = np.arange(blocks.n_obs)
@@ -815,8 +815,8 @@ def test_chromatin_beyond_32_bit_indices_runs_in_row_blocks_as_one_matrix(monkey
     results = {}
     for blocked in (False, True):
         if blocked:
-            monkeypatch.setattr(backend, "GPU_SPARSE_MAX_ENTRIES", counts.X.nnz // 3)
-            monkeypatch.setattr(backend, "BLOCK_ENTRIES", counts.X.nnz // 7)
+            monkeypatch.setattr(backend.placement, "GPU_SPARSE_MAX_ENTRIES", counts.X.nnz // 3)
+            monkeypatch.setattr(backend.placement, "BLOCK_ENTRIES", counts.X.nnz // 7)
         adata = counts.copy()
         run_atac(adata, options=options, embedding_options=embedding_options(config), seed=0, backend="gpu")
         results[blocked] = adata
@@ -855,8 +855,8 @@ def test_antibody_counts_beyond_32_bit_indices_run_in_row_blocks_as_one_matrix(m
     results = {}
     for blocked in (False, True):
         if blocked:
-            monkeypatch.setattr(backend, "GPU_SPARSE_MAX_ENTRIES", cells.X.nnz // 3)
-            monkeypatch.setattr(backend, "BLOCK_ENTRIES", cells.X.nnz // 5)
+            monkeypatch.setattr(backend.placement, "GPU_SPARSE_MAX_ENTRIES", cells.X.nnz // 3)
+            monkeypatch.setattr(backend.placement, "BLOCK_ENTRIES", cells.X.nnz // 5)
         adata, options = cells.copy(), from_config(ProteinOptions, config["protein"])
         embedding = embedding_options(config)
         run_protein(adata, empty=empty, options=options, embedding_options=embedding, seed=0, backend="gpu")
@@ -950,8 +950,8 @@ def test_a_matrix_beyond_32_bit_indices_is_processed_in_row_blocks_as_one_matrix
     results = {}
     for blocked in (False, True):
         if blocked:
-            monkeypatch.setattr(backend, "GPU_SPARSE_MAX_ENTRIES", counts.X.nnz // 3)
-            monkeypatch.setattr(backend, "BLOCK_ENTRIES", counts.X.nnz // 8)
+            monkeypatch.setattr(backend.placement, "GPU_SPARSE_MAX_ENTRIES", counts.X.nnz // 3)
+            monkeypatch.setattr(backend.placement, "BLOCK_ENTRIES", counts.X.nnz // 8)
             monkeypatch.setattr(clustering, "MARKER_GROUP_ENTRIES", counts.X.nnz // 5)
         adata, metrics = run_qc(counts.copy(), options=QC_OPTIONS, doublet_options=doublets, seed=0, backend="gpu")
         qc_counts = asnumpy(backend.take_rows(adata.X, np.arange(adata.n_obs)))
