@@ -114,9 +114,9 @@ def called_by_cellbender(output: AnnData) -> AnnData:
 
 def run_omicsprep(raw: Path, method: str, *, backend: str) -> tuple[float, AnnData]:
     """Run the call_cells step (emptyDrops, then ambient ``method``, default settings): seconds, called cells."""
+    from omicsprep.cells.pipeline import run_call_cells
     from omicsprep.io import read_counts
     from omicsprep.options import AmbientOptions, CellOptions
-    from omicsprep.pipeline import run_call_cells
 
     counts = read_counts(raw)
     start = time.perf_counter()

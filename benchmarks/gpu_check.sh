@@ -290,10 +290,10 @@ fi
 
 if wants probe; then
 echo "== a GPU rule's imports: one process, then $(nproc) at once"
-imports='import time; t=time.perf_counter(); import omicsprep.pipeline, rapids_singlecell, cuml, pylibcugraph, cupy; cupy.cuda.runtime.free(0); print(f"{time.perf_counter()-t:.2f}")'
+imports='import time; t=time.perf_counter(); import omicsprep.rna.pipeline, rapids_singlecell, cuml, pylibcugraph, cupy; cupy.cuda.runtime.free(0); print(f"{time.perf_counter()-t:.2f}")'
 python3 -c "$imports"; python3 -c "$imports"
 for i in $(seq "$(nproc)"); do python3 -c "$imports" & done | sort -n | tr '\n' ' '; echo
-python3 -X importtime -c 'import omicsprep.pipeline, rapids_singlecell, cuml, pylibcugraph' 2>&1 \
+python3 -X importtime -c 'import omicsprep.rna.pipeline, rapids_singlecell, cuml, pylibcugraph' 2>&1 \
   | sort -t'|' -k2 -n | tail -n 25
 fi
 

@@ -6,9 +6,9 @@ Cases, each ``--repeats`` times in a new process (seconds from the interpreter's
 rapids-singlecell being usable, and the process's wall time):
 
 - ``plain``: ``import rapids_singlecell``;
-- ``pipeline``: ``import omicsprep.pipeline`` (AnnData, scanpy, SciPy, Numba, scikit-learn);
+- ``pipeline``: ``import omicsprep.rna.pipeline`` (AnnData, scanpy, SciPy, Numba, scikit-learn);
 - ``rule``: as a rule running qc and cluster in one process starts: ``prepare_gpu`` (context, rapids-singlecell, cuML,
-  pylibcugraph in a thread) while the main thread imports ``omicsprep.pipeline``, then
+  pylibcugraph in a thread) while the main thread imports ``omicsprep.rna.pipeline``, then
   waiting for rapids-singlecell.
 
 Then the modules that took longest in a ``rule`` process (``-X importtime``, cumulative).
@@ -30,11 +30,11 @@ READY = "import json, time; print(json.dumps({'ready': time.perf_counter() - STA
 START = "import time; START = time.perf_counter()\n"
 CASES = {
     "plain": "import rapids_singlecell",
-    "pipeline": "import omicsprep.pipeline",
+    "pipeline": "import omicsprep.rna.pipeline",
     "rule": (
         "from omicsprep.backend import gpu_module, prepare_gpu, resolve_backend\n"
         "prepare_gpu(resolve_backend('gpu'), modules=('rapids_singlecell', 'cuml', 'pylibcugraph'))\n"
-        "import omicsprep.pipeline\n"
+        "import omicsprep.rna.pipeline\n"
         "gpu_module('rapids_singlecell')"
     ),
 }

@@ -6,7 +6,7 @@ Generates ``--samples`` x ``--cells`` cells (generate.py, split as merge_bench.p
 each sample with its own per-gene scale), keeps them in memory as the cluster rule's
 outputs would be (raw counts, and the generated cluster of each cell as the sample's own
 clusters; damaged cells and doublets are not removed), then runs
-:func:`omicsprep.pipeline.run_merge` once per mode: ``cpu``, ``gpu`` (one GPU) or
+:func:`omicsprep.rna.pipeline.run_merge` once per mode: ``cpu``, ``gpu`` (one GPU) or
 ``dask:N`` (the GPU backend with ``merge.dask``, N GPUs). Per mode it reports the seconds
 of each step (``start_workers`` is dask-cuda's start-up; the first GPU mode also pays for
 compiling kernels in this process), the h5ad write and UMAP plot the rule would add, the
@@ -39,7 +39,7 @@ from run import append_results, bench_settings, clustering_options  # noqa: E402
 from omicsprep import io, plotting  # noqa: E402
 from omicsprep.backend import resolve_backend  # noqa: E402
 from omicsprep.options import MergeOptions, cluster_key, from_config  # noqa: E402
-from omicsprep.pipeline import run_merge  # noqa: E402
+from omicsprep.rna.pipeline import run_merge  # noqa: E402
 
 LABELS = cluster_key("leiden", 1.0)
 

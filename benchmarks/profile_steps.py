@@ -54,7 +54,7 @@ def main() -> None:
 
     from omicsprep import io
     from omicsprep.options import DoubletOptions, QcOptions, from_config
-    from omicsprep.pipeline import run_clustering, run_qc
+    from omicsprep.rna.pipeline import run_clustering, run_qc
 
     phases: dict[str, float] = {}
 

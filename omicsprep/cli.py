@@ -57,7 +57,7 @@ def coexpr(args: argparse.Namespace) -> None:
 
     from omicsprep import io, plotting
     from omicsprep.backend import resolve_backend
-    from omicsprep.pipeline import run_coexpression
+    from omicsprep.network.pipeline import run_coexpression
     from omicsprep.rna import preprocessing
 
     backend = resolve_backend(args.backend)

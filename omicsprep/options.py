@@ -1,4 +1,4 @@
-"""The options of each stage, as typed values: what the :mod:`omicsprep.pipeline` steps take.
+"""The options of each stage, as typed values: what each stage's ``pipeline`` module's steps take.
 
 Field names are the workflow's configuration keys (``config/schemas/config.schema.yaml``),
 nested where the configuration nests, and the defaults are the schema's (a test keeps them

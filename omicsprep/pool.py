@@ -62,8 +62,12 @@ log = logging.getLogger(__name__)
 # the workflow uses that pool (``off``: none, each job in its own process).
 POOL = "OMICSPREP_POOL"
 IDLE_SECONDS = 600.0
-# Imported by each worker before it takes a job: what the rules' scripts import.
-PRELOADED = ("snakemake.iocontainers", "snakemake.logging", "threadpoolctl", "omicsprep.pipeline", "omicsprep.io")
+# Each stage's chain of steps (what the rules' scripts call), and what else they import: each
+# worker imports these before it takes a job.
+STAGE_PIPELINES = tuple(
+    f"omicsprep.{stage}.pipeline" for stage in ("rna", "cells", "network", "protein", "atac", "multiome")
+)
+PRELOADED = ("snakemake.iocontainers", "snakemake.logging", "threadpoolctl", *STAGE_PIPELINES, "omicsprep.io")
 # GPU libraries, in the order a rule first uses them (a worker imports those that are installed).
 PRELOADED_GPU = ("cupy", "cupyx.scipy.sparse", "rapids_singlecell", "cuml", "pylibcugraph")
 # Settings read when libraries are imported: a job whose values differ runs in its own process.

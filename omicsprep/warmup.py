@@ -78,7 +78,7 @@ def warm_kernels(config: dict[str, Any], *, backend: Backend, n_cells: int = 400
         The generated sample's size.
     """
     from omicsprep.options import ClusteringOptions, DoubletOptions, QcOptions, from_config, from_sections
-    from omicsprep.pipeline import run_clustering, run_qc
+    from omicsprep.rna.pipeline import run_clustering, run_qc
 
     adata = generated_counts(n_cells=n_cells, n_genes=n_genes, seed=config["seed"])
     adata, _ = run_qc(

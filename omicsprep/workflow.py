@@ -145,7 +145,7 @@ def exit_at_once(*streams: Any) -> None:
 
 
 def quality_control(adata: AnnData, *, snakemake: Any, backend: Backend) -> tuple[AnnData, pd.DataFrame]:
-    """Rule qc's work (:func:`omicsprep.pipeline.run_qc`).
+    """Rule qc's work (:func:`omicsprep.rna.pipeline.run_qc`).
 
     The pipeline is imported here (:func:`_pipeline`).
 
@@ -160,7 +160,7 @@ def quality_control(adata: AnnData, *, snakemake: Any, backend: Backend) -> tupl
 
     Returns
     -------
-    The cells that passed and every input cell's metrics, as :func:`~omicsprep.pipeline.run_qc` returns them.
+    The cells that passed and every input cell's metrics, as :func:`~omicsprep.rna.pipeline.run_qc` returns them.
 
     Raises
     ------
@@ -219,7 +219,7 @@ def cluster(
     backend
         ``"cpu"`` or ``"gpu"``.
     after_step
-        Called as each step ends (:func:`omicsprep.pipeline.run_clustering`).
+        Called as each step ends (:func:`omicsprep.rna.pipeline.run_clustering`).
 
     Returns
     -------
@@ -234,13 +234,13 @@ def cluster(
 
 
 def _pipeline() -> ModuleType:
-    """:mod:`omicsprep.pipeline`, imported at first use (phase ``imports``).
+    """:mod:`omicsprep.rna.pipeline`, imported at first use (phase ``imports``).
 
     A GPU rule imports it after its start-up began (:func:`omicsprep.backend.prepare_gpu`):
     creating the CUDA context, which lets Python run, overlaps this import.
     """
     with phase("imports"):
-        return importlib.import_module("omicsprep.pipeline")
+        return importlib.import_module("omicsprep.rna.pipeline")
 
 
 def write_clustering(adata: AnnData, markers: pd.DataFrame, *, snakemake: Any, h5ad: str | H5adParts) -> None:
@@ -294,7 +294,7 @@ def write_qc_figures(metrics: pd.DataFrame, *, sample: str, histograms: str, sca
     Parameters
     ----------
     metrics
-        The QC metrics table of :func:`omicsprep.pipeline.run_qc`.
+        The QC metrics table of :func:`omicsprep.rna.pipeline.run_qc`.
     sample
         The figures' title.
     histograms, scatter

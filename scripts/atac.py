@@ -11,9 +11,9 @@ snakemake = snakemake  # noqa: F821 - injected by Snakemake
 def main() -> None:
     from omicsprep import io
     from omicsprep.atac.fragments import count_fragments
+    from omicsprep.atac.pipeline import run_atac
     from omicsprep.backend import prepare_gpu, resolve_backend
     from omicsprep.options import AtacOptions, EmbeddingOptions, from_config
-    from omicsprep.pipeline import run_atac
 
     backend = resolve_backend(snakemake.params.backend)
     prepare_gpu(backend)  # overlaps reading the input

@@ -8,9 +8,9 @@ snakemake = snakemake  # noqa: F821 - injected by Snakemake
 def main() -> None:
     from omicsprep import io, plotting
     from omicsprep.backend import resolve_backend
+    from omicsprep.cells.pipeline import run_call_cells
     from omicsprep.errors import InputError
     from omicsprep.options import CellOptions, from_config
-    from omicsprep.pipeline import run_call_cells
 
     sample = snakemake.wildcards.sample
     inputs = snakemake.input

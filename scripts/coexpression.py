@@ -15,8 +15,8 @@ def main() -> None:
     from omicsprep import io, plotting
     from omicsprep.backend import resolve_backend
     from omicsprep.errors import InputError
+    from omicsprep.network.pipeline import run_coexpression, run_coexpression_per_cluster, skipped_coexpression
     from omicsprep.options import CoexpressionOptions, from_config
-    from omicsprep.pipeline import run_coexpression, run_coexpression_per_cluster, skipped_coexpression
 
     backend = resolve_backend(snakemake.params.backend)
     options, seed = from_config(CoexpressionOptions, snakemake.params.coexpression), snakemake.params.seed

@@ -7,8 +7,8 @@ def main() -> None:
     from omicsprep import io, plotting
     from omicsprep.backend import prepare_gpu, resolve_backend
     from omicsprep.options import ClusteringOptions, MergeOptions, from_config, parse_cluster_key
-    from omicsprep.pipeline import run_merge
     from omicsprep.rna import clustering
+    from omicsprep.rna.pipeline import run_merge
 
     backend = resolve_backend(snakemake.params.backend)
     prepare_gpu(backend)  # overlaps reading the input

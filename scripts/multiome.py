@@ -8,8 +8,8 @@ snakemake = snakemake  # noqa: F821 - injected by Snakemake
 def main() -> None:
     from omicsprep import io, plotting
     from omicsprep.backend import prepare_gpu, resolve_backend
+    from omicsprep.multiome.pipeline import run_multiome
     from omicsprep.options import EmbeddingOptions, MultiomeOptions, from_config
-    from omicsprep.pipeline import run_multiome
 
     backend = resolve_backend(snakemake.params.backend)
     prepare_gpu(backend)  # overlaps reading the input

@@ -10,8 +10,8 @@ def main() -> None:
     from omicsprep.backend import prepare_gpu, resolve_backend
     from omicsprep.cells.calling import called_cells
     from omicsprep.options import EmbeddingOptions, ProteinOptions, from_config
-    from omicsprep.pipeline import run_protein
     from omicsprep.protein.normalization import background_droplets
+    from omicsprep.protein.pipeline import run_protein
 
     backend = resolve_backend(snakemake.params.backend)
     prepare_gpu(backend)  # overlaps reading the input

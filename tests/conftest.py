@@ -37,7 +37,7 @@ from omicsprep.options import (
     QcOptions,
     from_config,
 )
-from omicsprep.pipeline import run_clustering, run_qc
+from omicsprep.rna.pipeline import run_clustering, run_qc
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = REPO / "config" / "schemas" / "config.schema.yaml"

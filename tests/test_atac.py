@@ -339,8 +339,8 @@ def test_64_bit_indices_give_the_same_atac_results_on_the_cpu(peak_counts):
 
     from conftest import embedding_options, shipped_config, widened
 
+    from omicsprep.atac.pipeline import run_atac
     from omicsprep.options import AtacOptions, from_config
-    from omicsprep.pipeline import run_atac
 
     config = shipped_config()
     options = replace(from_config(AtacOptions, config["atac"]), min_cells_per_feature=1)
@@ -357,7 +357,7 @@ def test_64_bit_indices_give_the_same_atac_results_on_the_cpu(peak_counts):
 def test_cells_per_feature_are_counted_a_chunk_of_entries_at_a_time(peak_counts, monkeypatch):
     # Rule atac's feature filter, without copying the matrix: in chunks of 1,000 entries here,
     # across CSC (as counted), CSR and dense, with stored zeros and a negative value among them.
-    from omicsprep import pipeline
+    from omicsprep.atac import pipeline
 
     monkeypatch.setattr(pipeline, "FEATURE_CHUNK_ENTRIES", 1_000)
     matrix = peak_counts.X.copy()

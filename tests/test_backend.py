@@ -212,7 +212,7 @@ assert set(CUDA_KERNELS) <= {module.name for module in pkgutil.walk_packages(omi
 from omicsprep import io
 from omicsprep.backend import gpu_unavailable_reason, resolve_backend
 from omicsprep.options import DoubletOptions, PcaOptions
-from omicsprep.pipeline import run_clustering, run_qc
+from omicsprep.rna.pipeline import run_clustering, run_qc
 
 sys.path.insert(0, sys.argv[1])
 from conftest import CLUSTER_OPTIONS, PBMC_H5, QC_OPTIONS

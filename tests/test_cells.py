@@ -11,9 +11,9 @@ from conftest import DROPLETS_H5, DROPLETS_TRUTH, PBMC_H5
 from scipy import sparse
 
 from omicsprep import io
+from omicsprep.cells.pipeline import run_call_cells
 from omicsprep.errors import InputError
 from omicsprep.options import AmbientOptions, CellOptions, EmptyDropsCrOptions, SoupxOptions
-from omicsprep.pipeline import run_call_cells
 from omicsprep.protein.normalization import background_droplets
 
 # Cells with at least this many UMIs are clear cells (the truth's smallest has 300; every

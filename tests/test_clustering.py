@@ -14,8 +14,9 @@ from conftest import CLUSTER_OPTIONS, MERGE_OPTIONS, NO_DOUBLETS, QC_OPTIONS, SC
 from sklearn.metrics import adjusted_rand_score
 
 from omicsprep import io, options
-from omicsprep.pipeline import run_clustering, run_coexpression, run_merge, run_qc
+from omicsprep.network.pipeline import run_coexpression
 from omicsprep.rna import clustering
+from omicsprep.rna.pipeline import run_clustering, run_merge, run_qc
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,8 @@ from sklearn.metrics import adjusted_rand_score
 
 from omicsprep.errors import InputError
 from omicsprep.network import coexpression
+from omicsprep.network.pipeline import run_coexpression, run_coexpression_per_cluster
 from omicsprep.options import CoexpressionOptions, MetacellOptions, PerClusterOptions
-from omicsprep.pipeline import run_coexpression, run_coexpression_per_cluster
 from omicsprep.rna.preprocessing import normalize
 
 OPTIONS = CoexpressionOptions(top_k=20, metacells=MetacellOptions(method="none", n_metacells=200))

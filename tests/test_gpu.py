@@ -49,7 +49,7 @@ from omicsprep.backend import (
 )
 from omicsprep.errors import BackendUnavailableError, InputError
 from omicsprep.options import from_config
-from omicsprep.pipeline import run_clustering, run_merge, run_qc
+from omicsprep.rna.pipeline import run_clustering, run_merge, run_qc
 
 pytestmark = pytest.mark.gpu
 
@@ -441,8 +441,8 @@ def test_coexpression_agrees_on_cpu_and_gpu(metacells):
     import scanpy as sc
     from test_coexpression import OPTIONS, planted_ari, planted_data
 
+    from omicsprep.network.pipeline import run_coexpression
     from omicsprep.options import MetacellOptions
-    from omicsprep.pipeline import run_coexpression
 
     adata, truth = planted_data()
     sc.pp.pca(adata, n_comps=20, random_state=0)
@@ -598,8 +598,8 @@ def test_protein_rule_chain_agrees_on_cpu_and_gpu():
     import json
 
     from omicsprep.options import ProteinOptions
-    from omicsprep.pipeline import run_protein
     from omicsprep.protein import normalization
+    from omicsprep.protein.pipeline import run_protein
 
     config = shipped_config()
     assert config["protein"]["normalization"] == "auto"
@@ -637,9 +637,9 @@ def test_atac_rule_chain_and_wnn_agree_on_cpu_and_gpu():
     from conftest import distinct_profiles, multiome_rna
 
     from omicsprep.atac.fragments import count_fragments
+    from omicsprep.atac.pipeline import run_atac
     from omicsprep.multiome.wnn import join_modalities, weighted_nearest_neighbors
     from omicsprep.options import AtacOptions
-    from omicsprep.pipeline import run_atac
 
     config = shipped_config()
     options = replace(from_config(AtacOptions, config["atac"]), min_cells_per_feature=1)
@@ -801,8 +801,8 @@ def test_chromatin_beyond_32_bit_indices_runs_in_row_blocks_as_one_matrix(monkey
     multiplied block by block) give what one matrix gives, and the file holds the same matrices."""
     from omicsprep import backend
     from omicsprep.atac.fragments import count_fragments
+    from omicsprep.atac.pipeline import run_atac
     from omicsprep.options import AtacOptions
-    from omicsprep.pipeline import run_atac
 
     config = shipped_config()
     options = replace(from_config(AtacOptions, config["atac"]), min_cells_per_feature=1)
@@ -847,7 +847,7 @@ def test_antibody_counts_beyond_32_bit_indices_run_in_row_blocks_as_one_matrix(m
     row blocks; results and file are one matrix's."""
     from omicsprep import backend
     from omicsprep.options import ProteinOptions
-    from omicsprep.pipeline import run_protein
+    from omicsprep.protein.pipeline import run_protein
 
     config = shipped_config()
     empty = io.read_counts(CITESEQ / "empty_droplets", feature_type="Antibody Capture")

@@ -17,8 +17,8 @@ from conftest import CLUSTER_OPTIONS, MERGE_OPTIONS
 from scipy import sparse
 
 from omicsprep.errors import InputError
-from omicsprep.pipeline import run_merge
 from omicsprep.rna import integration
+from omicsprep.rna.pipeline import run_merge
 
 
 def test_concatenation_keeps_every_cell_and_gene(pbmc_batches):

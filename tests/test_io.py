@@ -452,7 +452,7 @@ def test_counts_stored_as_dense_float64_cluster_as_the_10x_file_does(tmp_path):
     # Issue 45's case: float64 values carried through normalization and PCA had moved cells between clusters.
     from conftest import CLUSTER_OPTIONS, NO_DOUBLETS, QC_OPTIONS
 
-    from omicsprep.pipeline import run_clustering, run_qc
+    from omicsprep.rna.pipeline import run_clustering, run_qc
 
     reference = io.read_counts(PBMC_H5)
     path = tmp_path / "dense.h5ad"

@@ -119,8 +119,8 @@ def test_64_bit_indices_give_the_same_joint_results_and_file_on_the_cpu(rna_and_
     # 2^31 entries, are carried into the MuData file as they are.
     from conftest import embedding_options, shipped_config, widened
 
+    from omicsprep.multiome.pipeline import run_multiome
     from omicsprep.options import MultiomeOptions, from_config
-    from omicsprep.pipeline import run_multiome
 
     config = shipped_config()
     results = []

@@ -12,8 +12,8 @@ from conftest import CITESEQ
 from omicsprep import io
 from omicsprep.errors import InputError
 from omicsprep.options import EmbeddingOptions, ProteinOptions
-from omicsprep.pipeline import run_protein
 from omicsprep.protein import normalization
+from omicsprep.protein.pipeline import run_protein
 
 ISOTYPE_PATTERN = ProteinOptions().isotype_pattern
 

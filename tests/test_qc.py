@@ -13,8 +13,8 @@ from conftest import NO_DOUBLETS, QC_OPTIONS
 from omicsprep import io
 from omicsprep.errors import TooFewCellsError
 from omicsprep.options import DoubletOptions, FilterOptions
-from omicsprep.pipeline import run_qc
 from omicsprep.rna import doublets, qc
+from omicsprep.rna.pipeline import run_qc
 
 
 def test_gene_groups_match_human_and_mouse_names():

@@ -22,7 +22,7 @@ from omicsprep import io
 from omicsprep.configuration import fill_defaults
 from omicsprep.errors import TooFewCellsError
 from omicsprep.options import ClusteringOptions, DoubletOptions, QcOptions, cluster_key, from_config, from_sections
-from omicsprep.pipeline import run_clustering, run_qc
+from omicsprep.rna.pipeline import run_clustering, run_qc
 
 SCHEMA_TEXT = yaml.safe_load(SCHEMA.read_text())
 BEYOND = 10_000  # far beyond these data's 300 cells and 507 genes

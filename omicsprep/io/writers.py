@@ -481,7 +481,7 @@ def write_figure(figure: Figure, path: str | Path) -> None:
 def write_coexpression(
     result: dict[str, pd.DataFrame], figures: dict[str, Figure], paths: dict[str, str | Path]
 ) -> None:
-    """Write :func:`omicsprep.pipeline.run_coexpression`'s tables and their figures.
+    """Write :func:`omicsprep.network.pipeline.run_coexpression`'s tables and their figures.
 
     ``paths`` maps ``edges``, ``modules``, ``eigengenes`` and each figure's name to a file.
     """

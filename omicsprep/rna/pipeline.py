@@ -1,0 +1,386 @@
+"""Rules qc, cluster and merge as chains of steps on one backend.
+
+A rule is a process, and on the GPU every process pays for importing RAPIDS and compiling
+kernels; chaining a rule's steps in one call moves the data to the device once and pays
+those costs once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+from anndata import AnnData
+
+from omicsprep.backend import Backend, gpu_workers, is_dask_array, keep_rows, shard_to_gpus, to_device, to_host
+from omicsprep.errors import InputError
+from omicsprep.options import (
+    ClusteringOptions,
+    DoubletOptions,
+    MergeOptions,
+    QcOptions,
+    cluster_key,
+    parse_cluster_key,
+)
+from omicsprep.provenance import StepTimer, record_provenance
+from omicsprep.rna import clustering, integration, preprocessing, qc
+from omicsprep.rna.embedding import neighbor_graph, umap_and_leiden
+
+if TYPE_CHECKING:
+    pass
+
+log = logging.getLogger(__name__)
+
+
+CELL_METRICS = (
+    "total_counts",
+    "n_genes_by_counts",
+    "pct_counts_mt",
+    "pct_counts_ribo",
+    "pct_counts_hb",
+)
+
+
+def run_qc(
+    adata: AnnData,
+    *,
+    options: QcOptions,
+    doublet_options: DoubletOptions,
+    seed: int,
+    backend: Backend,
+    keep_on_device: bool = False,
+) -> tuple[AnnData, pd.DataFrame]:
+    """QC metrics, cell filtering, gene filtering and doublet scoring.
+
+    Parameters
+    ----------
+    adata
+        Raw counts, cells x genes, in host memory.
+    options
+        Gene groups, the cell filter (:func:`omicsprep.rna.qc.qc_pass_mask`), the gene
+        filter and the fewest cells left.
+    doublet_options
+        Whether doublets are scored (Scrublet) and removed.
+    seed
+        Seed for doublet simulation.
+    backend
+        ``"cpu"`` or ``"gpu"``.
+    keep_on_device
+        Leave the cells that passed on the GPU, for the next step of the same process
+        (:func:`run_clustering`), rather than bring them back.
+
+    Returns
+    -------
+    The cells that passed (in host memory, unless ``keep_on_device``) and a table of every
+    input cell's metrics with ``passed`` and ``fail_reason`` columns.
+    """
+    timer = StepTimer(backend=backend)
+    n_input = adata.n_obs
+    with timer.step("to_device"):
+        to_device(adata, backend=backend)
+    with timer.step("qc_metrics"):
+        qc.annotate_gene_groups(adata, patterns=dict(options.gene_groups))
+        qc.calculate_qc_metrics(adata, qc_vars=list(options.gene_groups), backend=backend)
+    with timer.step("filter"):
+        limits = options.filter
+        reasons = qc.qc_pass_mask(
+            adata,
+            method=limits.method,
+            min_genes=limits.min_genes,
+            max_genes=limits.max_genes,
+            min_counts=limits.min_counts,
+            max_counts=limits.max_counts,
+            max_pct_mt=limits.max_pct_mt,
+            n_mads=limits.n_mads,
+            n_mads_mt=limits.n_mads_mt,
+        )
+        metrics = adata.obs[[c for c in CELL_METRICS if c in adata.obs]].copy()
+        metrics["fail_reason"] = reasons
+        adata = _kept_cells(adata, (reasons == "").to_numpy())
+        settings = qc.filter_settings(limits)
+        qc.require_cells(
+            adata, minimum=options.min_cells_left, after="cell filtering", metrics=metrics, settings=settings
+        )
+        qc.filter_genes(adata, min_cells=options.min_cells_per_gene, backend=backend)
+    if doublet_options.enabled:
+        with timer.step("doublets"):
+            qc.score_doublets(
+                adata,
+                expected_rate=doublet_options.expected_rate,
+                max_cells_per_run=doublet_options.max_cells_per_run,
+                seed=seed,
+                backend=backend,
+            )
+            metrics["doublet_score"] = adata.obs["doublet_score"].reindex(metrics.index)
+            doublets = adata.obs["predicted_doublet"].to_numpy()
+            if doublet_options.remove:
+                metrics.loc[adata.obs_names[doublets], "fail_reason"] = "doublet"
+                adata = _kept_cells(adata, ~doublets)
+                settings["doublet"] = f"(Scrublet, expected rate {doublet_options.expected_rate})"
+                qc.require_cells(
+                    adata, minimum=options.min_cells_left, after="doublet removal", metrics=metrics, settings=settings
+                )
+    metrics["passed"] = metrics["fail_reason"] == ""
+    if not keep_on_device:
+        with timer.step("to_host"):
+            to_host(adata)
+    log.info("qc: kept %d of %d cells, %d genes", adata.n_obs, n_input, adata.n_vars)
+    params = {"qc": asdict(options), "doublets": asdict(doublet_options), "seed": seed}
+    record_provenance(adata, rule="qc", backend=backend, params=params, timings=timer.seconds)
+    return adata, metrics
+
+
+def _kept_cells(adata: AnnData, keep: np.ndarray) -> AnnData:
+    """A new AnnData of the cells where ``keep`` is true; ``X`` in row blocks stays in blocks (:func:`keep_rows`)."""
+    if not is_dask_array(adata.X):
+        return adata[keep].copy()
+    matrix, adata.X = adata.X, None  # anndata would index each block itself
+    kept = adata[keep].copy()
+    kept.X = keep_rows(matrix, keep)
+    adata.X = matrix
+    return kept
+
+
+def run_clustering(
+    adata: AnnData,
+    *,
+    options: ClusteringOptions,
+    seed: int,
+    backend: Backend,
+    after_step: Callable[[str, AnnData], None] | None = None,
+) -> pd.DataFrame:
+    """Normalization, HVG, PCA, neighbours, UMAP, Leiden, Louvain and markers, in place.
+
+    Parameters
+    ----------
+    adata
+        QC'd raw counts, in host memory or on the GPU; comes back in host memory.
+    options
+        Each step's options.
+    seed
+        Seed for PCA, UMAP and clustering.
+    backend
+        ``"cpu"`` or ``"gpu"``.
+    after_step
+        Called with each step's name and ``adata`` as the step ends, so that a rule can
+        write or draw what is final meanwhile: after ``normalize``, ``X`` (log-normalized)
+        and ``layers["counts"]``; after ``umap``, ``obsm["X_umap"]``.
+
+    Returns
+    -------
+    The marker genes table.
+    """
+    timer = StepTimer(backend=backend)
+
+    @contextmanager
+    def step(name: str) -> Iterator[None]:
+        with timer.step(name):
+            yield
+        if after_step is not None:
+            after_step(name, adata)
+
+    with step("to_device"):
+        to_device(adata, backend=backend)
+    with step("normalize"):
+        preprocessing.normalize(adata, target_sum=options.normalize.target_sum, backend=backend)
+    with step("hvg"):
+        preprocessing.highly_variable_genes(
+            adata, flavor=options.hvg.flavor, n_top_genes=options.hvg.n_top_genes, backend=backend
+        )
+    with step("pca"):
+        preprocessing.pca(adata, n_comps=options.pca.n_comps, seed=seed, backend=backend)
+    with step("neighbors"):
+        neighbor_graph(adata, options=options.neighbors, use_rep="X_pca", backend=backend)
+    with step("umap"):
+        clustering.umap(adata, min_dist=options.umap.min_dist, seed=seed, backend=backend)
+    clusterings: dict[clustering.Algorithm, tuple[float, ...]] = {
+        "leiden": options.leiden.resolutions,
+        "louvain": options.louvain.resolutions,
+    }
+    for algorithm, resolutions in clusterings.items():
+        with step(algorithm):
+            clustering.cluster_graph(adata, algorithm=algorithm, resolutions=resolutions, seed=seed, backend=backend)
+    markers = options.markers
+    with step("markers"):
+        groupby = cluster_key(markers.algorithm, markers.resolution)
+        clustering.rank_markers(adata, groupby=groupby, method=markers.method, backend=backend)
+    with timer.step("to_host"):
+        to_host(adata)
+    params = {**asdict(options), "seed": seed}
+    adapted = _values_used(params, adata)
+    record_provenance(adata, rule="cluster", backend=backend, params=params, timings=timer.seconds, adapted=adapted)
+    return clustering.markers_table(adata, n_genes=markers.n_genes)
+
+
+def _values_used(params: dict[str, Any], adata: AnnData) -> dict[str, dict[str, Any]]:
+    """Put the values the steps used (they adapt to small samples) into ``params``.
+
+    Returns those that differ from the ones asked, as ``{"section.key": {"asked", "used"}}``.
+    """
+    used = {
+        ("hvg", "flavor"): adata.uns["hvg"]["flavor"],
+        ("pca", "n_comps"): adata.obsm["X_pca"].shape[1],
+        ("neighbors", "n_neighbors"): adata.uns["neighbors"]["params"]["n_neighbors"],
+        ("neighbors", "n_pcs"): adata.uns["neighbors"]["params"]["n_pcs"],
+    }
+    adapted = {}
+    for (section, key), value in used.items():
+        if (asked := params[section][key]) != value:
+            adapted[f"{section}.{key}"] = {"asked": asked, "used": value}
+            params[section][key] = value
+    return adapted
+
+
+def run_merge(
+    samples: Mapping[str, AnnData],
+    *,
+    options: MergeOptions,
+    clustering_options: ClusteringOptions,
+    labels: str,
+    seed: int,
+    backend: Backend,
+    n_gpus: int = 1,
+) -> tuple[AnnData, pd.DataFrame]:
+    """Samples merged and integrated with Harmony.
+
+    Normalized, batch-aware HVGs, PCA, Harmony, neighbours, UMAP and Leiden on the
+    corrected embedding, with integration metrics before and after Harmony, and markers of
+    the merged Leiden clusters at the resolution of ``labels`` (``uns["rank_genes_groups"]``).
+
+    With ``options.dask`` on the GPU backend, the merged counts are spread over
+    ``n_gpus`` GPUs (a Dask worker each) for normalization, HVGs and PCA; Harmony,
+    neighbours, UMAP and Leiden then run on this process's GPU (a million cells' PCs take
+    200 MB).
+
+    Parameters
+    ----------
+    samples
+        Sample name to its ``cluster`` rule output (counts in ``layers["counts"]``, its
+        own clusters in ``obs[labels]``).
+    options
+        ``batch_key`` (``sample``, or ``batch`` for the sample sheet's column), ``harmony``
+        (``theta``, ``max_iter``) and ``dask`` (``enabled`` and ``allow_partial`` are the
+        workflow's).
+    clustering_options
+        ``normalize``, ``hvg``, ``pca``, ``neighbors``, ``umap``, ``leiden`` and the
+        markers' ``method`` (not ``louvain``).
+    labels
+        The per-sample cluster column whose conservation is measured (a
+        :func:`omicsprep.options.cluster_key`); the merged cells are clustered by
+        Leiden at its resolution, before and after Harmony, to measure it.
+    seed
+        Seed for PCA, Harmony, UMAP and Leiden.
+    backend
+        ``"cpu"`` or ``"gpu"``.
+    n_gpus
+        GPUs for the Dask workers (the rule's ``gpu`` resource).
+
+    Returns
+    -------
+    The merged cells (host memory), and a table of ``batch_mixing`` and
+    ``label_conservation`` (see :mod:`omicsprep.rna.integration`) before and after Harmony.
+
+    Raises
+    ------
+    InputError
+        Fewer than two samples, samples that share no gene, or ``batch_key`` is ``batch``
+        and some samples have none.
+    ValueError
+        ``labels`` is not a cluster column name.
+    BackendUnavailableError
+        ``options.dask`` on the GPU backend, and fewer than ``n_gpus`` GPUs or no
+        dask-cuda.
+    """
+    if len(samples) < 2:  # batch mixing and label conservation of one sample say nothing
+        raise InputError(f"a merge needs two samples or more; given {len(samples)}: {list(samples)}")
+    parsed_labels = parse_cluster_key(labels)
+    if parsed_labels is None:
+        raise ValueError(f"labels {labels!r} is not a cluster column name (such as leiden_1.0)")
+    _, resolution = parsed_labels
+    timer = StepTimer(backend=backend)
+    key = options.batch_key
+    sharded = options.dask and backend == "gpu"
+    if options.dask and not sharded:
+        log.warning("merge.dask applies to the GPU backend; the CPU backend runs in this process")
+    if sharded and n_gpus < 2:
+        log.warning(
+            "merge.dask with one GPU (the rule's gpu resource is 1): one Dask worker, slower than none; "
+            "give the rule more, e.g. --set-resources merge:gpu=2"
+        )
+    with timer.step("concatenate"):
+        # Sharded, the Dask workers take their shares of the host's matrix.
+        adata = integration.concatenate_samples(samples, labels=labels, backend="cpu" if sharded else backend)
+        if key != "sample":
+            batches = adata.obs[key].astype(str) if key in adata.obs else pd.Series("", index=adata.obs_names)
+            unlabelled = sorted(set(adata.obs.loc[batches.isin(["", "nan"]), "sample"]))
+            if unlabelled:
+                raise InputError(f"merge.batch_key is {key!r}, and samples {unlabelled} have no {key} in the sheet")
+    with ExitStack() as workers:
+        if sharded:
+            with timer.step("start_workers"):
+                client = workers.enter_context(gpu_workers(n_gpus))
+        with timer.step("to_device"):
+            if sharded:
+                shard_to_gpus(adata, client=client)
+            else:
+                to_device(adata, backend=backend)
+        with timer.step("normalize"):
+            preprocessing.normalize(adata, target_sum=clustering_options.normalize.target_sum, backend=backend)
+        with timer.step("hvg"):
+            preprocessing.highly_variable_genes(
+                adata,
+                flavor=clustering_options.hvg.flavor,
+                n_top_genes=clustering_options.hvg.n_top_genes,
+                batch_key=key,
+                backend=backend,
+            )
+        with timer.step("pca"):
+            preprocessing.pca(adata, n_comps=clustering_options.pca.n_comps, seed=seed, backend=backend)
+        with timer.step("matrices_to_host"):  # not needed from here on; the Dask workers stop here
+            to_host(adata)
+    rows = []
+    for stage, embedding in (("before", "X_pca"), ("after", "X_pca_harmony")):
+        if stage == "after":
+            with timer.step("harmony"):
+                integration.harmony(
+                    adata,
+                    key=key,
+                    theta=options.harmony.theta,
+                    max_iter=options.harmony.max_iter,
+                    seed=seed,
+                    backend=backend,
+                )
+        with timer.step(f"neighbors_{stage}"):
+            neighbor_graph(adata, options=clustering_options.neighbors, use_rep=embedding, backend=backend)
+            clustering.cluster_graph(adata, algorithm="leiden", resolutions=[resolution], seed=seed, backend=backend)
+        rows.append(
+            {
+                "stage": stage,
+                "embedding": embedding,
+                "batch_mixing": round(integration.batch_mixing(adata, key=key), 4),
+                "label_conservation": round(
+                    integration.label_conservation(adata, clusters=cluster_key("leiden", resolution)), 4
+                ),
+            }
+        )
+    umap_and_leiden(
+        adata, umap=clustering_options.umap, leiden=clustering_options.leiden, seed=seed, backend=backend, timer=timer
+    )
+    with timer.step("markers"):
+        if sharded:  # the Dask workers' matrix came back to this host
+            to_device(adata, backend=backend)
+        markers = cluster_key("leiden", resolution)
+        clustering.rank_markers(adata, groupby=markers, method=clustering_options.markers.method, backend=backend)
+    with timer.step("to_host"):
+        to_host(adata)
+    metrics = pd.DataFrame(rows)
+    log.info("integration:\n%s", metrics.to_string(index=False))
+    adata.uns["merge"]["integration"] = metrics.to_dict(orient="list")
+    params = {**asdict(options), "seed": seed}
+    record_provenance(adata, rule="merge", backend=backend, params=params, timings=timer.seconds)
+    return adata, metrics
