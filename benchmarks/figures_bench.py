@@ -25,7 +25,7 @@ sys.path.insert(0, str(HERE))
 from run import append_results  # noqa: E402
 
 from omicsprep import plotting  # noqa: E402
-from omicsprep.workflow import write_embedding_figures, write_qc_figures  # noqa: E402
+from omicsprep.io.figures import write_embedding_figure, write_qc_figures  # noqa: E402
 
 
 def random_cells(n_cells: int) -> tuple[np.ndarray, pd.DataFrame]:
@@ -61,15 +61,9 @@ def main() -> None:
         write_qc_figures(obs, sample="bench", histograms=str(out / "h.png"), scatter=str(out / "s.png"))
         seconds["qc figures (plot_qc)"] = time.perf_counter() - start
         start = time.perf_counter()
-        write_embedding_figures(
-            coords,
-            obs,
-            sample="bench",
-            cluster_keys=["leiden_1.0"],
-            metric_keys=["total_counts", "n_genes_by_counts", "pct_counts_mt", "doublet_score"],
-            clusters=str(out / "c.png"),
-            metrics=str(out / "m.png"),
-        )
+        write_embedding_figure(coords, obs, sample="bench", keys=["leiden_1.0"], path=str(out / "c.png"))
+        metrics = ["total_counts", "n_genes_by_counts", "pct_counts_mt", "doublet_score"]
+        write_embedding_figure(coords, obs, sample="bench", keys=metrics, path=str(out / "m.png"))
         seconds["UMAP figures (plot_umap)"] = time.perf_counter() - start
     table = pd.DataFrame(
         {

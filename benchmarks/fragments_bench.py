@@ -38,7 +38,7 @@ def measure(path: Path, backend: str, chunk_rows: int | None) -> dict:
     from omicsprep import io
     from omicsprep.atac.fragments import count_fragments
     from omicsprep.backend import resolve_backend, synchronize
-    from omicsprep.workflow import return_freed_memory
+    from omicsprep.jobs import return_freed_memory
 
     resolve_backend(backend)
     chunk_rows = io.FRAGMENT_CHUNK_ROWS[backend] if chunk_rows is None else chunk_rows

@@ -41,7 +41,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 from generate import generate, write_10x_h5  # noqa: E402
 
-from omicsprep.workflow import read_phases  # noqa: E402
+from omicsprep.jobs import read_phases  # noqa: E402
 
 # Settings shared by the workflow and the peer: fixed thresholds (the peer does no MAD).
 BENCH_CONFIG = {

@@ -8,7 +8,7 @@ a machine whose GPU it uses locally (``onstart`` in ``rules/common.smk``): a ser
 workers, each of which imports the libraries and creates its CUDA context once, compiles
 nothing twice, and runs job after job in its own process.
 
-A GPU job's script hands itself to the pool (:func:`omicsprep.workflow.run_script` calls
+A GPU job's script hands itself to the pool (:func:`omicsprep.jobs.run_script` calls
 :func:`hand_over` first): a worker takes the job's working folder, environment, arguments,
 umask and standard streams, runs the script, gives back what it took, and tells the server
 the exit status, which the job's own process exits with. A worker whose job failed or was

@@ -1,10 +1,10 @@
 """Where a rule's time goes: its phases (start-up, reading, writing), and the run-time tables.
 
-A rule is a process. :func:`omicsprep.workflow.run_script` times its start-up (interpreter
+A rule is a process. :func:`omicsprep.jobs.run_script` times its start-up (interpreter
 and imports) and its body; the readers and writers of :mod:`omicsprep.io` count their seconds
 as ``read`` and ``write``, :mod:`omicsprep.backend` its import of the GPU libraries as
 ``gpu_import``, and :mod:`omicsprep.io` (a reader's or writer's module, at first use) and
-:mod:`omicsprep.workflow` (the pipeline) their imports as ``imports``, through
+:mod:`omicsprep.jobs` (the pipeline) their imports as ``imports``, through
 :func:`phase`. The steps inside (computing, device transfers) are timed by
 :class:`omicsprep.provenance.StepTimer`.
 """
@@ -85,7 +85,7 @@ def run_time_table(
     provenance
         ``(sample, rule)`` to its ``uns["omicsprep"][rule]`` record (backend, timings).
     phases
-        ``(sample, rule)`` to the ``phases`` line of its log (:func:`omicsprep.workflow.read_phases`):
+        ``(sample, rule)`` to the ``phases`` line of its log (:func:`omicsprep.jobs.read_phases`):
         a job run by a worker of the GPU pool (:mod:`omicsprep.pool`) has the worker's peak memory there.
 
     Returns

@@ -3,8 +3,8 @@
 from pathlib import Path
 
 from omicsprep.align.run import align_sample, sample_chemistry
+from omicsprep.jobs import run_rule
 from omicsprep.options import AlignOptions, from_config
-from omicsprep.workflow import run_rule
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
 

@@ -3,7 +3,7 @@
 Then TF-IDF, LSI, neighbours, UMAP and clusters.
 """
 
-from omicsprep.workflow import run_rule
+from omicsprep.jobs import run_rule
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
 

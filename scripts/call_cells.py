@@ -1,6 +1,6 @@
 """Rule call_cells: call the cells among a sample's raw droplets and remove ambient RNA from them."""
 
-from omicsprep.workflow import run_rule
+from omicsprep.jobs import run_rule
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
 

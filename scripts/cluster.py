@@ -9,13 +9,15 @@ cells are clustered, by clusters at the end.
 from functools import partial
 from typing import TYPE_CHECKING
 
-from omicsprep.workflow import run_rule
+from omicsprep.jobs import run_rule
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    import pandas as pd
     from anndata import AnnData
 
+    from omicsprep.backend import Backend
     from omicsprep.io import H5adParts
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
@@ -25,7 +27,7 @@ def main() -> None:
     from omicsprep import io
     from omicsprep.backend import prepare_gpu, resolve_backend
     from omicsprep.background import background_process, background_writes
-    from omicsprep.workflow import cluster, write_clustering, write_embedding_figure
+    from omicsprep.io.figures import write_embedding_figure
 
     output = snakemake.output
     with background_process(preload="omicsprep.plotting") as draw_later:  # forked first: no GPU context yet
@@ -44,12 +46,12 @@ def main() -> None:
             after_step = partial(
                 write_what_is_final, processed=processed, counts=counts, write_later=write_later, draw_later=draw_later
             )
-            markers = cluster(adata, snakemake=snakemake, backend=backend, after_step=after_step)
+            markers = cluster(adata, backend=backend, after_step=after_step)
             keys = snakemake.params.cluster_keys
             coords, obs = adata.obsm["X_umap"], adata.obs[keys].copy()
             sample = snakemake.wildcards.sample
             draw_later(write_embedding_figure, coords, obs, sample=sample, keys=keys, path=output.umap_clusters)
-            write_later(write_clustering, adata, markers, snakemake=snakemake, h5ad=processed)
+            write_later(write_clustering, adata, markers, h5ad=processed)
 
 
 def write_what_is_final(
@@ -68,7 +70,7 @@ def write_what_is_final(
     (in host memory) and of the metrics.
     """
     from omicsprep.backend import asnumpy
-    from omicsprep.workflow import write_embedding_figure, write_normalized
+    from omicsprep.io.figures import write_embedding_figure
 
     if step == "normalize":
         write_later(write_normalized, processed, adata, counts=counts)
@@ -77,6 +79,39 @@ def write_what_is_final(
         coords, obs = asnumpy(adata.obsm["X_umap"]), adata.obs[keys].copy()
         path = snakemake.output.umap_metrics
         draw_later(write_embedding_figure, coords, obs, sample=snakemake.wildcards.sample, keys=keys, path=path)
+
+
+def cluster(adata: "AnnData", *, backend: "Backend", after_step: "Callable[[str, AnnData], None]") -> "pd.DataFrame":
+    """:func:`omicsprep.rna.pipeline.run_clustering` with the rule's settings (the pipeline imported here, timed)."""
+    from omicsprep.jobs import import_timed
+    from omicsprep.options import ClusteringOptions, from_config
+
+    options = from_config(ClusteringOptions, snakemake.params.steps)
+    return import_timed("omicsprep.rna.pipeline").run_clustering(
+        adata, options=options, seed=snakemake.params.seed, backend=backend, after_step=after_step
+    )
+
+
+def write_normalized(processed: "H5adParts", adata: "AnnData", *, counts: object) -> None:
+    """The processed AnnData's normalized matrix and counts, final before clustering ends.
+
+    ``counts`` are as read from rule qc's output, in host memory (``layers["counts"]`` holds the
+    same values, on the GPU there).
+    """
+    from omicsprep.backend import asnumpy
+
+    normalized = asnumpy(adata.X)
+    processed.write("X", normalized)
+    processed.write_layers({"counts": counts}, x=normalized)
+
+
+def write_clustering(adata: "AnnData", markers: "pd.DataFrame", *, h5ad: "H5adParts") -> None:
+    """The markers, the cells' table, and the rest of the processed AnnData (its matrices written already)."""
+    from omicsprep import io
+
+    io.write_table(markers, snakemake.output.markers)
+    io.write_table(adata.obs, snakemake.output.obs, index=True)
+    h5ad.finish(adata)
 
 
 run_rule(main, snakemake)

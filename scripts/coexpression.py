@@ -4,7 +4,7 @@ When configured, also the modules of each cluster's own network. A sample whose 
 be built (too few cells or usable genes) gets empty tables and the reason in provenance.json.
 """
 
-from omicsprep.workflow import run_rule
+from omicsprep.jobs import run_rule
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
 

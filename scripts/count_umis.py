@@ -1,6 +1,6 @@
 """Rule count_umis: deduplicate the UMIs of a sample's reads (BAM/SAM or molecule table)."""
 
-from omicsprep.workflow import run_rule
+from omicsprep.jobs import run_rule
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
 

@@ -1,6 +1,6 @@
 """Rule merge: all samples concatenated, Harmony-corrected, clustered, with integration metrics and markers."""
 
-from omicsprep.workflow import run_rule
+from omicsprep.jobs import run_rule
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """Rule multiome: modalities joined by barcode, WNN, joint UMAP and clusters."""
 
-from omicsprep.workflow import run_rule
+from omicsprep.jobs import run_rule
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
 

@@ -1,14 +1,14 @@
 """Rule run_times: one table of every rule's benchmark and per-step timings."""
 
-from omicsprep.workflow import run_rule
+from omicsprep.jobs import run_rule
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
 
 
 def main() -> None:
     from omicsprep import io
+    from omicsprep.jobs import read_phases
     from omicsprep.timings import run_time_table
-    from omicsprep.workflow import read_phases
 
     keys = list(zip(snakemake.params.samples, snakemake.params.rules, strict=True))
     benchmarks = {key: io.read_table(path) for key, path in zip(keys, snakemake.input.benchmarks, strict=True)}

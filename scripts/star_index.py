@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from omicsprep.align.run import build_index
-from omicsprep.workflow import run_rule
+from omicsprep.jobs import run_rule
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
 

@@ -1,6 +1,6 @@
 """Rule summary: one row per sample of the study (results/summary.tsv), the report's first table."""
 
-from omicsprep.workflow import run_rule
+from omicsprep.jobs import run_rule
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
 

@@ -276,7 +276,7 @@ def test_a_write_killed_by_sigkill_leaves_nothing_after_the_rerun(tmp_path, pbmc
 SCRIPT_WRITING = """
 import sys, time
 from omicsprep import io
-from omicsprep.workflow import run_script
+from omicsprep.jobs import run_script
 
 def main():
     with io.atomic_path(sys.argv[1]) as tmp:
@@ -383,7 +383,7 @@ import h5py
 import numpy as np
 from anndata import AnnData
 from omicsprep import io
-from omicsprep.workflow import run_script
+from omicsprep.jobs import run_script
 
 def no_memory(*args, **kwargs):
     raise MemoryError  # as h5py or NumPy raise it when an allocation fails

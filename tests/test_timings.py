@@ -9,9 +9,9 @@ import time
 
 import pytest
 
+from omicsprep.jobs import PHASES_PREFIX
 from omicsprep.provenance import StepTimer
 from omicsprep.timings import phase, phase_seconds
-from omicsprep.workflow import PHASES_PREFIX
 
 
 def test_a_phase_inside_another_counts_once_as_the_outer():
@@ -30,7 +30,7 @@ import sys, time
 import anndata as ad
 import numpy as np
 from omicsprep import io
-from omicsprep.workflow import run_script
+from omicsprep.jobs import run_script
 
 def main():
     io.write_h5ad(ad.AnnData(np.ones((50, 4), dtype=np.float32)), sys.argv[1])

@@ -19,7 +19,7 @@ from run import snakemake_command
 from scipy import sparse
 
 from omicsprep import io
-from omicsprep.workflow import read_phases
+from omicsprep.jobs import read_phases
 
 pytestmark = pytest.mark.workflow
 

@@ -1,4 +1,8 @@
-"""Plumbing shared by the workflow's scripts: logging to the rule's log, clear errors, shared rule bodies."""
+"""A rule's job as a process: its log, one-line errors, threads and memory, phases, and its end.
+
+Every rule's script runs its body through :func:`run_rule`, which hands a GPU job to the
+workflow's pool of warm processes (:mod:`omicsprep.pool`) or runs it here.
+"""
 
 from __future__ import annotations
 
@@ -20,13 +24,6 @@ from omicsprep.timings import phase, phase_seconds
 
 if TYPE_CHECKING:
     from types import ModuleType
-
-    import numpy as np
-    import pandas as pd
-    from anndata import AnnData
-
-    from omicsprep.backend import Backend
-    from omicsprep.io import H5adParts
 
 log = logging.getLogger("omicsprep")
 
@@ -144,191 +141,14 @@ def exit_at_once(*streams: Any) -> None:
     os._exit(0)
 
 
-def quality_control(adata: AnnData, *, snakemake: Any, backend: Backend) -> tuple[AnnData, pd.DataFrame]:
-    """Rule qc's work (:func:`omicsprep.rna.pipeline.run_qc`).
+def import_timed(module: str) -> ModuleType:
+    """``module``, imported at first use and counted as the job's ``imports`` phase.
 
-    The pipeline is imported here (:func:`_pipeline`).
-
-    Parameters
-    ----------
-    adata
-        The sample's raw counts, in host memory.
-    snakemake
-        The rule's ``snakemake`` object: params ``qc``, ``doublets`` and ``seed``; its log.
-    backend
-        ``"cpu"`` or ``"gpu"``.
-
-    Returns
-    -------
-    The cells that passed and every input cell's metrics, as :func:`~omicsprep.rna.pipeline.run_qc` returns them.
-
-    Raises
-    ------
-    TooFewCellsError
-        Too few cells passed; every input cell's metrics are written beside the rule's log first.
-    """
-    from omicsprep import io
-    from omicsprep.errors import TooFewCellsError
-    from omicsprep.options import DoubletOptions, QcOptions, from_config
-
-    try:
-        return _pipeline().run_qc(
-            adata,
-            options=from_config(QcOptions, snakemake.params.qc),
-            doublet_options=from_config(DoubletOptions, snakemake.params.doublets),
-            seed=snakemake.params.seed,
-            backend=backend,
-        )
-    except TooFewCellsError as exc:  # the table beside the log: Snakemake removes a failed job's outputs
-        beside_log = Path(snakemake.log[0]).with_suffix(".cell_metrics.parquet")
-        io.write_table(exc.metrics, beside_log, index=True)
-        raise TooFewCellsError(f"{exc.problem} (each cell's metrics and fail reason: {beside_log})") from None
-
-
-def write_qc(adata: AnnData, metrics: pd.DataFrame, *, snakemake: Any) -> None:
-    """Rule qc's tables and AnnData, from the cells that passed (brought to host memory first).
-
-    Parameters
-    ----------
-    adata
-        The cells that passed QC, in host memory or on the GPU.
-    metrics
-        Every input cell's QC metrics.
-    snakemake
-        The rule's ``snakemake`` object: outputs ``metrics`` and ``h5ad``, config ``h5ad_compression``.
-    """
-    from omicsprep import io
-    from omicsprep.backend import to_host
-
-    to_host(adata)
-    io.write_table(metrics, snakemake.output.metrics, index=True)
-    io.write_h5ad(adata, snakemake.output.h5ad, compression=snakemake.config["h5ad_compression"])
-
-
-def cluster(
-    adata: AnnData, *, snakemake: Any, backend: Backend, after_step: Callable[[str, AnnData], None] | None = None
-) -> pd.DataFrame:
-    """Rule cluster's work on QC'd cells, in place.
-
-    Parameters
-    ----------
-    adata
-        The cells that passed QC, in host memory or on the GPU; back in host memory after.
-    snakemake
-        The rule's ``snakemake`` object: params ``steps`` and ``seed``.
-    backend
-        ``"cpu"`` or ``"gpu"``.
-    after_step
-        Called as each step ends (:func:`omicsprep.rna.pipeline.run_clustering`).
-
-    Returns
-    -------
-    The marker genes table.
-    """
-    from omicsprep.options import ClusteringOptions, from_config
-
-    options = from_config(ClusteringOptions, snakemake.params.steps)
-    return _pipeline().run_clustering(
-        adata, options=options, seed=snakemake.params.seed, backend=backend, after_step=after_step
-    )
-
-
-def _pipeline() -> ModuleType:
-    """:mod:`omicsprep.rna.pipeline`, imported at first use (phase ``imports``).
-
-    A GPU rule imports it after its start-up began (:func:`omicsprep.backend.prepare_gpu`):
+    A GPU rule imports its pipeline after its start-up began (:func:`omicsprep.backend.prepare_gpu`):
     creating the CUDA context, which lets Python run, overlaps this import.
     """
     with phase("imports"):
-        return importlib.import_module("omicsprep.rna.pipeline")
-
-
-def write_clustering(adata: AnnData, markers: pd.DataFrame, *, snakemake: Any, h5ad: str | H5adParts) -> None:
-    """Rule cluster's outputs: the markers, the cells' table and the AnnData.
-
-    Parameters
-    ----------
-    adata
-        The clustered cells, in host memory.
-    markers
-        The marker genes table.
-    snakemake
-        The rule's ``snakemake`` object: outputs ``obs`` and ``markers``, config ``h5ad_compression``.
-    h5ad
-        Where the processed AnnData goes, or its file with the matrices written already
-        (:func:`write_normalized`), finished here.
-    """
-    from omicsprep import io
-
-    io.write_table(markers, snakemake.output.markers)
-    io.write_table(adata.obs, snakemake.output.obs, index=True)
-    if isinstance(h5ad, str):
-        io.write_h5ad(adata, h5ad, compression=snakemake.config["h5ad_compression"])
-    else:
-        h5ad.finish(adata)
-
-
-def write_normalized(processed: H5adParts, adata: AnnData, *, counts: Any) -> None:
-    """Write the processed AnnData's normalized matrix and counts, final before clustering ends.
-
-    Parameters
-    ----------
-    processed
-        The processed AnnData's file.
-    adata
-        The cells being clustered, with ``X`` normalized (in host memory or on the GPU).
-    counts
-        Their counts in host memory, as read from rule qc's output (``layers["counts"]``
-        holds the same values, on the GPU there).
-    """
-    from omicsprep.backend import asnumpy
-
-    normalized = asnumpy(adata.X)
-    processed.write("X", normalized)
-    processed.write_layers({"counts": counts}, x=normalized)
-
-
-def write_qc_figures(metrics: pd.DataFrame, *, sample: str, histograms: str, scatter: str) -> None:
-    """Draw and write the QC figures of every input cell (rule qc, in its second process).
-
-    Parameters
-    ----------
-    metrics
-        The QC metrics table of :func:`omicsprep.rna.pipeline.run_qc`.
-    sample
-        The figures' title.
-    histograms, scatter
-        Where the histograms and the UMIs-against-genes scatter go.
-    """
-    from omicsprep import io, plotting
-
-    io.write_figure(plotting.qc_histograms(metrics, title=sample), histograms)
-    io.write_figure(plotting.qc_scatter(metrics, title=sample), scatter)
-
-
-def write_embedding_figure(coords: np.ndarray, obs: pd.DataFrame, *, sample: str, keys: list[str], path: str) -> None:
-    """Draw and write the UMAP with a panel per column of ``obs`` among ``keys`` (those present).
-
-    Rule cluster draws the metrics' figure once UMAP is done, beside clustering, and the
-    clusters' after.
-
-    Parameters
-    ----------
-    coords
-        The UMAP coordinates, one row per cell.
-    obs
-        The cells' table.
-    sample
-        The figure's title.
-    keys
-        The columns to colour by.
-    path
-        Where the figure goes.
-    """
-    from omicsprep import io, plotting
-
-    present = [key for key in keys if key in obs]
-    io.write_figure(plotting.embedding_panels(coords, obs, keys=present, title=sample), path)
+        return importlib.import_module(module)
 
 
 def seconds_since_process_start() -> float | None:
