@@ -28,8 +28,9 @@ import pandas as pd
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from generate import generate_coexpression  # noqa: E402
 from run import append_results, device_statistics, measure_in_child  # noqa: E402
+
+from omicsprep.testing.generate import generate_coexpression  # noqa: E402
 
 
 def measure(n_genes: int, n_cells: int, backend: str, top_k: int) -> dict:

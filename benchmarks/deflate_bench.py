@@ -26,11 +26,10 @@ import pandas as pd
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from generate import generate, write_10x_h5  # noqa: E402
-
 from omicsprep import io  # noqa: E402
 from omicsprep.io import counts as counts_module  # noqa: E402
 from omicsprep.io.deflated import codec_threads, create_deflated, read_deflated  # noqa: E402
+from omicsprep.testing.generate import generate, write_10x_h5  # noqa: E402
 
 CELL_RANGER_CHUNK = 80_000
 

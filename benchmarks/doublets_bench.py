@@ -26,7 +26,7 @@ import pandas as pd
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from generate import generate  # noqa: E402 - found through sys.path, set just above
+from omicsprep.testing.generate import generate  # noqa: E402 - found through sys.path, set just above
 
 
 def timed_stages(backend: str, seconds: dict[str, float]) -> list[tuple[object, str, object]]:

@@ -27,8 +27,9 @@ import pandas as pd
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from generate import fragment_barcodes, write_fragments  # noqa: E402
 from run import append_results, device_statistics, measure_in_child  # noqa: E402
+
+from omicsprep.testing.generate import fragment_barcodes, write_fragments  # noqa: E402
 
 N_CELLS = 10_000
 

@@ -28,8 +28,9 @@ from scipy import sparse
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
-from generate import generate, write_10x_h5  # noqa: E402
 from run import append_results, bench_config, run_snakemake  # noqa: E402
+
+from omicsprep.testing.generate import generate, write_10x_h5  # noqa: E402
 
 BATCH_SIGMA = 0.5
 

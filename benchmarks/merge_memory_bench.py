@@ -29,10 +29,10 @@ from anndata import AnnData
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from generate import gene_names, generate_with_clusters  # noqa: E402
 from run import append_results  # noqa: E402
 
 from omicsprep import io  # noqa: E402
+from omicsprep.testing.generate import gene_names, generate_with_clusters  # noqa: E402
 
 # Run in a fresh process per way and count (its peak RSS is the way's); prints one JSON line.
 MEASURE = """

@@ -32,7 +32,6 @@ from anndata import AnnData
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from generate import gene_names, generate_with_clusters  # noqa: E402
 from merge_bench import BATCH_SIGMA, batches  # noqa: E402
 from run import append_results, bench_settings, clustering_options  # noqa: E402
 
@@ -40,6 +39,7 @@ from omicsprep import io, plotting  # noqa: E402
 from omicsprep.backend import resolve_backend  # noqa: E402
 from omicsprep.options import MergeOptions, cluster_key, from_config  # noqa: E402
 from omicsprep.rna.pipeline import run_merge  # noqa: E402
+from omicsprep.testing.generate import gene_names, generate_with_clusters  # noqa: E402
 
 LABELS = cluster_key("leiden", 1.0)
 

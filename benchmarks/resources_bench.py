@@ -5,7 +5,7 @@ Calibrates :mod:`omicsprep.resources`.
     python benchmarks/resources_bench.py --cells 20000 100000 [--backend cpu] [--cores 2]
         [--workdir /tmp/omicsprep-resources] [--results benchmarks/RESULTS.md]
 
-For each size: generates counts (benchmarks/generate.py, as benchmarks/run.py does), runs the
+For each size: generates counts (omicsprep/testing/generate.py, as benchmarks/run.py does), runs the
 workflow on them, and reads each job's
 inputs and outputs from ``snakemake --detailed-summary`` and its peak resident memory from
 its ``benchmark:`` file. Prints, per rule: inputs MB, peak RSS MB, outputs MB, the ratios to

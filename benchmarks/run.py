@@ -4,7 +4,7 @@
     python benchmarks/run.py --quick        # ~1 minute on 2 cores; used by the test suite
     python benchmarks/run.py --cells 5000 --backends cpu gpu --cold   # a fresh machine's first run, then the next
 
-For each size: generates data (benchmarks/generate.py, cached in the work folder), runs the
+For each size: generates data (omicsprep/testing/generate.py, cached in the work folder), runs the
 workflow with each backend and the peer (benchmarks/peer_scanpy.py) with the same settings,
 reads per-rule wall time and peak memory from the rules' benchmark files (and logs, for jobs
 run by the GPU pool), checks agreement
@@ -39,9 +39,8 @@ from sklearn.metrics import adjusted_rand_score
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
-from generate import generate, write_10x_h5  # noqa: E402
-
 from omicsprep.jobs import read_phases  # noqa: E402
+from omicsprep.testing.generate import generate, write_10x_h5  # noqa: E402
 
 # Settings shared by the workflow and the peer: fixed thresholds (the peer does no MAD).
 BENCH_CONFIG = {

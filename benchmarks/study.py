@@ -3,7 +3,7 @@
     python benchmarks/study.py --samples 16 --cells 10000 --backends gpu cpu --workdir /tmp/study
     python benchmarks/study.py --demo --backends gpu cpu --workdir /tmp/study
 
-Generates the study (benchmarks/generate.py: each sample its own cells and depth, drawn from
+Generates the study (omicsprep/testing/generate.py: each sample its own cells and depth, drawn from
 one set of cell types; cached in the work folder) or takes the bundled demo, runs the
 workflow in a fresh folder with the mission's command (``--config backend=cpu`` for the CPU),
 and prints one table: wall seconds per run and the CPU's over each GPU run's, then the
@@ -30,8 +30,9 @@ from scipy import sparse
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
-from generate import CHUNK, chunk_counts, profiles, write_10x_h5  # noqa: E402
 from run import machine, read_phases, stop_pool, user_environment  # noqa: E402
+
+from omicsprep.testing.generate import CHUNK, chunk_counts, profiles, write_10x_h5  # noqa: E402
 
 
 def study_sample(task: tuple[int, int, int]) -> sparse.csr_matrix:

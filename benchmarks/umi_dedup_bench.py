@@ -24,11 +24,11 @@ import pandas as pd
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from generate import generate_read_codes  # noqa: E402
 from run import append_results  # noqa: E402
 
 from omicsprep.options import METHODS  # noqa: E402
 from omicsprep.reads.umi import collapse_reads, count_groups, molecule_groups  # noqa: E402
+from omicsprep.testing.generate import generate_read_codes  # noqa: E402
 
 
 class Device:

@@ -25,9 +25,10 @@ import pandas as pd
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from generate import generate_reads  # noqa: E402
 from run import append_results  # noqa: E402
 from umi_bench import benchmark_bam, bgzf_blocks  # noqa: E402
+
+from omicsprep.testing.generate import generate_reads  # noqa: E402
 
 
 def peak_rss_mb(command: list[str]) -> tuple[float, float]:

@@ -24,12 +24,12 @@ import pyarrow.csv as pacsv
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from generate import generate_reads  # noqa: E402
 from run import append_results  # noqa: E402
 
 from omicsprep.backend import resolve_backend  # noqa: E402
 from omicsprep.options import UmiOptions  # noqa: E402
 from omicsprep.reads import counting  # noqa: E402
+from omicsprep.testing.generate import generate_reads  # noqa: E402
 
 
 def molecule_table(workdir: Path, n_reads: int, fmt: str) -> Path:

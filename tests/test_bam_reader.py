@@ -6,7 +6,6 @@ import array
 import re
 from pathlib import Path
 
-import generate
 import numpy as np
 import pandas as pd
 import pytest
@@ -17,6 +16,7 @@ from omicsprep.reads import bam as bam_reader
 from omicsprep.reads import counting
 from omicsprep.reads.molecules import READ_NAME_PATTERNS
 from omicsprep.reads.umi import collapse_codes, collapse_reads, molecule_groups
+from omicsprep.testing import generate
 
 pysam = pytest.importorskip("pysam")
 

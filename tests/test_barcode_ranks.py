@@ -8,11 +8,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import generate
 import numpy as np
 import pytest
 
 from omicsprep.cells.ranks import BarcodeRanks, barcode_ranks, smooth_spline
+from omicsprep.testing import generate
 
 BARCODE_RANKS_R = r"""
 suppressMessages(library(DropletUtils))

@@ -5,11 +5,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import generate
 import numpy as np
 import pandas as pd
 import pytest
 from conftest import REPO
+
+from omicsprep.testing import generate
 
 
 def test_generator_is_deterministic_and_realistic(monkeypatch):

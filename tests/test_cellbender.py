@@ -8,14 +8,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cellbender_bench import called_by_cellbender, quality
 from conftest import REPO
-from generate import gene_names, generate_raw_droplets, write_10x_h5
 
 from omicsprep.cells.ambient import aligned_counts
 from omicsprep.cells.cellbender import remove_background_command
 from omicsprep.errors import InputError
 from omicsprep.io.cellbender import read_cellbender
+from omicsprep.testing.generate import gene_names, generate_raw_droplets, write_10x_h5
+from omicsprep.testing.scoring import called_by_cellbender, quality
 
 # CellBender 0.4.0's output on `generate.py --cells 200 --raw-barcodes 5000 --genes 500`
 # (tests/data/cellbender/README.md says how it was made).

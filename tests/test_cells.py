@@ -3,7 +3,6 @@ generated raw droplets (the demo's: 300 cells of 6 types among 15,000 barcodes).
 
 from __future__ import annotations
 
-import generate
 import numpy as np
 import pandas as pd
 import pytest
@@ -15,6 +14,7 @@ from omicsprep.cells.pipeline import run_call_cells
 from omicsprep.errors import InputError
 from omicsprep.options import AmbientOptions, CellOptions, EmptyDropsCrOptions, SoupxOptions
 from omicsprep.protein.normalization import background_droplets
+from omicsprep.testing import generate
 
 # Cells with at least this many UMIs are clear cells (the truth's smallest has 300; every
 # empty droplet fewer than 700).

@@ -12,7 +12,6 @@ import sys
 from dataclasses import replace
 
 import anndata as ad
-import generate
 import igraph
 import numpy as np
 import pandas as pd
@@ -26,6 +25,7 @@ from omicsprep.network import coexpression
 from omicsprep.network.pipeline import run_coexpression, run_coexpression_per_cluster
 from omicsprep.options import CoexpressionOptions, MetacellOptions, PerClusterOptions
 from omicsprep.rna.preprocessing import normalize
+from omicsprep.testing import generate
 
 OPTIONS = CoexpressionOptions(top_k=20, metacells=MetacellOptions(method="none", n_metacells=200))
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import generate
 import numpy as np
 import pytest
 from scipy import sparse
 
 from omicsprep.cells.decontx import DecontXResult, _entries, decontx, fit_dirichlet_shares
 from omicsprep.errors import InputError
+from omicsprep.testing import generate
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ import subprocess
 import sys
 from functools import cache
 
-import generate
 import numba
 import numpy as np
 import pandas as pd
@@ -22,6 +21,7 @@ from scipy import sparse
 from omicsprep.cells import montecarlo
 from omicsprep.cells.emptydrops import empty_drops, empty_drops_cell_ranger
 from omicsprep.errors import InputError
+from omicsprep.testing import generate
 
 NITERS = 2000
 CALLED = 0.001

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import generate
 import numpy as np
 import pandas as pd
 import pytest
 
 from omicsprep.options import METHODS, UmiOptions
 from omicsprep.reads import counting
+from omicsprep.testing import generate
 
 N_CELLS, N_BARCODES, N_GENES = 100, 3_000, 500
 

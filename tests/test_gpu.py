@@ -323,7 +323,7 @@ def test_gpu_result_writes_as_h5ad(clustered_both, tmp_path):
 @pytest.fixture(scope="module")
 def molecule_table(tmp_path_factory):
     """Generated reads as a molecule table (with N UMIs, unassigned and multi-gene reads)."""
-    import generate
+    from omicsprep.testing import generate
 
     path = tmp_path_factory.mktemp("umi") / "molecules.parquet"
     reads = generate.generate_reads(200_000, n_cells=300, n_genes=2_000, umi_length=10, seed=5)
@@ -340,12 +340,12 @@ def test_molecule_tables_are_read_by_cudf_as_by_pyarrow(tmp_path, suffix):
     import csv
     from collections import Counter
 
-    import generate
     import pandas as pd
     import pyarrow as pa
 
     from omicsprep.options import BamOptions, TableOptions, UmiOptions
     from omicsprep.reads.molecules import usable_reads
+    from omicsprep.testing import generate
 
     reads = generate.generate_reads(30_000, n_cells=100, n_genes=500, umi_length=10, seed=5)[["gene", "cell", "umi"]]
     reads.loc[reads.index[:50], "cell"] = None

@@ -1,7 +1,7 @@
 """STARsolo on a synthetic genome and droplet FASTQs: our commands, our UMI counts, our input checks.
 
 One module-scoped run of STAR 2.7.10b (index ~0.5 s, each alignment ~2 s) on 50 cells x 1,500
-read pairs over 200 genes (benchmarks/generate_fastq.py), in two lanes, with read 1 two bases
+read pairs over 200 genes (omicsprep/testing/generate_fastq.py), in two lanes, with read 1 two bases
 longer than barcode+UMI.
 """
 
@@ -15,7 +15,6 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-import generate_fastq
 import numpy as np
 import pandas as pd
 import pytest
@@ -29,6 +28,7 @@ from omicsprep.io.counts import read_counts
 from omicsprep.io.star import read_barcode_stats, read_solo_matrix, read_solo_summary
 from omicsprep.options import AlignOptions, BamOptions, UmiOptions
 from omicsprep.reads.counting import count_umis
+from omicsprep.testing import generate_fastq
 
 pytestmark = pytest.mark.skipif(shutil.which("STAR") is None, reason="STAR is not on PATH (Debian: rna-star)")
 

@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import generate
 import pandas as pd
 import pyarrow as pa
 import pytest
@@ -20,6 +19,7 @@ from omicsprep.options import METHODS, BamOptions, TableOptions, UmiOptions
 from omicsprep.reads import counting
 from omicsprep.reads.molecules import estimated_reads
 from omicsprep.reads.umi import pack_umis
+from omicsprep.testing import generate
 
 UMI_DATA = REPO / "tests" / "data" / "umi_tools"
 UMI_TOOLS_BAM = UMI_DATA / "chr19_gene_tags.bam"
@@ -50,7 +50,7 @@ from omicsprep.reads.molecules import encode_reads, usable_reads
 from omicsprep.reads.umi import collapse_reads, count_groups, molecule_groups
 from omicsprep.reads.umi_cuda import count_groups_gpu
 sys.path.insert(0, "benchmarks")
-from generate import generate_read_codes
+from omicsprep.testing.generate import generate_read_codes
 
 path = sys.argv[1]
 options = dict(fmt="bam", bam=BamOptions(gene_tag="XF", umi_source="umis"), table=None,

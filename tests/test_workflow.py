@@ -15,7 +15,6 @@ import pandas as pd
 import pytest
 from conftest import CITESEQ, DROPLETS_H5, DROPLETS_TRUTH, MULTIOME, PBMC_H5, PBMC_MTX, REPO, pool_running
 from matplotlib import image
-from run import snakemake_command
 from scipy import sparse
 
 from omicsprep import io
@@ -49,13 +48,18 @@ def workflow_command(*args: str, workdir: Path | None = None, overlay: Path | No
     """The command that runs the workflow with the shipped config and the demo's settings
     over it (and ``overlay``'s over those); with ``workdir``, there.
     """
-    command = snakemake_command(
+    command = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "-s",
+        str(REPO / "Snakefile"),
         *args,
         "--configfile",
         str(REPO / "config" / "config.yaml"),
         str(DEMO_CONFIG),
         *([str(overlay)] if overlay else []),
-    )
+    ]
     if workdir is not None:
         command += ["--directory", str(workdir)]
     return command
@@ -592,7 +596,7 @@ def test_explicit_gpu_without_one_fails_clearly(tmp_path):
 
 
 def test_a_sample_given_as_reads_is_counted_then_qcd(tmp_path):
-    import generate
+    from omicsprep.testing import generate
 
     bam = tmp_path / "reads.bam"
     generate.write_bam(generate.generate_reads(150_000, n_cells=200, n_genes=300, seed=5), bam)
@@ -621,7 +625,7 @@ def test_a_sample_given_as_reads_is_counted_then_qcd(tmp_path):
 def test_raw_droplets_are_called_then_qcd(tmp_path):
     """Raw droplets, as a raw 10x matrix and as the reads of the same droplets (a BAM): the
     cells called among them and their ambient RNA removed (DecontX) before qc."""
-    import generate
+    from omicsprep.testing import generate
 
     droplets = generate.generate_raw_droplets(150, 6_000, 800, seed=3)
     bam = tmp_path / "droplets.bam"
@@ -679,7 +683,7 @@ def test_cellbender_without_its_environment_fails_clearly(tmp_path):
 def test_raw_droplets_with_antibody_rows_give_dsb_its_background(tmp_path):
     """A CITE-seq run's raw matrix (RNA and antibody rows) as both raw and adt: the antibody
     counts of the cells called on the RNA are normalized by dsb against the empty droplets'."""
-    import generate
+    from omicsprep.testing import generate
 
     droplets = generate.generate_raw_droplets(150, 6_000, 800, seed=4)
     rng = np.random.default_rng(4)
@@ -753,7 +757,7 @@ def test_fastq_sample_runs_to_qc(tmp_path, backend):
     """FASTQ (two lanes, 10x v3) of 60 cells and 1,500 empty droplets, through STARsolo, UMI
     counting and cell calling: the planted cells are called, with their gene names, and the
     STAR run leaves its outputs only."""
-    import generate_fastq
+    from omicsprep.testing import generate_fastq
 
     genome = generate_fastq.generate_genome(n_chromosomes=3, n_genes=200, seed=0)
     fasta, gtf = tmp_path / "genome.fa", tmp_path / "genes.gtf"

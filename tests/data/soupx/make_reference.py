@@ -24,7 +24,7 @@ REFERENCE = HERE / "reference.npz"
 REGENERATE = "PYTHONPATH=$PWD python tests/data/soupx/make_reference.py"
 
 sys.path.insert(0, str(REPO / "benchmarks"))
-import generate  # noqa: E402
+from omicsprep.testing import generate  # noqa: E402
 
 # The generator's markers are so abundant that the soup puts them into most cells of other
 # types: their tf-idf stays below SoupX's default 1.0 (R SoupX finds no marker either).

@@ -1,6 +1,6 @@
 """A synthetic genome, its annotation and droplet FASTQs with a planted truth, for STARsolo.
 
-    python benchmarks/generate_fastq.py --out data/fastq [--cells 50] [--reads-per-cell 1500]
+    python -m omicsprep.testing.generate_fastq --out data/fastq [--cells 50] [--reads-per-cell 1500]
 
 Genome: random sequence; genes of 2-4 exons (100-300 bases) and introns (200-800 bases) on
 both strands, apart from each other; optionally a few genes annotated twice (their reads are
@@ -67,6 +67,7 @@ class Genome:
 
     @property
     def length(self) -> int:
+        """The genome's length in bases."""
         return sum(len(sequence) for sequence in self.sequences.values())
 
 
@@ -92,6 +93,7 @@ class Planted:
 
 
 def reverse_complement(sequence: bytes) -> bytes:
+    """The sequence of the other strand, read 5' to 3'."""
     return sequence.translate(COMPLEMENT)[::-1]
 
 
@@ -300,6 +302,7 @@ def write_fastq(path: Path, sequences: list[bytes], *, mate: int, first: int = 0
 
 
 def main() -> None:
+    """Write a genome, its annotation and FASTQ reads (``python -m omicsprep.testing.generate_fastq``)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--cells", type=int, default=50)

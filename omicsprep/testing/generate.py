@@ -1,6 +1,6 @@
 """Realistic synthetic single-cell counts for benchmarks, deterministic from a seed.
 
-    python benchmarks/generate.py --cells 100000 --out data/100k.h5 [--genes 20000] [--h5ad]
+    python -m omicsprep.testing.generate --cells 100000 --out data/100k.h5 [--genes 20000] [--h5ad]
 
 Model: 12 clusters of 3 sub-clusters, each with its own gene profile over a heavy-tailed
 baseline (3% of genes differential per cluster, 0.5% per sub-cluster); gamma-distributed
@@ -155,6 +155,7 @@ def write_10x_h5(
 
 
 def main() -> None:
+    """Write generated counts as a 10x HDF5 file (``python -m omicsprep.testing.generate``)."""
     parser = argparse.ArgumentParser(description="Generate synthetic single-cell counts (10x HDF5).")
     parser.add_argument("--cells", type=int, required=True)
     parser.add_argument("--genes", type=int, default=20_000)
@@ -387,11 +388,11 @@ def generate_raw_droplets(
     # Types also differ by degree on 5% of the genes, as real cell types do on hundreds: a cell
     # of the commonest type is then unlike the pooled ambient profile beyond its markers.
     shared = np.setdiff1d(np.arange(N_MITO, n_genes), marker_genes.ravel())
-    for cell_type in range(n_types):
+    for type_index in range(n_types):
         varied = rng.choice(shared, size=int(0.10 * n_genes), replace=False)
-        weights[cell_type, varied] *= np.exp(rng.normal(0, 2.0, varied.size))
-    for cell_type, genes in enumerate(marker_genes):
-        weights[cell_type, genes] = np.median(base) * 200 * rng.lognormal(0, 0.5, n_markers)
+        weights[type_index, varied] *= np.exp(rng.normal(0, 2.0, varied.size))
+    for type_index, genes in enumerate(marker_genes):
+        weights[type_index, genes] = np.median(base) * 200 * rng.lognormal(0, 0.5, n_markers)
     type_profiles = weights / weights.sum(axis=1, keepdims=True)
     frequency = np.geomspace(8, 1, n_types)
     frequency /= frequency.sum()
