@@ -1,24 +1,21 @@
-# Helpers of every stage: configuration and sample sheet validation, input functions.
+# Helpers of every stage: the checked configuration and sample sheet (omicsprep.configuration,
+# omicsprep.sheet), input functions, resources, and the GPU pool's start.
 
-import csv
-import difflib
 import os
-import re
 import shlex
 import sys
 import threading
 from dataclasses import fields
 from pathlib import Path
 
-import pandas as pd
-from jsonschema import Draft202012Validator
 from snakemake.exceptions import WorkflowError
 
 from omicsprep.cells.cellbender import remove_background_command
-from omicsprep.configuration import fill_defaults, read_yaml
+from omicsprep.configuration import check_settings_together, checked_config, read_yaml
 from omicsprep.errors import InputError
-from omicsprep.io import COEXPRESSION_FILES, READ_FORMATS, resolve_format
+from omicsprep.io import COEXPRESSION_FILES, READ_FORMATS
 from omicsprep.options import ClusteringOptions, EmbeddingOptions, cluster_key
+from omicsprep.sheet import DERIVED_COLUMNS, KNOWN_COLUMNS, lanes, load_sample_sheet
 from omicsprep import pool, resources
 
 CONFIG_SCHEMA = Path(workflow.basedir) / "config" / "schemas" / "config.schema.yaml"
@@ -26,219 +23,12 @@ SAMPLES_SCHEMA = Path(workflow.basedir) / "config" / "schemas" / "samples.schema
 CONFIG_SCHEMA_DATA = read_yaml(CONFIG_SCHEMA.read_text())
 
 
-def validated_config(config):
-    """The config, checked against its schema with defaults filled in.
+try:
+    checked_config(config, CONFIG_SCHEMA_DATA)
+    SAMPLE_SHEET = load_sample_sheet(config["samples"], schema=read_yaml(SAMPLES_SCHEMA.read_text()))
+except InputError as exc:  # one line, as Snakemake shows its own errors
+    raise WorkflowError(str(exc)) from None
 
-    Snakemake reads nested values given with --config (``markers={resolution: 2.0}``)
-    as text, and ``null`` too: text where the schema wants a number, a boolean, a list or
-    null is read as YAML first. Every problem is named on one line, with its key.
-    """
-    schema = CONFIG_SCHEMA_DATA
-    validator = Draft202012Validator(schema)
-    while True:
-        retyped = False
-        for error in validator.iter_errors(config):
-            if error.validator in ("type", "enum") and isinstance(error.instance, str) and error.absolute_path:
-                value = read_yaml(error.instance)
-                # A type error is mended by the type alone: the value's other checks then name their own problem.
-                wanted = {"type": error.validator_value} if error.validator == "type" else error.schema
-                if not isinstance(value, str) and Draft202012Validator(wanted).is_valid(value):
-                    set_nested(config, list(error.absolute_path), value)
-                    retyped = True
-        if not retyped:
-            break
-    problems = [
-        f"{'.'.join(map(str, error.absolute_path)) or 'config'}: {error.message}"
-        for error in sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
-    ]
-    if problems:
-        raise WorkflowError(
-            "config: " + "; ".join(problems) + " (keys and defaults: config/schemas/config.schema.yaml)"
-        )
-    fill_defaults(config, schema)
-    return config
-
-
-def set_nested(mapping, keys, value):
-    for key in keys[:-1]:
-        mapping = mapping[key]
-    mapping[keys[-1]] = value
-
-
-validated_config(config)
-
-REQUIRED_COLUMNS = ("sample", "input")
-OPTIONAL_COLUMNS = (
-    "format",
-    "batch",
-    "raw",
-    "fastq_1",
-    "fastq_2",
-    "chemistry",
-    "adt",
-    "adt_empty",
-    "fragments",
-    "peaks",
-)
-KNOWN_COLUMNS = REQUIRED_COLUMNS + OPTIONAL_COLUMNS
-# Filled in from the others when the sheet is read (not sample metadata).
-DERIVED_COLUMNS = ("raw_format",)
-
-
-def load_sample_sheet(path):
-    """Read and check the sample sheet; every problem names the sheet, the line or sample
-    and the column, on one line.
-
-    Tab-separated, or comma-separated (nf-core's sheets) where the file ends in ``.csv`` or
-    its first line has commas and no tab. Spreadsheet exports are accepted: a UTF-8
-    byte-order mark is dropped, and so are blank rows (separators only). Lines starting
-    with ``#`` are comments. Columns other than the known ones are sample metadata, copied
-    into ``obs``; a near-miss of a known column (``fragment``, ``Input``) is refused.
-    """
-    sheet = Path(path)
-    where = f"sample sheet {str(sheet)!r}"
-    if not sheet.is_file():
-        raise WorkflowError(f"{where} does not exist (config key 'samples')")
-    with sheet.open(newline="", encoding="utf-8-sig") as handle:
-        lines = [
-            (number, fields)
-            for number, fields in enumerate(csv.reader(handle, delimiter=sheet_delimiter(sheet)), start=1)
-            if any(field.strip() for field in fields) and not fields[0].startswith("#")
-        ]
-    if not lines:
-        raise WorkflowError(f"{where} is empty")
-    (_, header), rows = lines[0], lines[1:]
-    check_columns(header, where)
-    if not rows:
-        raise WorkflowError(f"{where} lists no samples: add one row per sample")
-    for number, fields in rows:
-        if any(field.strip() for field in fields[len(header) :]):
-            raise WorkflowError(f"{where}: line {number} has {len(fields)} fields, the header {len(header)}")
-    # Short rows (trailing empty fields left out) are padded.
-    samples = pd.DataFrame(
-        [(fields + [""] * len(header))[: len(header)] for _, fields in rows], columns=header, dtype=str
-    )
-    samples.index = [number for number, _ in rows]
-    if "merged" in set(samples["sample"]):
-        raise WorkflowError(f"{where}: 'merged' is reserved (results/merged/ holds all samples)")
-    repeated = sorted(samples.loc[samples["sample"].duplicated(), "sample"].unique())
-    if repeated:
-        raise WorkflowError(f"{where}: samples listed more than once: {repeated}")
-    validator = Draft202012Validator(read_yaml(SAMPLES_SCHEMA.read_text()))
-    for number, row in samples.iterrows():
-        for error in validator.iter_errors({column: row[column] for column in KNOWN_COLUMNS if column in row}):
-            column = error.absolute_path[0] if error.absolute_path else None
-            described = f" ({error.schema['description']})" if error.validator == "pattern" else ""
-            raise WorkflowError(
-                f"{where}: line {number} (sample {row['sample']!r}): column {column!r}: " f"{error.message}{described}"
-            )
-    for column in OPTIONAL_COLUMNS:
-        if column not in samples:
-            samples[column] = ""
-    for row in samples.itertuples():
-        problem = modality_problem(row)
-        if problem:
-            raise WorkflowError(f"{where}: sample {row.sample!r}: {problem}")
-        try:
-            if row.input:
-                samples.loc[row.Index, "format"] = resolve_format(row.input, fmt=row.format)
-            samples.loc[row.Index, "raw_format"] = resolve_format(row.raw) if row.raw else ""
-        except InputError as exc:
-            raise WorkflowError(f"{where}: {exc.for_sample(row.sample)}")
-        if row.raw and samples.loc[row.Index, "format"] in READ_FORMATS:
-            raise WorkflowError(
-                f"{where}: sample {row.sample!r}: input holds reads, whose counts are raw droplets already: "
-                "leave column raw empty"
-            )
-        if samples.loc[row.Index, "raw_format"] in READ_FORMATS:
-            raise WorkflowError(
-                f"{where}: sample {row.sample!r}: raw file {row.raw!r} holds reads: give reads in column input"
-            )
-    return samples.set_index("sample", drop=False)
-
-
-def sheet_delimiter(sheet):
-    """A comma for a ``.csv`` sheet or one whose header has commas and no tab; else a tab."""
-    if sheet.suffix.lower() == ".csv":
-        return ","
-    with sheet.open(encoding="utf-8-sig") as handle:
-        header = next((line for line in handle if line.strip() and not line.startswith("#")), "")
-    return "," if "," in header and "\t" not in header else "\t"
-
-
-def check_columns(header, where):
-    """Refuse repeated, missing and near-miss columns."""
-    duplicated = sorted({name for name in header if header.count(name) > 1})
-    if duplicated:
-        raise WorkflowError(f"{where}: duplicate columns {duplicated}")
-    for name in header:
-        if name in KNOWN_COLUMNS:
-            continue
-        near = [known for known in KNOWN_COLUMNS if known == name.strip().lower().replace("-", "_")]
-        near = near or difflib.get_close_matches(name.lower(), KNOWN_COLUMNS, n=1, cutoff=0.75)
-        if near:
-            raise WorkflowError(
-                f"{where}: unknown column {name!r}: did you mean {near[0]!r}? (known columns: "
-                f"{', '.join(KNOWN_COLUMNS)}; others are sample metadata, copied into obs)"
-            )
-        if not METADATA_NAME.fullmatch(name):
-            raise WorkflowError(
-                f"{where}: column name {name!r}: metadata columns are named with letters, digits "
-                "and '_', starting with a letter"
-            )
-    missing = [name for name in REQUIRED_COLUMNS if name not in header]
-    if missing:
-        raise WorkflowError(f"{where}: missing columns {missing} (found {header})")
-
-
-METADATA_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
-
-
-def modality_problem(row):
-    """What is wrong with a sample's modality columns, or None."""
-    if not row.input and not row.raw and not row.fastq_1 and not row.adt:
-        return "neither input, raw or fastq_1 (RNA) nor adt (antibody tags) is given"
-    if row.fragments and not (row.input or row.raw or row.fastq_1):
-        return "column fragments needs column input, raw or fastq_1 (the cells are called on the RNA)"
-    problem = fastq_problem(row)
-    if problem:
-        return problem
-    needs = {"adt_empty": "adt", "peaks": "fragments"}
-    for column, needed in needs.items():
-        if getattr(row, column) and not getattr(row, needed):
-            return f"column {column} needs column {needed}"
-    for column in ("raw", "adt", "adt_empty", "fragments", "peaks"):
-        path = getattr(row, column)
-        if path and not Path(path).exists():
-            return f"{column} file {path!r} does not exist"
-    return None
-
-
-def fastq_problem(row):
-    """What is wrong with a sample's FASTQ columns, or None."""
-    given = [column for column in ("fastq_1", "fastq_2", "chemistry") if getattr(row, column)]
-    if not given:
-        return None
-    missing = [column for column in ("fastq_1", "fastq_2", "chemistry") if column not in given]
-    if missing:
-        return f"column(s) {', '.join(given)} need column(s) {', '.join(missing)} too"
-    if row.input or row.raw:
-        return "give the RNA as FASTQ (fastq_1, fastq_2) or as input/raw, not both"
-    barcode_reads, cdna_reads = lanes(row.fastq_1), lanes(row.fastq_2)
-    if len(barcode_reads) != len(cdna_reads):
-        return f"fastq_1 lists {len(barcode_reads)} file(s), fastq_2 {len(cdna_reads)}: one pair per lane"
-    for path in barcode_reads + cdna_reads:
-        if not Path(path).is_file():
-            return f"FASTQ file {path!r} does not exist"
-    return None
-
-
-def lanes(paths):
-    """The files of a FASTQ column: one path, or several separated by ';' (lanes)."""
-    return [path.strip() for path in paths.split(";") if path.strip()]
-
-
-SAMPLE_SHEET = load_sample_sheet(config["samples"])
 SAMPLES = list(SAMPLE_SHEET.index)
 
 
@@ -256,29 +46,10 @@ MULTIOME_SAMPLES = [s for s in SAMPLES if len(sample_modalities(s)) > 1]
 QC_METRIC_COLUMNS = ["total_counts", "n_genes_by_counts", "pct_counts_mt", "doublet_score"]
 
 
-def check_settings_together():
-    """Refuse settings that the schema allows one by one but not together."""
-    markers = config["markers"]
-    resolutions = config[markers["algorithm"]]["resolutions"]
-    if markers["resolution"] not in resolutions:
-        raise WorkflowError(
-            f"config: markers.resolution {markers['resolution']} is not among "
-            f"{markers['algorithm']}.resolutions {resolutions}"
-        )
-    if config["merge"]["enabled"] and len(RNA_SAMPLES) < 2:
-        raise WorkflowError(
-            f"config: merge.enabled needs two RNA samples or more; the sheet has {len(RNA_SAMPLES)} "
-            f"({', '.join(RNA_SAMPLES) or 'none'}): a merge of one says nothing of batches"
-        )
-    n_pcs, n_comps = config["neighbors"]["n_pcs"], config["pca"]["n_comps"]
-    if n_pcs > n_comps:
-        raise WorkflowError(
-            f"config: neighbors.n_pcs {n_pcs} is more than pca.n_comps {n_comps}: "
-            "the neighbour graph can use only the components PCA computes"
-        )
-
-
-check_settings_together()
+try:
+    check_settings_together(config, rna_samples=RNA_SAMPLES)
+except InputError as exc:
+    raise WorkflowError(str(exc)) from None
 
 
 def backend_for(rule_name):

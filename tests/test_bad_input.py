@@ -408,3 +408,26 @@ def test_running_out_of_memory_while_writing_is_one_line(tmp_path):
     ]
     assert "MemoryError" in log.read_text()  # the traceback, in the log
     assert list(output.parent.iterdir()) == []  # the temporary file is gone
+
+
+def test_the_sheet_and_the_config_are_checked_by_the_package_as_the_workflow_checks_them(tmp_path):
+    """omicsprep.sheet and omicsprep.configuration, called as rules/common.smk calls them."""
+    from omicsprep.configuration import check_settings_together, checked_config, read_yaml
+    from omicsprep.sheet import load_sample_sheet
+
+    schema = read_yaml((REPO / "config" / "schemas" / "samples.schema.yaml").read_text())
+    sheet = tmp_path / "samples.csv"
+    sheet.write_text(f'sample,input,donor\npbmc,{PBMC_H5},"D1, left"\n')
+    samples = load_sample_sheet(sheet, schema=schema)
+    assert list(samples.index) == ["pbmc"] and samples.loc["pbmc", "donor"] == "D1, left"
+    assert samples.loc["pbmc", "format"] == "10x_h5" and samples.loc["pbmc", "adt"] == ""
+    sheet.write_text(f"sample,input\npbmc,{PBMC_H5}\nb c,{PBMC_H5}\n")
+    with pytest.raises(InputError, match=rf"^sample sheet '{sheet}': line 3 \(sample 'b c'\): column 'sample'"):
+        load_sample_sheet(sheet, schema=schema)
+    config_schema = read_yaml((REPO / "config" / "schemas" / "config.schema.yaml").read_text())
+    config = checked_config({"seed": "7", "pca": "{n_comps: 20}"}, config_schema)  # as --config passes them
+    assert (config["seed"], config["pca"]["n_comps"], config["neighbors"]["n_pcs"]) == (7, 20, 30)
+    with pytest.raises(InputError, match=r"^config: neighbors.n_pcs 30 is more than pca.n_comps 20"):
+        check_settings_together(config, rna_samples=["pbmc", "other"])
+    with pytest.raises(InputError, match=r"^config: seed: -1 is less than the minimum of 0"):
+        checked_config({"seed": -1}, config_schema)
