@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 CORES ?= all
-TEST_WORKERS ?= 2
+TEST_PROCESSES ?= 2
 
 .PHONY: setup run report lint format test clean
 
@@ -42,12 +42,12 @@ format: setup
 	$(BIN)/ruff check --fix .
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/snakefmt Snakefile rules
 
-# Two pytest workers (TEST_WORKERS=auto: one per core), each taking whole test files, so that a
+# Two pytest processes (TEST_PROCESSES=auto: one per core), each taking whole test files, so that a
 # file's module fixtures are built once: about 13 minutes on CI's 2 cores, against 20 in one.
 test: setup
 	bash tests/slurm/install.sh
 	bash tests/reference/install.sh
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -n $(TEST_PROCESSES) --dist loadfile
 
 # Snakemake's benchmark folders, read from the rules' benchmark: paths (benchmarks/ also holds
 # the tracked scripts, RESULTS.md and scaling/, which stay).

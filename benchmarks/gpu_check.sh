@@ -115,11 +115,11 @@ fi
 
 tests_status=0
 if wants tests; then
-echo "== GPU tests (required: --require-gpu), in ${GPU_TEST_WORKERS:-4} processes sharing the GPU"
+echo "== GPU tests (required: --require-gpu), in ${GPU_TEST_PROCESSES:-4} processes sharing the GPU"
 # One after another they pass 600 s, a device call's limit; -rA reports each test's output
 # (the MEASURE lines), which pytest-xdist's workers do not print as they go.
 python3 -m pytest -m gpu -v -rA -p no:cacheprovider --tb=short --durations=20 --require-gpu \
-  -n "${GPU_TEST_WORKERS:-4}" --dist load ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} tests > "$out/pytest_gpu.log" 2>&1
+  -n "${GPU_TEST_PROCESSES:-4}" --dist load ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} tests > "$out/pytest_gpu.log" 2>&1
 tests_status=$?
 grep -E "PASSED|FAILED|ERROR|SKIPPED|^E " "$out/pytest_gpu.log" | tail -n 80
 echo "== CPU-GPU agreement measured (MEASURE lines)"

@@ -11,7 +11,7 @@ import anndata as ad
 import numpy as np
 import pytest
 
-from omicsprep.backend import gpu_module, gpu_unavailable_reason, gpu_workers, module_versions, resolve_backend
+from omicsprep.backend import dask_gpu_cluster, gpu_module, gpu_unavailable_reason, module_versions, resolve_backend
 from omicsprep.errors import BackendUnavailableError
 
 
@@ -152,7 +152,7 @@ def test_preparing_the_cpu_backend_starts_nothing():
 def test_multi_gpu_without_gpus_fails():
     with (
         pytest.raises(BackendUnavailableError, match=re.escape("multi-GPU (Dask) was requested but cannot be used")),
-        gpu_workers(2),
+        dask_gpu_cluster(2),
     ):
         pass
 

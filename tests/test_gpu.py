@@ -38,8 +38,8 @@ from omicsprep.backend import (
     asnumpy,
     cupy,
     cupyx_sparse,
+    dask_gpu_cluster,
     device_to_host,
-    gpu_workers,
     host_to_device,
     resolve_backend,
     shard_to_gpus,
@@ -880,7 +880,7 @@ def test_shards_sit_on_every_gpu_and_come_back_whole(pbmc, pytestconfig):
         pytest.skip(f"needs two GPUs to spread shards over; this machine has {n_gpus}")
     counts = sparse.csr_matrix(pbmc.X)
     adata = pbmc.copy()
-    with gpu_workers(n_gpus) as client:
+    with dask_gpu_cluster(n_gpus) as client:
         shard_to_gpus(adata, client=client)
         from distributed import futures_of
 
@@ -896,7 +896,10 @@ def test_shards_sit_on_every_gpu_and_come_back_whole(pbmc, pytestconfig):
         assert len(holders) == n_gpus
         to_host(adata)
     assert (counts != adata.X).nnz == 0
-    with pytest.raises(BackendUnavailableError, match=f"{n_gpus + 1} GPUs were asked for"), gpu_workers(n_gpus + 1):
+    with (
+        pytest.raises(BackendUnavailableError, match=f"{n_gpus + 1} GPUs were asked for"),
+        dask_gpu_cluster(n_gpus + 1),
+    ):
         pass
 
 

@@ -34,7 +34,7 @@ from omicsprep.backend.dask_arrays import (
 )
 from omicsprep.backend.gpus import (
     SHARD_ROWS,
-    gpu_workers,
+    dask_gpu_cluster,
     shard_to_gpus,
 )
 from omicsprep.backend.libraries import (
@@ -109,11 +109,11 @@ __all__ = [
     "cupy_compiler",
     "cupyx_sparse",
     "cupyx_sparse_linalg",
+    "dask_gpu_cluster",
     "device_to_host",
     "gather",
     "gpu_module",
     "gpu_unavailable_reason",
-    "gpu_workers",
     "host_to_device",
     "in_row_blocks",
     "is_dask_array",

@@ -27,7 +27,7 @@ SHARD_ROWS = 50_000
 
 
 @contextmanager
-def gpu_workers(n_gpus: int) -> Iterator[Any]:
+def dask_gpu_cluster(n_gpus: int) -> Iterator[Any]:
     """A Dask cluster of one worker per GPU on this node (dask-cuda) for the ``with`` block; yields its client.
 
     The GPUs are the first ``n_gpus`` of ``CUDA_VISIBLE_DEVICES`` (SLURM sets it to the
@@ -81,7 +81,7 @@ def shard_to_gpus(adata: AnnData, *, client: Any) -> None:
     adata
         Cells with ``X`` in host memory and no layers yet.
     client
-        A client of :func:`gpu_workers`.
+        A client of :func:`dask_gpu_cluster`.
     """
     import dask.array
 

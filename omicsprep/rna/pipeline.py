@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 from anndata import AnnData
 
-from omicsprep.backend import Backend, gpu_workers, is_dask_array, keep_rows, shard_to_gpus, to_device, to_host
+from omicsprep.backend import Backend, dask_gpu_cluster, is_dask_array, keep_rows, shard_to_gpus, to_device, to_host
 from omicsprep.errors import InputError
 from omicsprep.options import (
     ClusteringOptions,
@@ -320,10 +320,10 @@ def run_merge(
             unlabelled = sorted(set(adata.obs.loc[batches.isin(["", "nan"]), "sample"]))
             if unlabelled:
                 raise InputError(f"merge.batch_key is {key!r}, and samples {unlabelled} have no {key} in the sheet")
-    with ExitStack() as workers:
+    with ExitStack() as cluster:
         if sharded:
             with timer.step("start_workers"):
-                client = workers.enter_context(gpu_workers(n_gpus))
+                client = cluster.enter_context(dask_gpu_cluster(n_gpus))
         with timer.step("to_device"):
             if sharded:
                 shard_to_gpus(adata, client=client)
