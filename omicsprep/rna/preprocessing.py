@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import numpy as np
 from anndata import AnnData
@@ -11,9 +12,11 @@ from scipy import sparse
 from omicsprep.backend import (
     Backend,
     asnumpy,
+    column_entries,
     copy_blocks,
     gather,
     in_row_blocks,
+    is_dask_array,
     joined_rows,
     keep_columns,
     materialize,
@@ -92,10 +95,20 @@ def highly_variable_genes(
         flavor = "seurat"
         select(adata, flavor=flavor, n_top_genes=n_top, batch_key=batch_key)
     if n_top == adata.n_vars:  # every gene flagged: rapids-singlecell flags those no cell expresses too
-        expressed = adata.var["means"].to_numpy() > 0  # as both libraries record it, whatever the layout
-        adata.var["highly_variable"] &= expressed  # PCA refuses them on the GPU; they add nothing on the CPU
+        adata.var["highly_variable"] &= _expressed(adata.layers["counts"])  # PCA refuses them on the GPU
     adata.uns["hvg"] = {"flavor": flavor}  # as scanpy records it: the flavour used
     log.info("highly variable genes: %d of %d", int(adata.var["highly_variable"].sum()), adata.n_vars)
+
+
+def _expressed(counts: Any) -> np.ndarray:
+    """Genes with a count in some cell, for a matrix on either device or row blocks of one.
+
+    (Recorded means will not do: scanpy and rapids-singlecell give a gene without counts a mean
+    of 1e-12, to divide by.)
+    """
+    if is_dask_array(counts):
+        return column_entries(counts) > 0  # Dask's sum asks sparse blocks for keepdims, which they lack
+    return np.asarray(asnumpy(counts.sum(axis=0))).ravel() > 0
 
 
 def pca(adata: AnnData, *, n_comps: int, seed: int, backend: Backend) -> None:
