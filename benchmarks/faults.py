@@ -30,18 +30,20 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import anndata as ad
 import numpy as np
 import pandas as pd
-from run import REPO, snakemake_command
 
 from omicsprep import io
 from omicsprep.io.writers import TEMPORARY_INFIX
+from omicsprep.testing import CHECKOUT as REPO
+from omicsprep.testing import snakemake_command
 
 DEMO = REPO / "resources" / "demo"
 PBMC = DEMO / "pbmc_chr21" / "filtered_feature_bc_matrix.h5"
@@ -79,7 +81,7 @@ class Outcome:
     case: str
     outcome: str
     detail: str
-    seconds: float = field(default=0.0)
+    seconds: float = 0.0
 
 
 def sheet(*rows: str, header: str = "sample\tinput") -> str:
@@ -350,8 +352,6 @@ CASES = [
 
 def run_case(case: Case, work: Path) -> Outcome:
     """Build ``case`` in ``work``, run the workflow there and classify what a user meets."""
-    import time
-
     work.mkdir(parents=True)
     run = case.build(work)
     (work / run.sheet_name).write_text(run.sheet)

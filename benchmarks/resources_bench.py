@@ -31,10 +31,10 @@ from run import (  # noqa: E402
     dataset,
     run_arguments,
     run_snakemake,
-    snakemake_command,
 )
 
 from omicsprep.resources import disk_mb, memory_mb, paths_mb  # noqa: E402
+from omicsprep.testing import snakemake_command  # noqa: E402
 
 
 def job_sizes(rundir: Path, config: Path, sheet: Path, settings: list[str]) -> pd.DataFrame:

@@ -40,6 +40,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 from omicsprep.jobs import read_phases  # noqa: E402
+from omicsprep.testing import snakemake_command  # noqa: E402
 from omicsprep.testing.generate import generate, write_10x_h5  # noqa: E402
 
 # Settings shared by the workflow and the peer: fixed thresholds (the peer does no MAD).
@@ -233,11 +234,6 @@ def outside_rules(rundir: Path, *, launched: float, wall: float, label: str) -> 
         "between_rules": round(wall - in_rules - before - after, 2),
         "after_last_rule": round(after, 2),
     }
-
-
-def snakemake_command(*args: str) -> list[str]:
-    """The command that runs Snakemake, in this Python, on the workflow's Snakefile with ``args``."""
-    return [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), *args]
 
 
 def run_arguments(rundir: Path, *, config: Path, sheet: Path) -> list[str]:

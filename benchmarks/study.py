@@ -32,6 +32,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 from run import machine, read_phases, stop_pool, user_environment  # noqa: E402
 
+from omicsprep.testing import snakemake_command  # noqa: E402
 from omicsprep.testing.generate import CHUNK, chunk_counts, profiles, write_10x_h5  # noqa: E402
 
 
@@ -71,12 +72,7 @@ def run(rundir: Path, *, sheet: Path, configfiles: list[Path], backend: str, cor
     """The mission's command in a fresh ``rundir``; its wall seconds."""
     subprocess.run(["rm", "-rf", *(str(rundir / name) for name in ("results", "logs", "benchmarks", ".snakemake"))])
     rundir.mkdir(parents=True, exist_ok=True)
-    command = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "-s",
-        str(REPO / "Snakefile"),
+    command = snakemake_command(
         "--directory",
         str(rundir),
         "--configfile",
@@ -90,7 +86,7 @@ def run(rundir: Path, *, sheet: Path, configfiles: list[Path], backend: str, cor
         "gpu=1",
         *extra,
         "--quiet",
-    ]
+    )
     print("$", shlex.join(command), flush=True)
     start = time.perf_counter()
     result = subprocess.run(command, capture_output=True, text=True, check=False, env=user_environment())

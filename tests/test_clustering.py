@@ -114,6 +114,36 @@ def test_single_cluster_gives_an_empty_markers_table_with_the_usual_columns(mous
     assert list(empty.columns) == list(markers.columns)
 
 
+def test_clusters_of_one_cell_are_left_out_of_the_markers_and_the_others_ranked(mouse_clustered, caplog):
+    """A very high resolution leaves clusters of one cell, which scanpy cannot test: the others
+    are ranked against every other cell as usual.
+    """
+    adata, _ = mouse_clustered
+    cells = adata[:200].copy()
+    del cells.uns["rank_genes_groups"]
+    groups = np.where(np.arange(cells.n_obs) < 100, "big", "other").astype(object)
+    groups[:3] = ["alone_0", "alone_1", "alone_2"]
+    cells.obs["groups"] = pd.Categorical(groups)
+    with caplog.at_level("INFO", logger="omicsprep"):
+        clustering.rank_markers(cells, groupby="groups", method="wilcoxon", backend="cpu")
+    assert "markers: 3 clusters of one cell in groups left out" in caplog.text
+    assert set(cells.uns["rank_genes_groups"]["names"].dtype.names) == {"big", "other"}
+    table = clustering.markers_table(cells, n_genes=5)
+    assert set(table["group"]) == {"big", "other"} and len(table) == 10
+
+
+def test_logreg_markers_of_two_clusters_keep_their_group(mouse_clustered):
+    """scanpy's logreg ranks one of two clusters and drops the group column: it is put back."""
+    adata, _ = mouse_clustered
+    cells = adata[:200].copy()
+    del cells.uns["rank_genes_groups"]
+    cells.obs["two"] = pd.Categorical(np.where(np.arange(cells.n_obs) < 100, "a", "b"))
+    clustering.rank_markers(cells, groupby="two", method="logreg", backend="cpu")
+    table = clustering.markers_table(cells, n_genes=5)
+    assert list(table["group"].unique()) == [cells.uns["rank_genes_groups"]["names"].dtype.names[0]]
+    assert len(table) == 5 and table["gene"].isin(cells.var_names).all()
+
+
 def test_each_resolution_gives_its_own_clustering(mouse_clustered):
     """Leiden at 0.5 and 2 as scanpy clusters at those resolutions, Louvain as igraph's multilevel
     does: coarser below 1, finer above (a resolution not passed on would give 1.0's clusters)."""

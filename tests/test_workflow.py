@@ -19,6 +19,7 @@ from scipy import sparse
 
 from omicsprep import io
 from omicsprep.jobs import read_phases
+from omicsprep.testing import snakemake_command
 
 pytestmark = pytest.mark.workflow
 
@@ -48,18 +49,13 @@ def workflow_command(*args: str, workdir: Path | None = None, overlay: Path | No
     """The command that runs the workflow with the shipped config and the demo's settings
     over it (and ``overlay``'s over those); with ``workdir``, there.
     """
-    command = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "-s",
-        str(REPO / "Snakefile"),
+    command = snakemake_command(
         *args,
         "--configfile",
         str(REPO / "config" / "config.yaml"),
         str(DEMO_CONFIG),
         *([str(overlay)] if overlay else []),
-    ]
+    )
     if workdir is not None:
         command += ["--directory", str(workdir)]
     return command

@@ -4,3 +4,15 @@
 :mod:`~omicsprep.testing.generate_fastq` a genome, its annotation and FASTQ reads. Both are
 deterministic from a seed and can be run as commands (``python -m omicsprep.testing.generate``).
 """
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+CHECKOUT = Path(__file__).resolve().parents[2]  # the source tree: the workflow's files are not in the package
+
+
+def snakemake_command(*args: str) -> list[str]:
+    """The command that runs Snakemake, in this Python, on the checkout's Snakefile with ``args``."""
+    return [sys.executable, "-m", "snakemake", "-s", str(CHECKOUT / "Snakefile"), *args]
