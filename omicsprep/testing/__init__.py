@@ -3,6 +3,7 @@
 :mod:`~omicsprep.testing.generate` draws counts, raw droplets, reads and fragments;
 :mod:`~omicsprep.testing.generate_fastq` a genome, its annotation and FASTQ reads. Both are
 deterministic from a seed and can be run as commands (``python -m omicsprep.testing.generate``).
+:func:`snakemake_command` runs the checkout's workflow, as the tests and benchmarks do.
 """
 
 from __future__ import annotations
