@@ -137,18 +137,28 @@ def test_raw_genes_must_match_the_filtered_input(raw, truth):
 
 
 def test_dsb_background_from_raw_droplets():
+    """Droplets at either end of the range count (10 and 100 tags for 10^1 to 10^2); barcodes the
+    calls table lacks are not cells, whatever its order; an empty droplet's log10(0) warns nothing."""
+    import warnings
+
     from anndata import AnnData
     from scipy import sparse
 
-    rng = np.random.default_rng(0)
-    totals = np.array([5, 40, 200, 900, 5_000])
-    tags = AnnData(sparse.csr_matrix(rng.multinomial(1, [0.5, 0.5], size=1).repeat(5, 0) * totals[:, None]))
-    tags.obs_names = [f"b{i}" for i in range(5)]
-    is_cell = pd.Series([False, False, False, True, False], index=tags.obs_names)
-    background = background_droplets(tags, is_cell=is_cell, log10_library=(1.5, 3.0))
-    assert list(background.obs_names) == ["b1", "b2"]
-    with pytest.raises(InputError, match="no empty droplet with an antibody total"):
+    totals = np.array([0, 9, 10, 60, 100, 101, 80, 50])
+    tags = AnnData(sparse.csr_matrix(np.stack([totals // 2, totals - totals // 2], axis=1)))
+    tags.obs_names = [f"b{i}" for i in range(len(totals))]
+    # b6 is a cell; b7 is not in the table (not a cell); the table runs backwards.
+    is_cell = pd.Series([False, False, False, False, False, False, True][::-1], index=tags.obs_names[:7][::-1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        background = background_droplets(tags, is_cell=is_cell, log10_library=(1.0, 2.0))
+    assert list(background.obs_names) == ["b2", "b3", "b4", "b7"]
+    with pytest.raises(InputError) as error:
         background_droplets(tags, is_cell=is_cell, log10_library=(4.0, 4.5))
+    assert str(error.value) == (
+        "no empty droplet with an antibody total of 10^4 to 10^4.5 among 8 barcodes for dsb's background "
+        "(protein.dsb.background_log10_library)"
+    )
 
 
 @pytest.mark.gpu

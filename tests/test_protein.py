@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import warnings
 
@@ -11,7 +12,7 @@ from conftest import CITESEQ
 
 from omicsprep import io
 from omicsprep.errors import InputError
-from omicsprep.options import EmbeddingOptions, ProteinOptions
+from omicsprep.options import DsbOptions, EmbeddingOptions, ProteinOptions
 from omicsprep.protein import normalization
 from omicsprep.protein.pipeline import run_protein
 
@@ -60,6 +61,30 @@ def test_qc_metrics(cells):
     assert 0 < adata.obs["pct_isotype"].median() < 5  # isotypes are a small share of real tags
 
 
+def test_isotype_share_of_a_cell_with_one_tag_or_none():
+    from anndata import AnnData
+
+    adata = AnnData(np.array([[1.0, 0.0], [0.0, 0.0], [1.0, 3.0]], dtype=np.float32))
+    adata.var_names = ["IgG1_isotype", "CD3"]
+    normalization.protein_qc(adata, isotypes=["IgG1_isotype"])
+    assert adata.obs["pct_isotype"].tolist() == [100.0, 0.0, 25.0]
+
+
+def test_the_technical_component_is_the_centred_first_pc_rising_with_the_cells_means():
+    """dsb's technical component: first PC scores of the column-centred values (as scikit-learn's
+    PCA gives them up to sign), signed to rise with each cell's mean, for data and its negation."""
+    from sklearn.decomposition import PCA
+
+    rng = np.random.default_rng(0)
+    shared = rng.normal(size=(300, 1))
+    values = shared @ rng.normal(1.0, 0.3, size=(1, 4)) + rng.normal(0, 0.2, size=(300, 4)) + [0, 5, -3, 10]
+    for data in (values, -values):
+        scores = normalization._first_component(data, xp=np)
+        expected = PCA(n_components=1).fit_transform(data)[:, 0]
+        np.testing.assert_allclose(np.abs(scores), np.abs(expected), rtol=1e-8, atol=1e-8)
+        assert np.corrcoef(scores, (data - data.mean(axis=0)).mean(axis=1))[0, 1] > 0
+
+
 def test_clr_equals_muon(cells):
     from muon import prot
 
@@ -67,6 +92,7 @@ def test_clr_equals_muon(cells):
     normalization.clr(ours, backend="cpu")
     prot.pp.clr(theirs, axis=1)  # per cell, Seurat's margin = 2
     np.testing.assert_allclose(ours.X, dense(theirs.X), atol=1e-5)
+    assert ours.X.dtype == np.float32  # as the RNA's log counts: half the memory of float64
     assert (dense(ours.layers["counts"]) == dense(cells.X)).all()
 
 
@@ -135,6 +161,36 @@ def test_dsb_denoising_without_isotype_controls_is_one_clear_error(cells, empty)
             "dsb's denoising asks for isotype controls, and none of the 83 antibodies matches "
             f"protein.isotype_pattern {ISOTYPE_PATTERN!r}"
         )
+
+
+def test_run_protein_normalizes_as_asked_with_its_settings(cells, empty):
+    """auto is dsb with empty droplets and CLR without; clr is CLR even with them; dsb's pseudocount
+    and denoising are passed on; provenance names the method and every step; a seed repeats."""
+    few = cells[:400].copy()
+    isotypes = normalization.isotype_controls(few, pattern=ISOTYPE_PATTERN)
+    dsb_options = ProteinOptions(dsb=DsbOptions(pseudocount=20, denoise=False))
+    expected_dsb, expected_clr = few.copy(), few.copy()
+    normalization.dsb(expected_dsb, empty=empty, isotypes=isotypes, pseudocount=20, denoise=False, backend="cpu")
+    normalization.clr(expected_clr, backend="cpu")
+    runs = [
+        (dsb_options, empty, "dsb", expected_dsb),
+        (ProteinOptions(), None, "clr", expected_clr),
+        (ProteinOptions(normalization="clr"), empty, "clr", expected_clr),
+    ]
+    embedding = EmbeddingOptions()
+    for options, background, method, expected in runs:
+        adata = few.copy()
+        run_protein(adata, empty=background, options=options, embedding_options=embedding, seed=3, backend="cpu")
+        np.testing.assert_allclose(adata.X, expected.X, rtol=1e-6)
+        provenance = adata.uns["omicsprep"]["protein"]
+        assert json.loads(provenance["params"])["normalization"] == method
+        assert {"normalize", "to_device", "pca", "to_host"} <= set(provenance["timings"])
+        assert adata.var["isotype_control"].sum() == len(isotypes) == 4
+        assert (adata.var["highly_variable"] == ~adata.var["isotype_control"]).all()
+    again = few.copy()
+    run_protein(again, empty=None, options=ProteinOptions(), embedding_options=embedding, seed=3, backend="cpu")
+    np.testing.assert_array_equal(again.obsm["X_umap"], adata.obsm["X_umap"])
+    np.testing.assert_array_equal(again.obs["leiden_1.0"], adata.obs["leiden_1.0"])
 
 
 def test_64_bit_indices_give_the_same_protein_results_on_the_cpu(cells, empty):
