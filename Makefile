@@ -2,13 +2,15 @@
 # make lint    set up .venv and check style, docstrings, types and the workflow (ruff, mypy, snakefmt, snakemake --lint)
 # make format  rewrite the code as make lint wants it (ruff format, ruff's safe fixes, snakefmt)
 # make test    set up .venv and run the test suite (GPU tests skip without a GPU)
+# make mutate  mutation testing of the science modules, MODULE=rna|cells|reads|protein|atac|multiome|network
+#              (default: all, hours on two cores; not in CI): docs/mutation.md
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 CORES ?= all
 TEST_PROCESSES ?= 2
 
-.PHONY: setup run report lint format test clean
+.PHONY: setup run report lint format test mutate clean
 
 setup: $(VENV)/.installed
 
@@ -48,6 +50,11 @@ test: setup
 	bash tests/slurm/install.sh
 	bash tests/reference/install.sh
 	$(BIN)/python -m pytest -n $(TEST_PROCESSES) --dist loadfile
+
+MODULE ?=
+mutate: setup
+	$(BIN)/python -m pip install -q -e ".[mutate]"
+	$(BIN)/python tests/mutation/mutate.py $(MODULE)
 
 # Snakemake's benchmark folders, read from the rules' benchmark: paths (benchmarks/ also holds
 # the tracked scripts, RESULTS.md and scaling/, which stay).

@@ -1,0 +1,233 @@
+"""Mutation testing of the science modules with mutmut (``make mutate``, one module at a time).
+
+mutmut mutates every function of a module (not Numba's kernels: it leaves decorated functions
+alone) in a scratch copy of the work tree, and runs against each mutant the tests of that
+module (``COVERING_TESTS``) that reach the mutated function. A mutant that no test kills is a
+test to write, or an equivalent mutant (one that behaves as the original) explained in
+``tests/mutation/equivalent.toml``. Each module's outcome is kept in
+``tests/mutation/results/<module>.tsv``; ``docs/mutation.md`` is written from all of them.
+
+Not in CI: a module takes minutes to an hour on two cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tomllib
+from datetime import UTC, datetime
+from importlib.metadata import version
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = ROOT / "tests" / "mutation"
+RESULTS = HERE / "results"
+EQUIVALENT = HERE / "equivalent.toml"
+REPORT = ROOT / "docs" / "mutation.md"
+
+# The unit tests that call each module in this process. Tests that run Snakemake (test_workflow,
+# test_faults, test_slurm) run the package in other processes, where mutants are not switched on.
+COVERING_TESTS = {
+    "rna": ["test_qc.py", "test_clustering.py", "test_integration.py", "test_schema_boundaries.py"],
+    "cells": [
+        "test_cells.py",
+        "test_emptydrops.py",
+        "test_barcode_ranks.py",
+        "test_soupx.py",
+        "test_decontx.py",
+        "test_cellbender.py",
+    ],
+    "reads": ["test_umi.py", "test_bam_reader.py", "test_text_reader.py", "test_star.py", "test_jit_cache.py"],
+    "protein": ["test_protein.py", "test_cells.py"],
+    "atac": ["test_atac.py", "test_multiome.py"],
+    "multiome": ["test_multiome.py"],
+    "network": ["test_coexpression.py", "test_clustering.py"],
+}
+
+# mutmut's status -> the report's column. A timeout (a mutant that loops) counts as killed.
+COLUMNS = {
+    "killed": "killed",
+    "timeout": "killed",
+    "survived": "survived",
+    "no tests": "not reached",
+    "suspicious": "unclear",
+    "segfault": "unclear",
+    "not checked": "unclear",
+}
+
+# mutmut's workers are forked from its main process; a test run that passes there ended with
+# SIGTERM (-15, "suspicious") rather than 0, hiding survivors. Where it comes from was not
+# found; a worker that blocks SIGTERM reports 0 as a plain pytest run of the mutant does.
+LAUNCHER = """
+import signal
+from mutmut.workers import isolation
+from mutmut.__main__ import cli
+
+switch_on = isolation.set_mutant_under_test
+
+
+def shielded(mutant_name):
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    switch_on(mutant_name)
+
+
+isolation.set_mutant_under_test = shielded
+cli()
+"""
+
+
+def scratch_copy(module: str, workdir: Path) -> Path:
+    """The work tree's files (tracked and not ignored) in a folder of their own, set up for mutmut."""
+    target = workdir / module
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    ).stdout.split(b"\0")
+    for name in filter(None, listed):
+        source = ROOT / name.decode()
+        if source.is_file():
+            (target / name.decode()).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target / name.decode())
+    tests = ", ".join(f'"tests/{name}"' for name in COVERING_TESTS[module])
+    with (target / "pyproject.toml").open("a") as config:
+        config.write(
+            "\n[tool.mutmut]\n"
+            f'source_paths = ["omicsprep/{module}/"]\n'
+            'also_copy = ["omicsprep/", "tests/", "resources/", "benchmarks/", "config/", "rules/", "scripts/"]\n'
+            f"pytest_add_cli_args_test_selection = [{tests}]\n"
+            'pytest_add_cli_args = ["-p", "no:cacheprovider"]\n'
+        )
+    return target
+
+
+def mutmut(folder: Path, *arguments: str) -> str:
+    # One BLAS/OpenMP/Numba thread per forked worker: pools started before a fork do not survive it.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
+    command = [sys.executable, "-c", LAUNCHER, *arguments]
+    return subprocess.run(command, cwd=folder, env=env, check=True, capture_output=True, text=True).stdout
+
+
+def statuses(folder: Path) -> dict[str, str]:
+    """Each mutant's status, from ``mutmut results --all true`` (lines ``name: status``)."""
+    found = {}
+    for line in mutmut(folder, "results", "--all", "true").splitlines():
+        name, _, status = line.strip().rpartition(": ")
+        if name.startswith("omicsprep."):
+            found[name] = status
+    return found
+
+
+def diff(folder: Path, name: str) -> str:
+    shown = mutmut(folder, "show", name).splitlines()
+    return "\n".join(line for line in shown if line.startswith(("-", "+")) and not line.startswith(("---", "+++")))
+
+
+def run_module(module: str, *, workdir: Path, children: int) -> None:
+    folder = scratch_copy(module, workdir)
+    print(f"{module}: mutating in {folder}", flush=True)
+    mutmut(folder, "run", "--max-children", str(children))
+    found = statuses(folder)
+    rows = ["mutant\tstatus\tdiff"]
+    for name, status in sorted(found.items(), key=lambda item: mutant_order(item[0])):
+        change = diff(folder, name).replace("\t", " ").replace("\n", " ⏎ ") if status != "killed" else ""
+        rows.append(f"{name}\t{status}\t{change}")
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{module}.tsv").write_text("\n".join(rows) + "\n")
+    print(f"{module}: {len(found)} mutants, results in {RESULTS / f'{module}.tsv'}", flush=True)
+
+
+def mutant_order(name: str) -> tuple[str, int]:
+    function, _, number = name.rpartition("__mutmut_")
+    return function, int(number)
+
+
+def read_results(module: str) -> dict[str, tuple[str, str]]:
+    lines = (RESULTS / f"{module}.tsv").read_text().splitlines()[1:]
+    return {name: (status, change) for name, status, change in (line.split("\t") for line in lines)}
+
+
+def write_report() -> None:
+    equivalent = tomllib.loads(EQUIVALENT.read_text()) if EQUIVALENT.exists() else {}
+    lines = [
+        "# Mutation testing",
+        "",
+        "Written by `python tests/mutation/mutate.py --report-only` from `tests/mutation/results/` and",
+        "`tests/mutation/equivalent.toml`; a module is (re)run by `make mutate MODULE=<module>`. mutmut",
+        "mutates each function of the module (Numba's kernels, being decorated, are not mutated: the",
+        "parity tests of the CPU and CUDA kernels cover them) and runs the module's unit tests that reach it",
+        "(`COVERING_TESTS` in `tests/mutation/mutate.py`). *Killed* counts timeouts; *not reached*: no",
+        "covering test calls the function (GPU-only paths among them); *equivalent*: a survivor that",
+        "behaves as the original, with the reason below. The share is killed over all mutants less the",
+        "equivalent ones.",
+        "",
+        "| module | mutants | killed | survived | not reached | unclear | equivalent | killed share | run |",
+        "|:--|--:|--:|--:|--:|--:|--:|--:|:--|",
+    ]
+    sections = []
+    for module in COVERING_TESTS:
+        if not (RESULTS / f"{module}.tsv").exists():
+            lines.append(f"| {module} | not run | | | | | | | |")
+            continue
+        found = read_results(module)
+        explained = equivalent.get(module, {})
+        counts = dict.fromkeys(("killed", "survived", "not reached", "unclear"), 0)
+        open_ones, equal_ones = [], []
+        for name, (status, change) in found.items():
+            if status in ("survived", "no tests") and name in explained:
+                equal_ones.append(f"- `{name}`: {explained[name]}\n  `{change}`")
+                continue
+            counts[COLUMNS[status]] += 1
+            if COLUMNS[status] != "killed":
+                open_ones.append(f"- `{name}` ({status}): `{change}`")
+        stale = sorted(set(explained) - {name for name, (status, _) in found.items() if status != "killed"})
+        judged = len(found) - len(equal_ones)
+        share = f"{100 * counts['killed'] / judged:.1f}%" if judged else "-"
+        stamp = (RESULTS / f"{module}.tsv").stat().st_mtime
+        lines.append(
+            f"| {module} | {len(found)} | {counts['killed']} | {counts['survived']} | {counts['not reached']} "
+            f"| {counts['unclear']} | {len(equal_ones)} | {share} | {run_stamp(module, stamp)} |"
+        )
+        sections += [f"\n## {module}\n", "Not killed:\n", *(open_ones or ["- none"])]
+        sections += ["\nEquivalent:\n", *(equal_ones or ["- none"])]
+        if stale:
+            sections += ["\nExplained in equivalent.toml but killed or gone (remove them):\n"]
+            sections += [f"- `{name}`" for name in stale]
+    REPORT.write_text("\n".join(lines + sections) + "\n")
+
+
+def run_stamp(module: str, mtime: float) -> str:
+    header = RESULTS / f"{module}.run"
+    return header.read_text().strip() if header.exists() else datetime.fromtimestamp(mtime, UTC).strftime("%Y-%m-%d")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("modules", nargs="*", default=list(COVERING_TESTS), choices=list(COVERING_TESTS))
+    parser.add_argument("--children", type=int, default=os.cpu_count() or 1, help="mutants tested at once")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/omicsprep-mutate"))
+    parser.add_argument("--report-only", action="store_true", help="rewrite docs/mutation.md from the results")
+    arguments = parser.parse_args()
+    if not arguments.report_only:
+        tree = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+        for module in arguments.modules:
+            started = datetime.now(UTC)
+            run_module(module, workdir=arguments.workdir, children=arguments.children)
+            minutes = (datetime.now(UTC) - started).total_seconds() / 60
+            (RESULTS / f"{module}.run").write_text(
+                f"{started:%Y-%m-%d}, tree {tree.stdout.strip()}, {minutes:.0f} min, {arguments.children} workers "
+                f"on {os.cpu_count()} cores ({platform.machine()}), mutmut {version('mutmut')}\n"
+            )
+    write_report()
+    print(f"report: {REPORT}")
+
+
+if __name__ == "__main__":
+    main()
