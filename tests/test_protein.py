@@ -163,6 +163,18 @@ def test_dsb_denoising_without_isotype_controls_is_one_clear_error(cells, empty)
         )
 
 
+def test_the_background_mixture_scales_with_the_values_and_keeps_constant_cells():
+    """dsb's per-cell mixture: values 1,000 times smaller give means 1,000 times smaller (the
+    variance floor scales with them), and a cell whose values are all one value gets that value."""
+    rng = np.random.default_rng(1)
+    values = np.concatenate([rng.normal(0, 0.5, size=(50, 60)), rng.normal(4, 1, size=(50, 27))], axis=1)
+    values = np.vstack([values, np.full((1, 87), 2.5)])
+    low = normalization._two_component_low_means(values, xp=np)
+    np.testing.assert_allclose(normalization._two_component_low_means(values / 1000, xp=np), low / 1000, rtol=1e-6)
+    assert low[-1] == pytest.approx(2.5)
+    assert np.abs(low[:-1]).max() < 0.5  # the lower component is the one around 0
+
+
 def test_run_protein_normalizes_as_asked_with_its_settings(cells, empty):
     """auto is dsb with empty droplets and CLR without; clr is CLR even with them; dsb's pseudocount
     and denoising are passed on; provenance names the method and every step; a seed repeats."""

@@ -149,9 +149,10 @@ def _two_component_low_means(values, *, xp: ModuleType, n_iterations: int = 200)
     ordered = xp.sort(values, axis=1)
     n = values.shape[1]
     means = xp.stack([ordered[:, n // 4], ordered[:, (3 * n) // 4]], axis=1)
-    variances = xp.repeat(values.var(axis=1, keepdims=True), 2, axis=1)
-    weights = xp.full_like(means, 0.5)
     floor = 1e-6 * values.var(axis=1, keepdims=True) + 1e-12
+    # Floored from the start: a cell whose values are all one value has no variance.
+    variances = xp.repeat(xp.maximum(values.var(axis=1, keepdims=True), floor), 2, axis=1)
+    weights = xp.full_like(means, 0.5)
     for _ in range(n_iterations):
         # E step: responsibilities of each component for each value (rows x values x 2).
         deviation = values[:, :, None] - means[:, None, :]
