@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import warnings
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -83,6 +84,29 @@ def test_the_technical_component_is_the_centred_first_pc_rising_with_the_cells_m
         expected = PCA(n_components=1).fit_transform(data)[:, 0]
         np.testing.assert_allclose(np.abs(scores), np.abs(expected), rtol=1e-8, atol=1e-8)
         assert np.corrcoef(scores, (data - data.mean(axis=0)).mean(axis=1))[0, 1] > 0
+    # An eigenvector's sign is LAPACK's choice: the other one gives the same scores.
+    negated = SimpleNamespace(eigh=lambda matrix: tuple(-part for part in np.linalg.eigh(matrix)))
+    scores = normalization._first_component(values, xp=SimpleNamespace(**{**vars(np), "linalg": negated}))
+    np.testing.assert_array_equal(scores, normalization._first_component(values, xp=np))
+
+
+def test_the_background_mixture_is_the_maximum_likelihood_fit():
+    """dsb's per-cell two-component mixture reaches scikit-learn's maximum-likelihood fit from the
+    same start (lower component's mean), and a far outlier in a cell leaves its fit finite."""
+    from sklearn.mixture import GaussianMixture
+
+    rng = np.random.default_rng(2)
+    values = np.concatenate([rng.normal(0, 0.5, size=(8, 60)), rng.normal(3, 1, size=(8, 27))], axis=1)
+    low = normalization._two_component_low_means(values, xp=np, n_iterations=2000)
+    for row, ours in zip(values, low, strict=True):
+        ordered = np.sort(row)
+        start = [[ordered[len(row) // 4]], [ordered[3 * len(row) // 4]]]
+        mixture = GaussianMixture(2, means_init=start, weights_init=[0.5, 0.5], tol=1e-12, max_iter=5000)
+        mixture.fit(row[:, None])
+        assert ours == pytest.approx(mixture.means_.min(), abs=1e-6)
+    outlier = values.copy()
+    outlier[0, 0] = 1e4
+    assert np.isfinite(normalization._two_component_low_means(outlier, xp=np)).all()
 
 
 def test_clr_equals_muon(cells):
