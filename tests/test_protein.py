@@ -86,8 +86,13 @@ def test_the_technical_component_is_the_centred_first_pc_rising_with_the_cells_m
         assert np.corrcoef(scores, (data - data.mean(axis=0)).mean(axis=1))[0, 1] > 0
     # An eigenvector's sign is LAPACK's choice: the other one gives the same scores.
     negated = SimpleNamespace(eigh=lambda matrix: tuple(-part for part in np.linalg.eigh(matrix)))
-    scores = normalization._first_component(values, xp=SimpleNamespace(**{**vars(np), "linalg": negated}))
-    np.testing.assert_array_equal(scores, normalization._first_component(values, xp=np))
+    flipped = SimpleNamespace(**{**vars(np), "linalg": negated})
+    # Integer values with whole column means: the centred values sum to exactly 0, so the sign
+    # must come from each cell's own mean, not the mean of all.
+    whole = np.array([[0.0, 0, 0], [2, 2, 1], [4, 3, 4], [6, 7, 7]])
+    for data in (values, whole):
+        scores = normalization._first_component(data, xp=flipped)
+        np.testing.assert_array_equal(scores, normalization._first_component(data, xp=np))
 
 
 def test_the_background_mixture_is_the_maximum_likelihood_fit():
