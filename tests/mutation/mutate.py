@@ -210,14 +210,14 @@ def run_stamp(module: str, mtime: float) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("modules", nargs="*", default=list(COVERING_TESTS), choices=list(COVERING_TESTS))
+    parser.add_argument("modules", nargs="*", choices=[*COVERING_TESTS, []], help="default: every module")
     parser.add_argument("--children", type=int, default=os.cpu_count() or 1, help="mutants tested at once")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/omicsprep-mutate"))
     parser.add_argument("--report-only", action="store_true", help="rewrite docs/mutation.md from the results")
     arguments = parser.parse_args()
     if not arguments.report_only:
         tree = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-        for module in arguments.modules:
+        for module in arguments.modules or list(COVERING_TESTS):
             started = datetime.now(UTC)
             run_module(module, workdir=arguments.workdir, children=arguments.children)
             minutes = (datetime.now(UTC) - started).total_seconds() / 60
