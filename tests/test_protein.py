@@ -115,6 +115,18 @@ def test_the_background_mixture_is_the_maximum_likelihood_fit():
     assert normalization._two_component_low_means(between, xp=np)[0] == pytest.approx(0, abs=1e-4)
 
 
+def test_the_background_mixture_scales_with_the_values_and_keeps_constant_cells():
+    """dsb's per-cell mixture: values 1,000 times smaller give means 1,000 times smaller (the
+    variance floor scales with them), and a cell whose values are all one value gets that value."""
+    rng = np.random.default_rng(1)
+    values = np.concatenate([rng.normal(0, 0.5, size=(50, 60)), rng.normal(4, 1, size=(50, 27))], axis=1)
+    values = np.vstack([values, np.full((1, 87), 2.5)])
+    low = normalization._two_component_low_means(values, xp=np)
+    np.testing.assert_allclose(normalization._two_component_low_means(values / 1000, xp=np), low / 1000, rtol=1e-6)
+    assert low[-1] == pytest.approx(2.5)
+    assert np.abs(low[:-1]).max() < 0.5  # the lower component is the one around 0
+
+
 def test_clr_equals_muon(cells):
     from muon import prot
 
@@ -193,18 +205,6 @@ def test_dsb_denoising_without_isotype_controls_is_one_clear_error(cells, empty)
         )
 
 
-def test_the_background_mixture_scales_with_the_values_and_keeps_constant_cells():
-    """dsb's per-cell mixture: values 1,000 times smaller give means 1,000 times smaller (the
-    variance floor scales with them), and a cell whose values are all one value gets that value."""
-    rng = np.random.default_rng(1)
-    values = np.concatenate([rng.normal(0, 0.5, size=(50, 60)), rng.normal(4, 1, size=(50, 27))], axis=1)
-    values = np.vstack([values, np.full((1, 87), 2.5)])
-    low = normalization._two_component_low_means(values, xp=np)
-    np.testing.assert_allclose(normalization._two_component_low_means(values / 1000, xp=np), low / 1000, rtol=1e-6)
-    assert low[-1] == pytest.approx(2.5)
-    assert np.abs(low[:-1]).max() < 0.5  # the lower component is the one around 0
-
-
 def test_run_protein_normalizes_as_asked_with_its_settings(cells, empty):
     """auto is dsb with empty droplets and CLR without; clr is CLR even with them; dsb's pseudocount
     and denoising are passed on; provenance names the method and every step; a seed repeats."""
@@ -229,8 +229,8 @@ def test_run_protein_normalizes_as_asked_with_its_settings(cells, empty):
         assert {"normalize", "to_device", "pca", "to_host"} <= set(provenance["timings"])
         assert adata.var["isotype_control"].sum() == len(isotypes) == 4
         assert (adata.var["highly_variable"] == ~adata.var["isotype_control"]).all()
-    again = few.copy()
-    run_protein(again, empty=None, options=ProteinOptions(), embedding_options=embedding, seed=3, backend="cpu")
+    again = few.copy()  # the last run again
+    run_protein(again, empty=empty, options=options, embedding_options=embedding, seed=3, backend="cpu")
     np.testing.assert_array_equal(again.obsm["X_umap"], adata.obsm["X_umap"])
     np.testing.assert_array_equal(again.obs["leiden_1.0"], adata.obs["leiden_1.0"])
 

@@ -23,7 +23,9 @@ from datetime import UTC, datetime
 from importlib.metadata import version
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from omicsprep.io import atomic_path
+from omicsprep.testing import CHECKOUT as ROOT
+
 HERE = ROOT / "tests" / "mutation"
 RESULTS = HERE / "results"
 EQUIVALENT = HERE / "equivalent.toml"
@@ -130,7 +132,13 @@ def diff(folder: Path, name: str) -> str:
     return "\n".join(line for line in shown if line.startswith(("-", "+")) and not line.startswith(("---", "+++")))
 
 
-def run_module(module: str, *, workdir: Path, children: int) -> None:
+def write_text(path: Path, text: str) -> None:
+    with atomic_path(path, timed=False) as temporary:
+        temporary.write_text(text)
+
+
+def run_module(module: str, *, workdir: Path, children: int, tree: str) -> None:
+    started = datetime.now(UTC)
     folder = scratch_copy(module, workdir)
     print(f"{module}: mutating in {folder}", flush=True)
     mutmut(folder, "run", "--max-children", str(children))
@@ -139,8 +147,13 @@ def run_module(module: str, *, workdir: Path, children: int) -> None:
     for name, status in sorted(found.items(), key=lambda item: mutant_order(item[0])):
         change = diff(folder, name).replace("\t", " ").replace("\n", " ⏎ ") if status != "killed" else ""
         rows.append(f"{name}\t{status}\t{change}")
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{module}.tsv").write_text("\n".join(rows) + "\n")
+    write_text(RESULTS / f"{module}.tsv", "\n".join(rows) + "\n")
+    minutes = (datetime.now(UTC) - started).total_seconds() / 60
+    write_text(
+        RESULTS / f"{module}.run",
+        f"{started:%Y-%m-%d}, tree {tree}, {minutes:.0f} min, {children} workers on {os.cpu_count()} cores "
+        f"({platform.machine()}), mutmut {version('mutmut')}\n",
+    )
     print(f"{module}: {len(found)} mutants, results in {RESULTS / f'{module}.tsv'}", flush=True)
 
 
@@ -190,41 +203,33 @@ def write_report() -> None:
         stale = sorted(set(explained) - {name for name, (status, _) in found.items() if status != "killed"})
         judged = len(found) - len(equal_ones)
         share = f"{100 * counts['killed'] / judged:.1f}%" if judged else "-"
-        stamp = (RESULTS / f"{module}.tsv").stat().st_mtime
+        run = (RESULTS / f"{module}.run").read_text().strip()
         lines.append(
             f"| {module} | {len(found)} | {counts['killed']} | {counts['survived']} | {counts['not reached']} "
-            f"| {counts['unclear']} | {len(equal_ones)} | {share} | {run_stamp(module, stamp)} |"
+            f"| {counts['unclear']} | {len(equal_ones)} | {share} | {run} |"
         )
         sections += [f"\n## {module}\n", "Not killed:\n", *(open_ones or ["- none"])]
         sections += ["\nEquivalent:\n", *(equal_ones or ["- none"])]
         if stale:
             sections += ["\nExplained in equivalent.toml but killed or gone (remove them):\n"]
             sections += [f"- `{name}`" for name in stale]
-    REPORT.write_text("\n".join(lines + sections) + "\n")
-
-
-def run_stamp(module: str, mtime: float) -> str:
-    header = RESULTS / f"{module}.run"
-    return header.read_text().strip() if header.exists() else datetime.fromtimestamp(mtime, UTC).strftime("%Y-%m-%d")
+    write_text(REPORT, "\n".join(lines + sections) + "\n")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("modules", nargs="*", choices=[*COVERING_TESTS, []], help="default: every module")
+    parser.add_argument("modules", nargs="*", help=f"any of {', '.join(COVERING_TESTS)} (default: all)")
     parser.add_argument("--children", type=int, default=os.cpu_count() or 1, help="mutants tested at once")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/omicsprep-mutate"))
     parser.add_argument("--report-only", action="store_true", help="rewrite docs/mutation.md from the results")
     arguments = parser.parse_args()
+    unknown = sorted(set(arguments.modules) - set(COVERING_TESTS))
+    if unknown:
+        parser.error(f"unknown module {', '.join(unknown)}: the modules are {', '.join(COVERING_TESTS)}")
     if not arguments.report_only:
         tree = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
         for module in arguments.modules or list(COVERING_TESTS):
-            started = datetime.now(UTC)
-            run_module(module, workdir=arguments.workdir, children=arguments.children)
-            minutes = (datetime.now(UTC) - started).total_seconds() / 60
-            (RESULTS / f"{module}.run").write_text(
-                f"{started:%Y-%m-%d}, tree {tree.stdout.strip()}, {minutes:.0f} min, {arguments.children} workers "
-                f"on {os.cpu_count()} cores ({platform.machine()}), mutmut {version('mutmut')}\n"
-            )
+            run_module(module, workdir=arguments.workdir, children=arguments.children, tree=tree.stdout.strip())
     write_report()
     print(f"report: {REPORT}")
 
