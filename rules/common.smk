@@ -178,23 +178,27 @@ def sample_chemistry(wildcards):
     return SAMPLE_SHEET.loc[wildcards.sample, "chemistry"]
 
 
+def fastq_samples():
+    """The samples given as FASTQ, aligned by STARsolo."""
+    return [sample for sample in SAMPLES if is_fastq(sample)]
+
+
 def check_reference():
     """FASTQ samples need a genome (FASTA and GTF, or a ready index) and, for a 10x chemistry,
     a whitelist entry (a file, or none)."""
-    fastq_samples = [sample for sample in SAMPLES if is_fastq(sample)]
-    if not fastq_samples:
+    if not fastq_samples():
         return
     reference = config["reference"]
     if not reference["star_index"] and not (reference["fasta"] and reference["gtf"]):
         raise WorkflowError(
-            f"config: reference: samples {fastq_samples} are given as FASTQ: set reference.fasta and "
+            f"config: reference: samples {fastq_samples()} are given as FASTQ: set reference.fasta and "
             "reference.gtf (the STAR index is built from them) or reference.star_index"
         )
     for key in ("fasta", "gtf", "star_index"):
         path = reference[key]
         if path and not Path(path).exists():
             raise WorkflowError(f"config: reference.{key}: {path!r} does not exist")
-    for sample in fastq_samples:
+    for sample in fastq_samples():
         chemistry = SAMPLE_SHEET.loc[sample, "chemistry"]
         whitelist = reference["whitelists"].get(chemistry)
         if whitelist is None and chemistry.startswith("10x"):
@@ -464,7 +468,7 @@ def final_outputs():
         *expand(list(rules.multiome.output), sample=MULTIOME_SAMPLES),
         *(rules.merge.output if config["merge"]["enabled"] else []),
         rules.run_times.output.table,
-        *([rules.summary.output.table] if RNA_SAMPLES else []),
+        *([rules.summary.output.table, rules.multiqc.output.report] if RNA_SAMPLES else []),
     ]
 
 

@@ -43,3 +43,23 @@ rule summary:
         clusters=markers_cluster_key(),
     script:
         "../scripts/summary.py"
+
+
+# MultiQC's report of the study: the summary as custom content (and in its General Statistics),
+# STAR's logs and STARsolo's statistics of the samples given as FASTQ.
+rule multiqc:
+    input:
+        summary=rules.summary.output.table,
+        star_logs=expand(rules.align.output.log_final, sample=fastq_samples()),
+        starsolo=expand(rules.align.output.summary, sample=fastq_samples()),
+    output:
+        report="results/multiqc/multiqc_report.html",
+        data=directory("results/multiqc/multiqc_data"),
+    log:
+        "logs/multiqc/all.log",
+    conda:
+        "../envs/cpu.yaml"
+    params:
+        fastq_samples=fastq_samples(),
+    script:
+        "../scripts/multiqc.py"

@@ -25,9 +25,11 @@ from omicsprep.align.run import align_sample, build_index
 from omicsprep.align.star import genome_generate_command, sa_index_bases, solo_command
 from omicsprep.errors import InputError
 from omicsprep.io.counts import read_counts
+from omicsprep.io.multiqc import write_multiqc_report
 from omicsprep.io.star import read_barcode_stats, read_solo_matrix, read_solo_summary
 from omicsprep.options import AlignOptions, BamOptions, UmiOptions
 from omicsprep.reads.counting import count_umis
+from omicsprep.summary import HEADLINE, multiqc_sections
 from omicsprep.testing import generate_fastq
 
 pytestmark = pytest.mark.skipif(shutil.which("STAR") is None, reason="STAR is not on PATH (Debian: rna-star)")
@@ -279,6 +281,31 @@ def test_summaries(fixture: Fixture) -> None:
     assert stats.sum() == n_reads
     assert (stats["noUMIhomopolymer"], stats["noNinUMI"]) == (unusable["homopolymer"], unusable["N"])
     assert stats["yesOneWLmatchWithMM"] > 0.05 * n_reads  # 1 - 0.995**16 of barcodes carry an error
+
+
+def test_multiqc_reads_star_and_starsolo(fixture: Fixture, tmp_path: Path) -> None:
+    """MultiQC's STAR module parses the run's Log.final.out under the sample's name, and
+    STARsolo's statistics come through as a table of their own."""
+    out = fixture.runs["Gene"].out
+    starsolo = read_solo_summary(out / "Solo.out" / "Gene" / "Summary.csv")
+    summary = pd.DataFrame({column: [1.0] for column in HEADLINE}, index=pd.Index(["f"], name="sample"))
+    write_multiqc_report(
+        multiqc_sections(summary, starsolo={"f": starsolo}),
+        star_logs={"f": out / "Log.final.out"},
+        report=tmp_path / "multiqc" / "multiqc_report.html",
+        data=tmp_path / "multiqc" / "multiqc_data",
+    )
+    star = pd.read_csv(tmp_path / "multiqc" / "multiqc_data" / "multiqc_star.txt", sep="\t", index_col="Sample")
+    lines = [line.split(" |\t") for line in (out / "Log.final.out").read_text().splitlines() if " |\t" in line]
+    log = {name.strip(): value.strip() for name, value in lines}
+    assert list(star.index) == ["f"]
+    assert star.loc["f", "uniquely_mapped_percent"] == float(log["Uniquely mapped reads %"].rstrip("%"))
+    assert star.loc["f", "total_reads"] == starsolo["Number of Reads"] // 1
+    table = pd.read_csv(
+        tmp_path / "multiqc" / "multiqc_data" / "multiqc_starsolo_summary_table.txt", sep="\t", index_col="Sample"
+    )
+    assert table.loc["f", "Reads With Valid Barcodes"] == pytest.approx(starsolo["Reads With Valid Barcodes"])
+    assert {path.name for path in (tmp_path / "multiqc").iterdir()} == {"multiqc_report.html", "multiqc_data"}
 
 
 def test_read_solo_matrix(fixture: Fixture) -> None:

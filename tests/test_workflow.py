@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import html
+import json
 import os
 import re
 import shutil
@@ -514,6 +516,103 @@ def test_the_study_summary_counts_each_samples_cells_through_qc(cpu_run):
         assert row["median_umis"] == kept["total_counts"].median()
         assert row["clusters"] == obs["leiden_1.0"].nunique()
         assert pd.isna(row["barcodes"]) and row["seconds"] > 0  # no droplets: no barcodes
+
+
+def test_multiqc_report_holds_the_study_summary(cpu_run):
+    """MultiQC's General Statistics hold each sample's headline figures, as summary.tsv has them."""
+    multiqc = cpu_run / "results" / "multiqc"
+    summary = pd.read_csv(cpu_run / "results" / "summary.tsv", sep="\t", index_col="sample")
+    general = pd.read_csv(multiqc / "multiqc_data" / "multiqc_general_stats.txt", sep="\t", index_col="Sample")
+    general.columns = general.columns.str.removeprefix("custom_content_omicsprep-")
+    assert list(general.index) == list(summary.index)
+    assert list(general.columns) == list(summary.columns[: len(general.columns)])
+    pd.testing.assert_frame_equal(general, summary[general.columns], check_names=False, check_dtype=False)
+    assert (multiqc / "multiqc_report.html").stat().st_size > 100_000
+
+
+# Headless Chromium opens a report as a user's browser does; a script added to a copy of the page
+# measures, once the page has drawn its parts, where they are (JSON in body's data-layout).
+CHROMIUM = shutil.which("chromium-headless-shell")
+WINDOW = (1400, 1000)
+LAYOUT_SCRIPT = """<script>
+const selectors = %s;
+const box = (element) => { const r = element.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
+const started = Date.now();
+const measure = setInterval(() => {
+  const found = Object.values(selectors).map((selector) => document.querySelector(selector));
+  if (found.includes(null) && Date.now() - started < 15000) return;  // still drawing
+  clearInterval(measure);
+  const measured = {};
+  Object.keys(selectors).forEach((name, i) => {
+    measured[name] = found[i] && { box: box(found[i]), text: found[i].innerText };
+  });
+  setTimeout(() => { document.body.dataset.layout = JSON.stringify(measured); }, 500);  // laid out
+}, 250);
+</script>"""
+
+
+def browser_layout(page: Path, selectors: dict[str, str]) -> dict[str, dict]:
+    """Each selector's first element in ``page`` as Chromium draws it: its box and text (None if absent)."""
+    probe = page.with_name(f"probe_{page.name}")
+    head, body_end, tail = page.read_text().rpartition("</body>")  # the page's own; scripts may hold others
+    probe.write_text(head + LAYOUT_SCRIPT % json.dumps(selectors) + body_end + tail)
+    command = [CHROMIUM, "--no-sandbox", "--disable-gpu", "--window-size={},{}".format(*WINDOW)]
+    result = subprocess.run(
+        [*command, "--virtual-time-budget=20000", "--dump-dom", probe.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    layout = re.search(r'data-layout="([^"]*)"', result.stdout)
+    assert layout, result.stderr[-2000:]
+    shot = subprocess.run([*command, f"--screenshot={page.with_suffix('.png')}", page.as_uri()], capture_output=True)
+    assert shot.returncode == 0 and image.imread(page.with_suffix(".png"))[..., :3].std() > 0.05
+    return json.loads(html.unescape(layout.group(1)))
+
+
+def text_cells(text: str) -> list[str]:
+    """A drawn table's cells, in order, from its text (MultiQC's puts each on a line of its own)."""
+    return [cell.strip() for cell in text.split("\n") if cell.strip()]
+
+
+def overlap(one: list[float], other: list[float]) -> bool:
+    return one[0] < other[2] and other[0] < one[2] and one[1] < other[3] and other[1] < one[3]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium-headless-shell is not installed (make test installs it)")
+def test_reports_open_on_the_summary_in_a_browser(cpu_run):
+    """Snakemake's report opens on the summary's table, in view, clear of the rule graph, the
+    headline columns first; MultiQC's opens on General Statistics with each sample's cells kept."""
+    result = snakemake("--report", "report.html", "--config", f"samples={cpu_run / 'samples.tsv'}", workdir=cpu_run)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = pd.read_csv(cpu_run / "results" / "summary.tsv", sep="\t", index_col="sample")
+    page = browser_layout(
+        cpu_run / "report.html",
+        {
+            "heading": "#study-summary h1",
+            "table": "#study-summary table",
+            "scroller": "#study-summary div[style]",
+            "header": "#study-summary thead",
+            "first_row": "#study-summary tbody tr",
+            "graph": "canvas.marks",
+        },
+    )
+    assert page["heading"]["text"] == "Study summary"
+    assert page["scroller"]["box"][3] < WINDOW[1]  # the whole table in the first view
+    assert not overlap(page["scroller"]["box"], page["graph"]["box"])
+    assert page["header"]["text"].split()[:3] == ["sample", "cells_kept", "median_genes"]
+    assert page["first_row"]["text"].split()[:2] == ["pbmc_h5", str(summary.loc["pbmc_h5", "cells_kept"])]
+
+    multiqc = browser_layout(
+        cpu_run / "results" / "multiqc" / "multiqc_report.html",
+        {"first_section": "#general_stats", "table": "#general_stats table", "header": "#general_stats thead"},
+    )
+    assert multiqc["first_section"]["box"][1] < WINDOW[1]
+    header = text_cells(multiqc["header"]["text"])
+    body = text_cells(multiqc["table"]["text"])[len(header) :]
+    rows = [body[start : start + len(header)] for start in range(0, len(body), len(header))]
+    column = header.index("Cells kept")
+    assert {row[0]: int(re.sub(r"\D", "", row[column])) for row in rows} == summary["cells_kept"].to_dict()  # 1 068
 
 
 @pytest.mark.parametrize(
