@@ -2,6 +2,8 @@
 # make lint    set up .venv and check style, docstrings, types and the workflow (ruff, mypy, snakefmt, snakemake --lint)
 # make format  rewrite the code as make lint wants it (ruff format, ruff's safe fixes, snakefmt)
 # make test    set up .venv and run the test suite (GPU tests skip without a GPU)
+# make image   build the CPU container image (envs/containers/build.sh; root, debootstrap, buildah): docs/containers.md
+# make test-image  build it and run the demo in it against the host's run (not in CI: 5-8 minutes)
 # make mutate  mutation testing of the science modules, MODULE=rna|cells|reads|protein|atac|multiome|network
 #              (default: all, hours on two cores; not in CI): docs/mutation.md
 PYTHON ?= python3
@@ -10,7 +12,7 @@ BIN := $(VENV)/bin
 CORES ?= all
 TEST_PROCESSES ?= 2
 
-.PHONY: setup run report lint format test mutate clean
+.PHONY: setup run report lint format test image test-image mutate clean
 
 setup: $(VENV)/.installed
 
@@ -50,6 +52,12 @@ test: setup
 	bash tests/slurm/install.sh
 	bash tests/reference/install.sh
 	$(BIN)/python -m pytest -n $(TEST_PROCESSES) --dist loadfile
+
+image:
+	envs/containers/build.sh cpu
+
+test-image: setup
+	OMICSPREP_TEST_IMAGE=1 $(BIN)/python -m pytest tests/containers -v
 
 MODULE ?=
 mutate: setup

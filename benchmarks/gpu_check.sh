@@ -77,7 +77,9 @@ export PYTHONUNBUFFERED=1
 echo "== machine"; date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc
 # Wheels the RAPIDS bundle lacks, carried in .gpu/extra/: fetch them here with
 #   pip download --no-deps --python-version 3.12 --only-binary=:all: -d .gpu/extra mudata==0.3.10 harmonypy==2.1.0 \
-#     oxbow==0.8.2 arro3-core==0.9.1 deflate==0.9.0 pydecontx==0.1.0 py-spy==0.4.3
+#     oxbow==0.8.2 arro3-core==0.9.1 deflate==0.9.0 pydecontx==0.1.0 py-spy==0.4.3 \
+#     multiqc==1.35 coloredlogs==15.0.1 colormath2==3.0.3 plotly==7.1.0 polars==2.1.0 rich-click==1.9.9 \
+#     spectra==0.1.0 typeguard==4.6.1  (MultiQC and what of its dependencies the image lacks)
 # and, for the bam section, UMI-tools and the two of its dependencies the image lacks, built with a Python 3.12
 # (pyenv's here): pip wheel --no-deps -w .gpu/extra future pybktree, and umi_tools==1.1.6 with --no-build-isolation
 # in a venv holding "setuptools<81" cython numpy. Add .gpu/extra to carry.
@@ -88,6 +90,15 @@ rm -rf /tmp/gpu-extra; python3 -m pip install -q --no-deps --target /tmp/gpu-ext
     [ -e "$wheel" ] && python3 -m pip install -q --no-deps --target /tmp/gpu-extra "$wheel" >/dev/null 2>&1
   done
 [ -d /tmp/gpu-extra ] && export PYTHONPATH=/tmp/gpu-extra:$PYTHONPATH PATH=/tmp/gpu-extra/bin:$PATH
+# Wheels too large to carry beside the work tree (polars' runtime, for MultiQC: 54 MB) come in
+# parts, one per call before this one, as the bundle does (split -b 27M -d -a 1 WHEEL .gpu/large/WHEEL.part-):
+#   carry [".gpu/large/<wheel>.part-0"], command: mkdir -p /tmp/gpu-large && cp .gpu/large/* /tmp/gpu-large/
+# and the same for part-1; joined and installed here once, kept while the machine stays warm.
+if ls /tmp/gpu-large/*.part-0 >/dev/null 2>&1 && [ ! -d /tmp/gpu-large/site ]; then
+  for first in /tmp/gpu-large/*.part-0; do cat "${first%.part-0}".part-* > "${first%.part-0}"; done
+  python3 -m pip install -q --no-deps --target /tmp/gpu-large/site /tmp/gpu-large/*.whl
+fi
+[ -d /tmp/gpu-large/site ] && export PYTHONPATH=$PYTHONPATH:/tmp/gpu-large/site
 if [ -d .gpu/cellbender ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/cb .gpu/cellbender/*.whl >/dev/null 2>&1
   export PYTHONPATH=$PYTHONPATH:/tmp/cb PATH=$PATH:/tmp/cb/bin  # after the image's and the bundle's packages

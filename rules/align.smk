@@ -12,6 +12,8 @@ rule star_index:
         "benchmarks/star_index/reference.tsv"
     conda:
         "../envs/star.yaml"
+    container:
+        config["containers"]["cpu"]
     script:
         "../scripts/star_index.py"
 
@@ -41,6 +43,8 @@ rule align:
         "benchmarks/align/{sample}.tsv"
     conda:
         "../envs/star.yaml"
+    container:
+        config["containers"]["cpu"]
     params:
         chemistry=sample_chemistry,
         align=config["align"],

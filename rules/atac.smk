@@ -12,6 +12,8 @@ rule atac:
         "benchmarks/atac/{sample}.tsv"
     conda:
         conda_env_for("atac")
+    container:
+        container_for("atac")
     resources:
         gpu=gpus_for("atac"),
         mem_mb=memory_for("atac"),

@@ -24,6 +24,8 @@ rule call_cells:
         "benchmarks/call_cells/{sample}.tsv"
     conda:
         conda_env_for("call_cells")
+    container:
+        container_for("call_cells")
     resources:
         gpu=gpus_for("call_cells"),
         mem_mb=memory_for("call_cells"),

@@ -31,6 +31,8 @@ rule cluster:
         "benchmarks/cluster/{sample}.tsv"
     conda:
         conda_env_for("cluster")
+    container:
+        container_for("cluster")
     threads: threads_for("cluster")
     resources:
         gpu=gpus_for("cluster"),

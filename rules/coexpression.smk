@@ -32,6 +32,8 @@ rule coexpression:
         "benchmarks/coexpression/{sample}.tsv"
     conda:
         conda_env_for("coexpression")
+    container:
+        container_for("coexpression")
     resources:
         gpu=gpus_for("coexpression"),
         mem_mb=memory_for("coexpression"),

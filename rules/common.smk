@@ -9,6 +9,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
+from snakemake.settings.types import DeploymentMethod
 
 from omicsprep.cells.cellbender import remove_background_command
 from omicsprep.configuration import check_settings_together, checked_config, read_yaml
@@ -116,6 +117,11 @@ def disk_for(rule_name):
 def conda_env_for(rule_name):
     """The RAPIDS environment for rules that may use the GPU, the CPU one otherwise."""
     return "../envs/cpu.yaml" if backend_for(rule_name) == "cpu" else "../envs/rapids.yaml"
+
+
+def container_for(rule_name):
+    """The image (--sdm apptainer) of ``conda_env_for``'s environment: config containers."""
+    return config["containers"]["cpu" if backend_for(rule_name) == "cpu" else "gpu"]
 
 
 def is_fastq(sample):
@@ -488,12 +494,14 @@ def start_gpu_pool():
     """Start (or find) the pool of warm GPU processes for this run's GPU jobs, on a local run with a GPU.
 
     Its socket goes into the environment the jobs inherit (omicsprep.pool.POOL); a job on the
-    CPU backend, on a cluster, or of another environment runs in its own process. A pool named
-    in the environment already is used instead (OMICSPREP_POOL=off: none).
+    CPU backend, on a cluster, or of another environment runs in its own process, and jobs in
+    containers (--sdm apptainer) have their image's environment: no pool then. A pool named in
+    the environment already is used instead (OMICSPREP_POOL=off: none).
     """
     gpu_rules = CONFIG_SCHEMA_DATA["properties"]["backend_per_rule"]["properties"]
     on_gpu = GPU_EXPECTED and any(backend_for(rule) != "cpu" for rule in gpu_rules)
-    if not jobs_run_here() or not on_gpu or os.environ.get(pool.POOL):
+    in_containers = DeploymentMethod.APPTAINER in workflow.deployment_settings.deployment_method
+    if not jobs_run_here() or not on_gpu or in_containers or os.environ.get(pool.POOL):
         return
     path = pool.start(n_workers=resources.pool_workers(workflow.cores))
     if path is not None:

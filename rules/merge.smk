@@ -30,6 +30,8 @@ rule merge:
         "benchmarks/merge/merged.tsv"
     conda:
         conda_env_for("merge")
+    container:
+        container_for("merge")
     resources:
         gpu=gpus_for("merge"),
         mem_mb=memory_for("merge"),

@@ -18,6 +18,8 @@ rule multiome:
         "benchmarks/multiome/{sample}.tsv"
     conda:
         conda_env_for("multiome")
+    container:
+        container_for("multiome")
     resources:
         gpu=gpus_for("multiome"),
         mem_mb=memory_for("multiome"),

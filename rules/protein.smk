@@ -11,6 +11,8 @@ rule protein:
         "benchmarks/protein/{sample}.tsv"
     conda:
         conda_env_for("protein")
+    container:
+        container_for("protein")
     resources:
         gpu=gpus_for("protein"),
         mem_mb=memory_for("protein"),

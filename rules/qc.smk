@@ -24,6 +24,8 @@ rule qc:
         "benchmarks/qc/{sample}.tsv"
     conda:
         conda_env_for("qc")
+    container:
+        container_for("qc")
     threads: threads_for("qc")
     resources:
         gpu=gpus_for("qc"),

@@ -12,6 +12,8 @@ rule run_times:
         "logs/run_times/all.log",
     conda:
         "../envs/cpu.yaml"
+    container:
+        config["containers"]["cpu"]
     params:
         samples=timed_samples(),
         rules=timed_rules(),
@@ -37,6 +39,8 @@ rule summary:
         "logs/summary/all.log",
     conda:
         "../envs/cpu.yaml"
+    container:
+        config["containers"]["cpu"]
     params:
         samples=RNA_SAMPLES,
         called=called_samples(),
@@ -59,6 +63,8 @@ rule multiqc:
         "logs/multiqc/all.log",
     conda:
         "../envs/cpu.yaml"
+    container:
+        config["containers"]["cpu"]
     params:
         fastq_samples=fastq_samples(),
     script:

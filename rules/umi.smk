@@ -12,6 +12,8 @@ rule count_umis:
         "benchmarks/count_umis/{sample}.tsv"
     conda:
         conda_env_for("count_umis")
+    container:
+        container_for("count_umis")
     resources:
         gpu=gpus_for("count_umis"),
         mem_mb=memory_for("count_umis"),

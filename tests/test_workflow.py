@@ -187,6 +187,54 @@ def test_backend_per_rule_pins_one_rule_to_the_cpu(tmp_path, pinned):
     assert all(requests[rule] == {0} for rule in set(requests) - set(GPU_RULES))
 
 
+# Stands in for Apptainer: gives its version, and runs each `apptainer exec ... IMAGE SHELL -c CMD`
+# here, recording the image and the command.
+APPTAINER_STANDIN = """#!{python}
+import subprocess, sys
+
+arguments = sys.argv[1:]
+if arguments == ["--version"]:
+    sys.exit(print("apptainer version 1.3.4"))
+assert arguments[0] == "exec", arguments
+*options, image, shell, flag, command = arguments[1:]
+with open({record!r}, "a") as record:
+    record.write(image + "\\t" + command.replace("\\n", " ") + "\\n")
+sys.exit(subprocess.call([shell, flag, command]))
+"""
+
+
+def test_sdm_apptainer_runs_each_rule_in_its_image(tmp_path):
+    """With --sdm apptainer, each job runs through Apptainer in the image config `containers`
+    names: rules that may use the GPU in the GPU image (backend auto), a rule pinned to the CPU in
+    the CPU one."""
+    record = tmp_path / "apptainer.tsv"
+    standin = tmp_path / "bin" / "apptainer"
+    standin.parent.mkdir()
+    standin.write_text(APPTAINER_STANDIN.format(python=sys.executable, record=str(record)))
+    standin.chmod(0o755)
+    sheet = write_sheet(tmp_path / "s.tsv", [f"pbmc_h5\t{PBMC_H5}"])
+    # In an image `python` is the image's; here this one's.
+    path = os.pathsep.join([str(standin.parent), str(Path(sys.executable).parent), os.environ["PATH"]])
+    env = {**os.environ, "PATH": path}
+    result = snakemake(
+        "results/pbmc_h5/processed.h5ad",
+        "--cores",
+        "2",
+        "--sdm",
+        "apptainer",
+        "--config",
+        f"samples={sheet}",
+        "containers={cpu: cpu.sif, gpu: gpu.sif}",
+        "backend_per_rule={qc: cpu}",
+        workdir=tmp_path,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr[-5000:]
+    runs = pd.read_csv(record, sep="\t", names=["image", "command"])
+    rules = runs["command"].str.extract(r"scripts/tmp\w+\.(\w+)\.py")[0]  # the rule's script, copied
+    assert dict(zip(rules, runs["image"], strict=True)) == {"qc": "cpu.sif", "cluster": "gpu.sif"}
+
+
 def test_local_jobs_share_the_gpu_and_ask_one_thread(tmp_path):
     """Locally, on a machine with a GPU, small jobs of GPU rules ask for no whole GPU and one thread each
     (they run side by side, in the pool); the same run pinned to the CPU asks for the rules' CPU threads."""
