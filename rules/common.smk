@@ -474,7 +474,7 @@ def final_outputs():
         *expand(list(rules.multiome.output), sample=MULTIOME_SAMPLES),
         *(rules.merge.output if config["merge"]["enabled"] else []),
         rules.run_times.output.table,
-        *([rules.summary.output.table, rules.multiqc.output.report] if RNA_SAMPLES else []),
+        *([rules.summary.output.table, rules.summary.output.multiqc] if RNA_SAMPLES else []),
     ]
 
 

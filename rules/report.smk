@@ -22,19 +22,25 @@ rule run_times:
         "../scripts/run_times.py"
 
 
-# One row per sample, shown on the report's first page (report/workflow.rst).
+# The study's summary: one row per sample (results/summary.tsv), shown on the report's first
+# page (report/workflow.rst), and MultiQC's report of it (results/multiqc/) with STAR's logs and
+# STARsolo's statistics of the samples given as FASTQ. One job, the workflow's last.
 rule summary:
     input:
         metrics=expand(rules.qc.output.metrics, sample=RNA_SAMPLES),
         obs=expand(rules.cluster.output.obs, sample=RNA_SAMPLES),
         barcodes=expand(rules.call_cells.output.barcodes, sample=called_samples()),
         run_times=rules.run_times.output.table,
+        star_logs=expand(rules.align.output.log_final, sample=fastq_samples()),
+        starsolo=expand(rules.align.output.summary, sample=fastq_samples()),
     output:
         table=report(
             "results/summary.tsv",
             category="Summary",
             caption="../report/summary.rst",
         ),
+        multiqc="results/multiqc/multiqc_report.html",
+        multiqc_data=directory("results/multiqc/multiqc_data"),
     log:
         "logs/summary/all.log",
     conda:
@@ -44,28 +50,7 @@ rule summary:
     params:
         samples=RNA_SAMPLES,
         called=called_samples(),
+        fastq_samples=fastq_samples(),
         clusters=markers_cluster_key(),
     script:
         "../scripts/summary.py"
-
-
-# MultiQC's report of the study: the summary as custom content (and in its General Statistics),
-# STAR's logs and STARsolo's statistics of the samples given as FASTQ.
-rule multiqc:
-    input:
-        summary=rules.summary.output.table,
-        star_logs=expand(rules.align.output.log_final, sample=fastq_samples()),
-        starsolo=expand(rules.align.output.summary, sample=fastq_samples()),
-    output:
-        report="results/multiqc/multiqc_report.html",
-        data=directory("results/multiqc/multiqc_data"),
-    log:
-        "logs/multiqc/all.log",
-    conda:
-        "../envs/cpu.yaml"
-    container:
-        config["containers"]["cpu"]
-    params:
-        fastq_samples=fastq_samples(),
-    script:
-        "../scripts/multiqc.py"

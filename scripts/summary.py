@@ -1,4 +1,4 @@
-"""Rule summary: one row per sample of the study (results/summary.tsv), the report's first table."""
+"""Rule summary: one row per sample (results/summary.tsv), the report's first table, and MultiQC's report of it."""
 
 from omicsprep.jobs import run_rule
 
@@ -7,7 +7,8 @@ snakemake = snakemake  # noqa: F821 - injected by Snakemake
 
 def main() -> None:
     from omicsprep import io
-    from omicsprep.summary import sample_row, seconds_per_sample, study_summary
+    from omicsprep.io.multiqc import write_multiqc_report
+    from omicsprep.summary import multiqc_sections, sample_row, seconds_per_sample, study_summary
 
     seconds = seconds_per_sample(io.read_table(snakemake.input.run_times))
     barcodes = dict(zip(snakemake.params.called, snakemake.input.barcodes, strict=True))
@@ -23,7 +24,17 @@ def main() -> None:
             snakemake.params.samples, snakemake.input.metrics, snakemake.input.obs, strict=True
         )
     }
-    io.write_table(study_summary(rows), snakemake.output.table, index=True)
+    summary = study_summary(rows)
+    io.write_table(summary, snakemake.output.table, index=True)
+
+    fastq_samples = snakemake.params.fastq_samples
+    starsolo = [io.read_solo_summary(path) for path in snakemake.input.starsolo]
+    write_multiqc_report(
+        multiqc_sections(summary, starsolo=dict(zip(fastq_samples, starsolo, strict=True))),
+        star_logs=dict(zip(fastq_samples, snakemake.input.star_logs, strict=True)),
+        report=snakemake.output.multiqc,
+        data=snakemake.output.multiqc_data,
+    )
 
 
 run_rule(main, snakemake, sample="summary")
