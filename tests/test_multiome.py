@@ -144,3 +144,47 @@ def test_64_bit_indices_give_the_same_joint_results_and_file_on_the_cpu(rna_and_
     io.write_h5mu(wide, tmp_path / "wide.h5mu")
     back = mudata.read_h5mu(tmp_path / "wide.h5mu")
     assert (back.mod["atac"].X != wide.mod["atac"].X).nnz == 0
+
+
+def test_run_multiome_passes_its_settings_on(rna_and_atac):
+    """run_multiome's WNN is the one its settings ask for (RNA's PCs cut at neighbors.n_pcs, every
+    WNN setting), its joint clusters are at each resolution asked, a seed repeats them, and its
+    provenance names the rule, the settings with the seed, and the steps."""
+    import json
+
+    from omicsprep.multiome.pipeline import run_multiome
+    from omicsprep.multiome.wnn import weighted_nearest_neighbors
+    from omicsprep.options import EmbeddingOptions, LeidenOptions, MultiomeOptions, NeighborsOptions, WnnOptions
+
+    options = MultiomeOptions(min_overlap=0.6, wnn=WnnOptions(n_neighbors=12, n_bandwidth_neighbors=8, n_candidates=20))
+    embedding = EmbeddingOptions(neighbors=NeighborsOptions(n_pcs=10), leiden=LeidenOptions(resolutions=(0.4, 1.2)))
+    expected = rna_and_atac.copy()
+    weighted_nearest_neighbors(
+        expected,
+        representations={"rna": "X_pca", "atac": "X_lsi"},
+        n_dims={"rna": 10},
+        n_neighbors=12,
+        n_bandwidth_neighbors=8,
+        n_candidates=20,
+        backend="cpu",
+    )
+    runs = []
+    for _ in range(2):
+        modalities = {name: rna_and_atac.mod[name].copy() for name in ("rna", "atac")}
+        runs.append(run_multiome(modalities, options=options, embedding_options=embedding, seed=5, backend="cpu"))
+    mdata, again = runs
+    assert (mdata.obsp["connectivities"] != expected.obsp["connectivities"]).nnz == 0
+    np.testing.assert_array_equal(mdata.obs["rna:mod_weight"], expected.obs["rna:mod_weight"])
+    assert list(mdata.obs.filter(like="wnn_").columns) == ["wnn_leiden_0.4", "wnn_leiden_1.2"]
+    assert mdata.obs["wnn_leiden_0.4"].nunique() < mdata.obs["wnn_leiden_1.2"].nunique()
+    assert mdata.obs.filter(like="wnn_").equals(again.obs.filter(like="wnn_"))
+    np.testing.assert_array_equal(mdata.obsm["X_umap"], again.obsm["X_umap"])
+    provenance = mdata.uns["omicsprep"]["multiome"]
+    assert provenance["backend"] == "cpu"
+    params = json.loads(provenance["params"])
+    assert params == {
+        "min_overlap": 0.6,
+        "wnn": {"n_neighbors": 12, "n_bandwidth_neighbors": 8, "n_candidates": 20},
+        "seed": 5,
+    }
+    assert {"wnn", "umap", "leiden"} <= set(provenance["timings"])

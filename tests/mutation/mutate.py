@@ -106,6 +106,10 @@ def scratch_copy(module: str, workdir: Path) -> Path:
             'also_copy = ["omicsprep/", "tests/", "resources/", "benchmarks/", "config/", "rules/", "scripts/"]\n'
             f"pytest_add_cli_args_test_selection = [{tests}]\n"
             'pytest_add_cli_args = ["-p", "no:cacheprovider"]\n'
+            # Workers forked from a server that has only collected the tests: forked from mutmut's
+            # main process, which ran them, they inherit its used OpenMP pool ("fork() called from a
+            # process already using GNU OpenMP") and compute garbage, so every mutant looks killed.
+            'process_isolation = "forkserver"\n'
         )
     return target
 
