@@ -211,10 +211,12 @@ def test_run_protein_normalizes_as_asked_with_its_settings(cells, empty):
     few = cells[:400].copy()
     isotypes = normalization.isotype_controls(few, pattern=ISOTYPE_PATTERN)
     dsb_options = ProteinOptions(dsb=DsbOptions(pseudocount=20, denoise=False))
-    expected_dsb, expected_clr = few.copy(), few.copy()
+    expected_dsb, expected_denoised, expected_clr = few.copy(), few.copy(), few.copy()
     normalization.dsb(expected_dsb, empty=empty, isotypes=isotypes, pseudocount=20, denoise=False, backend="cpu")
+    normalization.dsb(expected_denoised, empty=empty, isotypes=isotypes, pseudocount=20, denoise=True, backend="cpu")
     normalization.clr(expected_clr, backend="cpu")
     runs = [
+        (ProteinOptions(dsb=DsbOptions(pseudocount=20, denoise=True)), empty, "dsb", expected_denoised),
         (dsb_options, empty, "dsb", expected_dsb),
         (ProteinOptions(), None, "clr", expected_clr),
         (ProteinOptions(normalization="clr"), empty, "clr", expected_clr),
@@ -225,7 +227,9 @@ def test_run_protein_normalizes_as_asked_with_its_settings(cells, empty):
         run_protein(adata, empty=background, options=options, embedding_options=embedding, seed=3, backend="cpu")
         np.testing.assert_allclose(adata.X, expected.X, rtol=1e-6)
         provenance = adata.uns["omicsprep"]["protein"]
-        assert json.loads(provenance["params"])["normalization"] == method
+        params = json.loads(provenance["params"])
+        assert (params["normalization"], params["seed"]) == (method, 3)
+        np.testing.assert_array_equal(adata.obs["isotype_adt"], few[:, isotypes].X.sum(axis=1).A1)
         assert {"normalize", "to_device", "pca", "to_host"} <= set(provenance["timings"])
         assert adata.var["isotype_control"].sum() == len(isotypes) == 4
         assert (adata.var["highly_variable"] == ~adata.var["isotype_control"]).all()
