@@ -79,7 +79,11 @@ echo "== machine"; date -u; nvidia-smi --query-gpu=name,driver_version,memory.to
 #   pip download --no-deps --python-version 3.12 --only-binary=:all: -d .gpu/extra mudata==0.3.10 harmonypy==2.1.0 \
 #     oxbow==0.8.2 arro3-core==0.9.1 deflate==0.9.0 pydecontx==0.1.0 py-spy==0.4.3 \
 #     multiqc==1.35 coloredlogs==15.0.1 colormath2==3.0.3 plotly==7.1.0 polars==2.1.0 rich-click==1.9.9 \
-#     spectra==0.1.0 typeguard==4.6.1  (MultiQC and what of its dependencies the image lacks)
+#     spectra==0.1.0 typeguard==4.6.1 \
+#     scvi-tools==1.4.2 scib-metrics==0.5.10 celltypist==1.7.1 ml_collections==1.1.0 pyro-ppl==1.9.2 \
+#     pyro-api==0.1.2 sparse==0.19.3 plottable==0.1.5 openpyxl==3.1.5 et_xmlfile==2.0.0
+#   (MultiQC, scvi-tools, scib-metrics, CellTypist and what of their dependencies the image lacks:
+#   it has PyTorch, Lightning and JAX), and pip wheel --no-deps -w .gpu/extra docrep==0.3.2 (no wheel on PyPI);
 # and, for the bam section, UMI-tools and the two of its dependencies the image lacks, built with a Python 3.12
 # (pyenv's here): pip wheel --no-deps -w .gpu/extra future pybktree, and umi_tools==1.1.6 with --no-build-isolation
 # in a venv holding "setuptools<81" cython numpy. Add .gpu/extra to carry.

@@ -91,10 +91,10 @@ def run_workflow(workdir: Path, sheet: Path, backend: str, cores: int, merge_gpu
     )
     for rule, (seconds, peak) in totals.iterrows():
         row[f"{rule}_s"], row[f"{rule}_peak_mb"] = round(seconds, 1), round(peak)
-    metrics = pd.read_csv(rundir / "results" / "merged" / "integration.tsv", sep="\t").set_index("stage")
-    row["mixing_before"] = metrics.loc["before", "batch_mixing"]
-    row["mixing_after"] = metrics.loc["after", "batch_mixing"]
-    row["label_conservation"] = metrics.loc["after", "label_conservation"]
+    metrics = pd.read_csv(rundir / "results" / "merged" / "integration.tsv", sep="\t").set_index("method")
+    row["mixing_before"] = metrics.loc["pca", "batch_mixing"]
+    row["mixing_after"] = metrics.loc["harmony", "batch_mixing"]
+    row["label_conservation"] = metrics.loc["harmony", "label_conservation"]
     return row
 
 

@@ -95,7 +95,7 @@ def run_mode(mode: str, samples: dict[str, AnnData], config: dict) -> dict:
     backend = resolve_backend("gpu" if gpus else backend)
     start = time.perf_counter()
     with GpuMemorySampler() if backend == "gpu" else nullcontext() as sampler:
-        merged, metrics = run_merge(
+        merged, metrics, _, _ = run_merge(
             samples,
             options=options,
             clustering_options=clustering_options(config),
@@ -117,12 +117,12 @@ def run_mode(mode: str, samples: dict[str, AnnData], config: dict) -> dict:
     row["plot_s"] = round(time.perf_counter() - start, 1)
     if sampler:
         row.update({f"gpu{index}_peak_mb": peak for index, peak in sorted(sampler.peaks.items())})
-    metrics = metrics.set_index("stage")
+    metrics = metrics.set_index("method")
     row.update(
         {
-            "mixing_before": metrics.loc["before", "batch_mixing"],
-            "mixing_after": metrics.loc["after", "batch_mixing"],
-            "label_conservation": metrics.loc["after", "label_conservation"],
+            "mixing_before": metrics.loc["pca", "batch_mixing"],
+            "mixing_after": metrics.loc["harmony", "batch_mixing"],
+            "label_conservation": metrics.loc["harmony", "label_conservation"],
         }
     )
     print(pd.Series(row).to_string(), flush=True)

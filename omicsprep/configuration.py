@@ -12,6 +12,7 @@ import yaml
 from jsonschema import Draft202012Validator, validators
 
 from omicsprep.errors import InputError
+from omicsprep.options import MergeOptions, from_config
 
 
 def read_yaml(text: str) -> Any:
@@ -89,7 +90,8 @@ def check_settings_together(config: dict, *, rna_samples: list[str]) -> None:
     ------
     InputError
         The markers' resolution not among their algorithm's, a merge of fewer than two RNA
-        samples (``rna_samples``), or more neighbour components than PCA computes.
+        samples (``rna_samples``), merge.integration's ``use`` not among its methods or scANVI
+        without scVI or labels, or more neighbour components than PCA computes.
     """
     markers = config["markers"]
     resolutions = config[markers["algorithm"]]["resolutions"]
@@ -103,6 +105,10 @@ def check_settings_together(config: dict, *, rna_samples: list[str]) -> None:
             f"config: merge.enabled needs two RNA samples or more; the sheet has {len(rna_samples)} "
             f"({', '.join(rna_samples) or 'none'}): a merge of one says nothing of batches"
         )
+    try:
+        from_config(MergeOptions, config["merge"])
+    except ValueError as exc:
+        raise InputError(f"config: {exc}") from None
     n_pcs, n_comps = config["neighbors"]["n_pcs"], config["pca"]["n_comps"]
     if n_pcs > n_comps:
         raise InputError(

@@ -346,19 +346,66 @@ class HarmonyOptions:
 
 
 @dataclass(frozen=True)
+class ScviOptions:
+    """scVI's network and training (``max_epochs`` ``None``: scvi-tools' choice by cell count)."""
+
+    n_latent: int = 30
+    n_hidden: int = 128
+    n_layers: int = 2
+    gene_likelihood: Literal["nb", "zinb", "poisson"] = "nb"
+    max_epochs: int | None = None
+    early_stopping: bool = True
+
+
+@dataclass(frozen=True)
+class ScanviOptions:
+    """scANVI's training from the scVI model (``max_epochs`` ``None``: scvi-tools' choice)."""
+
+    max_epochs: int | None = None
+    early_stopping: bool = True
+
+
+IntegrationMethod = Literal["pca", "harmony", "scvi", "scanvi"]
+
+
+@dataclass(frozen=True)
+class IntegrationOptions:
+    """Which embeddings the merge computes, which one it clusters, and the known labels.
+
+    Each method writes ``obsm["X_<method>"]``; ``use`` is the one neighbours, UMAP and Leiden
+    run on; ``label_key`` names the ``obs`` column of known cell types (scANVI's labels, the
+    truth of the scIB metrics), empty for none.
+    """
+
+    methods: tuple[IntegrationMethod, ...] = ("pca", "harmony")
+    use: IntegrationMethod = "harmony"
+    label_key: str = ""
+
+
+@dataclass(frozen=True)
 class MergeOptions:
     """Samples merged and integrated (section ``merge``).
 
-    ``enabled`` and ``allow_partial`` are the workflow's. Harmony corrects for ``batch_key``
-    (``sample``, or the sample sheet's ``batch``); ``dask`` spreads the GPU steps over
-    Dask workers.
+    ``enabled`` and ``allow_partial`` are the workflow's. The integration methods correct
+    for ``batch_key`` (``sample``, or the sample sheet's ``batch``); ``dask`` spreads the GPU
+    steps before them over Dask workers.
     """
 
     enabled: bool = False
     batch_key: Literal["sample", "batch"] = "sample"
     allow_partial: bool = False
     dask: bool = False
+    integration: IntegrationOptions = field(default_factory=IntegrationOptions)
     harmony: HarmonyOptions = field(default_factory=HarmonyOptions)
+    scvi: ScviOptions = field(default_factory=ScviOptions)
+    scanvi: ScanviOptions = field(default_factory=ScanviOptions)
+
+    def __post_init__(self) -> None:
+        methods = self.integration.methods
+        if self.integration.use not in methods:
+            raise ValueError(f"merge.integration.use {self.integration.use!r} is not among the methods {list(methods)}")
+        if "scanvi" in methods and ("scvi" not in methods or not self.integration.label_key):
+            raise ValueError("merge.integration: scanvi starts from scvi's model and needs label_key")
 
 
 @dataclass(frozen=True)

@@ -337,6 +337,18 @@ def atac_inputs(wildcards):
     }
 
 
+def merge_scib_figure():
+    """The scIB metrics' figure of rule merge, where merge.integration.label_key names known labels."""
+    if not config["merge"]["integration"]["label_key"]:
+        return []
+    return report(
+        "results/merged/plots/scib.png",
+        category="Integration",
+        caption="../report/scib.rst",
+        labels={"sample": "merged", "figure": "scIB metrics"},
+    )
+
+
 def merge_inputs(wildcards):
     """Every RNA sample's processed AnnData, keyed by sample; with merge.allow_partial only
     those already written, the others named on the console."""

@@ -1,6 +1,6 @@
-# All RNA samples as one (merge.enabled): concatenated, batch-aware HVGs, PCA, Harmony,
-# neighbours, UMAP and Leiden on the corrected embedding, with integration metrics and the
-# merged clusters' markers.
+# All RNA samples as one (merge.enabled): concatenated, batch-aware HVGs, PCA, the
+# integration methods (Harmony, scVI, scANVI), neighbours, UMAP and Leiden on the one used,
+# with integration metrics (scIB's where labels are known) and the merged clusters' markers.
 rule merge:
     input:
         unpack(merge_inputs),
@@ -24,6 +24,8 @@ rule merge:
             caption="../report/umap_merged.rst",
             labels={"sample": "merged", "figure": "UMAP"},
         ),
+        models=directory("results/merged/models"),
+        scib=merge_scib_figure(),
     log:
         "logs/merge/merged.log",
     benchmark:

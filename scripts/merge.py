@@ -1,4 +1,4 @@
-"""Rule merge: all samples concatenated, Harmony-corrected, clustered, with integration metrics and markers."""
+"""Rule merge: all samples concatenated, batch-corrected, clustered, with integration metrics, models and markers."""
 
 from omicsprep.jobs import run_rule
 
@@ -17,7 +17,7 @@ def main() -> None:
     # the merge takes it: on the GPU its counts go to the device before the next is read.
     unused = ("X", "obsm", "obsp", "varm", "uns")
     samples = io.H5adSamples(dict(snakemake.input.items()), skip=unused)
-    merged, metrics = run_merge(
+    merged, metrics, models, scib = run_merge(
         samples,
         options=from_config(MergeOptions, snakemake.params.merge),
         clustering_options=from_config(ClusteringOptions, snakemake.params.clustering),
@@ -26,11 +26,16 @@ def main() -> None:
         backend=backend,
         n_gpus=max(int(snakemake.resources.gpu), 1),
     )
-    keys = ["sample", *(k for k in ("batch",) if k in merged.obs), *(k for k in merged.obs if parse_cluster_key(k))]
+    label = snakemake.params.merge["integration"]["label_key"]
+    annotations = ("batch", label, f"{label}_scanvi") if label else ("batch",)
+    keys = ["sample", *(k for k in annotations if k in merged.obs), *(k for k in merged.obs if parse_cluster_key(k))]
     io.write_figure(
         plotting.embedding_panels(merged.obsm["X_umap"], merged.obs, keys=keys, title="merged"), snakemake.output.umap
     )
     io.write_table(metrics, snakemake.output.metrics)
+    io.write_models(models, snakemake.output.models)
+    if scib is not None:
+        io.write_figure(scib.plot_results_table(show=False).ax.figure, snakemake.output.scib)
     markers = clustering.markers_table(merged, n_genes=snakemake.params.clustering["markers"]["n_genes"])
     io.write_table(markers, snakemake.output.markers)
     io.write_h5ad(merged, snakemake.output.h5ad, compression=snakemake.config["h5ad_compression"])

@@ -32,12 +32,16 @@ from omicsprep.options import (
     DoubletOptions,
     EmbeddingOptions,
     FilterOptions,
+    IntegrationOptions,
     MarkersOptions,
     MergeOptions,
     QcOptions,
+    ScanviOptions,
+    ScviOptions,
     from_config,
 )
 from omicsprep.rna.pipeline import run_clustering, run_qc
+from omicsprep.testing.study import generate_study
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = REPO / "config" / "schemas" / "config.schema.yaml"
@@ -165,6 +169,25 @@ def mouse_path() -> Path:
 
 
 MERGE_OPTIONS = MergeOptions()
+# Every integration method on the generated study (generated_study): its last batch's labels held out.
+ATLAS_OPTIONS = MergeOptions(
+    integration=IntegrationOptions(methods=("pca", "harmony", "scvi", "scanvi"), use="scvi", label_key="known_type"),
+    scvi=ScviOptions(max_epochs=150),
+    scanvi=ScanviOptions(max_epochs=10),
+)
+
+
+@pytest.fixture(scope="module")
+def generated_study():
+    """Three generated batches with planted types (omicsprep.testing.study) through QC and clustering
+    on the CPU; ``obs["known_type"]`` is the type, held out (empty) in the last batch."""
+    processed = {}
+    for name, batch in generate_study(n_batches=3, n_cells=800, n_genes=1500, seed=0).items():
+        batch.obs["known_type"] = batch.obs["cell_type"].astype(str) if name != "batch2" else ""
+        batch, _ = run_qc(batch, options=QC_OPTIONS, doublet_options=NO_DOUBLETS, seed=0, backend="cpu")
+        run_clustering(batch, options=CLUSTER_OPTIONS, seed=0, backend="cpu")
+        processed[name] = batch
+    return processed
 
 
 @pytest.fixture(scope="session")

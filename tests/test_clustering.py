@@ -257,7 +257,7 @@ def test_64_bit_indices_give_the_same_coexpression_and_merge_on_the_cpu(pbmc):
         network = run_coexpression(adata, options=options.CoexpressionOptions(), seed=0, backend="cpu")
         halves = {"first": adata[::2].copy(), "second": adata[1::2].copy()}
         settings = {"options": MERGE_OPTIONS, "clustering_options": CLUSTER_OPTIONS, "labels": "leiden_1.0"}
-        _, metrics = run_merge(halves, **settings, seed=0, backend="cpu")
+        metrics = run_merge(halves, **settings, seed=0, backend="cpu").metrics
         results[wide] = (network["modules"], metrics)
     pd.testing.assert_frame_equal(results[True][0], results[False][0])
     pd.testing.assert_frame_equal(results[True][1], results[False][1])

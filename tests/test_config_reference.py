@@ -137,7 +137,7 @@ def test_the_command_prints_the_reference(capsys):
 
 SCHEMA_KEYWORDS = {
     "type", "default", "description", "enum", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-    "items", "properties", "additionalProperties", "minItems", "maxItems", "$ref", "required", "pattern",
+    "items", "properties", "additionalProperties", "minItems", "maxItems", "$ref", "required", "pattern", "uniqueItems",
 }  # fmt: skip
 
 

@@ -74,7 +74,7 @@ def test_samples_that_share_no_gene_or_one_sample_are_not_merged(pbmc_batches):
 
 
 def test_harmony_mixes_the_pbmc_batches_and_keeps_the_clusters(pbmc_batches):
-    merged, metrics = run_merge(
+    merged, metrics, _, _ = run_merge(
         pbmc_batches,
         options=MERGE_OPTIONS,
         clustering_options=CLUSTER_OPTIONS,
@@ -82,12 +82,12 @@ def test_harmony_mixes_the_pbmc_batches_and_keeps_the_clusters(pbmc_batches):
         seed=0,
         backend="cpu",
     )
-    before, after = metrics.set_index("stage").loc["before"], metrics.set_index("stage").loc["after"]
+    before, after = metrics.set_index("method").loc["pca"], metrics.set_index("method").loc["harmony"]
     print(metrics.to_string(index=False))
     assert before["batch_mixing"] < 0.5  # the technical effect separates the halves
     assert after["batch_mixing"] > before["batch_mixing"] + 0.2
     assert after["label_conservation"] > 0.4
-    assert merged.obsm["X_pca_harmony"].shape == merged.obsm["X_pca"].shape
+    assert merged.obsm["X_harmony"].shape == merged.obsm["X_pca"].shape
     assert merged.uns["omicsprep"]["merge"]["backend"] == "cpu"
 
 
@@ -104,14 +104,14 @@ def test_the_merge_selects_genes_and_corrects_by_the_batch_key_not_the_sample(pb
     for name, batch in (("a", "A"), ("b", "A"), ("c", "C")):
         samples[name].obs["batch"] = batch
     options = replace(CLUSTER_OPTIONS, hvg=replace(CLUSTER_OPTIONS.hvg, n_top_genes=50))
-    merged, _ = run_merge(
+    merged = run_merge(
         samples,
         options=replace(MERGE_OPTIONS, batch_key="batch"),
         clustering_options=options,
         labels="leiden_1.0",
         seed=0,
         backend="cpu",
-    )
+    ).cells
     assert merged.n_vars == 149 and merged.var["highly_variable"].sum() == 50
     selections = {}
     for key in ("batch", "sample", None):
@@ -126,8 +126,8 @@ def test_the_merge_selects_genes_and_corrects_by_the_batch_key_not_the_sample(pb
     for key in ("batch", "sample"):
         again = merged.copy()
         integration.harmony(again, key=key, theta=harmony.theta, max_iter=harmony.max_iter, seed=0, backend="cpu")
-        corrected[key] = again.obsm["X_pca_harmony"]
-    np.testing.assert_allclose(merged.obsm["X_pca_harmony"], corrected["batch"], rtol=1e-6, atol=1e-6)
+        corrected[key] = again.obsm["X_harmony"]
+    np.testing.assert_allclose(merged.obsm["X_harmony"], corrected["batch"], rtol=1e-6, atol=1e-6)
     assert np.abs(corrected["batch"] - corrected["sample"]).max() > 0.1
 
 

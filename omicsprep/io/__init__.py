@@ -58,6 +58,7 @@ if TYPE_CHECKING:
         write_h5ad,
         write_h5mu,
         write_json,
+        write_models,
         write_table,
     )
 
@@ -101,6 +102,7 @@ _MODULES = {
     "write_h5ad": "writers",
     "write_h5mu": "writers",
     "write_json": "writers",
+    "write_models": "writers",
     "write_table": "writers",
 }
 
@@ -143,6 +145,7 @@ __all__ = [
     "write_h5ad",
     "write_h5mu",
     "write_json",
+    "write_models",
     "write_table",
 ]
 

@@ -12,7 +12,7 @@ import os
 import shutil
 import tempfile
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -476,6 +476,26 @@ def write_figure(figure: Figure, path: str | Path) -> None:
     """Save a Matplotlib figure atomically, in the format of the path's extension."""
     with atomic_path(path) as tmp:
         figure.savefig(tmp, dpi=110, bbox_inches="tight", format=Path(path).suffix.lstrip("."))
+
+
+def write_models(models: Mapping[str, Any], folder: str | Path) -> None:
+    """Save trained scvi-tools models atomically, each in ``folder/<name>/`` in scvi-tools' format.
+
+    ``scvi.model.SCVI.load(folder / "scvi", adata=...)`` loads one again, e.g. to map new
+    cells onto it (scArches); the training cells are not saved with it.
+    """
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=TEMPORARY_INFIX, dir=folder.parent))
+    try:
+        for name, model in models.items():
+            model.save(str(tmp / name), save_anndata=False, overwrite=True)
+        if folder.exists():
+            shutil.rmtree(folder)
+        tmp.replace(folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def write_coexpression(

@@ -1,4 +1,4 @@
-"""Many samples as one: concatenation, Harmony batch correction and integration metrics."""
+"""Many samples as one: concatenation, batch correction (Harmony, scVI, scANVI) and integration metrics."""
 
 from __future__ import annotations
 
@@ -143,7 +143,7 @@ def shared_gene_columns(tables: list[pd.DataFrame], *, genes: pd.Index) -> pd.Da
 
 
 def harmony(adata: AnnData, *, key: str, theta: float, max_iter: int, seed: int, backend: Backend) -> None:
-    """Harmony (Korsunsky et al. 2019) on ``obsm["X_pca"]`` into ``obsm["X_pca_harmony"]``.
+    """Harmony (Korsunsky et al. 2019) on ``obsm["X_pca"]`` into ``obsm["X_harmony"]``.
 
     rapids-singlecell's ``harmony_integrate`` on the GPU, harmonypy on the CPU.
 
@@ -164,7 +164,7 @@ def harmony(adata: AnnData, *, key: str, theta: float, max_iter: int, seed: int,
     """
     if backend == "gpu":
         rapids_singlecell().pp.harmony_integrate(
-            adata, key, basis="X_pca", adjusted_basis="X_pca_harmony", theta=theta, max_iter_harmony=max_iter, rng=seed
+            adata, key, basis="X_pca", adjusted_basis="X_harmony", theta=theta, max_iter_harmony=max_iter, rng=seed
         )
         return
     import harmonypy
@@ -177,7 +177,7 @@ def harmony(adata: AnnData, *, key: str, theta: float, max_iter: int, seed: int,
         max_iter_harmony=max_iter,
         random_state=seed,
     )
-    adata.obsm["X_pca_harmony"] = np.asarray(result.Z_corr, dtype=np.float32)  # cells x PCs (harmonypy 2)
+    adata.obsm["X_harmony"] = np.asarray(result.Z_corr, dtype=np.float32)  # cells x PCs (harmonypy 2)
 
 
 def batch_mixing(adata: AnnData, *, key: str) -> float:

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -28,13 +28,22 @@ from omicsprep.options import (
     parse_cluster_key,
 )
 from omicsprep.provenance import StepTimer, record_provenance
-from omicsprep.rna import clustering, integration, preprocessing, qc
+from omicsprep.rna import clustering, integration, integration_scores, latent, preprocessing, qc
 from omicsprep.rna.embedding import neighbor_graph, umap_and_leiden
 
 if TYPE_CHECKING:
     pass
 
 log = logging.getLogger(__name__)
+
+
+class MergeResult(NamedTuple):
+    """:func:`run_merge`'s merged cells, integration table, trained models and scIB benchmark."""
+
+    cells: AnnData
+    metrics: pd.DataFrame
+    models: dict[str, Any]
+    scib: Any
 
 
 CELL_METRICS = (
@@ -245,12 +254,14 @@ def run_merge(
     seed: int,
     backend: Backend,
     n_gpus: int = 1,
-) -> tuple[AnnData, pd.DataFrame]:
-    """Samples merged and integrated with Harmony.
+) -> MergeResult:
+    """Samples merged and integrated (PCA, Harmony, scVI, scANVI).
 
-    Normalized, batch-aware HVGs, PCA, Harmony, neighbours, UMAP and Leiden on the
-    corrected embedding, with integration metrics before and after Harmony, and markers of
-    the merged Leiden clusters at the resolution of ``labels`` (``uns["rank_genes_groups"]``).
+    Normalized, batch-aware HVGs, PCA, then each integration method's embedding
+    (``obsm["X_<method>"]``); neighbours, UMAP and Leiden on the one of
+    ``options.integration.use``; integration metrics of every embedding (scIB's too where
+    ``options.integration.label_key`` names known cell types), and markers of the merged
+    Leiden clusters at the resolution of ``labels`` (``uns["rank_genes_groups"]``).
 
     With ``options.dask`` on the GPU backend, the merged counts are spread over
     ``n_gpus`` GPUs (a Dask worker each) for normalization, HVGs and PCA; Harmony,
@@ -263,18 +274,19 @@ def run_merge(
         Sample name to its ``cluster`` rule output (counts in ``layers["counts"]``, its
         own clusters in ``obs[labels]``).
     options
-        ``batch_key`` (``sample``, or ``batch`` for the sample sheet's column), ``harmony``
-        (``theta``, ``max_iter``) and ``dask`` (``enabled`` and ``allow_partial`` are the
-        workflow's).
+        ``batch_key`` (``sample``, or ``batch`` for the sample sheet's column),
+        ``integration`` (``methods``, ``use``, ``label_key``), each method's settings
+        (``harmony``, ``scvi``, ``scanvi``) and ``dask`` (``enabled`` and ``allow_partial`` are
+        the workflow's).
     clustering_options
         ``normalize``, ``hvg``, ``pca``, ``neighbors``, ``umap``, ``leiden`` and the
         markers' ``method`` (not ``louvain``).
     labels
         The per-sample cluster column whose conservation is measured (a
         :func:`omicsprep.options.cluster_key`); the merged cells are clustered by
-        Leiden at its resolution, before and after Harmony, to measure it.
+        Leiden at its resolution on each embedding to measure it.
     seed
-        Seed for PCA, Harmony, UMAP and Leiden.
+        Seed for PCA, Harmony, scVI, scANVI, UMAP and Leiden.
     backend
         ``"cpu"`` or ``"gpu"``.
     n_gpus
@@ -282,14 +294,16 @@ def run_merge(
 
     Returns
     -------
-    The merged cells (host memory), and a table of ``batch_mixing`` and
-    ``label_conservation`` (see :mod:`omicsprep.rna.integration`) before and after Harmony.
+    The merged cells (host memory); a table, a row per method, of ``batch_mixing`` and
+    ``label_conservation`` (see :mod:`omicsprep.rna.integration`) and, with known labels,
+    scIB's metrics (:mod:`omicsprep.rna.integration_scores`); scVI's and scANVI's trained
+    models; the scIB benchmark (``None`` without labels).
 
     Raises
     ------
     InputError
-        Fewer than two samples, samples that share no gene, or ``batch_key`` is ``batch``
-        and some samples have none.
+        Fewer than two samples, samples that share no gene, ``batch_key`` is ``batch``
+        and some samples have none, or ``label_key`` is no per-cell column of theirs.
     ValueError
         ``labels`` is not a cluster column name.
     BackendUnavailableError
@@ -343,31 +357,35 @@ def run_merge(
             preprocessing.pca(adata, n_comps=clustering_options.pca.n_comps, seed=seed, backend=backend)
         with timer.step("matrices_to_host"):  # not needed from here on; the Dask workers stop here
             to_host(adata)
+    methods, label_key = options.integration.methods, options.integration.label_key
+    if label_key and label_key not in adata.obs:
+        raise InputError(
+            f"merge.integration.label_key {label_key!r} is not a per-cell column of the samples "
+            f"(they have {sorted(adata.obs.columns)})"
+        )
+    models = correct_batches(adata, options=options, seed=seed, backend=backend, timer=timer)
     rows = []
-    for stage, embedding in (("before", "X_pca"), ("after", "X_pca_harmony")):
-        if stage == "after":
-            with timer.step("harmony"):
-                integration.harmony(
-                    adata,
-                    key=key,
-                    theta=options.harmony.theta,
-                    max_iter=options.harmony.max_iter,
-                    seed=seed,
-                    backend=backend,
-                )
-        with timer.step(f"neighbors_{stage}"):
-            neighbor_graph(adata, options=clustering_options.neighbors, use_rep=embedding, backend=backend)
+    for method in sorted(methods, key=lambda name: name == options.integration.use):  # the graph used stays
+        with timer.step(f"neighbors_{method}"):
+            neighbor_graph(adata, options=clustering_options.neighbors, use_rep=f"X_{method}", backend=backend)
             clustering.cluster_graph(adata, algorithm="leiden", resolutions=[resolution], seed=seed, backend=backend)
+        clusters = cluster_key("leiden", resolution)
         rows.append(
             {
-                "stage": stage,
-                "embedding": embedding,
+                "method": method,
+                "embedding": f"X_{method}",
                 "batch_mixing": round(integration.batch_mixing(adata, key=key), 4),
-                "label_conservation": round(
-                    integration.label_conservation(adata, clusters=cluster_key("leiden", resolution)), 4
-                ),
+                "label_conservation": round(integration.label_conservation(adata, clusters=clusters), 4),
             }
         )
+    metrics = pd.DataFrame(rows).set_index("method").loc[list(methods)].reset_index()
+    scib = None
+    if label_key:
+        with timer.step("scib"):
+            scib = integration_scores.scib_benchmarker(
+                adata, embeddings=metrics["embedding"].tolist(), batch_key=key, label_key=label_key, backend=backend
+            )
+            metrics = metrics.merge(integration_scores.scib_table(scib), on="embedding")
     umap_and_leiden(
         adata, umap=clustering_options.umap, leiden=clustering_options.leiden, seed=seed, backend=backend, timer=timer
     )
@@ -378,9 +396,42 @@ def run_merge(
         clustering.rank_markers(adata, groupby=markers, method=clustering_options.markers.method, backend=backend)
     with timer.step("to_host"):
         to_host(adata)
-    metrics = pd.DataFrame(rows)
     log.info("integration:\n%s", metrics.to_string(index=False))
     adata.uns["merge"]["integration"] = metrics.to_dict(orient="list")
     params = {**asdict(options), "seed": seed}
     record_provenance(adata, rule="merge", backend=backend, params=params, timings=timer.seconds)
-    return adata, metrics
+    return MergeResult(adata, metrics, models, scib)
+
+
+def correct_batches(
+    adata: AnnData, *, options: MergeOptions, seed: int, backend: Backend, timer: StepTimer
+) -> dict[str, Any]:
+    """Each of ``options.integration.methods``' embedding into ``obsm["X_<method>"]`` (``X_pca`` is there).
+
+    Returns
+    -------
+    The trained models of scVI and scANVI, by method.
+    """
+    methods, models = options.integration.methods, {}
+    if "harmony" in methods:
+        with timer.step("harmony"):
+            harmony = options.harmony
+            integration.harmony(
+                adata, key=options.batch_key, theta=harmony.theta, max_iter=harmony.max_iter, seed=seed, backend=backend
+            )
+    if "scvi" in methods:
+        with timer.step("scvi"):
+            models["scvi"] = latent.scvi(
+                adata, batch_key=options.batch_key, options=options.scvi, seed=seed, backend=backend
+            )
+    if "scanvi" in methods:
+        with timer.step("scanvi"):
+            models["scanvi"] = latent.scanvi(
+                adata,
+                scvi_model=models["scvi"],
+                label_key=options.integration.label_key,
+                options=options.scanvi,
+                seed=seed,
+                backend=backend,
+            )
+    return models

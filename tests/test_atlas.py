@@ -1,0 +1,182 @@
+"""The merge's integration methods (PCA, Harmony, scVI, scANVI) and scIB's metrics.
+
+On a generated study (:func:`omicsprep.testing.study.generate_study`): three batches of 800
+cells with 12 planted cell types and a per-gene capture efficiency of their own, the last
+batch lacking one type (``type00``) and its labels held out (``Unknown``) for scANVI to
+predict. Compared with scvi-tools' own saved models and scib-metrics' own benchmark.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import ATLAS_OPTIONS, CLUSTER_OPTIONS
+
+from omicsprep import io
+from omicsprep.configuration import check_settings_together
+from omicsprep.errors import InputError
+from omicsprep.rna import integration_scores
+from omicsprep.rna.latent import UNLABELLED, known_labels
+from omicsprep.rna.pipeline import run_merge
+from omicsprep.testing.study import generate_study
+
+OPTIONS = ATLAS_OPTIONS
+METHODS = OPTIONS.integration.methods
+
+
+@pytest.fixture(scope="module")
+def merged(study):
+    return run_merge(
+        study, options=OPTIONS, clustering_options=CLUSTER_OPTIONS, labels="leiden_1.0", seed=0, backend="cpu"
+    )
+
+
+def test_the_study_plants_types_batches_and_a_missing_type():
+    batches = generate_study(n_batches=3, n_cells=600, n_genes=500, seed=1)
+    assert list(batches) == ["batch0", "batch1", "batch2"]
+    assert set(batches["batch0"].obs["cell_type"]) == {f"type{t:02d}" for t in range(12)}
+    assert "type00" not in set(batches["batch2"].obs["cell_type"]) and batches["batch2"].n_obs < 600
+    first, second = (batches[name].X.toarray() for name in ("batch0", "batch1"))
+    # The same type differs between batches gene by gene (capture efficiency), not by a scale.
+    ratio = (second[batches["batch1"].obs["cell_type"] == "type01"].mean(0) + 1) / (
+        first[batches["batch0"].obs["cell_type"] == "type01"].mean(0) + 1
+    )
+    assert np.std(np.log(ratio[ratio > 0])) > 0.2
+    again = generate_study(n_batches=3, n_cells=600, n_genes=500, seed=1)
+    assert (again["batch2"].X != batches["batch2"].X).nnz == 0
+
+
+def test_labels_survive_qc_and_the_merge(generated_study, merged):
+    cells = merged.cells
+    for name, batch in generated_study.items():
+        of_batch = cells.obs.loc[cells.obs["sample"] == name]
+        assert list(of_batch.index) == [f"{name}:{barcode}" for barcode in batch.obs_names]
+        np.testing.assert_array_equal(of_batch["cell_type"].astype(str), batch.obs["cell_type"].astype(str))
+    assert (known_labels(cells.obs.loc[cells.obs["sample"] == "batch2", "known_type"]) == UNLABELLED).all()
+
+
+def test_every_method_writes_its_embedding_and_its_row(merged):
+    cells, metrics = merged.cells, merged.metrics
+    assert list(metrics["method"]) == list(METHODS)
+    assert list(metrics["embedding"]) == [f"X_{method}" for method in METHODS]
+    assert cells.obsm["X_harmony"].shape == cells.obsm["X_pca"].shape
+    assert cells.obsm["X_scvi"].shape == cells.obsm["X_scanvi"].shape == (cells.n_obs, OPTIONS.scvi.n_latent)
+    assert cells.uns["neighbors"]["params"]["use_rep"] == "X_scvi"  # integration.use
+    assert set(merged.models) == {"scvi", "scanvi"}
+    assert list(merged.models["scvi"].adata.var_names) == list(cells.var_names[cells.var["highly_variable"]])
+    assert cells.uns["omicsprep"]["merge"]["timings"]["scvi"] > 0
+
+
+def test_scvi_and_harmony_mix_the_batches_and_keep_the_types_apart(merged):
+    metrics = merged.metrics.set_index("method")
+    print(metrics.round(3).to_string())
+    assert metrics.loc["pca", "batch_mixing"] < 0.2  # the capture efficiencies keep the batches apart
+    assert metrics.loc["harmony", "batch_mixing"] > 0.8
+    assert metrics.loc["scvi", "batch_mixing"] > 0.8
+    assert metrics.loc["scvi", "Bio conservation"] > metrics.loc["harmony", "Bio conservation"] + 0.05
+    assert metrics.loc["scvi", "KMeans ARI"] > 0.6
+    assert metrics.loc["scanvi", "Total"] == metrics["Total"].max()
+
+
+def test_scanvi_labels_the_held_out_batch_and_not_with_the_type_it_lacks(merged):
+    cells = merged.cells
+    held_out = cells.obs["sample"] == "batch2"
+    predicted = cells.obs.loc[held_out, "known_type_scanvi"].astype(str)
+    accuracy = (predicted == cells.obs.loc[held_out, "cell_type"].astype(str)).mean()
+    print(f"scANVI accuracy on the held-out batch {accuracy:.4f}")
+    assert accuracy >= 0.95
+    assert (predicted == "type00").mean() < 0.02  # no cell of batch2 is of type00
+
+
+def brute_force_neighbors(points: np.ndarray, n_neighbors: int):
+    from scib_metrics.nearest_neighbors import NeighborsResults
+    from sklearn.neighbors import NearestNeighbors
+
+    distances, indices = NearestNeighbors(n_neighbors=n_neighbors, algorithm="brute").fit(points).kneighbors(points)
+    return NeighborsResults(indices=indices, distances=distances)
+
+
+def test_scib_metrics_are_scib_metrics_own_benchmark(merged):
+    """Ours against scib-metrics' Benchmarker on the same cells, given exact neighbours by brute force.
+
+    (With its default approximate search, pynndescent, kBET differed from ours by up to 0.006 here.)
+    """
+    from anndata import AnnData
+    from scib_metrics.benchmark import Benchmarker
+
+    cells = merged.cells
+    known = (known_labels(cells.obs["known_type"]) != UNLABELLED).to_numpy()
+    theirs = AnnData(
+        obs=cells.obs.loc[known, ["sample", "known_type"]].astype(str),
+        obsm={f"X_{method}": np.asarray(cells.obsm[f"X_{method}"])[known] for method in METHODS},
+    )
+    own = Benchmarker(
+        theirs,
+        batch_key="sample",
+        label_key="known_type",
+        embedding_obsm_keys=[f"X_{method}" for method in METHODS],
+        pre_integrated_embedding_obsm_key="X_pca",
+        progress_bar=False,
+    )
+    own.prepare(neighbor_computer=brute_force_neighbors)
+    own.benchmark()
+    expected = own.get_results(min_max_scale=False).drop(index="Metric Type").astype(float)
+    ours = merged.metrics.set_index("embedding")[expected.columns]
+    pd.testing.assert_frame_equal(ours, expected, check_names=False, atol=1e-3, rtol=0)
+
+
+def test_scib_needs_two_known_labels(merged):
+    cells = merged.cells.copy()
+    cells.obs["one_type"] = np.where(cells.obs["sample"] == "batch0", "T", "Unknown")
+    with pytest.raises(ValueError, match=r"two known labels or more in obs\['one_type'\]"):
+        integration_scores.scib_benchmarker(
+            cells, embeddings=["X_pca"], batch_key="sample", label_key="one_type", backend="cpu"
+        )
+
+
+def test_saved_models_load_again_and_give_the_same_latent_space(merged, tmp_path):
+    import scvi
+
+    io.write_models(merged.models, tmp_path / "models")
+    assert sorted(path.name for path in (tmp_path / "models").iterdir()) == ["scanvi", "scvi"]
+    counts = merged.models["scvi"].adata
+    loaded = scvi.model.SCVI.load(str(tmp_path / "models" / "scvi"), adata=counts)
+    np.testing.assert_allclose(loaded.get_latent_representation(), merged.cells.obsm["X_scvi"], atol=1e-5)
+    scanvi = scvi.model.SCANVI.load(str(tmp_path / "models" / "scanvi"), adata=counts)
+    np.testing.assert_array_equal(scanvi.predict(), merged.cells.obs["known_type_scanvi"].astype(str))
+
+
+def test_a_label_key_that_no_sample_has_is_one_clear_error(generated_study):
+    options = replace(OPTIONS, integration=replace(OPTIONS.integration, methods=("pca",), use="pca", label_key="typo"))
+    with pytest.raises(InputError, match=r"merge.integration.label_key 'typo' is not a per-cell column"):
+        run_merge(
+            generated_study,
+            options=options,
+            clustering_options=CLUSTER_OPTIONS,
+            labels="leiden_1.0",
+            seed=0,
+            backend="cpu",
+        )
+
+
+@pytest.mark.parametrize(
+    ("integration", "message"),
+    [
+        ({"methods": ["pca"], "use": "harmony"}, "use 'harmony' is not among the methods \\['pca'\\]"),
+        ({"methods": ["pca", "scanvi"], "use": "pca", "label_key": "t"}, "scanvi starts from scvi's model"),
+        ({"methods": ["scvi", "scanvi"], "use": "scvi", "label_key": ""}, "and needs label_key"),
+    ],
+)
+def test_integration_settings_that_do_not_go_together_are_refused(integration, message):
+    config = {
+        "markers": {"algorithm": "leiden", "resolution": 1.0},
+        "leiden": {"resolutions": [1.0]},
+        "merge": {"enabled": True, "integration": integration},
+        "neighbors": {"n_pcs": 30},
+        "pca": {"n_comps": 50},
+    }
+    with pytest.raises(InputError, match=message):
+        check_settings_together(config, rna_samples=["a", "b"])
