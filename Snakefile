@@ -23,6 +23,7 @@ include: "rules/protein.smk"
 include: "rules/atac.smk"
 include: "rules/multiome.smk"
 include: "rules/merge.smk"
+include: "rules/annotate.smk"
 include: "rules/report.smk"
 
 

@@ -157,6 +157,8 @@ MODELS: dict[str, ResourceModel] = {
     # Not measured against inputs: the samples are concatenated in memory, their matrices and
     # the merged one.
     "merge": ResourceModel(memory_base_mb=4000, memory_per_input_mb=4.0, disk_per_input_mb=1.5),
+    # Not measured: the counts read whole, log-normalized once more, scored in blocks of cells.
+    "annotate": ResourceModel(memory_per_input_mb=3.0, disk_per_input_mb=0.1),
 }
 
 

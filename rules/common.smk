@@ -337,6 +337,25 @@ def atac_inputs(wildcards):
     }
 
 
+def annotate_input(wildcards):
+    """The AnnData rule annotate labels: a sample's processed cells, or the merged ones."""
+    if wildcards.sample == "merged":
+        return rules.merge.output.h5ad
+    return for_sample(rules.cluster.output.h5ad, wildcards.sample)
+
+
+def annotate_model():
+    """The CellTypist model's path, an input of rule annotate (none when annotation is off)."""
+    return config["annotate"]["model"] or []
+
+
+def annotated_samples():
+    """The samples (and "merged") whose cells rule annotate labels: none without annotate.model."""
+    if not config["annotate"]["model"]:
+        return []
+    return [*RNA_SAMPLES, *(["merged"] if config["merge"]["enabled"] else [])]
+
+
 def merge_scib_figure():
     """The scIB metrics' figure of rule merge, where merge.integration.label_key names known labels."""
     if not config["merge"]["integration"]["label_key"]:
@@ -485,6 +504,7 @@ def final_outputs():
         *expand(rules.atac.output.h5ad, sample=ATAC_SAMPLES),
         *expand(list(rules.multiome.output), sample=MULTIOME_SAMPLES),
         *(rules.merge.output if config["merge"]["enabled"] else []),
+        *expand(list(rules.annotate.output), sample=annotated_samples()),
         rules.run_times.output.table,
         *([rules.summary.output.table, rules.summary.output.multiqc] if RNA_SAMPLES else []),
     ]

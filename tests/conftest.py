@@ -177,6 +177,27 @@ ATLAS_OPTIONS = MergeOptions(
 )
 
 
+def train_celltypist_model(cells: AnnData, *, labels: str = "cell_type"):
+    """A small CellTypist model (logistic regression by SGD, all genes) trained on ``cells``' raw counts and labels.
+
+    (CellTypist's plain logistic regression passes ``multi_class``, which scikit-learn 1.8 removed.)
+    """
+    import celltypist
+
+    from omicsprep.rna.annotation import log_cp10k
+
+    expression = log_cp10k(cells)
+    return celltypist.train(
+        expression,
+        labels=cells.obs[labels].astype(str).to_numpy(),
+        check_expression=False,
+        use_SGD=True,
+        max_iter=200,
+        n_jobs=1,
+        random_state=0,
+    )
+
+
 @pytest.fixture(scope="module")
 def generated_study():
     """Three generated batches with planted types (omicsprep.testing.study) through QC and clustering

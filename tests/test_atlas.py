@@ -1,4 +1,4 @@
-"""The merge's integration methods (PCA, Harmony, scVI, scANVI) and scIB's metrics.
+"""The merge's integration methods (PCA, Harmony, scVI, scANVI), scIB's metrics and CellTypist's cell types.
 
 On a generated study (:func:`omicsprep.testing.study.generate_study`): three batches of 800
 cells with 12 planted cell types and a per-gene capture efficiency of their own, the last
@@ -13,12 +13,12 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import ATLAS_OPTIONS, CLUSTER_OPTIONS
+from conftest import ATLAS_OPTIONS, CLUSTER_OPTIONS, train_celltypist_model
 
 from omicsprep import io
 from omicsprep.configuration import check_settings_together
 from omicsprep.errors import InputError
-from omicsprep.rna import integration_scores
+from omicsprep.rna import annotation, integration_scores
 from omicsprep.rna.latent import UNLABELLED, known_labels
 from omicsprep.rna.pipeline import run_merge
 from omicsprep.testing.study import generate_study
@@ -180,3 +180,53 @@ def test_integration_settings_that_do_not_go_together_are_refused(integration, m
     }
     with pytest.raises(InputError, match=message):
         check_settings_together(config, rna_samples=["a", "b"])
+
+
+@pytest.fixture(scope="module")
+def celltypist_model(generated_study):
+    return train_celltypist_model(generated_study["batch0"])
+
+
+def test_celltypist_labels_another_batch_as_celltypist_does(generated_study, celltypist_model):
+    """Trained on batch0, applied to batch1 (other capture efficiencies): our labels, confidences and
+    majority votes over the sample's Leiden clusters are CellTypist's own annotate's."""
+    import celltypist
+
+    cells = generated_study["batch1"].copy()
+    annotation.celltypist(cells, model=celltypist_model, clusters="leiden_1.0", backend="cpu")
+    theirs = celltypist.annotate(
+        annotation.log_cp10k(cells),
+        model=celltypist_model,
+        majority_voting=True,
+        over_clustering=cells.obs["leiden_1.0"],
+    )
+    expected = theirs.to_adata().obs
+    np.testing.assert_array_equal(
+        cells.obs["cell_type_predicted"].astype(str), expected["predicted_labels"].astype(str)
+    )
+    np.testing.assert_array_equal(cells.obs["cell_type"].astype(str), expected["majority_voting"].astype(str))
+    np.testing.assert_allclose(cells.obs["cell_type_confidence"], expected["conf_score"], rtol=1e-6, atol=1e-7)
+    truth = generated_study["batch1"].obs["cell_type"].astype(str)
+    accuracy = (cells.obs["cell_type_predicted"].astype(str) == truth).mean()
+    print(f"CellTypist accuracy on another batch: {accuracy:.4f}")
+    assert accuracy > 0.8
+    assert cells.obs["cell_type"].nunique() <= cells.obs["leiden_1.0"].nunique()
+
+
+def test_majority_vote_gives_each_cluster_its_most_frequent_label():
+    labels = pd.Series(["a", "b", "b", "a", "c", "c", "a"], index=list("1234567"))
+    clusters = pd.Series(["x", "x", "x", "y", "y", "y", "z"], index=labels.index)
+    # x: b twice; y: c twice; z: a. Ties go to the first label in sorted order (y: c, c, a -> c).
+    assert annotation.majority_vote(labels, clusters).tolist() == ["b", "b", "b", "c", "c", "c", "a"]
+    tie = pd.Series(["b", "a"], index=["1", "2"])
+    assert annotation.majority_vote(tie, pd.Series(["x", "x"], index=tie.index)).tolist() == ["a", "a"]
+
+
+def test_a_model_that_shares_no_gene_is_one_clear_error(generated_study, celltypist_model):
+    cells = generated_study["batch1"].copy()
+    cells.var_names = [f"ENSG{i:011d}" for i in range(cells.n_vars)]
+    with pytest.raises(
+        ValueError,
+        match=r"the cells share no gene with the CellTypist model \(\d+ genes, e.g. 'MT-G0'; the cells' e.g. 'ENSG0",
+    ):
+        annotation.celltypist(cells, model=celltypist_model, clusters=None, backend="cpu")

@@ -29,6 +29,7 @@ from conftest import (
     embedding_options,
     import_for_gpu_test,
     shipped_config,
+    train_celltypist_model,
 )
 from scipy import sparse
 from sklearn.metrics import adjusted_rand_score
@@ -758,6 +759,22 @@ def test_scvi_scanvi_and_scib_metrics_on_the_gpu(generated_study):
     pd.testing.assert_frame_equal(
         merged.metrics.set_index("embedding")[on_cpu.columns], on_cpu, check_names=False, atol=1e-3, rtol=0
     )
+
+
+def test_celltypist_on_the_gpu_gives_celltypists_labels(generated_study):
+    """The model's arithmetic on the device (float64, blocks of cells) labels as CellTypist does on the CPU."""
+    from omicsprep.rna import annotation
+
+    model = train_celltypist_model(generated_study["batch0"])
+    results = {}
+    for backend in ("cpu", "gpu"):
+        cells = generated_study["batch1"].copy()
+        annotation.celltypist(cells, model=model, clusters="leiden_1.0", backend=backend)
+        results[backend] = cells.obs
+    cpu, gpu = results["cpu"], results["gpu"]
+    for column in ("cell_type_predicted", "cell_type"):
+        np.testing.assert_array_equal(gpu[column].astype(str), cpu[column].astype(str))
+    np.testing.assert_allclose(gpu["cell_type_confidence"], cpu["cell_type_confidence"], rtol=1e-6, atol=1e-7)
 
 
 def test_merge_spread_over_gpus_with_dask_equals_one_gpu(pbmc_batches, pytestconfig):

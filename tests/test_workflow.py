@@ -15,7 +15,17 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import CITESEQ, DROPLETS_H5, DROPLETS_TRUTH, MULTIOME, PBMC_H5, PBMC_MTX, REPO, pool_running
+from conftest import (
+    CITESEQ,
+    DROPLETS_H5,
+    DROPLETS_TRUTH,
+    MULTIOME,
+    PBMC_H5,
+    PBMC_MTX,
+    REPO,
+    pool_running,
+    train_celltypist_model,
+)
 from matplotlib import image
 from scipy import sparse
 
@@ -1053,27 +1063,30 @@ def test_multiome_refuses_modalities_without_shared_cells(tmp_path):
     assert not (tmp_path / "results" / "mixed" / "multiome.h5mu").exists()
 
 
-def test_merge_integrates_a_study_with_every_method(tmp_path):
+def test_merge_integrates_and_annotates_a_study_with_every_method(tmp_path):
     """A generated study of three .h5ad batches with known types (the last held out) through
     every integration method: the labels of the inputs reach the merge, scANVI predicts them,
-    integration.tsv holds scIB's metrics of each embedding, drawn in the report, and the
-    trained models are saved in scvi-tools' format."""
+    integration.tsv holds scIB's metrics of each embedding, drawn in the report, the trained
+    models are saved in scvi-tools' format, and rule annotate labels each sample and the
+    merge with a CellTypist model."""
     rows = []
-    for name, batch in generate_study(n_batches=3, n_cells=400, n_genes=1000, seed=2).items():
+    study = generate_study(n_batches=3, n_cells=400, n_genes=1000, seed=2)
+    for name, batch in study.items():
         batch.obs["known_type"] = batch.obs["cell_type"].astype(str) if name != "batch2" else "Unknown"
         batch.write_h5ad(tmp_path / f"{name}.h5ad")
         rows.append(f"{name}\t{tmp_path / f'{name}.h5ad'}")
+    train_celltypist_model(study["batch0"]).write(str(tmp_path / "types.pkl"))
     sheet = write_sheet(tmp_path / "s.tsv", rows)
     overlay = tmp_path / "atlas.yaml"
     overlay.write_text(
         "merge:\n  enabled: true\n  integration:\n    methods: [pca, harmony, scvi, scanvi]\n    use: scanvi\n"
         "    label_key: known_type\n  scvi:\n    max_epochs: 40\n  scanvi:\n    max_epochs: 5\n"
-        "coexpression:\n  enabled: false\n"
+        f"annotate:\n  model: {tmp_path / 'types.pkl'}\ncoexpression:\n  enabled: false\n"
     )
+    targets = ["results/merged/merged.h5ad", "results/merged/cell_types.tsv", "results/batch1/cell_types.tsv"]
     result = snakemake(
-        "results/merged/merged.h5ad", "--cores", "2", "--config", f"samples={sheet}", "backend=cpu",
-        workdir=tmp_path, overlay=overlay,
-    )  # fmt: skip
+        *targets, "--cores", "2", "--config", f"samples={sheet}", "backend=cpu", workdir=tmp_path, overlay=overlay
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     merged_dir = tmp_path / "results" / "merged"
     merged = ad.read_h5ad(merged_dir / "merged.h5ad")
@@ -1089,6 +1102,16 @@ def test_merge_integrates_a_study_with_every_method(tmp_path):
     assert models == ["scanvi", "scvi"]  # Snakemake adds a hidden time stamp
     assert (merged_dir / "models" / "scvi" / "model.pt").is_file()
     assert image.imread(merged_dir / "plots" / "scib.png").shape[0] > 100
+    # CellTypist's types, per sample and on the merge, majority-voted over each one's own clusters.
+    for where, clusters in (("batch1", "processed.h5ad"), ("merged", "merged.h5ad")):
+        types = pd.read_csv(tmp_path / "results" / where / "cell_types.tsv", sep="\t", index_col=0)
+        cells = ad.read_h5ad(tmp_path / "results" / where / clusters)
+        assert list(types.index) == list(cells.obs_names)
+        assert (types.groupby(cells.obs["leiden_1.0"].to_numpy())["cell_type"].nunique() == 1).all()
+        truth = cells.obs["cell_type"].astype(str).to_numpy()
+        assert (types["cell_type_predicted"].to_numpy() == truth).mean() > 0.7
+        assert types["cell_type_confidence"].between(0, 1).all()
+        assert (tmp_path / "results" / where / "plots" / "umap_cell_types.png").is_file()
 
 
 def test_merge_with_harmony_and_keep_going(tmp_path):
