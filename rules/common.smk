@@ -338,7 +338,7 @@ def atac_inputs(wildcards):
 
 
 def annotate_input(wildcards):
-    """The AnnData rule annotate labels: a sample's processed cells, or the merged ones."""
+    """The cells to annotate, a sample's processed ones or the merged ones."""
     if wildcards.sample == "merged":
         return rules.merge.output.h5ad
     return for_sample(rules.cluster.output.h5ad, wildcards.sample)
@@ -350,7 +350,7 @@ def annotate_model():
 
 
 def annotated_samples():
-    """The samples (and "merged") whose cells rule annotate labels: none without annotate.model."""
+    """The samples (and "merged") whose cells are annotated, none without annotate.model."""
     if not config["annotate"]["model"]:
         return []
     return [*RNA_SAMPLES, *(["merged"] if config["merge"]["enabled"] else [])]
