@@ -129,21 +129,43 @@ def embedding_panels(coords: np.ndarray, obs: pd.DataFrame, *, keys: list[str], 
     cells); numeric columns a continuous colour map. Of more than :data:`MAX_POINTS_SHOWN`
     cells, that many are drawn, at random.
     """
+    n_cols = min(3, len(keys))
+    n_rows = math.ceil(len(keys) / n_cols)
+    fig = Figure(figsize=(5.2 * n_cols, 4.6 * n_rows))
+    axes = fig.subplots(n_rows, n_cols, squeeze=False)
+    _draw_panels(list(axes.ravel()), coords, obs, keys=keys)
+    for ax in axes.ravel()[len(keys) :]:
+        ax.axis("off")
+    fig.suptitle(shown_title(title, len(obs)))
+    fig.tight_layout()
+    return fig
+
+
+def embeddings_grid(embeddings: dict[str, np.ndarray], obs: pd.DataFrame, *, keys: list[str], title: str) -> Figure:
+    """:func:`embedding_panels` of several embeddings of the same cells, a row each (named by its key)."""
+    fig = Figure(figsize=(5.2 * len(keys), 4.6 * len(embeddings)))
+    axes = fig.subplots(len(embeddings), len(keys), squeeze=False)
+    for row, (name, coords) in zip(axes, embeddings.items(), strict=True):
+        _draw_panels(list(row), coords, obs, keys=keys)
+        for ax, key in zip(row, keys, strict=True):
+            ax.set_title(f"{name}: {key}")
+    fig.suptitle(shown_title(title, len(obs)))
+    fig.tight_layout()
+    return fig
+
+
+def _draw_panels(axes: list[Axes], coords: np.ndarray, obs: pd.DataFrame, *, keys: list[str]) -> None:
+    """One panel per key on ``axes``: categories coloured and labelled at their centres, numbers on a colour map."""
     centres = {
         key: pd.DataFrame(coords, index=obs.index).groupby(obs[key].to_numpy(), observed=True).median()
         for key in keys
         if isinstance(obs[key].dtype, pd.CategoricalDtype)
     }
     shown = points_shown(len(obs))
-    title = shown_title(title, len(obs))
     coords, obs = coords[shown], obs.iloc[shown]
-    n_cols = min(3, len(keys))
-    n_rows = math.ceil(len(keys) / n_cols)
-    fig = Figure(figsize=(5.2 * n_cols, 4.6 * n_rows))
-    axes = fig.subplots(n_rows, n_cols, squeeze=False)
     size = max(0.5, min(8.0, 30000 / max(len(obs), 1)))
     cmap = colormaps["tab20"]
-    for ax, key in zip(axes.ravel(), keys, strict=False):  # spare axes are turned off below
+    for ax, key in zip(axes, keys, strict=False):
         values = obs[key]
         if isinstance(values.dtype, pd.CategoricalDtype):
             for i, category in enumerate(values.cat.categories):
@@ -157,11 +179,6 @@ def embedding_panels(coords: np.ndarray, obs: pd.DataFrame, *, keys: list[str], 
         ax.set_title(key)
         ax.set_xticks([])
         ax.set_yticks([])
-    for ax in axes.ravel()[len(keys) :]:
-        ax.axis("off")
-    fig.suptitle(title)
-    fig.tight_layout()
-    return fig
 
 
 COLOUR_LEVELS = 64

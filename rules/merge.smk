@@ -24,6 +24,12 @@ rule merge:
             caption="../report/umap_merged.rst",
             labels={"sample": "merged", "figure": "UMAP"},
         ),
+        methods=report(
+            "results/merged/plots/umap_methods.png",
+            category="Integration",
+            caption="../report/umap_methods.rst",
+            labels={"sample": "merged", "figure": "UMAP per method"},
+        ),
         models=directory("results/merged/models"),
         scib=merge_scib_figure(),
     log:

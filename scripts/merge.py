@@ -10,7 +10,7 @@ def main() -> None:
     from omicsprep.rna import clustering
     from omicsprep.rna.pipeline import run_merge
 
-    backend = resolve_backend(snakemake.params.backend)
+    backend, output = resolve_backend(snakemake.params.backend), snakemake.output
     prepare_gpu(backend)  # overlaps reading the input
     # The merge takes each sample's counts, cells and genes: its normalized matrix, embeddings
     # and graphs stay on disk (half the matrices' memory and reading). Each sample is read when
@@ -26,19 +26,22 @@ def main() -> None:
         backend=backend,
         n_gpus=max(int(snakemake.resources.gpu), 1),
     )
-    label = snakemake.params.merge["integration"]["label_key"]
-    annotations = ("batch", label, f"{label}_scanvi") if label else ("batch",)
-    keys = ["sample", *(k for k in annotations if k in merged.obs), *(k for k in merged.obs if parse_cluster_key(k))]
-    io.write_figure(
-        plotting.embedding_panels(merged.obsm["X_umap"], merged.obs, keys=keys, title="merged"), snakemake.output.umap
-    )
-    io.write_table(metrics, snakemake.output.metrics)
-    io.write_models(models, snakemake.output.models)
+    integration = snakemake.params.merge["integration"]
+    label = integration["label_key"]
+    # What integration changes: the batches mixed, the labels kept apart.
+    annotations = [k for k in ("sample", "batch", label, f"{label}_scanvi") if k and k in merged.obs]
+    obs = merged.obs.astype(dict.fromkeys(annotations, "category"))
+    keys = [*annotations, *(k for k in obs if parse_cluster_key(k))]
+    io.write_figure(plotting.embedding_panels(merged.obsm["X_umap"], obs, keys=keys, title="merged"), output.umap)
+    umaps = {m: merged.obsm["X_umap" if m == integration["use"] else f"X_umap_{m}"] for m in metrics["method"]}
+    io.write_figure(plotting.embeddings_grid(umaps, obs, keys=annotations, title="merged"), output.methods)
+    io.write_table(metrics, output.metrics)
+    io.write_models(models, output.models)
     if scib is not None:
-        io.write_figure(scib.plot_results_table(show=False).ax.figure, snakemake.output.scib)
+        io.write_figure(scib.plot_results_table(show=False).ax.figure, output.scib)
     markers = clustering.markers_table(merged, n_genes=snakemake.params.clustering["markers"]["n_genes"])
-    io.write_table(markers, snakemake.output.markers)
-    io.write_h5ad(merged, snakemake.output.h5ad, compression=snakemake.config["h5ad_compression"])
+    io.write_table(markers, output.markers)
+    io.write_h5ad(merged, output.h5ad, compression=snakemake.config["h5ad_compression"])
 
 
 # Dask's GPU workers (merge.dask) are spawned processes that first re-run this file as

@@ -28,9 +28,9 @@ METHODS = OPTIONS.integration.methods
 
 
 @pytest.fixture(scope="module")
-def merged(study):
+def merged(generated_study):
     return run_merge(
-        study, options=OPTIONS, clustering_options=CLUSTER_OPTIONS, labels="leiden_1.0", seed=0, backend="cpu"
+        generated_study, options=OPTIONS, clustering_options=CLUSTER_OPTIONS, labels="leiden_1.0", seed=0, backend="cpu"
     )
 
 

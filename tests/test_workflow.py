@@ -153,7 +153,7 @@ def test_gpu_rules_are_the_documented_ones():
         "protein",
         "atac",
     ]
-    assert sorted([*documented, "multiome", "merge"]) == GPU_RULES
+    assert sorted([*documented, "multiome", "merge", "annotate"]) == GPU_RULES
 
 
 def test_the_rules_import_no_heavy_library():
@@ -177,9 +177,11 @@ def test_backend_per_rule_pins_one_rule_to_the_cpu(tmp_path, pinned):
     sheet = every_rule_sheet(tmp_path / "s.tsv")
     overlay = tmp_path / "merge.yaml"
     # CellBender removes the ambient RNA, so that its rule runs too (for the reads sample).
+    model = tmp_path / "types.pkl"  # a dry run does not read it
+    model.touch()
     overlay.write_text(
         f"merge:\n  enabled: true\natac:\n  genes: {MULTIOME / 'genes.bed'}\n"
-        "cells:\n  ambient:\n    method: cellbender\n"
+        f"cells:\n  ambient:\n    method: cellbender\nannotate:\n  model: {model}\n"
     )
     result = snakemake(
         "-n",
@@ -1102,6 +1104,10 @@ def test_merge_integrates_and_annotates_a_study_with_every_method(tmp_path):
     assert models == ["scanvi", "scvi"]  # Snakemake adds a hidden time stamp
     assert (merged_dir / "models" / "scvi" / "model.pt").is_file()
     assert image.imread(merged_dir / "plots" / "scib.png").shape[0] > 100
+    assert {"X_umap_pca", "X_umap_harmony", "X_umap_scvi"} <= set(merged.obsm)  # scanvi's is X_umap
+    rows, columns = image.imread(merged_dir / "plots" / "umap_methods.png").shape[:2]
+    # A row per method (4), a panel per annotation (4: sample, batch, labels, scANVI's predictions).
+    assert abs(rows / columns - (4 * 4.6) / (4 * 5.2)) < 0.05
     # CellTypist's types, per sample and on the merge, majority-voted over each one's own clusters.
     for where, clusters in (("batch1", "processed.h5ad"), ("merged", "merged.h5ad")):
         types = pd.read_csv(tmp_path / "results" / where / "cell_types.tsv", sep="\t", index_col=0)

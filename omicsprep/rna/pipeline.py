@@ -258,10 +258,11 @@ def run_merge(
     """Samples merged and integrated (PCA, Harmony, scVI, scANVI).
 
     Normalized, batch-aware HVGs, PCA, then each integration method's embedding
-    (``obsm["X_<method>"]``); neighbours, UMAP and Leiden on the one of
-    ``options.integration.use``; integration metrics of every embedding (scIB's too where
-    ``options.integration.label_key`` names known cell types), and markers of the merged
-    Leiden clusters at the resolution of ``labels`` (``uns["rank_genes_groups"]``).
+    (``obsm["X_<method>"]``, and its UMAP ``obsm["X_umap_<method>"]``); neighbours, UMAP
+    (``X_umap``) and Leiden on the one of ``options.integration.use``; integration metrics of
+    every embedding (scIB's too where ``options.integration.label_key`` names known cell
+    types), and markers of the merged Leiden clusters at the resolution of ``labels``
+    (``uns["rank_genes_groups"]``).
 
     With ``options.dask`` on the GPU backend, the merged counts are spread over
     ``n_gpus`` GPUs (a Dask worker each) for normalization, HVGs and PCA; Harmony,
@@ -369,6 +370,10 @@ def run_merge(
         with timer.step(f"neighbors_{method}"):
             neighbor_graph(adata, options=clustering_options.neighbors, use_rep=f"X_{method}", backend=backend)
             clustering.cluster_graph(adata, algorithm="leiden", resolutions=[resolution], seed=seed, backend=backend)
+        if method != options.integration.use:  # the used one's is X_umap, below
+            with timer.step(f"umap_{method}"):
+                clustering.umap(adata, min_dist=clustering_options.umap.min_dist, seed=seed, backend=backend)
+                adata.obsm[f"X_umap_{method}"] = adata.obsm.pop("X_umap")
         clusters = cluster_key("leiden", resolution)
         rows.append(
             {
