@@ -140,6 +140,7 @@ def main() -> None:
             backend=resolve_backend(backend),
             defaults=args.scvi_defaults,
             train_cells=args.celltypist_train_cells,
+            max_epochs=args.max_epochs,
         )
     table = pd.DataFrame(rows)
     print(table.to_string(index=False))

@@ -385,6 +385,13 @@ def merge_inputs(wildcards):
     return {sample: path for sample, path in paths.items() if sample not in missing}
 
 
+def merge_cell_types(wildcards):
+    """The cell types of each merged sample (rule annotate's tables), none without annotate.model."""
+    if not config["annotate"]["model"]:
+        return []
+    return [f"results/{sample}/cell_types.tsv" for sample in merge_inputs(wildcards)]
+
+
 # The rule whose h5ad output is each modality's processed AnnData.
 MODALITY_RULES = {"rna": "cluster", "protein": "protein", "atac": "atac"}
 

@@ -4,6 +4,7 @@
 rule merge:
     input:
         unpack(merge_inputs),
+        sample_cell_types=merge_cell_types,
     output:
         h5ad="results/merged/merged.h5ad",
         metrics=report(

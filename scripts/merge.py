@@ -8,6 +8,7 @@ def main() -> None:
     from omicsprep.backend import prepare_gpu, resolve_backend
     from omicsprep.options import ClusteringOptions, MergeOptions, from_config, parse_cluster_key
     from omicsprep.rna import clustering
+    from omicsprep.rna.annotation import add_sample_cell_types
     from omicsprep.rna.pipeline import run_merge
 
     backend, output = resolve_backend(snakemake.params.backend), snakemake.output
@@ -16,7 +17,9 @@ def main() -> None:
     # and graphs stay on disk (half the matrices' memory and reading). Each sample is read when
     # the merge takes it: on the GPU its counts go to the device before the next is read.
     unused = ("X", "obsm", "obsp", "varm", "uns")
-    samples = io.H5adSamples(dict(snakemake.input.items()), skip=unused)
+    paths = dict(snakemake.input.items())
+    type_tables = paths.pop("sample_cell_types")
+    samples = io.H5adSamples(paths, skip=unused)
     merged, metrics, models, scib = run_merge(
         samples,
         options=from_config(MergeOptions, snakemake.params.merge),
@@ -26,6 +29,9 @@ def main() -> None:
         backend=backend,
         n_gpus=max(int(snakemake.resources.gpu), 1),
     )
+    if type_tables:  # each sample's own cell types (rule annotate), as obs sample_cell_type...
+        tables = {sample: io.read_table(path, index=True) for sample, path in zip(paths, type_tables, strict=True)}
+        add_sample_cell_types(merged, tables)
     integration = snakemake.params.merge["integration"]
     label = integration["label_key"]
     # What integration changes: the batches mixed, the labels kept apart.

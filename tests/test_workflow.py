@@ -1118,6 +1118,13 @@ def test_merge_integrates_and_annotates_a_study_with_every_method(tmp_path):
         assert (types["cell_type_predicted"].to_numpy() == truth).mean() > 0.7
         assert types["cell_type_confidence"].between(0, 1).all()
         assert (tmp_path / "results" / where / "plots" / "umap_cell_types.png").is_file()
+    # Each sample's own types are in the merged cells' obs, as the sample's own clusters are.
+    merged_again = ad.read_h5ad(merged_dir / "merged.h5ad")
+    of_batch1 = merged_again.obs[merged_again.obs["sample"] == "batch1"]
+    types = pd.read_csv(tmp_path / "results" / "batch1" / "cell_types.tsv", sep="\t", index_col=0)
+    assert list(of_batch1.index) == [f"batch1:{barcode}" for barcode in types.index]
+    np.testing.assert_array_equal(of_batch1["sample_cell_type"].astype(str), types["cell_type"])
+    np.testing.assert_allclose(of_batch1["sample_cell_type_confidence"], types["cell_type_confidence"])
 
 
 def test_merge_with_harmony_and_keep_going(tmp_path):

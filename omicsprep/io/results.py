@@ -74,11 +74,14 @@ def _read_deflated_arrays(read: Any, name: str, elem: Any, iospec: Any, *, skipp
 
 
 @timed_phase("read")
-def read_table(path: str | Path) -> pd.DataFrame:
-    """Read a table written by :func:`omicsprep.io.write_table` (Parquet or tab-separated text)."""
+def read_table(path: str | Path, *, index: bool = False) -> pd.DataFrame:
+    """Read a table written by :func:`omicsprep.io.write_table` (Parquet or tab-separated text).
+
+    ``index``: the text's first column is the index (written with ``index=True``).
+    """
     if Path(path).suffix == ".parquet":
         return pd.read_parquet(path)
-    return pd.read_csv(path, sep="\t")
+    return pd.read_csv(path, sep="\t", index_col=0 if index else None)
 
 
 @timed_phase("read")

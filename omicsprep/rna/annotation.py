@@ -11,6 +11,7 @@ cell's label is its best-scoring type, or with majority voting the type most of 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -113,3 +114,23 @@ def celltypist(adata: AnnData, *, model: Any, clusters: str | None, backend: Bac
     adata.obs["cell_type_confidence"] = np.asarray(confidence, dtype=np.float32)
     voted = predicted if clusters is None else majority_vote(predicted, adata.obs[clusters].astype(str))
     adata.obs["cell_type"] = pd.Categorical(voted.to_numpy())
+
+
+def add_sample_cell_types(merged: AnnData, tables: Mapping[str, pd.DataFrame]) -> None:
+    """Each sample's own cell types into the merged cells' ``obs``, as ``sample_<column>``.
+
+    Parameters
+    ----------
+    merged
+        Merged cells named ``<sample>:<barcode>`` (:func:`omicsprep.rna.integration.concatenate_samples`).
+    tables
+        Sample to its cell types table (rule annotate's: indexed by barcode, ``cell_type``,
+        ``cell_type_confidence``, ``cell_type_predicted``); a cell absent from its sample's
+        table gets none.
+    """
+    stacked = pd.concat(dict(tables), names=["sample", "barcode"])
+    stacked.index = [f"{sample}:{barcode}" for sample, barcode in stacked.index]
+    joined = stacked.reindex(merged.obs_names)
+    for column in joined:
+        values = joined[column]
+        merged.obs[f"sample_{column}"] = values.to_numpy() if values.dtype.kind == "f" else pd.Categorical(values)

@@ -10,6 +10,7 @@ stalled for hours at 900k cells); scib-metrics' JAX metrics run on JAX's default
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -75,6 +76,9 @@ def scib_benchmarker(
     ValueError
         Fewer than two known labels.
     """
+    # JAX (scib-metrics) takes 75% of the GPU's memory when it starts unless told not to; the
+    # process's CuPy, cuML and PyTorch hold theirs already.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     from scib_metrics.benchmark import Benchmarker
 
     labels = known_labels(adata.obs[label_key])
