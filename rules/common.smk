@@ -114,14 +114,19 @@ def disk_for(rule_name):
     return disk_mb
 
 
+def software_for(rule_name):
+    """The software a rule's jobs run with, "gpu" (RAPIDS) where the rule may use the GPU, else "cpu"."""
+    return "cpu" if backend_for(rule_name) == "cpu" else "gpu"
+
+
 def conda_env_for(rule_name):
-    """The RAPIDS environment for rules that may use the GPU, the CPU one otherwise."""
-    return "../envs/cpu.yaml" if backend_for(rule_name) == "cpu" else "../envs/rapids.yaml"
+    """The rule's conda environment (--sdm conda), that of ``software_for``."""
+    return {"cpu": "../envs/cpu.yaml", "gpu": "../envs/rapids.yaml"}[software_for(rule_name)]
 
 
 def container_for(rule_name):
-    """The image (--sdm apptainer) of ``conda_env_for``'s environment: config containers."""
-    return config["containers"]["cpu" if backend_for(rule_name) == "cpu" else "gpu"]
+    """The rule's image (--sdm apptainer), config containers' of ``software_for``."""
+    return config["containers"][software_for(rule_name)]
 
 
 def is_fastq(sample):
