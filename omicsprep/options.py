@@ -347,7 +347,7 @@ class HarmonyOptions:
 
 @dataclass(frozen=True)
 class ScviOptions:
-    """scVI's network and training (``max_epochs`` ``None``: scvi-tools' choice by cell count)."""
+    """scVI's network and training (``max_epochs`` ``None``: scvi-tools' choice by cell count; cells per step)."""
 
     n_latent: int = 30
     n_hidden: int = 128
@@ -355,6 +355,7 @@ class ScviOptions:
     gene_likelihood: Literal["nb", "zinb", "poisson"] = "nb"
     max_epochs: int | None = None
     early_stopping: bool = True
+    batch_size: int = 128
 
 
 @dataclass(frozen=True)

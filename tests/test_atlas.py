@@ -230,3 +230,29 @@ def test_a_model_that_shares_no_gene_is_one_clear_error(generated_study, celltyp
         match=r"the cells share no gene with the CellTypist model \(\d+ genes, e.g. 'MT-G0'; the cells' e.g. 'ENSG0",
     ):
         annotation.celltypist(cells, model=celltypist_model, clusters=None, backend="cpu")
+
+
+def test_scvi_trains_with_its_settings(generated_study, monkeypatch):
+    """The merge's scVI settings reach scvi-tools: network, epochs, early stopping, cells per step, seed."""
+    import scvi
+
+    from omicsprep.options import ScviOptions
+    from omicsprep.rna import latent
+
+    asked = []
+    train = scvi.model.SCVI.train
+
+    def recorded(model, **kwargs):
+        asked.append(kwargs)
+        return train(model, **kwargs)
+
+    monkeypatch.setattr(scvi.model.SCVI, "train", recorded)
+    cells = generated_study["batch0"][:300].copy()
+    options = ScviOptions(n_latent=7, n_hidden=16, n_layers=1, max_epochs=2, early_stopping=False, batch_size=64)
+    model = latent.scvi(cells, batch_key="batch", options=options, seed=3, backend="cpu")
+    assert asked == [
+        {"max_epochs": 2, "early_stopping": False, "batch_size": 64, "enable_progress_bar": False, "accelerator": "cpu"}
+    ]
+    assert cells.obsm["X_scvi"].shape == (300, 7) and len(model.history["elbo_train"]) == 2
+    assert model.module.n_latent == 7 and scvi.settings.seed == 3
+    assert list(model.adata.var_names) == list(cells.var_names[cells.var["highly_variable"]])

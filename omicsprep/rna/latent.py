@@ -71,10 +71,17 @@ def _trainer_settings(backend: Backend) -> dict[str, Any]:
     return settings
 
 
-def _train(model: Any, *, max_epochs: int | None, early_stopping: bool, backend: Backend) -> None:
+def _train(
+    model: Any, *, max_epochs: int | None, early_stopping: bool, backend: Backend, batch_size: int = 128
+) -> None:
     """Trains ``model``; again in float32 if mixed precision made the loss non-finite."""
     settings = _trainer_settings(backend)
-    common = {"max_epochs": max_epochs, "early_stopping": early_stopping, "enable_progress_bar": False}
+    common = {
+        "max_epochs": max_epochs,
+        "early_stopping": early_stopping,
+        "batch_size": batch_size,
+        "enable_progress_bar": False,
+    }
     with _tf32(backend):
         model.train(**common, **settings)
         losses = np.asarray(model.history["elbo_train"], dtype=float)
@@ -97,8 +104,8 @@ def scvi(adata: AnnData, *, batch_key: str, options: ScviOptions, seed: int, bac
         The ``obs`` column of the batches scVI corrects for.
     options
         The network's size (``n_latent``, ``n_hidden``, ``n_layers``), the counts'
-        likelihood, and the epochs (``None``: scvi-tools' choice by the number of cells;
-        ``early_stopping`` on held-out cells' loss).
+        likelihood, the epochs (``None``: scvi-tools' choice by the number of cells;
+        ``early_stopping`` on held-out cells' loss) and the cells per training step.
     seed
         Seed of the weights, the held-out cells and the batches' order.
     backend
@@ -120,7 +127,13 @@ def scvi(adata: AnnData, *, batch_key: str, options: ScviOptions, seed: int, bac
         n_layers=options.n_layers,
         gene_likelihood=options.gene_likelihood,
     )
-    _train(model, max_epochs=options.max_epochs, early_stopping=options.early_stopping, backend=backend)
+    _train(
+        model,
+        max_epochs=options.max_epochs,
+        early_stopping=options.early_stopping,
+        backend=backend,
+        batch_size=options.batch_size,
+    )
     adata.obsm["X_scvi"] = np.asarray(model.get_latent_representation(), dtype=np.float32)
     return model
 
