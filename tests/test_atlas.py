@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import anndata as ad
 import numpy as np
 import pandas as pd
 import pytest
 from conftest import ATLAS_OPTIONS, CLUSTER_OPTIONS, train_celltypist_model
+from matplotlib import image
+from test_workflow import snakemake, write_sheet
 
 from omicsprep import io
 from omicsprep.configuration import check_settings_together
@@ -256,3 +259,66 @@ def test_scvi_trains_with_its_settings(generated_study, monkeypatch):
     assert cells.obsm["X_scvi"].shape == (300, 7) and len(model.history["elbo_train"]) == 2
     assert model.module.n_latent == 7 and scvi.settings.seed == 3
     assert list(model.adata.var_names) == list(cells.var_names[cells.var["highly_variable"]])
+
+
+@pytest.mark.workflow
+def test_merge_integrates_and_annotates_a_study_with_every_method(tmp_path):
+    """A generated study of three .h5ad batches with known types (the last held out) through
+    every integration method: the labels of the inputs reach the merge, scANVI predicts them,
+    integration.tsv holds scIB's metrics of each embedding, drawn in the report, the trained
+    models are saved in scvi-tools' format, and rule annotate labels each sample and the
+    merge with a CellTypist model."""
+    rows = []
+    study = generate_study(n_batches=3, n_cells=400, n_genes=1000, seed=2)
+    for name, batch in study.items():
+        batch.obs["known_type"] = batch.obs["cell_type"].astype(str) if name != "batch2" else "Unknown"
+        batch.write_h5ad(tmp_path / f"{name}.h5ad")
+        rows.append(f"{name}\t{tmp_path / f'{name}.h5ad'}")
+    train_celltypist_model(study["batch0"]).write(str(tmp_path / "types.pkl"))
+    sheet = write_sheet(tmp_path / "s.tsv", rows)
+    overlay = tmp_path / "atlas.yaml"
+    overlay.write_text(
+        "merge:\n  enabled: true\n  integration:\n    methods: [pca, harmony, scvi, scanvi]\n    use: scanvi\n"
+        "    label_key: known_type\n  scvi:\n    max_epochs: 40\n  scanvi:\n    max_epochs: 5\n"
+        f"annotate:\n  model: {tmp_path / 'types.pkl'}\ncoexpression:\n  enabled: false\n"
+    )
+    targets = ["results/merged/merged.h5ad", "results/merged/cell_types.tsv", "results/batch1/cell_types.tsv"]
+    result = snakemake(
+        *targets, "--cores", "2", "--config", f"samples={sheet}", "backend=cpu", workdir=tmp_path, overlay=overlay
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    merged_dir = tmp_path / "results" / "merged"
+    merged = ad.read_h5ad(merged_dir / "merged.h5ad")
+    assert {"X_pca", "X_harmony", "X_scvi", "X_scanvi", "X_umap"} <= set(merged.obsm)
+    assert merged.uns["neighbors"]["params"]["use_rep"] == "X_scanvi"
+    assert set(merged.obs.loc[merged.obs["sample"] == "batch2", "known_type"]) == {"Unknown"}
+    assert set(merged.obs["known_type_scanvi"]) <= {f"type{t:02d}" for t in range(12)}
+    metrics = pd.read_csv(merged_dir / "integration.tsv", sep="\t")
+    assert list(metrics["method"]) == ["pca", "harmony", "scvi", "scanvi"]
+    assert {"KMeans ARI", "iLISI", "KBET", "Bio conservation", "Batch correction", "Total"} <= set(metrics.columns)
+    assert metrics["Total"].between(0, 1).all()
+    models = sorted(path.name for path in (merged_dir / "models").iterdir() if not path.name.startswith("."))
+    assert models == ["scanvi", "scvi"]  # Snakemake adds a hidden time stamp
+    assert (merged_dir / "models" / "scvi" / "model.pt").is_file()
+    assert image.imread(merged_dir / "plots" / "scib.png").shape[0] > 100
+    assert {"X_umap_pca", "X_umap_harmony", "X_umap_scvi"} <= set(merged.obsm)  # scanvi's is X_umap
+    rows, columns = image.imread(merged_dir / "plots" / "umap_methods.png").shape[:2]
+    # A row per method (4), a panel per annotation (4: sample, batch, labels, scANVI's predictions).
+    assert abs(rows / columns - (4 * 4.6) / (4 * 5.2)) < 0.05
+    # CellTypist's types, per sample and on the merge, majority-voted over each one's own clusters.
+    for where, clusters in (("batch1", "processed.h5ad"), ("merged", "merged.h5ad")):
+        types = pd.read_csv(tmp_path / "results" / where / "cell_types.tsv", sep="\t", index_col=0)
+        cells = ad.read_h5ad(tmp_path / "results" / where / clusters)
+        assert list(types.index) == list(cells.obs_names)
+        assert (types.groupby(cells.obs["leiden_1.0"].to_numpy())["cell_type"].nunique() == 1).all()
+        truth = cells.obs["cell_type"].astype(str).to_numpy()
+        assert (types["cell_type_predicted"].to_numpy() == truth).mean() > 0.7
+        assert types["cell_type_confidence"].between(0, 1).all()
+        assert (tmp_path / "results" / where / "plots" / "umap_cell_types.png").is_file()
+    # Each sample's own types are in the merged cells' obs, as the sample's own clusters are.
+    merged_again = ad.read_h5ad(merged_dir / "merged.h5ad")
+    of_batch1 = merged_again.obs[merged_again.obs["sample"] == "batch1"]
+    types = pd.read_csv(tmp_path / "results" / "batch1" / "cell_types.tsv", sep="\t", index_col=0)
+    assert list(of_batch1.index) == [f"batch1:{barcode}" for barcode in types.index]
+    np.testing.assert_array_equal(of_batch1["sample_cell_type"].astype(str), types["cell_type"])
+    np.testing.assert_allclose(of_batch1["sample_cell_type_confidence"], types["cell_type_confidence"])
