@@ -172,7 +172,7 @@ MERGE_OPTIONS = MergeOptions()
 # Every integration method on the generated study (generated_study): its last batch's labels held out.
 ATLAS_OPTIONS = MergeOptions(
     integration=IntegrationOptions(methods=("pca", "harmony", "scvi", "scanvi"), use="scvi", label_key="known_type"),
-    scvi=ScviOptions(max_epochs=150),
+    scvi=ScviOptions(max_epochs=150, batch_size=256),
     scanvi=ScanviOptions(max_epochs=10),
 )
 

@@ -32,6 +32,11 @@ METHODS = OPTIONS.integration.methods
 
 @pytest.fixture(scope="module")
 def merged(generated_study):
+    import torch
+
+    # One thread: the small model's steps are too short to share, and pytest's other process
+    # has the other core (two threads each were 3x slower in make test).
+    torch.set_num_threads(1)
     return run_merge(
         generated_study, options=OPTIONS, clustering_options=CLUSTER_OPTIONS, labels="leiden_1.0", seed=0, backend="cpu"
     )
@@ -99,7 +104,7 @@ def brute_force_neighbors(points: np.ndarray, n_neighbors: int):
     from sklearn.neighbors import NearestNeighbors
 
     distances, indices = NearestNeighbors(n_neighbors=n_neighbors, algorithm="brute").fit(points).kneighbors(points)
-    return NeighborsResults(indices=indices, distances=distances)
+    return NeighborsResults(indices=indices, distances=distances.astype(np.float32))  # as ours and pynndescent's
 
 
 def test_scib_metrics_are_scib_metrics_own_benchmark(merged):
