@@ -35,7 +35,7 @@ def merged(generated_study):
     import torch
 
     # One thread: the small model's steps are too short to share, and pytest's other process
-    # has the other core (two threads each were 3x slower in make test).
+    # has the other core.
     torch.set_num_threads(1)
     return run_merge(
         generated_study, options=OPTIONS, clustering_options=CLUSTER_OPTIONS, labels="leiden_1.0", seed=0, backend="cpu"
