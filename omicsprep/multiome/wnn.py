@@ -10,9 +10,10 @@ import numpy as np
 from anndata import AnnData
 from scipy import sparse
 
-from omicsprep.backend import BLOCK_BYTES, Backend, array_module, asnumpy, cuml, cupyx_sparse
+from omicsprep.backend import BLOCK_BYTES, Backend, array_module, asnumpy, cupyx_sparse
 from omicsprep.errors import InputError
 from omicsprep.jit_cache import cache_umap_kernels
+from omicsprep.rna.embedding import exact_neighbors
 
 if TYPE_CHECKING:
     from mudata import MuData
@@ -166,15 +167,8 @@ def _unit_rows(values, *, xp: ModuleType):
 
 def _nearest(embedding, k: int, *, backend: Backend):
     """Each cell's ``k`` nearest other cells, exact: (indices, Euclidean distances), nearest first."""
-    if backend == "gpu":
-        model = cuml().neighbors.NearestNeighbors(n_neighbors=k + 1, algorithm="brute").fit(embedding)
-    else:
-        from sklearn.neighbors import NearestNeighbors
-
-        model = NearestNeighbors(n_neighbors=k + 1, algorithm="brute").fit(embedding)
-    distances, indices = model.kneighbors(embedding)
+    indices, distances = exact_neighbors(embedding, k + 1, backend=backend)
     xp = array_module(backend)
-    indices, distances = xp.asarray(indices), xp.asarray(distances, dtype=xp.float32)
     # Drop the cell itself (first, except among identical cells), else the farthest.
     self_at = xp.argmax(indices == xp.arange(indices.shape[0])[:, None], axis=1)
     found = indices[xp.arange(indices.shape[0]), self_at] == xp.arange(indices.shape[0])

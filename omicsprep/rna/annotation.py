@@ -22,6 +22,7 @@ from scipy import sparse
 from scipy.special import expit
 
 from omicsprep.backend import Backend, asnumpy, cupy
+from omicsprep.errors import InputError
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ def celltypist(adata: AnnData, *, model: Any, clusters: str | None, backend: Bac
 
     Raises
     ------
-    ValueError
+    InputError
         The cells share no gene with the model.
 
     Notes
@@ -94,7 +95,7 @@ def celltypist(adata: AnnData, *, model: Any, clusters: str | None, backend: Bac
     expression = log_cp10k(adata)
     n_shared = int(np.isin(expression.var_names, model.classifier.features).sum())
     if n_shared == 0:
-        raise ValueError(
+        raise InputError(
             f"the cells share no gene with the CellTypist model ({len(model.classifier.features)} genes, e.g. "
             f"{model.classifier.features[0]!r}; the cells' e.g. {expression.var_names[0]!r})"
         )

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from anndata import AnnData
 
-from omicsprep.backend import Backend
+from omicsprep.backend import Backend, array_module, cuml
 from omicsprep.options import (
     EmbeddingOptions,
     LeidenOptions,
@@ -52,3 +52,25 @@ def umap_and_leiden(
         clustering.umap(adata, min_dist=umap.min_dist, seed=seed, backend=backend)
     with timer.step("leiden"):
         clustering.cluster_graph(adata, algorithm="leiden", resolutions=leiden.resolutions, seed=seed, backend=backend)
+
+
+def exact_neighbors(embedding: Any, n_neighbors: int, *, backend: Backend) -> tuple[Any, Any]:
+    """Each row's ``n_neighbors`` nearest rows by Euclidean distance, by brute force (exact).
+
+    A row is among its own neighbours (first, but among identical rows). On the GPU
+    (cuML) the embedding may be a CuPy or NumPy array and the results are CuPy arrays; on the
+    CPU (scikit-learn), NumPy arrays.
+
+    Returns
+    -------
+    The neighbours' indices and their distances (float32), nearest first.
+    """
+    if backend == "gpu":
+        model = cuml().neighbors.NearestNeighbors(n_neighbors=n_neighbors, algorithm="brute").fit(embedding)
+    else:
+        from sklearn.neighbors import NearestNeighbors
+
+        model = NearestNeighbors(n_neighbors=n_neighbors, algorithm="brute").fit(embedding)
+    distances, indices = model.kneighbors(embedding)
+    xp = array_module(backend)
+    return xp.asarray(indices), xp.asarray(distances, dtype=xp.float32)

@@ -18,32 +18,20 @@ import numpy as np
 import pandas as pd
 from anndata import AnnData
 
-from omicsprep.backend import Backend, asnumpy, cuml, cupy
+from omicsprep.backend import Backend, asnumpy
+from omicsprep.errors import InputError
+from omicsprep.rna.embedding import exact_neighbors
 from omicsprep.rna.latent import UNLABELLED, known_labels
 
 AGGREGATES = ("Batch correction", "Bio conservation", "Total")
 
 
-def exact_neighbors(embedding: np.ndarray, n_neighbors: int, *, backend: Backend) -> Any:
-    """Each cell's ``n_neighbors`` nearest cells (itself first) by Euclidean distance.
-
-    Returns
-    -------
-    ``scib_metrics.nearest_neighbors.NeighborsResults``.
-    """
+def scib_neighbors(embedding: np.ndarray, n_neighbors: int, *, backend: Backend) -> Any:
+    """:func:`omicsprep.rna.embedding.exact_neighbors` as scib-metrics takes them (``NeighborsResults``)."""
     from scib_metrics.nearest_neighbors import NeighborsResults
 
-    if backend == "gpu":
-        search = cuml().neighbors.NearestNeighbors(n_neighbors=n_neighbors, algorithm="brute")
-        points = cupy().asarray(embedding, dtype=np.float32)
-        distances, indices = search.fit(points).kneighbors(points)
-        distances, indices = asnumpy(distances), asnumpy(indices)
-    else:
-        from sklearn.neighbors import NearestNeighbors
-
-        distances, indices = NearestNeighbors(n_neighbors=n_neighbors).fit(embedding).kneighbors(embedding)
-    indices, distances = np.asarray(indices, dtype=np.int64), np.asarray(distances, dtype=np.float32)
-    return NeighborsResults(indices=indices, distances=distances)
+    indices, distances = exact_neighbors(embedding, n_neighbors, backend=backend)
+    return NeighborsResults(indices=np.asarray(asnumpy(indices), dtype=np.int64), distances=asnumpy(distances))
 
 
 def scib_benchmarker(
@@ -73,7 +61,7 @@ def scib_benchmarker(
 
     Raises
     ------
-    ValueError
+    InputError
         Fewer than two known labels.
     """
     # JAX (scib-metrics) takes 75% of the GPU's memory when it starts unless told not to; the
@@ -84,7 +72,7 @@ def scib_benchmarker(
     labels = known_labels(adata.obs[label_key])
     known = (labels != UNLABELLED).to_numpy()
     if labels[known].nunique() < 2:
-        raise ValueError(f"the scIB metrics need two known labels or more in obs[{label_key!r}]")
+        raise InputError(f"the scIB metrics need two known labels or more in obs[{label_key!r}]")
     cells = AnnData(
         obs=pd.DataFrame(
             {"batch": adata.obs[batch_key].astype(str).to_numpy()[known], "label": labels.to_numpy()[known]},
@@ -100,7 +88,7 @@ def scib_benchmarker(
         pre_integrated_embedding_obsm_key="X_pca",
         progress_bar=False,
     )
-    benchmarker.prepare(neighbor_computer=lambda points, k: exact_neighbors(points, k, backend=backend))
+    benchmarker.prepare(neighbor_computer=lambda points, k: scib_neighbors(points, k, backend=backend))
     benchmarker.benchmark()
     return benchmarker
 

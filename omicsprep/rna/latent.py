@@ -20,6 +20,7 @@ from anndata import AnnData
 from scipy import sparse
 
 from omicsprep.backend import Backend, asnumpy
+from omicsprep.errors import InputError
 from omicsprep.options import ScanviOptions, ScviOptions
 
 if TYPE_CHECKING:
@@ -166,14 +167,14 @@ def scanvi(
 
     Raises
     ------
-    ValueError
+    InputError
         No cell has a known label.
     """
     import scvi as scvi_tools
 
     labels = known_labels(adata.obs[label_key])
     if (labels == UNLABELLED).all():
-        raise ValueError(f"scANVI needs known labels; obs[{label_key!r}] has none")
+        raise InputError(f"scANVI needs known labels; obs[{label_key!r}] has none")
     scvi_tools.settings.seed = seed
     counts = scvi_model.adata
     counts.obs["label"] = labels.to_numpy()
