@@ -59,9 +59,12 @@
 #   study     benchmarks/study.py: the bundled demo and a study of $STUDY_SAMPLES (16) x $STUDY_CELLS (10000) cells
 #             ($STUDY_WHAT: demo study), each with the mission's command on $STUDY_BACKENDS (gpu cpu); tables in
 #             $OUT/study.md ($STUDY_EXTRA: more Snakemake arguments, a tuning tip)
-#   atlas     benchmarks/atlas_bench.py (issue 46): scVI as the merge trains it and with scvi-tools' defaults,
-#             scIB's metrics and CellTypist at $ATLAS_CELLS (1000000) cells x 2,000 genes on $ATLAS_BACKENDS (gpu);
-#             table in $OUT/atlas.md
+#   atlas     benchmarks/atlas_bench.py (issue 46) at $ATLAS_CELLS (1000000) cells x 2,000 genes on the GPU, the
+#             parts $ATLAS_PARTS (ours celltypist scib_check: the merge's scVI at batch sizes $ATLAS_BATCH_SIZES
+#             (0 4096; 0: its default) with where a step's time goes, CellTypist, scIB against scib-metrics on
+#             20,000 cells; then, in a second call, defaults scib: scvi-tools' defaults, the held-out ELBOs and
+#             scIB of every embedding); the study, embeddings and models kept in /tmp/omicsprep-atlas between
+#             calls; table in $OUT/atlas.md
 #   probe     a GPU rule's imports timed in one process and in one per core at once, and the slowest imports
 #   bam       benchmarks/umi_bench.py: BAM in, counts out, CPU backend (all cores) and GPU backend
 #             against umi_tools count, at $BAM_READS (10000000) reads; the BAM (pysam, about 2
@@ -308,8 +311,9 @@ fi
 
 if wants atlas; then
 echo "== the atlas steps: scVI (ours and scvi-tools' defaults), scIB, CellTypist"
-python3 benchmarks/atlas_bench.py --cells "${ATLAS_CELLS:-1000000}" --genes 2000 --backends ${ATLAS_BACKENDS:-gpu} \
-  --scvi-defaults --results "$out/atlas.md" 2>&1 | grep -v "Warning\|warn(" | tail -n 30
+python3 benchmarks/atlas_bench.py --cells "${ATLAS_CELLS:-1000000}" --genes 2000 --backend gpu \
+  --parts ${ATLAS_PARTS:-ours celltypist scib_check} --batch-sizes ${ATLAS_BATCH_SIZES:-0 4096} \
+  --results "$out/atlas.md" 2>&1 | grep -v "Warning\|warn(\|srun\|TPU available\|litlogger\|max_epochs=" | tail -n 40
 fi
 
 if wants probe; then

@@ -347,7 +347,12 @@ class HarmonyOptions:
 
 @dataclass(frozen=True)
 class ScviOptions:
-    """scVI's network and training (``max_epochs`` ``None``: scvi-tools' choice by cell count; cells per step)."""
+    """scVI's network and training.
+
+    ``max_epochs`` ``None``: scvi-tools' choice by cell count; ``batch_size`` ``None``: 128, on
+    the GPU 1024 from 100,000 cells on; ``learning_rate`` ``None``: scaled from scvi-tools' by the batch
+    size (:func:`omicsprep.rna.latent.training_steps`).
+    """
 
     n_latent: int = 30
     n_hidden: int = 128
@@ -355,7 +360,8 @@ class ScviOptions:
     gene_likelihood: Literal["nb", "zinb", "poisson"] = "nb"
     max_epochs: int | None = None
     early_stopping: bool = True
-    batch_size: int = 128
+    batch_size: int | None = None
+    learning_rate: float | None = None
 
 
 @dataclass(frozen=True)

@@ -259,7 +259,14 @@ def test_scvi_trains_with_its_settings(generated_study, monkeypatch):
     options = ScviOptions(n_latent=7, n_hidden=16, n_layers=1, max_epochs=2, early_stopping=False, batch_size=64)
     model = latent.scvi(cells, batch_key="batch", options=options, seed=3, backend="cpu")
     assert asked == [
-        {"max_epochs": 2, "early_stopping": False, "batch_size": 64, "enable_progress_bar": False, "accelerator": "cpu"}
+        {
+            "max_epochs": 2,
+            "early_stopping": False,
+            "plan_kwargs": {"lr": pytest.approx(1e-3 * np.sqrt(0.5))},
+            "enable_progress_bar": False,
+            "batch_size": 64,
+            "accelerator": "cpu",
+        }
     ]
     assert cells.obsm["X_scvi"].shape == (300, 7) and len(model.history["elbo_train"]) == 2
     assert model.module.n_latent == 7 and scvi.settings.seed == 3
@@ -327,3 +334,102 @@ def test_merge_integrates_and_annotates_a_study_with_every_method(tmp_path):
     assert list(of_batch1.index) == [f"batch1:{barcode}" for barcode in types.index]
     np.testing.assert_array_equal(of_batch1["sample_cell_type"].astype(str), types["cell_type"])
     np.testing.assert_allclose(of_batch1["sample_cell_type_confidence"], types["cell_type_confidence"])
+
+
+@pytest.mark.parametrize(
+    ("options", "n_cells", "backend", "steps"),
+    [
+        ({}, 10**6, "cpu", (128, 1e-3)),  # scvi-tools' defaults
+        ({}, 50_000, "gpu", (128, 1e-3)),
+        ({}, 10**6, "gpu", (1024, 1e-3 * np.sqrt(8))),  # the square-root scaling rule
+        ({"batch_size": 4096}, 10, "cpu", (4096, 1e-3 * np.sqrt(32))),
+        ({"batch_size": 512, "learning_rate": 5e-4}, 10**6, "gpu", (512, 5e-4)),
+    ],
+)
+def test_training_steps_scale_the_learning_rate_with_the_batch(options, n_cells, backend, steps):
+    from omicsprep.options import ScviOptions
+    from omicsprep.rna.latent import training_steps
+
+    assert training_steps(ScviOptions(**options), n_cells=n_cells, backend=backend) == pytest.approx(steps)
+
+
+def resident_model(generated_study):
+    import scvi
+
+    cells = ad.concat([generated_study["batch0"], generated_study["batch1"]])
+    cells.obs["label"] = known_labels(cells.obs["known_type"]).to_numpy()
+    cells.obs.loc[cells.obs_names[::3], "label"] = UNLABELLED
+    counts = ad.AnnData(cells.layers["counts"], obs=cells.obs[["batch", "label"]])
+    scvi.model.SCANVI.setup_anndata(counts, batch_key="batch", labels_key="label", unlabeled_category=UNLABELLED)
+    return scvi.model.SCANVI(counts, n_latent=5, n_hidden=16, n_layers=1)
+
+
+@pytest.mark.parametrize("dense", [True, False])
+def test_resident_batches_are_the_registered_rows_each_training_cell_once_an_epoch(generated_study, dense):
+    """Device-resident batches (here on CPU tensors) hold the registered counts and codes of their
+    cells, dense or gathered from CSR; an epoch visits every training cell once, in a new order the
+    next epoch; validation cells are apart; scANVI's labelled half has known labels only."""
+    import torch
+
+    from omicsprep.rna.resident_batches import ResidentDataModule
+
+    model = resident_model(generated_study)
+    manager = model.adata_manager
+    unlabelled = list(manager.get_state_registry("labels").categorical_mapping).index(UNLABELLED)
+    data = ResidentDataModule(
+        model, batch_size=100, seed=0, device=torch.device("cpu"), dense=dense, labelled=True,
+        unlabelled_code=unlabelled,
+    )  # fmt: skip
+    assert data.n_train + data.n_val == model.adata.n_obs and not set(data.train_idx) & set(data.val_idx)
+    counts = manager.get_from_registry("X")
+    codes = {key: np.asarray(manager.get_from_registry(key)).ravel() for key in ("batch", "labels")}
+    cell_of_row = {
+        row.tobytes(): cell for cell, row in zip(data.train_idx, counts[data.train_idx].toarray(), strict=True)
+    }
+    loader = data.train_dataloader()
+    epochs = []
+    for _ in range(2):
+        visited = []
+        for full, labelled in loader:
+            cells = np.array([cell_of_row[row.tobytes()] for row in full["X"].numpy()])
+            for key, column in codes.items():
+                np.testing.assert_array_equal(full[key].numpy().ravel(), column[cells])
+            assert labelled["X"].shape == full["X"].shape
+            assert (labelled["labels"].numpy() != unlabelled).all()
+            visited.append(cells)
+        epochs.append(np.concatenate(visited))
+    for visited in epochs:
+        np.testing.assert_array_equal(np.sort(visited), data.train_idx)
+    assert not np.array_equal(epochs[0], epochs[1]) and not np.array_equal(epochs[0], data.train_idx)
+
+
+def test_scanvi_on_resident_batches_labels_the_held_out_batch(generated_study, merged):
+    """scANVI from the merge's scVI model, trained from device-resident batches with their
+    semi-supervised pairs (the GPU backend's path, here on the CPU), labels the held-out batch."""
+    import scvi
+    import torch
+
+    from omicsprep.rna.resident_batches import ResidentDataModule
+
+    cells = merged.cells
+    scvi_model = merged.models["scvi"]
+    counts = ad.AnnData(
+        scvi_model.adata.X, obs=scvi_model.adata.obs.assign(label=known_labels(cells.obs["known_type"]).to_numpy())
+    )
+    scvi.settings.seed = 0
+    model = scvi.model.SCANVI.from_scvi_model(
+        scvi_model, adata=counts, unlabeled_category=UNLABELLED, labels_key="label"
+    )
+    unlabelled = list(model.adata_manager.get_state_registry("labels").categorical_mapping).index(UNLABELLED)
+    data = ResidentDataModule(
+        model, batch_size=256, seed=0, device=torch.device("cpu"), labelled=True, unlabelled_code=unlabelled
+    )
+    model.train(
+        max_epochs=10, datamodule=data, accelerator="cpu", enable_progress_bar=False, plan_kwargs={"lr": 1.4e-3}
+    )
+    held_out = (cells.obs["sample"] == "batch2").to_numpy()
+    predicted = np.asarray(model.predict())[held_out]
+    accuracy = (predicted == cells.obs["cell_type"].astype(str).to_numpy()[held_out]).mean()
+    print(f"scANVI (resident batches) accuracy on the held-out batch {accuracy:.4f}")
+    assert accuracy >= 0.95
+    assert "label" not in scvi_model.adata.obs  # the scVI model's own AnnData is left as it was

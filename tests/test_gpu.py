@@ -718,7 +718,7 @@ def test_merge_with_harmony_on_the_gpu(pbmc_batches):
 
 
 def test_scvi_scanvi_and_scib_metrics_on_the_gpu(generated_study):
-    """scVI and scANVI trained on the GPU (sparse batches, TF32, bf16 autocast) integrate the generated
+    """scVI and scANVI trained on the GPU (device-resident batches, TF32, bf16 autocast) integrate the generated
     study as on the CPU, scANVI labels the held-out batch, and the scIB metrics of the GPU's
     neighbour search equal the CPU's on the same embeddings."""
     from omicsprep.rna import integration_scores

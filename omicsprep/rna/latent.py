@@ -3,14 +3,16 @@
 scVI (Lopez et al. 2018) models each cell's counts of the highly variable genes as negative
 binomial given a latent state and its batch; scANVI (Xu et al. 2021) adds the cell types
 known for some cells and predicts the others'. Both train with scvi-tools on the backend's
-device: on the GPU the counts go to the device as sparse tensors per batch of cells, with
-TF32 matrix products and bf16 autocast where the GPU has it (a run whose loss leaves the
-finite numbers is trained again in float32).
+device. On the CPU with scvi-tools' own data loading and settings. On the GPU the counts go
+to the device once (:mod:`omicsprep.rna.resident_batches`), in batches of 1024 cells (from
+100,000 cells on) with the learning rate scaled to them, TF32 matrix products and bf16 autocast where the GPU has
+it (a run whose loss leaves the finite numbers is trained again in float32).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -38,8 +40,8 @@ def known_labels(labels: pd.Series) -> pd.Series:
     return text.mask(text.isin(["", "nan", "NaN", "None"]), UNLABELLED).astype(str)
 
 
-def _hvg_counts(adata: AnnData, *, batch_key: str) -> AnnData:
-    """The raw counts of the highly variable genes, with the batches in ``obs["batch"]``."""
+def hvg_counts(adata: AnnData, *, batch_key: str) -> AnnData:
+    """What scVI trains on: the highly variable genes' raw counts (CSR float32), the batches in ``obs["batch"]``."""
     genes = np.asarray(adata.var["highly_variable"], dtype=bool)
     counts = adata.layers.get("counts", adata.X)
     obs = pd.DataFrame({"batch": adata.obs[batch_key].astype(str).to_numpy()}, index=adata.obs_names)
@@ -60,29 +62,61 @@ def _tf32(backend: Backend) -> Iterator[None]:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
 
 
-def _trainer_settings(backend: Backend) -> dict[str, Any]:
-    """Where and how scvi-tools trains: the GPU with sparse batches and bf16 autocast, or the CPU."""
-    if backend == "cpu":
-        return {"accelerator": "cpu"}
-    import torch
+GPU_BATCH_SIZE, GPU_BATCH_FROM_CELLS = 1024, 100_000
+"""Cells per step on the GPU when ``batch_size`` is not set, from this many cells on
+(scvi-tools' 128 on the CPU and for fewer cells, whose epochs are short anyway)."""
 
-    settings: dict[str, Any] = {"accelerator": "gpu", "devices": 1, "load_sparse_tensor": True}
-    if torch.cuda.is_bf16_supported():
-        settings["precision"] = "bf16-mixed"
-    return settings
+REFERENCE_BATCH_SIZE, REFERENCE_LEARNING_RATE = 128, 1e-3
+"""scvi-tools' defaults, which the learning rate of other batch sizes is scaled from."""
+
+
+def training_steps(options: ScviOptions, *, n_cells: int, backend: Backend) -> tuple[int, float]:
+    """Cells per step and Adam's learning rate: ``options``' or chosen by backend and cells.
+
+    The batch size defaults to scvi-tools' 128, and on the GPU to :data:`GPU_BATCH_SIZE`
+    from :data:`GPU_BATCH_FROM_CELLS` cells on; the learning rate to 1e-3 x sqrt(batch size
+    / 128), Adam's square-root scaling rule (Malladi et al. 2022), which keeps the epochs of
+    scvi-tools' choice fitting.
+    """
+    large = backend == "gpu" and n_cells >= GPU_BATCH_FROM_CELLS
+    batch_size = options.batch_size or (GPU_BATCH_SIZE if large else REFERENCE_BATCH_SIZE)
+    learning_rate = options.learning_rate or REFERENCE_LEARNING_RATE * math.sqrt(batch_size / REFERENCE_BATCH_SIZE)
+    return batch_size, learning_rate
 
 
 def _train(
-    model: Any, *, max_epochs: int | None, early_stopping: bool, backend: Backend, batch_size: int = 128
+    model: Any,
+    *,
+    max_epochs: int | None,
+    early_stopping: bool,
+    steps: tuple[int, float],
+    seed: int,
+    backend: Backend,
+    unlabelled_code: int | None = None,
 ) -> None:
-    """Trains ``model``; again in float32 if mixed precision made the loss non-finite."""
-    settings = _trainer_settings(backend)
-    common = {
+    """Trains ``model``; on the GPU from device-resident data, again in float32 if bf16 made the loss non-finite."""
+    batch_size, learning_rate = steps
+    common: dict[str, Any] = {
         "max_epochs": max_epochs,
         "early_stopping": early_stopping,
-        "batch_size": batch_size,
+        "plan_kwargs": {"lr": learning_rate},
         "enable_progress_bar": False,
     }
+    if backend == "cpu":
+        model.train(**common, batch_size=batch_size, accelerator="cpu")
+        _log_trained(model)
+        return
+    import torch
+
+    from omicsprep.rna.resident_batches import ResidentDataModule
+
+    data = ResidentDataModule(
+        model, batch_size=batch_size, seed=seed, device=torch.device("cuda"),
+        labelled=unlabelled_code is not None, unlabelled_code=unlabelled_code,
+    )  # fmt: skip
+    settings: dict[str, Any] = {"accelerator": "gpu", "devices": 1, "datamodule": data}
+    if torch.cuda.is_bf16_supported():
+        settings["precision"] = "bf16-mixed"
     with _tf32(backend):
         model.train(**common, **settings)
         losses = np.asarray(model.history["elbo_train"], dtype=float)
@@ -90,6 +124,10 @@ def _train(
             log.warning("the loss left the finite numbers under bf16 autocast: training again in float32")
             del settings["precision"]
             model.train(**common, **settings)
+    _log_trained(model)
+
+
+def _log_trained(model: Any) -> None:
     log.info("trained %s for %d epochs", type(model).__name__, len(model.history["elbo_train"]))
 
 
@@ -106,7 +144,8 @@ def scvi(adata: AnnData, *, batch_key: str, options: ScviOptions, seed: int, bac
     options
         The network's size (``n_latent``, ``n_hidden``, ``n_layers``), the counts'
         likelihood, the epochs (``None``: scvi-tools' choice by the number of cells;
-        ``early_stopping`` on held-out cells' loss) and the cells per training step.
+        ``early_stopping`` on held-out cells' loss), the cells per training step and the
+        learning rate (:func:`training_steps`).
     seed
         Seed of the weights, the held-out cells and the batches' order.
     backend
@@ -119,7 +158,7 @@ def scvi(adata: AnnData, *, batch_key: str, options: ScviOptions, seed: int, bac
     import scvi as scvi_tools
 
     scvi_tools.settings.seed = seed
-    counts = _hvg_counts(adata, batch_key=batch_key)
+    counts = hvg_counts(adata, batch_key=batch_key)
     scvi_tools.model.SCVI.setup_anndata(counts, batch_key="batch")
     model = scvi_tools.model.SCVI(
         counts,
@@ -132,15 +171,23 @@ def scvi(adata: AnnData, *, batch_key: str, options: ScviOptions, seed: int, bac
         model,
         max_epochs=options.max_epochs,
         early_stopping=options.early_stopping,
+        steps=training_steps(options, n_cells=adata.n_obs, backend=backend),
+        seed=seed,
         backend=backend,
-        batch_size=options.batch_size,
     )
     adata.obsm["X_scvi"] = np.asarray(model.get_latent_representation(), dtype=np.float32)
     return model
 
 
 def scanvi(
-    adata: AnnData, *, scvi_model: Any, label_key: str, options: ScanviOptions, seed: int, backend: Backend
+    adata: AnnData,
+    *,
+    scvi_model: Any,
+    label_key: str,
+    options: ScanviOptions,
+    steps: tuple[int, float],
+    seed: int,
+    backend: Backend,
 ) -> Any:
     """Train scANVI from a scVI model and the known labels: ``obsm["X_scanvi"]`` and predicted labels.
 
@@ -156,6 +203,8 @@ def scanvi(
         ``obs["<label_key>_scanvi"]``.
     options
         Epochs (``None``: scvi-tools' choice) and early stopping.
+    steps
+        Cells per step and learning rate, as scVI's (:func:`training_steps`).
     seed
         Seed of the training.
     backend
@@ -176,10 +225,22 @@ def scanvi(
     if (labels == UNLABELLED).all():
         raise InputError(f"scANVI needs known labels; obs[{label_key!r}] has none")
     scvi_tools.settings.seed = seed
-    counts = scvi_model.adata
-    counts.obs["label"] = labels.to_numpy()
-    model = scvi_tools.model.SCANVI.from_scvi_model(scvi_model, unlabeled_category=UNLABELLED, labels_key="label")
-    _train(model, max_epochs=options.max_epochs, early_stopping=options.early_stopping, backend=backend)
+    # The scVI model's counts with the labels beside, leaving the scVI model's own AnnData as it was.
+    counts = AnnData(scvi_model.adata.X, obs=scvi_model.adata.obs.assign(label=labels.to_numpy()))
+    counts.var_names = scvi_model.adata.var_names
+    model = scvi_tools.model.SCANVI.from_scvi_model(
+        scvi_model, adata=counts, unlabeled_category=UNLABELLED, labels_key="label"
+    )
+    categories = list(model.adata_manager.get_state_registry("labels").categorical_mapping)
+    _train(
+        model,
+        max_epochs=options.max_epochs,
+        early_stopping=options.early_stopping,
+        steps=steps,
+        seed=seed,
+        backend=backend,
+        unlabelled_code=categories.index(UNLABELLED),
+    )
     adata.obsm["X_scanvi"] = np.asarray(model.get_latent_representation(), dtype=np.float32)
     adata.obs[f"{label_key}_scanvi"] = pd.Categorical(model.predict())
     return model

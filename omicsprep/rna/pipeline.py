@@ -436,6 +436,7 @@ def correct_batches(
                 scvi_model=models["scvi"],
                 label_key=options.integration.label_key,
                 options=options.scanvi,
+                steps=latent.training_steps(options.scvi, n_cells=adata.n_obs, backend=backend),
                 seed=seed,
                 backend=backend,
             )

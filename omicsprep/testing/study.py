@@ -10,11 +10,14 @@ type altogether, which catches an integration that forces every batch onto every
 
 from __future__ import annotations
 
+from concurrent.futures import ProcessPoolExecutor
+
 import numpy as np
 import pandas as pd
 from anndata import AnnData
+from scipy import sparse
 
-from omicsprep.testing.generate import N_CLUSTERS, chunk_counts, gene_names, profiles
+from omicsprep.testing.generate import CHUNK, N_CLUSTERS, chunk_counts, gene_names, profiles
 
 TYPES = [f"type{t:02d}" for t in range(N_CLUSTERS)]
 
@@ -27,6 +30,7 @@ def generate_study(
     batch_sigma: float = 0.5,
     missing_type: int | None = 0,
     seed: int = 0,
+    jobs: int = 1,
 ) -> dict[str, AnnData]:
     """Batches of raw counts with planted cell types, ``batch<i>`` to its cells.
 
@@ -44,6 +48,9 @@ def generate_study(
         A cell type (0 to 11) the last batch lacks; ``None``: every batch has every type.
     seed
         Seed of the types' profiles and of each batch's draw.
+    jobs
+        Processes drawing the cells, in chunks of :data:`omicsprep.testing.generate.CHUNK`
+        per batch (the same cells for any ``jobs``).
 
     Returns
     -------
@@ -54,14 +61,28 @@ def generate_study(
     cdfs = profiles(n_genes, rng)
     shares = np.diff(cdfs, prepend=0.0, axis=1)  # each profile's gene probabilities
     names = gene_names(n_genes)
-    batches = {}
+    tasks, layout = [], []
     for index in range(n_batches):
-        batch = f"batch{index}"
         batch_rng = np.random.default_rng([seed, index])
         efficiency = batch_rng.lognormal(0.0, batch_sigma, n_genes)
         weighted = shares * efficiency
         batch_cdfs = np.cumsum(weighted / weighted.sum(axis=1, keepdims=True), axis=1)
-        counts, types = chunk_counts(n_cells, n_genes, batch_cdfs, batch_rng)
+        for chunk, start in enumerate(range(0, n_cells, CHUNK)):
+            # The first chunk goes on with the batch's own generator (a small batch is one chunk).
+            rng = batch_rng if chunk == 0 else np.random.default_rng([seed, index, chunk])
+            tasks.append((min(CHUNK, n_cells - start), n_genes, batch_cdfs, rng))
+            layout.append(index)
+    if jobs > 1:
+        with ProcessPoolExecutor(jobs) as pool:
+            chunks = list(pool.map(_chunk, tasks))
+    else:
+        chunks = [_chunk(task) for task in tasks]
+    batches = {}
+    for index in range(n_batches):
+        batch = f"batch{index}"
+        mine = [chunks[i] for i, owner in enumerate(layout) if owner == index]
+        counts = sparse.vstack([part for part, _ in mine], format="csr")
+        types = np.concatenate([part_types for _, part_types in mine])
         kept = np.ones(n_cells, dtype=bool)
         if missing_type is not None and index == n_batches - 1:
             kept = types != missing_type
@@ -74,3 +95,8 @@ def generate_study(
         )
         batches[batch] = AnnData(counts[kept], obs=obs, var=pd.DataFrame(index=names))
     return batches
+
+
+def _chunk(task: tuple[int, int, np.ndarray, np.random.Generator]) -> tuple[sparse.csr_matrix, np.ndarray]:
+    n_cells, n_genes, cdfs, rng = task
+    return chunk_counts(n_cells, n_genes, cdfs, rng)
