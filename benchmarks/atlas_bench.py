@@ -196,7 +196,9 @@ def part_defaults(cells: ad.AnnData, *, backend: str, cache: Path) -> list[dict[
     with host_memory_peak() as memory:
         model.train(accelerator="gpu" if backend == "gpu" else "cpu", enable_progress_bar=False)  # batches of 128
     seconds = time.perf_counter() - start
-    np.save(cache / "X_scvi_defaults.npy", np.asarray(model.get_latent_representation(), dtype=np.float32))
+    np.save(
+        cache / "X_scvi_defaults.npy", np.asarray(model.get_latent_representation(batch_size=8192), dtype=np.float32)
+    )
     rows = [
         {
             "step": "scvi, scvi-tools' defaults",

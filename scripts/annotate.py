@@ -10,6 +10,7 @@ def main() -> None:
 
     from omicsprep import io
     from omicsprep.backend import prepare_gpu, resolve_backend
+    from omicsprep.errors import InputError
     from omicsprep.io.figures import write_embedding_figure
     from omicsprep.rna.annotation import celltypist
 
@@ -17,7 +18,14 @@ def main() -> None:
     prepare_gpu(backend, modules=())
     adata = io.read_h5ad(snakemake.input.h5ad, skip=("X", "obsp", "varm", "uns"))
     clusters = snakemake.params.clusters if snakemake.params.majority_voting else None
-    celltypist(adata, model=Model.load(snakemake.input.model), clusters=clusters, backend=backend)
+    try:
+        model = Model.load(snakemake.input.model)
+    except Exception as error:  # CellTypist raises whatever unpickling a wrong file gives
+        raise InputError(f"not a CellTypist model ({error})", path=snakemake.input.model) from error
+    try:
+        celltypist(adata, model=model, clusters=clusters, backend=backend)
+    except InputError as error:  # the model's genes: name the model's file
+        raise InputError(error.problem, path=snakemake.input.model) from error
     columns = ["cell_type", "cell_type_confidence", "cell_type_predicted"]
     io.write_table(adata.obs[columns], snakemake.output.table, index=True)
     keys = ["cell_type", *([clusters] if clusters else [])]

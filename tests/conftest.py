@@ -173,7 +173,7 @@ MERGE_OPTIONS = MergeOptions()
 ATLAS_OPTIONS = MergeOptions(
     integration=IntegrationOptions(methods=("pca", "harmony", "scvi", "scanvi"), use="scvi", label_key="known_type"),
     scvi=ScviOptions(max_epochs=150, batch_size=256),
-    scanvi=ScanviOptions(max_epochs=10),
+    scanvi=ScanviOptions(max_epochs=20),  # batches of 256 (scVI's), half the steps of scvi-tools' 10 epochs of 128
 )
 
 

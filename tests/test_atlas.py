@@ -153,7 +153,8 @@ def test_saved_models_load_again_and_give_the_same_latent_space(merged, tmp_path
     counts = merged.models["scvi"].adata
     loaded = scvi.model.SCVI.load(str(tmp_path / "models" / "scvi"), adata=counts)
     np.testing.assert_allclose(loaded.get_latent_representation(), merged.cells.obsm["X_scvi"], atol=1e-5)
-    scanvi = scvi.model.SCANVI.load(str(tmp_path / "models" / "scanvi"), adata=counts)
+    labelled = merged.models["scanvi"].adata  # the scVI model's counts with the known labels beside
+    scanvi = scvi.model.SCANVI.load(str(tmp_path / "models" / "scanvi"), adata=labelled)
     np.testing.assert_array_equal(scanvi.predict(), merged.cells.obs["known_type_scanvi"].astype(str))
 
 
@@ -433,3 +434,53 @@ def test_scanvi_on_resident_batches_labels_the_held_out_batch(generated_study, m
     print(f"scANVI (resident batches) accuracy on the held-out batch {accuracy:.4f}")
     assert accuracy >= 0.95
     assert "label" not in scvi_model.adata.obs  # the scVI model's own AnnData is left as it was
+
+
+RULE_DRIVER = """
+import runpy, sys
+from types import SimpleNamespace
+
+class Names(SimpleNamespace):
+    def get(self, key, default=None):
+        return getattr(self, key, default)
+
+h5ad, model, out = sys.argv[1:]
+snakemake = SimpleNamespace(
+    input=Names(h5ad=h5ad, model=model), output=Names(table=out + "/cell_types.tsv", umap=out + "/umap.png"),
+    log=[out + "/annotate.log"], wildcards=Names(sample="batch1"), threads=1,
+    params=Names(backend="cpu", clusters="leiden_1.0", majority_voting=True),
+)
+runpy.run_path("scripts/annotate.py", init_globals={"snakemake": snakemake})
+"""
+
+
+@pytest.mark.parametrize(
+    ("model_file", "problem"),
+    [("text", "not a CellTypist model"), ("renamed genes", "the cells share no gene with the CellTypist model")],
+)
+def test_rule_annotate_names_the_sample_and_the_model_file_of_a_bad_model(
+    generated_study, celltypist_model, tmp_path, model_file, problem
+):
+    import copy
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    h5ad, model = tmp_path / "processed.h5ad", tmp_path / "model.pkl"
+    generated_study["batch1"].write_h5ad(h5ad)
+    if model_file == "text":
+        model.write_text("not a pickle\n")
+    else:
+        renamed = copy.deepcopy(celltypist_model)  # the module's model is shared
+        renamed.classifier.features = np.array([f"ENSG{i:011d}" for i in range(len(renamed.classifier.features))])
+        renamed.write(str(model))
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run(
+        [sys.executable, "-c", RULE_DRIVER, str(h5ad), str(model), str(tmp_path)],
+        cwd=root, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert run.returncode == 1, run.stderr
+    message = run.stderr.strip().splitlines()[-1]
+    assert message.startswith("omicsprep error:") and "'batch1'" in message and problem in message, message
+    assert str(model) in message
+    assert not (tmp_path / "cell_types.tsv").exists()

@@ -66,6 +66,10 @@ GPU_BATCH_SIZE, GPU_BATCH_FROM_CELLS = 1024, 100_000
 """Cells per step on the GPU when ``batch_size`` is not set, from this many cells on
 (scvi-tools' 128 on the CPU and for fewer cells, whose epochs are short anyway)."""
 
+INFERENCE_BATCH_SIZE = 8192
+"""Cells per step of the trained models' latent means and predictions (scvi-tools' 128 makes
+thousands of small steps at a million cells; the result does not depend on it)."""
+
 REFERENCE_BATCH_SIZE, REFERENCE_LEARNING_RATE = 128, 1e-3
 """scvi-tools' defaults, which the learning rate of other batch sizes is scaled from."""
 
@@ -175,7 +179,8 @@ def scvi(adata: AnnData, *, batch_key: str, options: ScviOptions, seed: int, bac
         seed=seed,
         backend=backend,
     )
-    adata.obsm["X_scvi"] = np.asarray(model.get_latent_representation(), dtype=np.float32)
+    latent_means = model.get_latent_representation(batch_size=INFERENCE_BATCH_SIZE)
+    adata.obsm["X_scvi"] = np.asarray(latent_means, dtype=np.float32)
     return model
 
 
@@ -241,6 +246,7 @@ def scanvi(
         backend=backend,
         unlabelled_code=categories.index(UNLABELLED),
     )
-    adata.obsm["X_scanvi"] = np.asarray(model.get_latent_representation(), dtype=np.float32)
-    adata.obs[f"{label_key}_scanvi"] = pd.Categorical(model.predict())
+    latent_means = model.get_latent_representation(batch_size=INFERENCE_BATCH_SIZE)
+    adata.obsm["X_scanvi"] = np.asarray(latent_means, dtype=np.float32)
+    adata.obs[f"{label_key}_scanvi"] = pd.Categorical(model.predict(batch_size=INFERENCE_BATCH_SIZE))
     return model
