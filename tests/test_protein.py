@@ -93,6 +93,21 @@ def test_the_technical_component_is_the_centred_first_pc_rising_with_the_cells_m
     for data in (values, whole):
         scores = normalization._first_component(data, xp=flipped)
         np.testing.assert_array_equal(scores, normalization._first_component(data, xp=np))
+    # Scale: values 1,000 times smaller give scores 1,000 times smaller (the sign test is against 0).
+    np.testing.assert_allclose(
+        normalization._first_component(values / 1000, xp=np), normalization._first_component(values, xp=np) / 1000
+    )
+
+
+def test_the_technical_component_rises_with_the_cells_means_in_small_noisy_panels():
+    """Thirty cells x four antibodies, noisy, some cells' means near zero on either side: the
+    scores still correlate positively with each cell's centred mean (their covariance decides
+    the sign, not a ratio to the means)."""
+    for seed in range(100, 130):
+        rng = np.random.default_rng(seed)
+        values = rng.normal(size=(30, 1)) @ rng.normal(1.0, 0.3, size=(1, 4)) + rng.normal(0, 0.5, size=(30, 4))
+        scores = normalization._first_component(values, xp=np)
+        assert np.corrcoef(scores, (values - values.mean(axis=0)).mean(axis=1))[0, 1] > 0, seed
 
 
 def test_the_background_mixture_is_the_maximum_likelihood_fit():
@@ -136,6 +151,10 @@ def test_clr_equals_muon(cells):
     np.testing.assert_allclose(ours.X, dense(theirs.X), atol=1e-5)
     assert ours.X.dtype == np.float32  # as the RNA's log counts: half the memory of float64
     assert (dense(ours.layers["counts"]) == dense(cells.X)).all()
+    dense_input = cells.copy()
+    dense_input.X = dense(cells.X)  # an .h5ad may hold the tags dense
+    normalization.clr(dense_input, backend="cpu")
+    np.testing.assert_array_equal(dense_input.X, ours.X)
 
 
 def test_dsb_agrees_with_muon(cells, empty):
@@ -160,14 +179,23 @@ def test_dsb_agrees_with_muon(cells, empty):
     correlation = [np.corrcoef(ours.X[:, j], theirs[:, j])[0, 1] for j in range(ours.n_vars)]
     assert min(correlation) > 0.99
     assert np.abs(ours.X - theirs).mean() < 0.05
-    assert {"dsb_background", "dsb_technical"} <= set(ours.obs.columns)
+    assert ours.X.dtype == plain_ours.X.dtype == np.float32
+
+    # The per-cell background and technical component in obs: the mixture's lower mean of each
+    # cell's ambient-scaled values, and the first PC of the isotypes beside it.
+    scaled = plain_ours.X.astype(np.float64)  # muon's, above (to float32's precision)
+    background = normalization._two_component_low_means(scaled, xp=np)
+    np.testing.assert_allclose(ours.obs["dsb_background"], background, rtol=1e-5, atol=1e-5)
+    columns = [cells.var_names.get_loc(name) for name in isotypes]
+    technical = normalization._first_component(np.column_stack([scaled[:, columns], background]), xp=np)
+    np.testing.assert_allclose(ours.obs["dsb_technical"], technical, rtol=1e-4, atol=1e-4)
 
 
 def test_dsb_refuses_mismatched_input(cells, empty):
     with pytest.raises(InputError, match="empty droplets lack 1 antibodies"):
         normalization.dsb(cells.copy(), empty=empty[:, 1:].copy(), isotypes=[], backend="cpu")
-    with pytest.raises(InputError, match="isotype controls not among the antibodies: IgG_nope"):
-        normalization.dsb(cells.copy(), empty=empty, isotypes=["IgG_nope"], backend="cpu")
+    with pytest.raises(InputError, match=r"isotype controls not among the antibodies: IgG_nope, IgG_too$"):
+        normalization.dsb(cells.copy(), empty=empty, isotypes=["IgG_nope", "IgG_too"], backend="cpu")
 
 
 def test_dsb_without_empty_droplets_is_one_clear_error(cells):
