@@ -34,6 +34,18 @@ def test_join_keeps_the_common_cells(atac):
     assert list(joined["atac"].obs_names) == list(half.obs_names)
 
 
+def test_join_keeps_the_first_modalitys_order_and_records_the_shares(atac):
+    """The common cells in the first modality's order (not sorted); each modality's share, rounded to
+    4 places, returned and in uns["overlap"]; a share exactly at min_overlap is enough."""
+    backwards = atac[::-1][:999].copy()  # 999 cells in reverse order
+    third = atac[::3].copy()  # 334 cells, 333 of them among the 999
+    joined, overlap = join_modalities({"atac": backwards, "protein": third}, min_overlap=0.3)
+    kept = set(third.obs_names)
+    assert list(joined.obs_names) == [name for name in backwards.obs_names if name in kept]
+    assert overlap == {"atac": 0.3333, "protein": 0.997} == joined.uns["overlap"]
+    join_modalities({"atac": backwards, "protein": third}, min_overlap=0.3333)
+
+
 def test_barcodes_that_do_not_overlap_are_refused(atac):
     protein = io.read_counts(CITESEQ / "cells", feature_type="Antibody Capture")
     shares = r"\(atac 0.0% of 1000, protein 0.0% of 2872\)"
@@ -188,3 +200,160 @@ def test_run_multiome_passes_its_settings_on(rna_and_atac):
         "seed": 5,
     }
     assert {"wnn", "umap", "leiden"} <= set(provenance["timings"])
+
+
+def _reference_kernel_width(embedding: np.ndarray, neighbors: np.ndarray, n_bandwidth: int) -> np.ndarray:
+    """WNN's kernel width cell by cell, as its definition reads (slow)."""
+    n_cells, k = neighbors.shape
+    sets = [set(row) for row in neighbors]
+    widths = np.zeros(n_cells)
+    for cell in range(n_cells):
+        scored = []
+        for other in range(n_cells):
+            shared = len(sets[cell] & sets[other])
+            if other != cell and shared > 0:
+                jaccard = shared / (2 * k - shared)
+                scored.append((jaccard, -np.linalg.norm(embedding[cell] - embedding[other]), other))
+        chosen = sorted(scored)[:n_bandwidth]
+        widths[cell] = -np.mean([distance for _, distance, _ in chosen]) if chosen else 0.0
+    return widths
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_the_kernel_width_is_the_mean_distance_to_the_least_overlapping_neighbour_sets(k):
+    """Each cell's kernel width: the mean distance to the n cells whose k-neighbour sets share the
+    fewest (but some) members with its own by Jaccard index, farther first among equals; a cell
+    whose set overlaps no other's (the last, apart) has width 0."""
+    from omicsprep.multiome.wnn import _kernel_width, _unit_rows
+
+    rng = np.random.default_rng(k)
+    embedding = _unit_rows(rng.normal(size=(61, 5)).astype(np.float32), xp=np)
+    # Sets of k among cells 0-56; the last cell's set, among cells 57-59, is in nobody else's.
+    neighbors = np.array([rng.choice(np.setdiff1d(np.arange(57), [cell]), k, replace=False) for cell in range(60)])
+    neighbors = np.vstack([neighbors, np.arange(57, 57 + k)])
+    for n_bandwidth in (1, 3, 10):
+        ours = _kernel_width(embedding, neighbors, n_bandwidth, xp=np)
+        assert ours.shape == (61,) and ours.dtype == np.float32
+        np.testing.assert_allclose(ours, _reference_kernel_width(embedding, neighbors, n_bandwidth), atol=1e-6)
+        assert ours[-1] == 0
+
+
+def test_wnn_stores_its_graph_as_scanpy_stores_neighbours():
+    """obsp distances (k joint neighbours per row, float32, cells x cells even where the last cell
+    is nobody's neighbour) and UMAP connectivities as scanpy computes them from those distances;
+    uns["neighbors"] names them, with the neighbours per cell (the cell included) and the UMAP
+    method, so scanpy's UMAP and Leiden find them."""
+    import anndata
+    from scanpy.neighbors._connectivity import umap as umap_connectivities
+
+    from omicsprep.multiome.wnn import weighted_nearest_neighbors
+
+    rng = np.random.default_rng(1)
+    n_cells = 80
+    # Rows are scaled to unit length: the last cell is apart along a dimension of its own.
+    rna, atac = np.zeros((n_cells, 7)), np.zeros((n_cells, 5))
+    rna[:-1, :-1], atac[:-1, :-1] = rng.normal(size=(n_cells - 1, 6)), rng.normal(size=(n_cells - 1, 4))
+    rna[-1, -1] = atac[-1, -1] = 1
+    mdata = mudata.MuData(
+        {
+            name: anndata.AnnData(np.zeros((n_cells, 1)), obsm={"X": values})
+            for name, values in {"rna": rna, "atac": atac}.items()
+        }
+    )
+    weighted_nearest_neighbors(mdata, representations={"rna": "X", "atac": "X"}, n_neighbors=6, backend="cpu")
+    distances = mdata.obsp["distances"]
+    assert distances.shape == (n_cells, n_cells) and distances.dtype == np.float32
+    assert (np.diff(distances.indptr) == 5).all() and distances[:, -1].nnz == 0
+    assert distances.data.max() <= np.sqrt(0.5) + 1e-6  # sqrt((1 - similarity) / 2), similarity in [0, 1]
+    indices = distances.indices.reshape(n_cells, 5)
+    knn_dists = distances.data.reshape(n_cells, 5)
+    expected = umap_connectivities(
+        np.hstack([np.arange(n_cells)[:, None], indices]),
+        np.hstack([np.zeros((n_cells, 1), np.float32), knn_dists]),
+        n_obs=n_cells,
+        n_neighbors=6,
+    )
+    np.testing.assert_allclose(mdata.obsp["connectivities"].toarray(), expected.toarray(), rtol=1e-6, atol=1e-7)
+    assert mdata.uns["neighbors"] == {
+        "connectivities_key": "connectivities",
+        "distances_key": "distances",
+        "params": {"n_neighbors": 6, "method": "umap", "metric": "euclidean", "use_rep": "X_wnn_input"},
+    }
+
+
+def wnn_sample(**embeddings: np.ndarray) -> mudata.MuData:
+    """A MuData of modalities holding only an embedding each (obsm["X"])."""
+    import anndata
+
+    return mudata.MuData(
+        {name: anndata.AnnData(np.zeros((len(values), 1)), obsm={"X": values}) for name, values in embeddings.items()}
+    )
+
+
+def test_unit_rows_are_of_length_one_and_zero_rows_stay_zero():
+    from omicsprep.multiome.wnn import _unit_rows
+
+    values = np.array([[0.03, 0.04], [0, 0], [3, 4]], dtype=np.float32)
+    np.testing.assert_allclose(_unit_rows(values, xp=np), [[0.6, 0.8], [0, 0], [0.6, 0.8]], rtol=1e-6)
+
+
+def test_wnn_needs_two_modalities_and_three_cells():
+    """Three cells are enough (each has the other two as neighbours); two cells, or one modality, are refused."""
+    from omicsprep.multiome.wnn import weighted_nearest_neighbors
+
+    rng = np.random.default_rng(0)
+    three = wnn_sample(rna=rng.normal(size=(3, 4)), atac=rng.normal(size=(3, 3)))
+    weighted_nearest_neighbors(three, representations={"rna": "X", "atac": "X"}, backend="cpu")
+    distances = three.obsp["distances"].toarray()
+    assert ((distances > 0) == ~np.eye(3, dtype=bool)).all()
+    two = wnn_sample(rna=rng.normal(size=(2, 4)), atac=rng.normal(size=(2, 3)))
+    with pytest.raises(InputError, match=r"3 cells or more \(got \['rna', 'atac'\], 2 cells\)"):
+        weighted_nearest_neighbors(two, representations={"rna": "X", "atac": "X"}, backend="cpu")
+    with pytest.raises(InputError, match=r"two modalities or more .*\(got \['rna'\], 10 cells\)"):
+        weighted_nearest_neighbors(
+            wnn_sample(rna=rng.normal(size=(10, 4))), representations={"rna": "X"}, backend="cpu"
+        )
+
+
+def test_wnn_of_a_sample_smaller_than_its_neighbourhoods_joins_every_other_cell():
+    """Ten cells with 20 neighbours asked: each cell's joint neighbours are the nine others."""
+    from omicsprep.multiome.wnn import weighted_nearest_neighbors
+
+    rng = np.random.default_rng(1)
+    cells = wnn_sample(rna=rng.normal(size=(10, 4)), atac=rng.normal(size=(10, 3)))
+    weighted_nearest_neighbors(cells, representations={"rna": "X", "atac": "X"}, n_neighbors=20, backend="cpu")
+    distances = cells.obsp["distances"].toarray()
+    assert ((distances > 0) == ~np.eye(10, dtype=bool)).all()
+    assert cells.uns["neighbors"]["params"]["n_neighbors"] == 10
+
+
+def test_wnn_weights_the_modality_that_separates_the_cells():
+    """RNA in four tight clusters, ATAC noise: every cell's RNA weight is near 1 and the weights are
+    finite, though the noise's affinity ratios reach 1/eps (a softmax shifted by its row maximum)."""
+    from omicsprep.multiome.wnn import weighted_nearest_neighbors
+
+    rng = np.random.default_rng(2)
+    centres = rng.normal(size=(4, 5)) * 10
+    rna = np.repeat(centres, 25, axis=0) + rng.normal(scale=0.01, size=(100, 5))
+    cells = wnn_sample(rna=rna, atac=rng.normal(size=(100, 5)))
+    weighted_nearest_neighbors(cells, representations={"rna": "X", "atac": "X"}, n_neighbors=10, backend="cpu")
+    weights = cells.obs[["rna:mod_weight", "atac:mod_weight"]].to_numpy()
+    assert np.isfinite(weights).all() and weights.dtype == np.float32
+    np.testing.assert_allclose(weights.sum(axis=1), 1, rtol=1e-5)
+    assert weights[:, 0].min() > 0.9
+    assert cells.obsm["X_wnn_input"].dtype == np.float32
+
+
+def test_wnn_uses_the_leading_dimensions_asked():
+    """n_dims: the RNA's first two dimensions only, as if the embedding had only those."""
+    from omicsprep.multiome.wnn import weighted_nearest_neighbors
+
+    rng = np.random.default_rng(3)
+    rna, atac = rng.normal(size=(60, 6)), rng.normal(size=(60, 4))
+    truncated, leading = wnn_sample(rna=rna[:, :2], atac=atac), wnn_sample(rna=rna, atac=atac)
+    weighted_nearest_neighbors(truncated, representations={"rna": "X", "atac": "X"}, n_neighbors=8, backend="cpu")
+    weighted_nearest_neighbors(
+        leading, representations={"rna": "X", "atac": "X"}, n_dims={"rna": 2}, n_neighbors=8, backend="cpu"
+    )
+    assert (leading.obsp["distances"] != truncated.obsp["distances"]).nnz == 0
+    np.testing.assert_array_equal(leading.obs["rna:mod_weight"], truncated.obs["rna:mod_weight"])
