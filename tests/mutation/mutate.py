@@ -181,39 +181,44 @@ def write_report() -> None:
         "mutates each function of the module (Numba's kernels, being decorated, are not mutated: the",
         "parity tests of the CPU and CUDA kernels cover them) and runs the module's unit tests that reach it",
         "(`COVERING_TESTS` in `tests/mutation/mutate.py`). *Killed* counts timeouts; *not reached*: no",
-        "covering test calls the function (GPU-only paths among them); *equivalent*: a survivor that",
-        "behaves as the original, with the reason below. The share is killed over all mutants less the",
-        "equivalent ones.",
+        "covering test calls the function; *equivalent*: a survivor that behaves as the original, with the",
+        "reason below; *GPU only*: a survivor that changes only what the GPU backend does (a backend or",
+        "array module not passed on, which the CPU backend does not read), which the CPU tests cannot see",
+        "and the GPU suite's CPU-GPU comparisons would see only as the CPU's results (its reason begins",
+        "`GPU only` in `equivalent.toml`). The share is killed over all mutants less the equivalent and",
+        "GPU-only ones.",
         "",
-        "| module | mutants | killed | survived | not reached | unclear | equivalent | killed share | run |",
-        "|:--|--:|--:|--:|--:|--:|--:|--:|:--|",
+        "| module | mutants | killed | survived | not reached | unclear | equivalent | GPU only | killed share | run |",
+        "|:--|--:|--:|--:|--:|--:|--:|--:|--:|:--|",
     ]
     sections = []
     for module in COVERING_TESTS:
         if not (RESULTS / f"{module}.tsv").exists():
-            lines.append(f"| {module} | not run | | | | | | | |")
+            lines.append(f"| {module} | not run | | | | | | | | |")
             continue
         found = read_results(module)
         explained = equivalent.get(module, {})
         counts = dict.fromkeys(("killed", "survived", "not reached", "unclear"), 0)
-        open_ones, equal_ones = [], []
+        open_ones, equal_ones, gpu_ones = [], [], []
         for name, (status, change) in found.items():
             if status in ("survived", "no tests") and name in explained:
-                equal_ones.append(f"- `{name}`: {explained[name]}\n  `{change}`")
+                gpu_only = explained[name].startswith("GPU only")
+                (gpu_ones if gpu_only else equal_ones).append(f"- `{name}`: {explained[name]}\n  `{change}`")
                 continue
             counts[COLUMNS[status]] += 1
             if COLUMNS[status] != "killed":
                 open_ones.append(f"- `{name}` ({status}): `{change}`")
         stale = sorted(set(explained) - {name for name, (status, _) in found.items() if status != "killed"})
-        judged = len(found) - len(equal_ones)
+        judged = len(found) - len(equal_ones) - len(gpu_ones)
         share = f"{100 * counts['killed'] / judged:.1f}%" if judged else "-"
         run = (RESULTS / f"{module}.run").read_text().strip()
         lines.append(
             f"| {module} | {len(found)} | {counts['killed']} | {counts['survived']} | {counts['not reached']} "
-            f"| {counts['unclear']} | {len(equal_ones)} | {share} | {run} |"
+            f"| {counts['unclear']} | {len(equal_ones)} | {len(gpu_ones)} | {share} | {run} |"
         )
         sections += [f"\n## {module}\n", "Not killed:\n", *(open_ones or ["- none"])]
         sections += ["\nEquivalent:\n", *(equal_ones or ["- none"])]
+        sections += ["\nGPU only:\n", *(gpu_ones or ["- none"])]
         if stale:
             sections += ["\nExplained in equivalent.toml but killed or gone (remove them):\n"]
             sections += [f"- `{name}`" for name in stale]
