@@ -434,6 +434,12 @@ def test_scanvi_on_resident_batches_labels_the_held_out_batch(generated_study, m
     print(f"scANVI (resident batches) accuracy on the held-out batch {accuracy:.4f}")
     assert accuracy >= 0.95
     assert "label" not in scvi_model.adata.obs  # the scVI model's own AnnData is left as it was
+    # Latent means and predictions from the resident data (every cell, in order) equal scvi-tools' own.
+    every_cell = data.every_cell(batch_size=500)
+    np.testing.assert_allclose(
+        model.get_latent_representation(dataloader=every_cell), model.get_latent_representation(), atol=1e-5
+    )
+    np.testing.assert_array_equal(model.predict(dataloader=every_cell), model.predict())
 
 
 RULE_DRIVER = """

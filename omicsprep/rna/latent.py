@@ -97,8 +97,12 @@ def _train(
     seed: int,
     backend: Backend,
     unlabelled_code: int | None = None,
-) -> None:
-    """Trains ``model``; on the GPU from device-resident data, again in float32 if bf16 made the loss non-finite."""
+) -> dict[str, Any]:
+    """Trains ``model``; on the GPU from device-resident data, again in float32 if bf16 made the loss non-finite.
+
+    Returns the keyword arguments that give the trained model's latent means and predictions
+    every cell in order: on the GPU, batches of the data already on the device.
+    """
     batch_size, learning_rate = steps
     common: dict[str, Any] = {
         "max_epochs": max_epochs,
@@ -109,7 +113,7 @@ def _train(
     if backend == "cpu":
         model.train(**common, batch_size=batch_size, accelerator="cpu")
         _log_trained(model)
-        return
+        return {"batch_size": INFERENCE_BATCH_SIZE}
     import torch
 
     from omicsprep.rna.resident_batches import ResidentDataModule
@@ -129,6 +133,7 @@ def _train(
             del settings["precision"]
             model.train(**common, **settings)
     _log_trained(model)
+    return {"dataloader": data.every_cell(batch_size=INFERENCE_BATCH_SIZE)}
 
 
 def _log_trained(model: Any) -> None:
@@ -171,7 +176,7 @@ def scvi(adata: AnnData, *, batch_key: str, options: ScviOptions, seed: int, bac
         n_layers=options.n_layers,
         gene_likelihood=options.gene_likelihood,
     )
-    _train(
+    every_cell = _train(
         model,
         max_epochs=options.max_epochs,
         early_stopping=options.early_stopping,
@@ -179,7 +184,7 @@ def scvi(adata: AnnData, *, batch_key: str, options: ScviOptions, seed: int, bac
         seed=seed,
         backend=backend,
     )
-    latent_means = model.get_latent_representation(batch_size=INFERENCE_BATCH_SIZE)
+    latent_means = model.get_latent_representation(**every_cell)
     adata.obsm["X_scvi"] = np.asarray(latent_means, dtype=np.float32)
     return model
 
@@ -237,7 +242,7 @@ def scanvi(
         scvi_model, adata=counts, unlabeled_category=UNLABELLED, labels_key="label"
     )
     categories = list(model.adata_manager.get_state_registry("labels").categorical_mapping)
-    _train(
+    every_cell = _train(
         model,
         max_epochs=options.max_epochs,
         early_stopping=options.early_stopping,
@@ -246,7 +251,6 @@ def scanvi(
         backend=backend,
         unlabelled_code=categories.index(UNLABELLED),
     )
-    latent_means = model.get_latent_representation(batch_size=INFERENCE_BATCH_SIZE)
-    adata.obsm["X_scanvi"] = np.asarray(latent_means, dtype=np.float32)
-    adata.obs[f"{label_key}_scanvi"] = pd.Categorical(model.predict(batch_size=INFERENCE_BATCH_SIZE))
+    adata.obsm["X_scanvi"] = np.asarray(model.get_latent_representation(**every_cell), dtype=np.float32)
+    adata.obs[f"{label_key}_scanvi"] = pd.Categorical(model.predict(**every_cell))
     return model

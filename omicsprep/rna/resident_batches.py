@@ -103,10 +103,11 @@ class ResidentBatches:
         return len(self._starts())
 
     def _starts(self) -> range:
-        # A last batch of fewer than 3 cells is dropped, as scvi-tools does (BatchNorm needs more than one).
+        # In training, a last batch of fewer than 3 cells is dropped, as scvi-tools does (BatchNorm
+        # in training mode needs more than one); in order (validation, inference) every cell counts.
         n = self.indices.numel()
-        last = n if n % self.batch_size >= 3 or n < self.batch_size else n - n % self.batch_size
-        return range(0, last, self.batch_size)
+        small = n % self.batch_size < 3 and n >= self.batch_size and self.generator is not None
+        return range(0, n - n % self.batch_size if small else n, self.batch_size)
 
     def _tensors(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"X": self.counts.rows(rows), **{key: codes[rows] for key, codes in self.codes.items()}}
@@ -191,3 +192,8 @@ class ResidentDataModule(LightningDataModule):
         """The validation cells in order."""
         indices = torch.from_numpy(self.val_idx).to(self.device_)
         return ResidentBatches(self.counts, self.codes, indices, batch_size=self.batch_size, generator=None)
+
+    def every_cell(self, *, batch_size: int) -> ResidentBatches:
+        """Every cell in order, for the trained model's latent means and predictions (``dataloader=``)."""
+        indices = torch.arange(self.n_obs, device=self.device_)
+        return ResidentBatches(self.counts, self.codes, indices, batch_size=batch_size, generator=None)
