@@ -311,6 +311,7 @@ fi
 
 if wants atlas; then
 echo "== the atlas steps: scVI (ours and scvi-tools' defaults), scIB, CellTypist"
+python3 -c "import jax, torch; print('jax', jax.__version__, jax.devices(), '| torch', torch.__version__, torch.cuda.get_device_name())"
 python3 benchmarks/atlas_bench.py --cells "${ATLAS_CELLS:-1000000}" --genes 2000 --backend gpu \
   --parts ${ATLAS_PARTS:-ours celltypist scib_check} --batch-sizes ${ATLAS_BATCH_SIZES:-0 4096} \
   --results "$out/atlas.md" 2>&1 | grep -v "Warning\|warn(\|srun\|TPU available\|litlogger\|max_epochs=" | tail -n 40
