@@ -44,6 +44,8 @@ def test_join_keeps_the_first_modalitys_order_and_records_the_shares(atac):
     assert list(joined.obs_names) == [name for name in backwards.obs_names if name in kept]
     assert overlap == {"atac": 0.3333, "protein": 0.997} == joined.uns["overlap"]
     join_modalities({"atac": backwards, "protein": third}, min_overlap=0.3333)
+    _, single = join_modalities({"atac": atac, "protein": atac[:1].copy()}, min_overlap=0)
+    assert single == {"atac": 0.001, "protein": 1.0}  # a modality of one cell: all of it
 
 
 def test_barcodes_that_do_not_overlap_are_refused(atac):
@@ -219,7 +221,7 @@ def _reference_kernel_width(embedding: np.ndarray, neighbors: np.ndarray, n_band
     return widths
 
 
-@pytest.mark.parametrize("k", [2, 3])
+@pytest.mark.parametrize("k", [1, 2, 3])
 def test_the_kernel_width_is_the_mean_distance_to_the_least_overlapping_neighbour_sets(k):
     """Each cell's kernel width: the mean distance to the n cells whose k-neighbour sets share the
     fewest (but some) members with its own by Jaccard index, farther first among equals; a cell
@@ -357,3 +359,30 @@ def test_wnn_uses_the_leading_dimensions_asked():
     )
     assert (leading.obsp["distances"] != truncated.obsp["distances"]).nnz == 0
     np.testing.assert_array_equal(leading.obs["rna:mod_weight"], truncated.obs["rna:mod_weight"])
+
+
+def test_wnn_with_one_neighbour_per_cell():
+    """n_neighbors 2 (the cell and one other): one joint neighbour per row, not the cell itself."""
+    from omicsprep.multiome.wnn import weighted_nearest_neighbors
+
+    rng = np.random.default_rng(4)
+    cells = wnn_sample(rna=rng.normal(size=(20, 4)), atac=rng.normal(size=(20, 3)))
+    weighted_nearest_neighbors(cells, representations={"rna": "X", "atac": "X"}, n_neighbors=2, backend="cpu")
+    distances = cells.obsp["distances"]
+    assert distances.shape == (20, 20) and (np.diff(distances.indptr) == 1).all()
+    assert (distances.indices != np.arange(20)).all()
+
+
+def test_a_cell_is_never_its_own_nearest_neighbour_even_beside_an_identical_twin():
+    """Identical cells tie at distance 0 and the search may list the twin before the cell itself:
+    the cell is dropped wherever it stands, and its twin kept."""
+    from omicsprep.multiome.wnn import _nearest, _unit_rows
+
+    rng = np.random.default_rng(5)
+    points = rng.normal(size=(30, 4)).astype(np.float32)
+    points[1::2] = points[::2]  # cells 2i and 2i + 1 are twins
+    indices, distances = _nearest(_unit_rows(points, xp=np), 3, backend="cpu")
+    assert indices.shape == (30, 3)
+    assert (indices != np.arange(30)[:, None]).all()
+    twins = np.arange(30) ^ 1
+    assert (indices[:, 0] == twins).all() and (distances[:, 0] == 0).all()
