@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from anndata import AnnData
@@ -19,9 +19,6 @@ from omicsprep.options import (
 )
 from omicsprep.provenance import StepTimer, record_provenance
 from omicsprep.rna.embedding import embed_and_cluster
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict
-from typing import TYPE_CHECKING
 
 import numpy as np
 from anndata import AnnData
@@ -16,9 +15,6 @@ from omicsprep.options import (
     CellOptions,
 )
 from omicsprep.provenance import StepTimer, record_provenance
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger(__name__)
 

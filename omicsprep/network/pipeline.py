@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import pandas as pd
 from anndata import AnnData
@@ -17,9 +17,6 @@ from omicsprep.options import (
     CoexpressionOptions,
 )
 from omicsprep.provenance import StepTimer, record_provenance
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger(__name__)
 

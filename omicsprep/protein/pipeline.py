@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict
-from typing import TYPE_CHECKING
 
 from anndata import AnnData
 
@@ -18,9 +17,6 @@ from omicsprep.protein import normalization
 from omicsprep.provenance import StepTimer, record_provenance
 from omicsprep.rna import preprocessing
 from omicsprep.rna.embedding import embed_and_cluster
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -30,9 +30,6 @@ from omicsprep.options import (
 from omicsprep.provenance import StepTimer, record_provenance
 from omicsprep.rna import clustering, integration, integration_scores, latent, preprocessing, qc
 from omicsprep.rna.embedding import neighbor_graph, umap_and_leiden
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger(__name__)
 
