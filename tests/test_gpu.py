@@ -761,6 +761,26 @@ def test_scvi_scanvi_and_scib_metrics_on_the_gpu(generated_study):
     )
 
 
+def test_resident_counts_gathered_from_csr_on_the_gpu_are_the_dense_rows(generated_study):
+    """On the device, a batch gathered from CSR counts (for counts too large to hold dense) is the
+    batch of the dense counts, rows in the order asked, repeated rows and empty rows included."""
+    import torch
+
+    from omicsprep.rna.resident_batches import ResidentCounts
+
+    without_counts = np.ones(generated_study["batch0"].n_obs, dtype=np.float32)
+    without_counts[5] = 0  # a cell without counts
+    counts = sparse.csr_matrix(sparse.diags(without_counts) @ generated_study["batch0"].layers["counts"])
+    counts.eliminate_zeros()
+    device = torch.device("cuda")
+    index = torch.tensor([7, 5, 0, 7, counts.shape[0] - 1, 3], device=device)
+    gathered = ResidentCounts(counts, device=device, dense=False).rows(index)
+    dense = ResidentCounts(counts, device=device, dense=True).rows(index)
+    assert gathered.device.type == "cuda"
+    np.testing.assert_array_equal(gathered.cpu().numpy(), dense.cpu().numpy())
+    np.testing.assert_array_equal(gathered.cpu().numpy(), counts[index.cpu().numpy()].toarray())
+
+
 def test_celltypist_on_the_gpu_gives_celltypists_labels(generated_study):
     """The model's arithmetic on the device (float64, blocks of cells) labels as CellTypist does on the CPU."""
     from omicsprep.rna import annotation
