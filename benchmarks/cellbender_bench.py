@@ -4,7 +4,7 @@
         [--ours soupx decontx] [--settings fast default] [--fpr 0.01 0.1] [--total-droplets N]
         [--workdir /tmp/cellbender-bench] [--cpu]
 
-Generates raw droplets (omicsprep/testing/generate.py: cells of types with exclusive markers among
+Generates raw droplets (omicsprep/testing/droplets.py: cells of types with exclusive markers among
 empty droplets, a planted ambient share of 5-20% per cell). Runs omicsprep's ``call_cells``
 step (emptyDrops, then each of ``--ours`` with the workflow's default settings; on the GPU
 where there is one, unless ``--cpu``), then CellBender once per setting and FPR (on the GPU
@@ -54,7 +54,8 @@ sys.path.insert(0, str(HERE.parent))
 from omicsprep.cells.cellbender import remove_background_command  # noqa: E402
 from omicsprep.io.cellbender import read_cellbender  # noqa: E402
 from omicsprep.options import CellbenderOptions  # noqa: E402
-from omicsprep.testing.generate import generate_raw_droplets, write_10x_h5  # noqa: E402
+from omicsprep.testing.droplets import generate_raw_droplets  # noqa: E402
+from omicsprep.testing.generate import write_10x_h5  # noqa: E402
 from omicsprep.testing.scoring import called_by_cellbender, quality  # noqa: E402
 
 # CellBender's defaults, and the workflow's (omicsprep.options.CellbenderOptions): faster

@@ -4,7 +4,7 @@
         [--backend cpu gpu] [--skip-reference --reference-seconds S] [--results benchmarks/RESULTS.md]
         [--profile]
 
-Generates raw droplets (omicsprep/testing/generate.py) and keeps the true cells, clustered by their
+Generates raw droplets (omicsprep/testing/droplets.py) and keeps the true cells, clustered by their
 planted type. Times ``pydecontx.decontx`` and ``omicsprep.cells.decontx.decontx`` on each
 backend, end to end (on the GPU: copies to and from the device included, after a warm-up on
 a small slice so CuPy's kernels are compiled), both run to convergence with the same
@@ -38,7 +38,7 @@ from run import append_results  # noqa: E402
 from omicsprep.backend import array_module, cupyx_sparse  # noqa: E402
 from omicsprep.cells import decontx as decontx_module  # noqa: E402
 from omicsprep.cells.decontx import decontx  # noqa: E402
-from omicsprep.testing.generate import generate_raw_droplets  # noqa: E402
+from omicsprep.testing.droplets import generate_raw_droplets  # noqa: E402
 
 
 def main() -> None:

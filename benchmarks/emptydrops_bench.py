@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from omicsprep.cells import emptydrops, montecarlo  # noqa: E402
 from omicsprep.cells.emptydrops import empty_drops  # noqa: E402
-from omicsprep.testing.generate import generate_raw_droplets  # noqa: E402
+from omicsprep.testing.droplets import generate_raw_droplets  # noqa: E402
 
 CALLED = 0.001
 # Phase -> (module, function) timed by --profile; what they leave out is totals, ranks and subsetting.

@@ -2,7 +2,7 @@
 
     python benchmarks/fragments_bench.py --fragments 10000000 100000000 --backends cpu gpu
 
-Per size it writes a 10x ``fragments.tsv`` (generate.py: 10,000 cells, 20% background
+Per size it writes a 10x ``fragments.tsv`` (fragments.py: 10,000 cells, 20% background
 barcodes, sorted; cached in ``--work``), then, in a fresh process per backend, counts it
 into 5 kb tiles with ``omicsprep.atac.fragments.count_fragments`` over
 ``io.fragment_chunks``. Reported: seconds and fragments/s for the file to the matrix; on
@@ -29,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from run import append_results, device_statistics, measure_in_child  # noqa: E402
 
-from omicsprep.testing.generate import fragment_barcodes, write_fragments  # noqa: E402
+from omicsprep.testing.fragments import fragment_barcodes, write_fragments  # noqa: E402
 
 N_CELLS = 10_000
 

@@ -177,7 +177,7 @@ for cache in empty filled; do
 import sys, time
 start = time.perf_counter()
 sys.path.insert(0, "benchmarks")
-from omicsprep.testing.generate import generate_read_codes
+from omicsprep.testing.reads import generate_read_codes
 from omicsprep.reads.umi import dedup_reads
 reads = generate_read_codes(10_000, n_cells=20, n_genes=200, seed=1)
 imported = time.perf_counter()

@@ -32,7 +32,8 @@ sys.path.insert(0, str(HERE))
 from run import append_results  # noqa: E402
 
 from omicsprep import io  # noqa: E402
-from omicsprep.testing.generate import gene_names, generate_with_clusters  # noqa: E402
+from omicsprep.testing.generate import generate_with_clusters  # noqa: E402
+from omicsprep.testing.genes import gene_names  # noqa: E402
 
 # Run in a fresh process per way and count (its peak RSS is the way's); prints one JSON line.
 MEASURE = """

@@ -39,7 +39,8 @@ from omicsprep import io, plotting  # noqa: E402
 from omicsprep.backend import resolve_backend  # noqa: E402
 from omicsprep.options import MergeOptions, cluster_key, from_config  # noqa: E402
 from omicsprep.rna.pipeline import run_merge  # noqa: E402
-from omicsprep.testing.generate import gene_names, generate_with_clusters  # noqa: E402
+from omicsprep.testing.generate import generate_with_clusters  # noqa: E402
+from omicsprep.testing.genes import gene_names  # noqa: E402
 
 LABELS = cluster_key("leiden", 1.0)
 

@@ -2,7 +2,7 @@
 
     python benchmarks/umi_bench.py [--reads 10000000] [--repeats 3] [--backends cpu gpu] [--workdir /tmp/omicsprep-umi]
 
-Generates a realistic BAM per size (omicsprep/testing/generate.py: skewed genes and PCR
+Generates a realistic BAM per size (omicsprep/testing/reads.py: skewed genes and PCR
 duplicates, sequencing errors, N, unassigned and multi-gene reads, secondary alignments;
 cached in the work folder; 10M reads take pysam about 2 minutes to write), runs both tools
 end to end (process start included) with the directional method, prints reads/s and the
@@ -34,7 +34,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from run import append_results, user_environment  # noqa: E402
 
-from omicsprep.testing.generate import generate_reads, umi_tools_count_command, write_bam  # noqa: E402
+from omicsprep.testing.reads import generate_reads, umi_tools_count_command, write_bam  # noqa: E402
 
 
 def timed(command: list[str]) -> float:

@@ -3,7 +3,7 @@
     python benchmarks/umi_dedup_bench.py --reads 10000000 100000000 --backends cpu gpu \
         [--cpu-max-reads 10000000] [--methods directional unique] [--results benchmarks/RESULTS.md]
 
-For every size, encoded reads (cell and gene codes, packed 12-base UMIs; generate.py's
+For every size, encoded reads (cell and gene codes, packed 12-base UMIs; reads.py's
 model: log-normal genes, PCR duplicates, UMI errors) are placed in host memory for the CPU
 and in GPU memory for the GPU. Per method it times the collapse into sorted molecules
 (group by cell, gene, UMI; sort) and the counting kernel, and reports reads/s over both.
@@ -28,7 +28,7 @@ from run import append_results  # noqa: E402
 
 from omicsprep.options import METHODS  # noqa: E402
 from omicsprep.reads.umi import collapse_reads, count_groups, molecule_groups  # noqa: E402
-from omicsprep.testing.generate import generate_read_codes  # noqa: E402
+from omicsprep.testing.reads import generate_read_codes  # noqa: E402
 
 
 class Device:

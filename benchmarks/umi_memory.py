@@ -3,7 +3,7 @@
     python benchmarks/umi_memory.py --reads 3000000 12000000 --chunk-rows 500000 5000000 \
         [--memory-limit-mb 1000] [--bam]
 
-Generates a molecule table (Parquet, one row per read; generate.py's reads, written 6M
+Generates a molecule table (Parquet, one row per read; reads.py's reads, written 6M
 reads at a time) per size, cached in the work folder, counts it in a fresh process per
 (size, chunk) and records the process's peak resident memory; the table is appended to
 RESULTS.md. With ``--bam`` the input is a BAM instead: umi_bench.py's BAM of
@@ -28,7 +28,7 @@ sys.path.insert(0, str(HERE))
 from run import append_results  # noqa: E402
 from umi_bench import benchmark_bam, bgzf_blocks  # noqa: E402
 
-from omicsprep.testing.generate import generate_reads  # noqa: E402
+from omicsprep.testing.reads import generate_reads  # noqa: E402
 
 
 def peak_rss_mb(command: list[str]) -> tuple[float, float]:

@@ -2,7 +2,7 @@
 
     python benchmarks/umi_table_bench.py --reads 10000000 --formats parquet tsv.gz --backends cpu gpu
 
-Generates a molecule table per size and format (generate.py's reads: skewed genes, PCR
+Generates a molecule table per size and format (reads.py's reads: skewed genes, PCR
 duplicates, UMI errors, N, unassigned and multi-gene reads; cached in ``--workdir``), then
 times :func:`omicsprep.reads.counting.count_umis` in this process (directional; each backend warmed
 up on a small table first, so kernel compilation is not counted) and reports reads/s.
@@ -29,7 +29,7 @@ from run import append_results  # noqa: E402
 from omicsprep.backend import resolve_backend  # noqa: E402
 from omicsprep.options import UmiOptions  # noqa: E402
 from omicsprep.reads import counting  # noqa: E402
-from omicsprep.testing.generate import generate_reads  # noqa: E402
+from omicsprep.testing.reads import generate_reads  # noqa: E402
 
 
 def molecule_table(workdir: Path, n_reads: int, fmt: str) -> Path:

@@ -16,7 +16,7 @@ from omicsprep.reads import bam as bam_reader
 from omicsprep.reads import counting
 from omicsprep.reads.molecules import READ_NAME_PATTERNS
 from omicsprep.reads.umi import collapse_codes, collapse_reads, molecule_groups
-from omicsprep.testing import generate
+from omicsprep.testing.reads import generate_reads, write_bam
 
 pysam = pytest.importorskip("pysam")
 
@@ -254,7 +254,7 @@ def test_truncated_or_corrupt_bam_is_one_clear_error(records_bam, tmp_path):
 
 def starsolo_reads(n: int, seed: int) -> pd.DataFrame:
     """Generated reads where STARsolo would write '-' for a missing cell, UMI or gene."""
-    reads = generate.generate_reads(n, n_cells=40, n_genes=300, seed=seed)
+    reads = generate_reads(n, n_cells=40, n_genes=300, seed=seed)
     rng = np.random.default_rng(seed)
     for column in ("cell", "umi", "gene"):
         reads.loc[rng.random(len(reads)) < 0.02, column] = "-"
@@ -266,7 +266,7 @@ def test_counts_and_skipped_reads_as_oxbow_reads_them(tmp_path, chunk_rows):
     """The new reader and oxbow (which reads the same records as SAM) use, skip and count alike."""
     reads = starsolo_reads(40_000, seed=5)
     bam = tmp_path / "reads.bam"
-    generate.write_bam(reads, bam, unsorted=True)
+    write_bam(reads, bam, unsorted=True)
     sam = tmp_path / "reads.sam"
     with pysam.AlignmentFile(str(bam), "rb") as source, pysam.AlignmentFile(str(sam), "w", template=source) as out:
         for read in source.fetch(until_eof=True):
@@ -283,8 +283,8 @@ def test_counts_and_skipped_reads_as_oxbow_reads_them(tmp_path, chunk_rows):
 
 
 def test_threads_do_not_change_counts(tmp_path):
-    reads = generate.generate_reads(20_000, n_cells=30, n_genes=200, seed=8)
-    generate.write_bam(reads, tmp_path / "reads.bam")
+    reads = generate_reads(20_000, n_cells=30, n_genes=200, seed=8)
+    write_bam(reads, tmp_path / "reads.bam")
     one, every = (
         counting.long_table(counting.count_umis(tmp_path / "reads.bam", fmt="bam", threads=threads))
         for threads in (1, None)
@@ -318,7 +318,7 @@ def test_numba_collapse_is_the_pandas_collapse(weighted):
 @pytest.mark.gpu
 def test_bam_counts_are_identical_on_cpu_and_gpu(tmp_path):
     reads = starsolo_reads(200_000, seed=6)
-    generate.write_bam(reads, tmp_path / "reads.bam", unsorted=True)
+    write_bam(reads, tmp_path / "reads.bam", unsorted=True)
     options = UmiOptions(chunk_rows=60_000)
     counts = {
         backend: counting.count_umis(tmp_path / "reads.bam", fmt="bam", options=options, backend=backend)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from omicsprep.cells.ranks import BarcodeRanks, barcode_ranks, smooth_spline
-from omicsprep.testing import generate
+from omicsprep.testing.droplets import generate_raw_droplets
 
 BARCODE_RANKS_R = r"""
 suppressMessages(library(DropletUtils))
@@ -68,7 +68,7 @@ def _real_like_totals(seed: int) -> np.ndarray:
 
 
 def _generated_totals(n_cells: int, n_barcodes: int, seed: int) -> np.ndarray:
-    return generate.generate_raw_droplets(n_cells, n_barcodes, 500, seed=seed).truth["total"].to_numpy()
+    return generate_raw_droplets(n_cells, n_barcodes, 500, seed=seed).truth["total"].to_numpy()
 
 
 CASES: dict[str, tuple[Callable[[], np.ndarray], dict[str, Any]]] = {
@@ -152,7 +152,7 @@ def test_smooth_spline_merges_close_x_as_r(tmp_path: Path) -> None:
 
 
 def test_fit_bounds_restrict_the_fit() -> None:
-    totals = generate.generate_raw_droplets(500, 30_000, 500, seed=1).truth["total"].to_numpy()
+    totals = generate_raw_droplets(500, 30_000, 500, seed=1).truth["total"].to_numpy()
     ranks = barcode_ranks(totals, fit_bounds=(200, 5_000))
     fitted = ~np.isnan(ranks.fitted)
     assert totals[fitted].min() > 200
@@ -169,7 +169,7 @@ def test_barcode_rank_figure_draws_cells_fit_knee_and_inflection(tmp_path: Path)
 
     from omicsprep.plotting import barcode_rank_figure
 
-    droplets = generate.generate_raw_droplets(300, 20_000, 500, seed=3)
+    droplets = generate_raw_droplets(300, 20_000, 500, seed=3)
     totals = droplets.truth["total"].to_numpy()
     ranks = barcode_ranks(totals)
     fig = barcode_rank_figure(ranks, totals, is_cell=droplets.truth["is_cell"].to_numpy(), title="sample")

@@ -11,6 +11,7 @@ import pytest
 from conftest import REPO
 
 from omicsprep.testing import generate
+from omicsprep.testing.genes import N_MITO
 
 
 def test_generator_is_deterministic_and_realistic(monkeypatch):
@@ -23,7 +24,7 @@ def test_generator_is_deterministic_and_realistic(monkeypatch):
     totals = np.asarray(counts.sum(axis=1)).ravel()
     assert 500 < np.median(totals) < 3000
     assert np.percentile(totals, 95) / np.percentile(totals, 5) > 4  # library sizes vary
-    mito_share = np.asarray(counts[:, : generate.N_MITO].sum(axis=1)).ravel() / totals
+    mito_share = np.asarray(counts[:, :N_MITO].sum(axis=1)).ravel() / totals
     assert 0.01 < np.median(mito_share) < 0.06
     assert 0.04 < (mito_share > 0.2).mean() < 0.12  # damaged cells
     assert np.array_equal(counts.data, np.round(counts.data))

@@ -14,7 +14,9 @@ from omicsprep.cells.ambient import aligned_counts
 from omicsprep.cells.cellbender import remove_background_command
 from omicsprep.errors import InputError
 from omicsprep.io.cellbender import read_cellbender
-from omicsprep.testing.generate import gene_names, generate_raw_droplets, write_10x_h5
+from omicsprep.testing.droplets import generate_raw_droplets
+from omicsprep.testing.generate import write_10x_h5
+from omicsprep.testing.genes import gene_names
 from omicsprep.testing.scoring import called_by_cellbender, quality
 
 # CellBender 0.4.0's output on `generate.py --cells 200 --raw-barcodes 5000 --genes 500`

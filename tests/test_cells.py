@@ -14,7 +14,7 @@ from omicsprep.cells.pipeline import run_call_cells
 from omicsprep.errors import InputError
 from omicsprep.options import AmbientOptions, CellOptions, EmptyDropsCrOptions, SoupxOptions
 from omicsprep.protein.normalization import background_droplets
-from omicsprep.testing import generate
+from omicsprep.testing.droplets import generate_raw_droplets
 
 # Cells with at least this many UMIs are clear cells (the truth's smallest has 300; every
 # empty droplet fewer than 700).
@@ -34,7 +34,7 @@ def truth():
 @pytest.fixture(scope="module")
 def planted_markers(raw) -> list[np.ndarray]:
     """Each type's marker genes as planted: the demo droplets are generated again (resources/demo/README.md)."""
-    droplets = generate.generate_raw_droplets(300, 15_000, 2_000, seed=1)
+    droplets = generate_raw_droplets(300, 15_000, 2_000, seed=1)
     assert abs(droplets.counts - raw.X).sum() == 0  # the demo's droplets
     return droplets.markers
 

@@ -10,7 +10,7 @@ from scipy import sparse
 
 from omicsprep.cells.decontx import DecontXResult, _entries, decontx, fit_dirichlet_shares
 from omicsprep.errors import InputError
-from omicsprep.testing import generate
+from omicsprep.testing.droplets import generate_raw_droplets
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class Cells:
 
 @pytest.fixture(scope="module")
 def cells() -> Cells:
-    raw = generate.generate_raw_droplets(500, 20_000, 2_000, seed=1)
+    raw = generate_raw_droplets(500, 20_000, 2_000, seed=1)
     truth = raw.truth[raw.truth["is_cell"]]
     return Cells(
         counts=raw.counts[raw.truth["is_cell"].to_numpy()],

@@ -21,7 +21,7 @@ from scipy import sparse
 from omicsprep.cells import montecarlo
 from omicsprep.cells.emptydrops import empty_drops, empty_drops_cell_ranger
 from omicsprep.errors import InputError
-from omicsprep.testing import generate
+from omicsprep.testing.droplets import RawDroplets, generate_raw_droplets
 
 NITERS = 2000
 CALLED = 0.001
@@ -74,13 +74,13 @@ AMBIENT_ALPHA = 200.0
 
 
 @cache
-def droplets() -> generate.RawDroplets:
+def droplets() -> RawDroplets:
     """Generated droplets whose empty droplets are Dirichlet-multinomial around the ambient profile.
 
     generate's empty droplets are multinomial draws, whose alpha estimate would sit at
     DropletUtils' upper bound; overdispersed ones test the estimate.
     """
-    raw = generate.generate_raw_droplets(300, 20_000, 2_000, seed=3)
+    raw = generate_raw_droplets(300, 20_000, 2_000, seed=3)
     rng = np.random.default_rng(3)
     empty = ~raw.truth["is_cell"].to_numpy()
     proportions = rng.gamma(AMBIENT_ALPHA * raw.ambient, size=(int(empty.sum()), raw.ambient.size))
@@ -248,7 +248,7 @@ def test_cuda_kernel_counts_like_the_cpu_kernel():
 @pytest.mark.gpu
 def test_gpu_backend_gives_the_cpu_p_values(pytestconfig):
     import_for_gpu_test(pytestconfig, "cupy")
-    counts = generate.generate_raw_droplets(2000, 100_000, 10_000, seed=4).counts
+    counts = generate_raw_droplets(2000, 100_000, 10_000, seed=4).counts
     runs = {
         "empty_drops": lambda backend: empty_drops(counts, niters=2000, retain=1000, backend=backend),
         "cell_ranger": lambda backend: empty_drops_cell_ranger(

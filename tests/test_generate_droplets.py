@@ -10,17 +10,19 @@ import pytest
 
 from omicsprep.options import METHODS, UmiOptions
 from omicsprep.reads import counting
-from omicsprep.testing import generate
+from omicsprep.testing.droplets import RawDroplets, droplet_reads, generate_raw_droplets
+from omicsprep.testing.genes import gene_names
+from omicsprep.testing.reads import write_bam
 
 N_CELLS, N_BARCODES, N_GENES = 100, 3_000, 500
 
 
 @pytest.fixture(scope="module")
-def droplets() -> generate.RawDroplets:
-    return generate.generate_raw_droplets(N_CELLS, N_BARCODES, N_GENES, seed=11)
+def droplets() -> RawDroplets:
+    return generate_raw_droplets(N_CELLS, N_BARCODES, N_GENES, seed=11)
 
 
-def test_truth_of_raw_droplets(droplets: generate.RawDroplets) -> None:
+def test_truth_of_raw_droplets(droplets: RawDroplets) -> None:
     truth = droplets.truth
     counts = droplets.counts
     assert counts.shape == (N_BARCODES, N_GENES)
@@ -35,7 +37,7 @@ def test_truth_of_raw_droplets(droplets: generate.RawDroplets) -> None:
     assert droplets.ambient.sum() == pytest.approx(1.0)
 
 
-def test_markers_are_ambient_outside_their_type(droplets: generate.RawDroplets) -> None:
+def test_markers_are_ambient_outside_their_type(droplets: RawDroplets) -> None:
     """A type's markers reach other cells only through the ambient part of their UMIs (at most ~20%)."""
     truth = droplets.truth
     cells = np.flatnonzero(truth["is_cell"])
@@ -56,19 +58,19 @@ def test_markers_are_ambient_outside_their_type(droplets: generate.RawDroplets) 
 
 
 @pytest.fixture(scope="module")
-def droplets_bam(droplets: generate.RawDroplets, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def droplets_bam(droplets: RawDroplets, tmp_path_factory: pytest.TempPathFactory) -> Path:
     bam = tmp_path_factory.mktemp("droplets") / "droplets.bam"
-    generate.write_bam(generate.droplet_reads(droplets, seed=12), bam)
+    write_bam(droplet_reads(droplets, seed=12), bam)
     return bam
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_droplet_reads_count_back_to_the_matrix(droplets: generate.RawDroplets, droplets_bam: Path, method) -> None:
+def test_droplet_reads_count_back_to_the_matrix(droplets: RawDroplets, droplets_bam: Path, method) -> None:
     adata = counting.count_umis(droplets_bam, fmt="bam", options=UmiOptions(method=method), backend="cpu")
     counted = counting.long_table(adata).set_index(["cell", "gene"])["count"]
 
     coo = droplets.counts.tocoo()
-    names = np.array(generate.gene_names(N_GENES), dtype=object)
+    names = np.array(gene_names(N_GENES), dtype=object)
     expected = pd.Series(
         coo.data.astype(np.int64),
         index=pd.MultiIndex.from_arrays(

@@ -325,10 +325,10 @@ def test_gpu_result_writes_as_h5ad(clustered_both, tmp_path):
 @pytest.fixture(scope="module")
 def molecule_table(tmp_path_factory):
     """Generated reads as a molecule table (with N UMIs, unassigned and multi-gene reads)."""
-    from omicsprep.testing import generate
+    from omicsprep.testing.reads import generate_reads
 
     path = tmp_path_factory.mktemp("umi") / "molecules.parquet"
-    reads = generate.generate_reads(200_000, n_cells=300, n_genes=2_000, umi_length=10, seed=5)
+    reads = generate_reads(200_000, n_cells=300, n_genes=2_000, umi_length=10, seed=5)
     reads[["cell", "umi", "gene"]].to_parquet(path)
     return path
 
@@ -347,9 +347,9 @@ def test_molecule_tables_are_read_by_cudf_as_by_pyarrow(tmp_path, suffix):
 
     from omicsprep.options import BamOptions, TableOptions, UmiOptions
     from omicsprep.reads.molecules import usable_reads
-    from omicsprep.testing import generate
+    from omicsprep.testing.reads import generate_reads
 
-    reads = generate.generate_reads(30_000, n_cells=100, n_genes=500, umi_length=10, seed=5)[["gene", "cell", "umi"]]
+    reads = generate_reads(30_000, n_cells=100, n_genes=500, umi_length=10, seed=5)[["gene", "cell", "umi"]]
     reads.loc[reads.index[:50], "cell"] = None
     reads.loc[reads.index[50:90], "umi"] = "NA"
     reads.loc[reads.index[90:95], "gene"] = "00123"

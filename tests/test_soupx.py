@@ -29,7 +29,7 @@ def soupx_reference(droplets: Droplets) -> SoupxResult:
     recorded, checksum = make_reference.load_reference()
     assert make_reference.input_checksum(droplets) == checksum, (
         "the generated droplets differ from those the SoupX reference was recorded on "
-        f"(omicsprep/testing/generate.py changed?): regenerate with `{make_reference.REGENERATE}` (needs R SoupX)"
+        f"(omicsprep/testing/droplets.py changed?): regenerate with `{make_reference.REGENERATE}` (needs R SoupX)"
     )
     return recorded
 

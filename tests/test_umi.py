@@ -19,7 +19,7 @@ from omicsprep.options import METHODS, BamOptions, TableOptions, UmiOptions
 from omicsprep.reads import counting
 from omicsprep.reads.molecules import estimated_reads
 from omicsprep.reads.umi import pack_umis
-from omicsprep.testing import generate
+from omicsprep.testing.reads import generate_reads, umi_tools_count_command, write_bam
 
 UMI_DATA = REPO / "tests" / "data" / "umi_tools"
 UMI_TOOLS_BAM = UMI_DATA / "chr19_gene_tags.bam"
@@ -50,7 +50,7 @@ from omicsprep.reads.molecules import encode_reads, usable_reads
 from omicsprep.reads.umi import collapse_reads, count_groups, molecule_groups
 from omicsprep.reads.umi_cuda import count_groups_gpu
 sys.path.insert(0, "benchmarks")
-from omicsprep.testing.generate import generate_read_codes
+from omicsprep.testing.reads import generate_read_codes
 
 path = sys.argv[1]
 options = dict(fmt="bam", bam=BamOptions(gene_tag="XF", umi_source="umis"), table=None,
@@ -121,9 +121,7 @@ def umi_tools() -> str:
 
 def live_umi_tools_counts(umi_tools: str, bam: Path, method: str, out: Path) -> pd.DataFrame:
     """``umi_tools count`` per cell and gene (tags CB, UB, GX), as a gene, cell, count table."""
-    subprocess.run(
-        generate.umi_tools_count_command(umi_tools, bam, out, method=method), check=True, capture_output=True
-    )
+    subprocess.run(umi_tools_count_command(umi_tools, bam, out, method=method), check=True, capture_output=True)
     return pd.read_csv(out, sep="\t")
 
 
@@ -134,10 +132,8 @@ def test_exact_to_live_umi_tools_on_generated_reads(tmp_path_factory, umi_tools,
     if not bam.exists():
         work.mkdir(exist_ok=True)
         # Without what omicsprep skips on purpose and UMI-tools keeps: N, A;B, secondaries.
-        reads = generate.generate_reads(
-            30_000, n_cells=20, n_genes=200, n_rate=0, multi_gene_rate=0, secondary_rate=0, seed=7
-        )
-        generate.write_bam(reads, bam)
+        reads = generate_reads(30_000, n_cells=20, n_genes=200, n_rate=0, multi_gene_rate=0, secondary_rate=0, seed=7)
+        write_bam(reads, bam)
     counts = counting.long_table(counting.count_umis(bam, fmt="bam", options=UmiOptions(method=method)))
     counts["cell"] = counts["cell"].str.split("-").str[0]  # UMI-tools drops the '-1' of CB
     expected = live_umi_tools_counts(umi_tools, bam, method, tmp_path_factory.mktemp(method) / "counts.tsv")
@@ -216,7 +212,7 @@ def handbuilt_bam(tmp_path_factory) -> Path:
     reads = pd.DataFrame(rows, columns=["position", "cell", "umi", "gene", "secondary"])
     reads = reads.sample(frac=1.0, random_state=0).sort_values("position", kind="stable")
     path = tmp_path_factory.mktemp("umi_handbuilt") / "reads.bam"
-    generate.write_bam(reads, path)
+    write_bam(reads, path)
     return path
 
 
@@ -269,8 +265,8 @@ def test_sam_counts_like_the_bam(tmp_path):
 
 
 def test_skipped_reads_are_counted(tmp_path):
-    reads = generate.generate_reads(20_000, n_cells=10, n_genes=100, n_rate=0.01, seed=2)
-    generate.write_bam(reads, tmp_path / "reads.bam")
+    reads = generate_reads(20_000, n_cells=10, n_genes=100, n_rate=0.01, seed=2)
+    write_bam(reads, tmp_path / "reads.bam")
     adata = counting.count_umis(tmp_path / "reads.bam", fmt="bam", options=UmiOptions(chunk_rows=5_000))
     skipped = adata.uns["umi_dedup"]["reads_skipped"]
     assert skipped["unmapped, secondary or supplementary"] == reads["secondary"].sum()
@@ -325,8 +321,8 @@ def test_cli_gpu_without_a_gpu_is_one_clear_error(tmp_path):
 
 @pytest.mark.parametrize(("suffix", "chunk_rows"), [(".parquet", 2_000), (".tsv.gz", 5_000_000)])
 def test_molecule_tables_count_like_the_bam(tmp_path, suffix, chunk_rows):
-    reads = generate.generate_reads(40_000, n_cells=60, n_genes=150, secondary_rate=0, seed=9)
-    generate.write_bam(reads, tmp_path / "reads.bam")
+    reads = generate_reads(40_000, n_cells=60, n_genes=150, secondary_rate=0, seed=9)
+    write_bam(reads, tmp_path / "reads.bam")
     table_path = tmp_path / f"molecules{suffix}"
     if suffix == ".parquet":
         reads[["cell", "umi", "gene"]].to_parquet(table_path)
@@ -340,8 +336,8 @@ def test_molecule_tables_count_like_the_bam(tmp_path, suffix, chunk_rows):
 
 
 def test_aggregated_molecule_table_with_read_counts(tmp_path):
-    reads = generate.generate_reads(20_000, n_cells=30, n_genes=100, secondary_rate=0, seed=11)
-    generate.write_bam(reads, tmp_path / "reads.bam")
+    reads = generate_reads(20_000, n_cells=30, n_genes=100, secondary_rate=0, seed=11)
+    write_bam(reads, tmp_path / "reads.bam")
     aggregated = reads.groupby(["cell", "umi", "gene"]).size().rename("reads").reset_index()
     aggregated.to_parquet(tmp_path / "aggregated.parquet")
     got = counting.count_umis(
@@ -355,7 +351,7 @@ def test_aggregated_molecule_table_with_read_counts(tmp_path):
 
 
 def test_bam_without_the_tags_is_one_clear_error(tmp_path):
-    generate.write_bam(generate.generate_reads(2_000, n_cells=5, n_genes=10, seed=1), tmp_path / "reads.bam")
+    write_bam(generate_reads(2_000, n_cells=5, n_genes=10, seed=1), tmp_path / "reads.bam")
     with pytest.raises(InputError, match=r"reads\.bam.*no usable read.*missing cell, UMI or gene"):
         counting.count_umis(
             tmp_path / "reads.bam", fmt="bam", options=UmiOptions(bam=BamOptions(cell_tag="XC", umi_tag="XM"))
@@ -363,9 +359,9 @@ def test_bam_without_the_tags_is_one_clear_error(tmp_path):
 
 
 def test_unsorted_bam_counts_like_the_sorted_one(tmp_path):
-    reads = generate.generate_reads(20_000, n_cells=20, n_genes=100, seed=4)
-    generate.write_bam(reads, tmp_path / "sorted.bam")
-    generate.write_bam(reads.sample(frac=1.0, random_state=0), tmp_path / "unsorted.bam", unsorted=True)
+    reads = generate_reads(20_000, n_cells=20, n_genes=100, seed=4)
+    write_bam(reads, tmp_path / "sorted.bam")
+    write_bam(reads.sample(frac=1.0, random_state=0), tmp_path / "unsorted.bam", unsorted=True)
     sorted_counts, unsorted_counts = (
         counting.long_table(counting.count_umis(tmp_path / name, fmt="bam")) for name in ("sorted.bam", "unsorted.bam")
     )
@@ -410,7 +406,7 @@ def test_chunks_without_a_usable_read_are_passed_over(tmp_path):
 
     As the unmapped reads that end a sorted BAM, or a block of unassigned rows.
     """
-    reads = generate.generate_reads(40_000, n_cells=50, n_genes=500, seed=7)[["cell", "umi", "gene"]]
+    reads = generate_reads(40_000, n_cells=50, n_genes=500, seed=7)[["cell", "umi", "gene"]]
     unassigned = reads.assign(gene="__no_feature")
     path = tmp_path / "molecules.parquet"
     pd.concat([reads, unassigned]).to_parquet(path, row_group_size=10_000)
@@ -423,7 +419,7 @@ def test_chunks_without_a_usable_read_are_passed_over(tmp_path):
 
 def test_row_estimate_of_a_compressed_table_is_close(tmp_path):
     """Partitions are sized from the rows in a table's first 16 MB of text, not a full pass."""
-    reads = generate.generate_reads(600_000, n_cells=50, n_genes=2_000, seed=6)[["cell", "umi", "gene"]]
+    reads = generate_reads(600_000, n_cells=50, n_genes=2_000, seed=6)[["cell", "umi", "gene"]]
     path = tmp_path / "molecules.tsv.gz"
     reads.to_csv(path, sep="\t", index=False, compression={"method": "gzip", "compresslevel": 1})
     assert abs(estimated_reads(path, fmt="molecules") / len(reads) - 1) < 0.15

@@ -750,10 +750,10 @@ def test_explicit_gpu_without_one_fails_clearly(tmp_path):
 
 
 def test_a_sample_given_as_reads_is_counted_then_qcd(tmp_path):
-    from omicsprep.testing import generate
+    from omicsprep.testing.reads import generate_reads, write_bam
 
     bam = tmp_path / "reads.bam"
-    generate.write_bam(generate.generate_reads(150_000, n_cells=200, n_genes=300, seed=5), bam)
+    write_bam(generate_reads(150_000, n_cells=200, n_genes=300, seed=5), bam)
     sheet = write_sheet(tmp_path / "s.tsv", [f"reads\t{bam}"])
     # Every barcode of these reads is a cell: no cell calling.
     result = snakemake(
@@ -779,11 +779,12 @@ def test_a_sample_given_as_reads_is_counted_then_qcd(tmp_path):
 def test_raw_droplets_are_called_then_qcd(tmp_path):
     """Raw droplets, as a raw 10x matrix and as the reads of the same droplets (a BAM): the
     cells called among them and their ambient RNA removed (DecontX) before qc."""
-    from omicsprep.testing import generate
+    from omicsprep.testing.droplets import droplet_reads, generate_raw_droplets
+    from omicsprep.testing.reads import write_bam
 
-    droplets = generate.generate_raw_droplets(150, 6_000, 800, seed=3)
+    droplets = generate_raw_droplets(150, 6_000, 800, seed=3)
     bam = tmp_path / "droplets.bam"
-    generate.write_bam(generate.droplet_reads(droplets, seed=3), bam)
+    write_bam(droplet_reads(droplets, seed=3), bam)
     sheet = write_sheet(tmp_path / "s.tsv", [f"raw\t\t{DROPLETS_H5}", f"reads\t{bam}\t"], header="sample\tinput\traw")
     targets = [f"results/{sample}/qc.h5ad" for sample in ("raw", "reads")]
     dry = snakemake("results/reads/qc.h5ad", "-n", "--config", f"samples={sheet}", workdir=tmp_path)
@@ -838,8 +839,9 @@ def test_raw_droplets_with_antibody_rows_give_dsb_its_background(tmp_path):
     """A CITE-seq run's raw matrix (RNA and antibody rows) as both raw and adt: the antibody
     counts of the cells called on the RNA are normalized by dsb against the empty droplets'."""
     from omicsprep.testing import generate
+    from omicsprep.testing.droplets import generate_raw_droplets
 
-    droplets = generate.generate_raw_droplets(150, 6_000, 800, seed=4)
+    droplets = generate_raw_droplets(150, 6_000, 800, seed=4)
     rng = np.random.default_rng(4)
     antibodies = (*(f"CD{i}" for i in range(10)), "Isotype_IgG1", "Isotype_IgG2a")
     is_cell = droplets.truth["is_cell"].to_numpy()

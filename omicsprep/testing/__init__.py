@@ -1,8 +1,13 @@
 """Generated data with planted truth, for the tests and the benchmarks.
 
-:mod:`~omicsprep.testing.generate` draws counts, raw droplets, reads and fragments;
-:mod:`~omicsprep.testing.generate_fastq` a genome, its annotation and FASTQ reads. Both are
-deterministic from a seed and can be run as commands (``python -m omicsprep.testing.generate``).
+:mod:`~omicsprep.testing.generate` draws counts (clusters, doublets, damaged cells; planted
+co-expression modules) and writes them as 10x HDF5; :mod:`~omicsprep.testing.genes` names the
+genes of all of them; :mod:`~omicsprep.testing.reads` draws aligned reads (and writes BAMs);
+:mod:`~omicsprep.testing.droplets` raw droplets with their truth, and reads that count back to
+them; :mod:`~omicsprep.testing.fragments` ATAC fragments; :mod:`~omicsprep.testing.generate_fastq`
+a genome, its annotation and FASTQ reads; :mod:`~omicsprep.testing.study` a study of batches.
+All are deterministic from a seed; ``generate`` and ``generate_fastq`` can be run as commands
+(``python -m omicsprep.testing.generate``).
 :func:`snakemake_command` runs the checkout's workflow, as the tests and benchmarks do.
 """
 

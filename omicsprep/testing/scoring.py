@@ -9,7 +9,7 @@ import numpy as np
 if TYPE_CHECKING:
     from anndata import AnnData
 
-    from omicsprep.testing.generate import RawDroplets
+    from omicsprep.testing.droplets import RawDroplets
 
 
 def foreign_marker_counts(counts, cell_type: np.ndarray, markers: list[np.ndarray]) -> float:

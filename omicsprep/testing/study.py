@@ -17,7 +17,8 @@ import pandas as pd
 from anndata import AnnData
 from scipy import sparse
 
-from omicsprep.testing.generate import CHUNK, N_CLUSTERS, chunk_counts, gene_names, profiles
+from omicsprep.testing.generate import CHUNK, N_CLUSTERS, chunk_counts, profiles
+from omicsprep.testing.genes import gene_names
 
 TYPES = [f"type{t:02d}" for t in range(N_CLUSTERS)]
 
@@ -41,7 +42,7 @@ def generate_study(
     n_cells
         Cells drawn per batch (the last batch has fewer when it lacks a type).
     n_genes
-        Genes, named as :func:`omicsprep.testing.generate.gene_names` names them.
+        Genes, named as :func:`omicsprep.testing.genes.gene_names` names them.
     batch_sigma
         Standard deviation of each batch's log capture efficiency per gene.
     missing_type

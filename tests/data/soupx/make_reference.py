@@ -24,7 +24,7 @@ REFERENCE = HERE / "reference.npz"
 REGENERATE = "PYTHONPATH=$PWD python tests/data/soupx/make_reference.py"
 
 sys.path.insert(0, str(REPO / "benchmarks"))
-from omicsprep.testing import generate  # noqa: E402
+from omicsprep.testing.droplets import generate_raw_droplets  # noqa: E402
 
 # The generator's markers are so abundant that the soup puts them into most cells of other
 # types: their tf-idf stays below SoupX's default 1.0 (R SoupX finds no marker either).
@@ -63,7 +63,7 @@ class SoupxResult:
 
 
 def generate_droplets() -> Droplets:
-    generated = generate.generate_raw_droplets(500, 20_000, 2_000, seed=0)
+    generated = generate_raw_droplets(500, 20_000, 2_000, seed=0)
     is_cell = generated.truth["is_cell"].to_numpy()
     return Droplets(
         raw=generated.counts,
