@@ -11,6 +11,7 @@ import contextlib
 import importlib
 import logging
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -84,7 +85,23 @@ def _forked() -> Executor:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("fork"))
+    context = multiprocessing.get_context("fork")
+    return ProcessPoolExecutor(max_workers=1, mp_context=context, initializer=_end_with, initargs=(os.getpid(),))
+
+
+def _end_with(parent: int) -> None:
+    """In a forked figure process: be killed when ``parent`` ends, however it ends.
+
+    A forked child holds the write end of its own work queue, so it never reads an end from
+    it: a parent that ends without shutting it down (``os._exit``, as a pool worker does, or
+    a signal) would leave it waiting for ever.
+    """
+    import ctypes
+
+    pr_set_pdeathsig = 1  # <linux/prctl.h>
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != parent:  # it ended before the line above
+        os._exit(0)
 
 
 @contextlib.contextmanager

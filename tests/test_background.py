@@ -102,3 +102,31 @@ def test_a_failed_background_write_raises_when_the_block_ends(tmp_path):
     with pytest.raises(OutOfSpaceError), background_writes() as write_later:
         write_later(fail)
     assert list(tmp_path.iterdir()) == []
+
+
+@forking
+@pytest.mark.parametrize("ending", ["os._exit(0)", "os.kill(os.getpid(), signal.SIGKILL)"])
+def test_a_kept_figure_process_ends_with_the_process_that_forked_it(ending, tmp_path):
+    """A pool worker ends by os._exit (or is killed) without shutting its figure process down:
+    that process must not outlive it, waiting for work that never comes."""
+    import signal
+    import subprocess
+
+    pid_file = tmp_path / "figure.pid"
+    script = (
+        "import os, signal, sys\n"
+        "from omicsprep import background\n"
+        "def record(path):\n"
+        "    open(path, 'w').write(str(os.getpid()))\n"
+        "background.keep_figure_process()\n"
+        "with background.background_process() as run_later:\n"
+        f"    run_later(record, {str(pid_file)!r})\n"
+        f"{ending}\n"
+    )
+    ended = subprocess.run([sys.executable, "-c", script], check=False, timeout=60)
+    assert ended.returncode in (0, -signal.SIGKILL)
+    figure_pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{figure_pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{figure_pid}").exists() or "Z" in Path(f"/proc/{figure_pid}/stat").read_text().split()[2]
