@@ -18,6 +18,7 @@ import pandas as pd
 import pytest
 from conftest import repeated_entries
 from scipy import sparse, stats
+from sklearn.decomposition import PCA
 from sklearn.metrics import adjusted_rand_score
 
 from omicsprep.errors import InputError
@@ -108,9 +109,11 @@ def test_outputs_are_well_formed(planted):
 
 @pytest.mark.parametrize("method", ["pearson", "spearman"])
 def test_blockwise_graph_equals_the_full_matrix(monkeypatch, method):
+    """Also with ties (whole numbers, a third of them 0), which Spearman's ranks share as their mean rank."""
     rng = np.random.default_rng(3)
     expression = rng.gamma(1.0, size=(300, 120)).astype(np.float32)
     expression[:, :40] += rng.gamma(2.0, size=(300, 1)).astype(np.float32)  # a correlated group
+    expression = np.floor(expression)
     monkeypatch.setattr(coexpression, "BLOCK_BYTES", 4 * 120 * 7)  # blocks of 7 genes
     standardized = coexpression.standardize(expression, method=method, backend="cpu")
     graph = coexpression.correlation_graph(standardized, top_k=5, min_correlation=0.05, power=2.0, backend="cpu")
@@ -401,15 +404,101 @@ def test_eigengene_is_the_first_principal_component(planted_network):
         assert_equal_up_to_sign(eigengenes[name], pc1, atol=1e-3)
 
 
-def test_a_network_per_cluster():
-    adata, truth = planted_data(n_cells=3000, n_genes=400, seed=5)
-    adata.obs["leiden_1.0"] = pd.Categorical(
-        np.where(np.arange(adata.n_obs) < 2000, "0", np.where(np.arange(adata.n_obs) < 2950, "1", "2"))
-    )  # the last has 50 cells: too few
-    options = replace(OPTIONS, per_cluster=PerClusterOptions(enabled=True, min_cells=200))
-    table = run_coexpression_per_cluster(adata, options=options, clusters="leiden_1.0", seed=0, backend="cpu")
+def test_eigengenes_of_dense_expression_in_float32_each_rising_with_its_modules_mean():
+    """On expression without planted structure, where a module's first component can lie at any
+    angle to its mean (one here at a covariance under 1), each eigengene is oriented by that
+    covariance; dense expression gives what sparse does; the scores are float32."""
+    rng = np.random.default_rng(0)
+    values = rng.normal(size=(80, 36)).astype(np.float32)
+    genes = [f"g{i}" for i in range(36)]
+    names = [f"M{k + 1}" for k in range(12)]
+    modules = pd.DataFrame(
+        {
+            "gene": genes,
+            "module": pd.Categorical(np.repeat(names, 3), categories=[*names, coexpression.UNASSIGNED]),
+            "hub_score": 1.0,
+        }
+    )
+    found = {}
+    for layout in ("dense", "sparse"):
+        adata = ad.AnnData(values if layout == "dense" else sparse.csr_matrix(values))
+        adata.var_names = genes
+        coexpression.module_eigengenes(adata, modules=modules, backend="cpu")
+        found[layout] = adata.obsm["module_eigengenes"]
+    pd.testing.assert_frame_equal(found["dense"], found["sparse"], rtol=1e-5, atol=1e-5)
+    assert (found["dense"].dtypes == np.float32).all()
+    z = (values - values.mean(axis=0)) / values.std(axis=0)
+    for k, name in enumerate(names):
+        mean = z[:, 3 * k : 3 * k + 3].mean(axis=1)
+        assert float((found["dense"][name] * mean).sum()) > 0, name
+
+
+def test_kmeans_metacells_are_the_summed_counts_of_seeded_kmeans_groups():
+    """Metacells by k-means: scikit-learn's k-means of the PCA (n_metacells groups, the seed's
+    start), each group's counts summed, then normalized; on a PCA without structure, where the
+    start decides the groups."""
+    from sklearn.cluster import KMeans
+
+    counts, _ = generate.generate_coexpression(400, 250, seed=4)
+    adata = ad.AnnData(np.zeros(counts.shape, dtype=np.float32), layers={"counts": counts})
+    adata.obsm["X_pca"] = np.random.default_rng(1).normal(size=(400, 10)).astype(np.float32)
+    metacells = coexpression.pool_metacells(adata, method="kmeans", n_metacells=7, seed=5, backend="cpu")
+    groups = KMeans(n_clusters=7, random_state=5, n_init=1).fit_predict(adata.obsm["X_pca"])
+    summed = np.vstack([np.asarray(counts[groups == g].sum(axis=0)).ravel() for g in range(7)])
+    expected = np.log1p(summed / summed.sum(axis=1, keepdims=True) * 1e4)
+    np.testing.assert_allclose(metacells.X.toarray(), expected, rtol=1e-5, atol=1e-5)
+
+
+def per_cluster_data():
+    """Planted cells in clusters of 1,200 (a network), 50 (too few), 700 whose expression all but
+    10 genes lack (a network that cannot be built) and 600 (exactly min_cells: a network)."""
+    adata, truth = planted_data(n_cells=2550, n_genes=400, seed=5)
+    sizes = {"0": 1200, "1": 50, "2": 700, "3": 600}
+    adata.obs["leiden_1.0"] = pd.Categorical(np.repeat(list(sizes), list(sizes.values())))
+    values = adata.X.tolil()
+    values[1250:1950, 10:] = 0
+    adata.X = values.tocsr()
+    adata.X.eliminate_zeros()
+    adata.obsm["X_pca"] = PCA(n_components=10, random_state=0).fit_transform(adata.X.toarray())
+    return adata, truth
+
+
+def test_a_network_per_cluster(caplog):
+    """Each cluster's own network, as run_coexpression gives it for that cluster's cells (seed
+    and metacells passed on); clusters with too few cells or whose network cannot be built are
+    skipped, each with its reason, the rest still done; the log says which."""
+    adata, truth = per_cluster_data()
+    options = replace(
+        OPTIONS,
+        metacells=MetacellOptions(method="kmeans", n_metacells=300),
+        per_cluster=PerClusterOptions(enabled=True, min_cells=600),
+    )
+    with caplog.at_level("INFO", logger="omicsprep.network.pipeline"):
+        table = run_coexpression_per_cluster(adata, options=options, clusters="leiden_1.0", seed=3, backend="cpu")
     assert list(table.columns) == ["cluster", "gene", "module", "hub_score"]
-    assert set(table["cluster"]) == {"0", "1"}
-    assert adata.uns["coexpression"]["clusters_skipped"] == {"2": "50 cells"}
-    for _, modules in table.groupby("cluster"):
+    assert table.index.equals(pd.RangeIndex(len(table)))
+    assert list(table["cluster"].unique()) == ["0", "3"]
+    skipped = adata.uns["coexpression"]["clusters_skipped"]
+    assert list(skipped) == ["1", "2"] and skipped["1"] == "50 cells"
+    assert skipped["2"].startswith("10 usable genes")
+    assert f"coexpression per cluster: 2 networks, skipped {skipped}" in caplog.messages
+    for cluster, modules in table.groupby("cluster"):
+        cells = adata[(adata.obs["leiden_1.0"] == cluster).to_numpy()].copy()
+        alone = run_coexpression(cells, options=options, seed=3, backend="cpu")["modules"]
+        pd.testing.assert_frame_equal(
+            modules.drop(columns="cluster").reset_index(drop=True), alone.astype({"module": str})
+        )
         assert planted_ari(modules, adata, truth) >= 0.9
+
+
+def test_per_cluster_networks_with_none_skipped_or_none_left(caplog):
+    adata, _ = planted_data(n_cells=300, n_genes=250, seed=6)
+    adata.obs["leiden_1.0"] = pd.Categorical(["0"] * 300)
+    for min_cells, networks, skipped in ((300, 1, "none"), (301, 0, "{'0': '300 cells'}")):
+        options = replace(OPTIONS, per_cluster=PerClusterOptions(enabled=True, min_cells=min_cells))
+        caplog.clear()
+        with caplog.at_level("INFO", logger="omicsprep.network.pipeline"):
+            table = run_coexpression_per_cluster(adata, options=options, clusters="leiden_1.0", seed=0, backend="cpu")
+        assert list(table.columns) == ["cluster", "gene", "module", "hub_score"]
+        assert (table["cluster"].nunique(), bool(len(table))) == (networks, bool(networks))
+        assert f"coexpression per cluster: {networks} networks, skipped {skipped}" in caplog.messages
