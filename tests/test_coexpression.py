@@ -408,7 +408,7 @@ def test_eigengenes_of_dense_expression_in_float32_each_rising_with_its_modules_
     """On expression without planted structure, where a module's first component can lie at any
     angle to its mean (one here at a covariance under 1), each eigengene is oriented by that
     covariance; dense expression gives what sparse does; the scores are float32."""
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(16)  # module M9's first component, as eigh signs it, at covariance 0.57
     values = rng.normal(size=(80, 36)).astype(np.float32)
     genes = [f"g{i}" for i in range(36)]
     names = [f"M{k + 1}" for k in range(12)]
