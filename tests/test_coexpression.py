@@ -6,6 +6,7 @@ definitions, the written files hold the computed values, bad input is refused cl
 
 from __future__ import annotations
 
+import json
 import random
 import subprocess
 import sys
@@ -447,6 +448,48 @@ def test_kmeans_metacells_are_the_summed_counts_of_seeded_kmeans_groups():
     summed = np.vstack([np.asarray(counts[groups == g].sum(axis=0)).ravel() for g in range(7)])
     expected = np.log1p(summed / summed.sum(axis=1, keepdims=True) * 1e4)
     np.testing.assert_allclose(metacells.X.toarray(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_knn_metacells_are_each_cells_counts_with_its_neighbours_from_counts_or_x():
+    """Metacells by neighbours: each cell's raw counts (``layers["counts"]``, else ``X``) summed
+    with those of the cells it has an edge to, then normalized."""
+    counts, _ = generate.generate_coexpression(60, 250, seed=7)
+    rng = np.random.default_rng(2)
+    weights = sparse.random(60, 60, density=0.05, random_state=rng, format="csr", dtype=np.float32)
+    expected_pooling = (weights > 0).astype(np.float32).toarray() + np.eye(60, dtype=np.float32)
+    summed = expected_pooling @ counts.toarray()
+    expected = np.log1p(summed / summed.sum(axis=1, keepdims=True) * 1e4)
+    in_layer = ad.AnnData(np.zeros(counts.shape, dtype=np.float32), layers={"counts": counts})
+    in_x = ad.AnnData(counts.copy())
+    for adata in (in_layer, in_x):
+        adata.obsp["connectivities"] = weights
+        metacells = coexpression.pool_metacells(adata, method="knn", n_metacells=0, seed=0, backend="cpu")
+        np.testing.assert_allclose(metacells.X.toarray(), expected, rtol=1e-5, atol=1e-5)
+        assert metacells.var_names.equals(adata.var_names)
+
+
+def test_the_network_records_its_counts_settings_and_steps_and_a_seed_decides_it(caplog):
+    """uns["coexpression"] counts the genes, cells, edges and modules, also in the log; the
+    provenance holds every setting and the seed and the eigengenes' step; with k-means
+    metacells the seed decides the network: the same seed, the same hub scores."""
+    adata, _ = planted_data(n_cells=800, n_genes=300, seed=8)
+    adata.obsm["X_pca"] = PCA(n_components=10, random_state=0).fit_transform(adata.X.toarray())
+    options = replace(OPTIONS, metacells=MetacellOptions(method="kmeans", n_metacells=150))
+    results = []
+    for seed in (3, 3):
+        cells = adata.copy()
+        with caplog.at_level("INFO", logger="omicsprep.network.pipeline"):
+            results.append(run_coexpression(cells, options=options, seed=seed, backend="cpu"))
+    record = cells.uns["coexpression"]
+    result = results[0]
+    assert record["samples"] == 150 and record["edges"] == len(result["edges"])
+    assert record["modules"] == result["eigengenes"].shape[1] and record["genes"] == result["modules"].shape[0]
+    assert f"coexpression: {record}" in caplog.messages
+    provenance = cells.uns["omicsprep"]["coexpression"]
+    params = json.loads(provenance["params"])
+    assert params["seed"] == 3 and params["top_k"] == OPTIONS.top_k and params["metacells"]["n_metacells"] == 150
+    assert "eigengenes" in provenance["timings"]
+    pd.testing.assert_frame_equal(results[0]["modules"], results[1]["modules"])
 
 
 def per_cluster_data():
