@@ -94,7 +94,9 @@ def _end_with(parent: int) -> None:
 
     A forked child holds the write end of its own work queue, so it never reads an end from
     it: a parent that ends without shutting it down (``os._exit``, as a pool worker does, or
-    a signal) would leave it waiting for ever.
+    a signal) would leave it waiting for ever. Linux signals when the *thread* that forked it
+    ends: the executor forks from the thread that first submits, a rule's (or a pool
+    worker's) main thread.
     """
     import ctypes
 
