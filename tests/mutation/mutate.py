@@ -13,6 +13,7 @@ Not in CI: a module takes minutes to an hour on two cores.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import shutil
@@ -82,11 +83,16 @@ cli()
 """
 
 
-def scratch_copy(module: str, workdir: Path) -> Path:
-    """The work tree's files (tracked and not ignored) in a folder of their own, set up for mutmut."""
+def scratch_copy(module: str, workdir: Path, *, resume: bool) -> Path:
+    """The work tree's files (tracked and not ignored) in a folder of their own, set up for mutmut.
+
+    With ``resume``, mutmut's ``mutants/`` of an earlier run stays: mutmut keeps the verdicts of
+    the functions whose code is unchanged (see ``retest_undecided``).
+    """
     target = workdir / module
-    shutil.rmtree(target, ignore_errors=True)
-    target.mkdir(parents=True)
+    if not resume:
+        shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True, exist_ok=True)
     listed = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
         cwd=ROOT,
@@ -112,6 +118,27 @@ def scratch_copy(module: str, workdir: Path) -> Path:
             'process_isolation = "forkserver"\n'
         )
     return target
+
+
+# Exit codes in mutmut's verdicts that are kills (a failing test, pytest's internal error, a timeout).
+KILLING_EXIT_CODES = {1, 3, 36, -24, 24, 152, 255}
+
+
+def retest_undecided(folder: Path) -> int:
+    """Forget the kept verdicts that are not kills, so that the current tests judge those mutants.
+
+    A kill stays a kill as tests are added; a survivor may not. Returns how many were forgotten.
+    """
+    forgotten = 0
+    for meta_path in (folder / "mutants").rglob("*.py.meta"):
+        meta = json.loads(meta_path.read_text())
+        verdicts = meta["exit_code_by_key"]
+        for name, exit_code in verdicts.items():
+            if exit_code is not None and exit_code not in KILLING_EXIT_CODES:
+                verdicts[name] = None
+                forgotten += 1
+        write_text(meta_path, json.dumps(meta, indent=4))
+    return forgotten
 
 
 def mutmut(folder: Path, *arguments: str) -> str:
@@ -141,10 +168,13 @@ def write_text(path: Path, text: str) -> None:
         temporary.write_text(text)
 
 
-def run_module(module: str, *, workdir: Path, children: int, tree: str) -> None:
+def run_module(module: str, *, workdir: Path, children: int, tree: str, resume: bool) -> None:
     started = datetime.now(UTC)
-    folder = scratch_copy(module, workdir)
+    resume = resume and (workdir / module / "mutants").is_dir()
+    folder = scratch_copy(module, workdir, resume=resume)
     print(f"{module}: mutating in {folder}", flush=True)
+    if resume:
+        print(f"{module}: continuing the run there; {retest_undecided(folder)} survivors to test again", flush=True)
     mutmut(folder, "run", "--max-children", str(children))
     found = statuses(folder)
     rows = ["mutant\tstatus\tdiff"]
@@ -153,9 +183,10 @@ def run_module(module: str, *, workdir: Path, children: int, tree: str) -> None:
         rows.append(f"{name}\t{status}\t{change}")
     write_text(RESULTS / f"{module}.tsv", "\n".join(rows) + "\n")
     minutes = (datetime.now(UTC) - started).total_seconds() / 60
+    took = f"{minutes:.0f} min" + (" (continued)" if resume else "")
     write_text(
         RESULTS / f"{module}.run",
-        f"{started:%Y-%m-%d}, tree {tree}, {minutes:.0f} min, {children} workers on {os.cpu_count()} cores "
+        f"{started:%Y-%m-%d}, tree {tree}, {took}, {children} workers on {os.cpu_count()} cores "
         f"({platform.machine()}), mutmut {version('mutmut')}\n",
     )
     print(f"{module}: {len(found)} mutants, results in {RESULTS / f'{module}.tsv'}", flush=True)
@@ -177,7 +208,8 @@ def write_report() -> None:
         "# Mutation testing",
         "",
         "Written by `python tests/mutation/mutate.py --report-only` from `tests/mutation/results/` and",
-        "`tests/mutation/equivalent.toml`; a module is (re)run by `make mutate MODULE=<module>`. mutmut",
+        "`tests/mutation/equivalent.toml`; a module is (re)run by `make mutate MODULE=<module>` (an interrupted",
+        "run is continued by `mutate.py --resume <module>`: kills of unchanged functions are kept). mutmut",
         "mutates each function of the module (Numba's kernels, being decorated, are not mutated: the",
         "parity tests of the CPU and CUDA kernels cover them) and runs the module's unit tests that reach it",
         "(`COVERING_TESTS` in `tests/mutation/mutate.py`). *Killed* counts timeouts; *not reached*: no",
@@ -231,6 +263,11 @@ def main() -> None:
     parser.add_argument("--children", type=int, default=os.cpu_count() or 1, help="mutants tested at once")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/omicsprep-mutate"))
     parser.add_argument("--report-only", action="store_true", help="rewrite docs/mutation.md from the results")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue an interrupted run in --workdir: unchanged functions keep their kills; the rest is tested",
+    )
     arguments = parser.parse_args()
     unknown = sorted(set(arguments.modules) - set(COVERING_TESTS))
     if unknown:
@@ -238,7 +275,13 @@ def main() -> None:
     if not arguments.report_only:
         tree = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
         for module in arguments.modules or list(COVERING_TESTS):
-            run_module(module, workdir=arguments.workdir, children=arguments.children, tree=tree.stdout.strip())
+            run_module(
+                module,
+                workdir=arguments.workdir,
+                children=arguments.children,
+                tree=tree.stdout.strip(),
+                resume=arguments.resume,
+            )
     write_report()
     print(f"report: {REPORT}")
 
