@@ -1,5 +1,5 @@
-# Cell types by CellTypist (annotate.model), per RNA sample and on the merge ("merged"):
-# a table beside the sample's AnnData, and the UMAP coloured by them.
+# Cell types by CellTypist (annotate.model), per RNA sample (rule merge types the merged
+# cells): a table beside the sample's AnnData, and the UMAP coloured by them.
 rule annotate:
     input:
         h5ad=annotate_input,

@@ -343,9 +343,7 @@ def atac_inputs(wildcards):
 
 
 def annotate_input(wildcards):
-    """The cells to annotate, a sample's processed ones or the merged ones."""
-    if wildcards.sample == "merged":
-        return rules.merge.output.h5ad
+    """The cells to annotate, a sample's processed ones."""
     return for_sample(rules.cluster.output.h5ad, wildcards.sample)
 
 
@@ -355,10 +353,8 @@ def annotate_model():
 
 
 def annotated_samples():
-    """The samples (and "merged") whose cells are annotated, none without annotate.model."""
-    if not config["annotate"]["model"]:
-        return []
-    return [*RNA_SAMPLES, *(["merged"] if config["merge"]["enabled"] else [])]
+    """The samples whose cells are annotated, none without annotate.model."""
+    return RNA_SAMPLES if config["annotate"]["model"] else []
 
 
 def merge_scib_figure():
@@ -370,6 +366,23 @@ def merge_scib_figure():
         category="Integration",
         caption="../report/scib.rst",
         labels={"sample": "merged", "figure": "scIB metrics"},
+    )
+
+
+def merge_cell_types_table():
+    """The merged cells' CellTypist types, an output of rule merge with annotate.model."""
+    return "results/merged/cell_types.tsv" if config["annotate"]["model"] else []
+
+
+def merge_cell_types_figure():
+    """The merged UMAP coloured by CellTypist's types, an output of rule merge with annotate.model."""
+    if not config["annotate"]["model"]:
+        return []
+    return report(
+        "results/merged/plots/umap_cell_types.png",
+        category="Cell types",
+        caption="../report/cell_types.rst",
+        labels={"sample": "merged", "figure": "cell types"},
     )
 
 

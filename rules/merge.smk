@@ -1,10 +1,12 @@
 # All RNA samples as one (merge.enabled): concatenated, batch-aware HVGs, PCA, the
 # integration methods (Harmony, scVI, scANVI), neighbours, UMAP and Leiden on the one used,
-# with integration metrics (scIB's where labels are known) and the merged clusters' markers.
+# with integration metrics (scIB's where labels are known), the merged clusters' markers and,
+# with annotate.model, CellTypist's cell types of the merged cells.
 rule merge:
     input:
         unpack(merge_inputs),
         sample_cell_types=merge_cell_types,
+        model=annotate_model(),
     output:
         h5ad="results/merged/merged.h5ad",
         metrics=report(
@@ -33,6 +35,8 @@ rule merge:
         ),
         models=directory("results/merged/models"),
         scib=merge_scib_figure(),
+        cell_types=merge_cell_types_table(),
+        cell_types_umap=merge_cell_types_figure(),
     log:
         "logs/merge/merged.log",
     benchmark:
@@ -50,6 +54,7 @@ rule merge:
         merge=config["merge"],
         clustering=cluster_params(),
         labels=markers_cluster_key(),
+        majority_voting=config["annotate"]["majority_voting"],
         seed=config["seed"],
     script:
         "../scripts/merge.py"

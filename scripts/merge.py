@@ -6,9 +6,11 @@ from omicsprep.jobs import run_rule
 def main() -> None:
     from omicsprep import io, plotting
     from omicsprep.backend import prepare_gpu, resolve_backend
+    from omicsprep.errors import InputError
+    from omicsprep.io.figures import write_cell_types
     from omicsprep.options import ClusteringOptions, MergeOptions, from_config, parse_cluster_key
     from omicsprep.rna import clustering
-    from omicsprep.rna.annotation import add_sample_cell_types
+    from omicsprep.rna.annotation import add_sample_cell_types, celltypist
     from omicsprep.rna.pipeline import run_merge
 
     backend, output = resolve_backend(snakemake.params.backend), snakemake.output
@@ -18,7 +20,7 @@ def main() -> None:
     # the merge takes it: on the GPU its counts go to the device before the next is read.
     unused = ("X", "obsm", "obsp", "varm", "uns")
     paths = dict(snakemake.input.items())
-    type_tables = paths.pop("sample_cell_types")
+    type_tables, model_path = paths.pop("sample_cell_types"), paths.pop("model")
     samples = io.H5adSamples(paths, skip=unused)
     merged, metrics, models, scib = run_merge(
         samples,
@@ -32,6 +34,28 @@ def main() -> None:
     if type_tables:  # each sample's own cell types (rule annotate), as obs sample_cell_type...
         tables = {sample: io.read_table(path, index=True) for sample, path in zip(paths, type_tables, strict=True)}
         add_sample_cell_types(merged, tables)
+    if model_path:  # ...and the merged cells' own, voted over the merged clusters, as obs merged_cell_type...
+        clusters = snakemake.params.labels if snakemake.params.majority_voting else None
+        try:
+            celltypist(
+                merged,
+                model=io.read_celltypist_model(model_path),
+                clusters=clusters,
+                backend=backend,
+                key_added="merged_cell_type",
+            )
+        except InputError as error:  # the model's genes: name the model's file
+            raise InputError(error.problem, path=model_path) from error
+        umap = merged.obsm["X_umap"]
+        write_cell_types(
+            merged.obs,
+            umap,
+            key="merged_cell_type",
+            clusters=clusters,
+            sample="merged",
+            table=output.cell_types,
+            figure=output.cell_types_umap,
+        )
     integration = snakemake.params.merge["integration"]
     label = integration["label_key"]
     # What integration changes: the batches mixed, the labels kept apart.

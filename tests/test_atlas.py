@@ -279,8 +279,8 @@ def test_merge_integrates_and_annotates_a_study_with_every_method(tmp_path):
     """A generated study of three .h5ad batches with known types (the last held out) through
     every integration method: the labels of the inputs reach the merge, scANVI predicts them,
     integration.tsv holds scIB's metrics of each embedding, drawn in the report, the trained
-    models are saved in scvi-tools' format, and rule annotate labels each sample and the
-    merge with a CellTypist model."""
+    models are saved in scvi-tools' format, and a CellTypist model labels each sample (rule
+    annotate) and the merged cells (rule merge, into merged.h5ad beside the inputs' labels)."""
     rows = []
     study = generate_study(n_batches=3, n_cells=400, n_genes=1000, seed=2)
     for name, batch in study.items():
@@ -328,8 +328,16 @@ def test_merge_integrates_and_annotates_a_study_with_every_method(tmp_path):
         assert (types["cell_type_predicted"].to_numpy() == truth).mean() > 0.7
         assert types["cell_type_confidence"].between(0, 1).all()
         assert (tmp_path / "results" / where / "plots" / "umap_cell_types.png").is_file()
-    # Each sample's own types are in the merged cells' obs, as the sample's own clusters are.
+    # The merged cells' types are in their obs, beside the inputs' own column cell_type.
     merged_again = ad.read_h5ad(merged_dir / "merged.h5ad")
+    types = pd.read_csv(merged_dir / "cell_types.tsv", sep="\t", index_col=0)
+    for column in ("cell_type", "cell_type_predicted"):
+        np.testing.assert_array_equal(merged_again.obs[f"merged_{column}"].astype(str), types[column])
+    np.testing.assert_allclose(
+        merged_again.obs["merged_cell_type_confidence"], types["cell_type_confidence"], atol=1e-12
+    )
+    assert merged_again.obs["cell_type"].astype(str).str.fullmatch(r"type\d\d").all()  # the inputs' own, kept
+    # Each sample's own types are in the merged cells' obs, as the sample's own clusters are.
     of_batch1 = merged_again.obs[merged_again.obs["sample"] == "batch1"]
     types = pd.read_csv(tmp_path / "results" / "batch1" / "cell_types.tsv", sep="\t", index_col=0)
     assert list(of_batch1.index) == [f"batch1:{barcode}" for barcode in types.index]

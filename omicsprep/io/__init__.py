@@ -38,7 +38,14 @@ if TYPE_CHECKING:
         read_peaks,
         read_tss,
     )
-    from omicsprep.io.results import H5adSamples, read_h5ad, read_h5ad_elements, read_provenance, read_table
+    from omicsprep.io.results import (
+        H5adSamples,
+        read_celltypist_model,
+        read_h5ad,
+        read_h5ad_elements,
+        read_provenance,
+        read_table,
+    )
     from omicsprep.io.star import (
         read_barcode_stats,
         read_solo_features,
@@ -83,6 +90,7 @@ _MODULES = {
     "out_of_space": "writers",
     "read_barcode_stats": "star",
     "read_cellbender": "cellbender",
+    "read_celltypist_model": "results",
     "read_chrom_sizes": "fragments",
     "read_counts": "counts",
     "read_h5ad": "results",
@@ -126,6 +134,7 @@ __all__ = [
     "out_of_space",
     "read_barcode_stats",
     "read_cellbender",
+    "read_celltypist_model",
     "read_chrom_sizes",
     "read_counts",
     "read_h5ad",

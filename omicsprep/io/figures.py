@@ -50,3 +50,31 @@ def write_embedding_figure(coords: np.ndarray, obs: pd.DataFrame, *, sample: str
 
     present = [key for key in keys if key in obs]
     io.write_figure(plotting.embedding_panels(coords, obs, keys=present, title=sample), path)
+
+
+def write_cell_types(
+    obs: pd.DataFrame, coords: np.ndarray, *, key: str, clusters: str | None, sample: str, table: str, figure: str
+) -> None:
+    """Write CellTypist's types (:func:`omicsprep.rna.annotation.celltypist`) as a table and a UMAP.
+
+    Parameters
+    ----------
+    obs
+        The cells' table, with the columns ``key``, ``{key}_confidence`` and ``{key}_predicted``.
+    coords
+        The UMAP coordinates, one row per cell.
+    key
+        The types' column; the table names its columns ``cell_type``, ``cell_type_confidence``
+        and ``cell_type_predicted`` whatever ``key`` is.
+    clusters
+        The clusters the types were voted over (drawn beside them), or ``None``.
+    sample
+        The figure's title.
+    table, figure
+        Where the table and the figure go.
+    """
+    from omicsprep import io
+
+    columns = {key: "cell_type", f"{key}_confidence": "cell_type_confidence", f"{key}_predicted": "cell_type_predicted"}
+    io.write_table(obs[list(columns)].rename(columns=columns), table, index=True)
+    write_embedding_figure(coords, obs, sample=sample, keys=[key, *([clusters] if clusters else [])], path=figure)

@@ -85,6 +85,18 @@ def read_table(path: str | Path, *, index: bool = False) -> pd.DataFrame:
 
 
 @timed_phase("read")
+def read_celltypist_model(path: str | Path) -> Any:
+    """A CellTypist model (``celltypist.models.Model``) from its ``.pkl``; not one: an :class:`InputError`."""
+    from celltypist.models import Model
+
+    from omicsprep.errors import InputError
+
+    try:
+        return Model.load(str(path))
+    except Exception as error:  # CellTypist raises whatever unpickling a wrong file gives
+        raise InputError(f"not a CellTypist model ({error})", path=path) from error
+
+
 def read_provenance(path: str | Path, *, rule: str) -> dict[str, Any]:
     """A rule's provenance record: backend, versions, parameters, step timings.
 

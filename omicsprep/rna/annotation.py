@@ -65,8 +65,10 @@ def _gpu_scores(expression: AnnData, model: Any) -> np.ndarray:
     return scores
 
 
-def celltypist(adata: AnnData, *, model: Any, clusters: str | None, backend: Backend) -> None:
-    """Label the cells with a CellTypist model: ``obs["cell_type"]``, its confidence and each cell's own label.
+def celltypist(
+    adata: AnnData, *, model: Any, clusters: str | None, backend: Backend, key_added: str = "cell_type"
+) -> None:
+    """Label the cells with a CellTypist model: ``obs[key_added]``, its confidence and each cell's own label.
 
     Parameters
     ----------
@@ -80,6 +82,8 @@ def celltypist(adata: AnnData, *, model: Any, clusters: str | None, backend: Bac
         best label.
     backend
         ``"cpu"`` (CellTypist's ``annotate``) or ``"gpu"`` (its arithmetic on the device).
+    key_added
+        The ``obs`` column of the types, and the start of its two companions' names.
 
     Raises
     ------
@@ -88,9 +92,9 @@ def celltypist(adata: AnnData, *, model: Any, clusters: str | None, backend: Bac
 
     Notes
     -----
-    Writes ``obs["cell_type_predicted"]`` (each cell's best-scoring type),
-    ``obs["cell_type_confidence"]`` (that type's probability, CellTypist's ``conf_score``) and
-    ``obs["cell_type"]`` (the majority of the cell's cluster, or its own label).
+    Writes ``obs[f"{key_added}_predicted"]`` (each cell's best-scoring type),
+    ``obs[f"{key_added}_confidence"]`` (that type's probability, CellTypist's ``conf_score``) and
+    ``obs[key_added]`` (the majority of the cell's cluster, or its own label).
     """
     expression = log_cp10k(adata)
     n_shared = int(np.isin(expression.var_names, model.classifier.features).sum())
@@ -111,10 +115,10 @@ def celltypist(adata: AnnData, *, model: Any, clusters: str | None, backend: Bac
         predicted = result.predicted_labels["predicted_labels"].astype(str)
         confidence = result.probability_matrix.to_numpy().max(axis=1)
     predicted = predicted.astype(str)
-    adata.obs["cell_type_predicted"] = pd.Categorical(predicted.to_numpy())
-    adata.obs["cell_type_confidence"] = np.asarray(confidence, dtype=np.float32)
+    adata.obs[f"{key_added}_predicted"] = pd.Categorical(predicted.to_numpy())
+    adata.obs[f"{key_added}_confidence"] = np.asarray(confidence, dtype=np.float32)
     voted = predicted if clusters is None else majority_vote(predicted, adata.obs[clusters].astype(str))
-    adata.obs["cell_type"] = pd.Categorical(voted.to_numpy())
+    adata.obs[key_added] = pd.Categorical(voted.to_numpy())
 
 
 def add_sample_cell_types(merged: AnnData, tables: Mapping[str, pd.DataFrame]) -> None:
