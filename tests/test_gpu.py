@@ -696,6 +696,27 @@ def test_atac_rule_chain_and_wnn_agree_on_cpu_and_gpu():
     assert edges_differing == 0
 
 
+def test_exact_neighbors_on_the_gpu_are_the_cpus_to_the_last_digit(generated_study):
+    """scIB's neighbours (90 per cell) on the GPU: their distances exact (cuML's own float32
+    distances lose digits, which kBET, through scib-metrics' diffusion map and pynndescent, turned
+    into 0.03) and so the CPU's, neighbours ordered alike (the 90th may differ within float32's
+    rounding of cuML's search)."""
+    import cupy as cp
+
+    from omicsprep.rna.embedding import exact_neighbors
+
+    counts = generated_study["batch0"].layers["counts"]
+    rng = np.random.default_rng(0)
+    noise = rng.normal(scale=1e-3, size=(counts.shape[0], 20))
+    embedding = (np.log1p(counts[:, :20].toarray()) + noise + 5).astype(np.float32)
+    on_cpu = exact_neighbors(embedding, 90, backend="cpu")
+    on_gpu = [cp.asnumpy(array) for array in exact_neighbors(cp.asarray(embedding), 90, backend="gpu")]
+    exact = np.linalg.norm(embedding[on_gpu[0]].astype(np.float64) - embedding[:, None, :], axis=2)
+    np.testing.assert_allclose(on_gpu[1], exact, rtol=1e-6)
+    np.testing.assert_array_equal(on_gpu[0][:, :80], on_cpu[0][:, :80])
+    np.testing.assert_array_equal(on_gpu[1][:, :80], on_cpu[1][:, :80])
+
+
 def test_merge_with_harmony_on_the_gpu(pbmc_batches):
     """rapids-singlecell's Harmony mixes the batches and keeps the clusters, as harmonypy does."""
     metrics = {
