@@ -24,7 +24,7 @@ from sklearn.metrics import adjusted_rand_score
 
 from omicsprep.errors import InputError
 from omicsprep.network import coexpression
-from omicsprep.network.pipeline import run_coexpression, run_coexpression_per_cluster
+from omicsprep.network.pipeline import run_coexpression, run_coexpression_per_cluster, skipped_coexpression
 from omicsprep.options import CoexpressionOptions, MetacellOptions, PerClusterOptions
 from omicsprep.rna.preprocessing import normalize
 from omicsprep.testing import generate
@@ -240,9 +240,9 @@ def test_cli_writes_the_tables_and_figures(tmp_path):
 @pytest.mark.parametrize(
     ("change", "problem"),
     [
-        ("few_cells", r"40 cells, fewer than coexpression.min_cells \(50\)"),
-        ("nan", "expression holds NaN values"),
-        ("few_genes", r"usable genes .* too few for top_k=20"),
+        ("few_cells", r"^40 cells, fewer than coexpression.min_cells \(50\)$"),
+        ("nan", "^expression holds NaN values$"),
+        ("few_genes", r"^\d+ usable genes .* too few for top_k=20 partners each$"),
     ],
 )
 def test_bad_input_is_one_clear_error(change, problem):
@@ -255,6 +255,63 @@ def test_bad_input_is_one_clear_error(change, problem):
         adata = adata[:, :15].copy()
     with pytest.raises(InputError, match=problem):
         run_coexpression(adata, options=OPTIONS, seed=0, backend="cpu")
+
+
+def test_the_fewest_cells_and_genes_a_network_is_built_from():
+    """Exactly min_cells cells are enough; the usable genes must outnumber top_k (each needs
+    top_k partners): top_k + 1 are enough, top_k are not."""
+    values = np.random.default_rng(0).gamma(1.0, size=(50, 21)).astype(np.float32)
+    adata = ad.AnnData(sparse.csr_matrix(values))
+    settings = {"top_k": 20, "min_cells": 50, "min_expressing_cells": 20}
+    assert len(coexpression.check_expression(adata, genes=adata.var_names, **settings)) == 21
+    with pytest.raises(InputError, match=r"^20 usable genes"):
+        coexpression.check_expression(adata, genes=adata.var_names[:20], **settings)
+
+
+def test_genes_are_picked_by_hvg_rank_then_by_variance():
+    """The workflow's HVGs first, by their rank; the genes without one (NaN) after them, by
+    decreasing variance (of log-normalized X, dense or sparse, whose means are far from 0)."""
+    rng = np.random.default_rng(3)
+    spread = np.array([0.5, 3.0, 1.0, 2.0, 0.1, 4.0, 1.5])
+    values = (5 + rng.normal(size=(200, 7)) * spread).astype(np.float32)
+    by_variance = list(np.argsort(-values.var(axis=0)))
+    for x in (values, sparse.csr_matrix(values)):
+        adata = ad.AnnData(x)
+        adata.var_names = [f"g{i}" for i in range(7)]
+        assert list(coexpression.select_genes(adata, n_genes=4)) == [f"g{i}" for i in by_variance[:4]]
+        adata.var["highly_variable_rank"] = [np.nan, 1.0, np.nan, np.nan, 0.0, np.nan, np.nan]
+        rest = [i for i in by_variance if i not in (4, 1)]
+        assert list(coexpression.select_genes(adata, n_genes=4)) == ["g4", "g1", *(f"g{i}" for i in rest[:2])]
+
+
+def test_standardized_genes_are_float32_and_constant_ones_zeros():
+    """Dense or sparse float64 expression comes back float32 (half the device memory), each gene
+    with mean 0 and variance 1, a constant gene all zeros rather than NaN."""
+    values = np.random.default_rng(1).gamma(1.0, size=(30, 4))
+    values[:, 2] = 3.0
+    for expression in (values, sparse.csr_matrix(values)):
+        for method in ("pearson", "spearman"):
+            standardized = coexpression.standardize(expression, method=method, backend="cpu")
+            assert standardized.dtype == np.float32
+            np.testing.assert_array_equal(standardized[:, 2], 0)
+            np.testing.assert_allclose(standardized[:, [0, 1, 3]].mean(axis=0), 0, atol=1e-6)
+            np.testing.assert_allclose(standardized[:, [0, 1, 3]].var(axis=0), 1, rtol=1e-5)
+
+
+def test_tf32_split_is_exact_and_its_high_part_has_tf32s_bits():
+    """high + low is the value exactly; high keeps 10 mantissa bits (rounded to nearest) and
+    low is at most 2^-11 of the value."""
+    values = np.random.default_rng(2).normal(size=10_000).astype(np.float32) * np.float32(7)
+    values[:3] = [1.0, -2.5, 1 + 2**-11]  # exact in TF32, and a tie rounded away from zero
+    high, low = coexpression._split_tf32(values, xp=np)
+    assert high.dtype == np.float32 and low.dtype == np.float32
+    np.testing.assert_array_equal(high + low, values)
+    assert not (high.view(np.uint32) & np.uint32(0x1FFF)).any()
+    assert (np.abs(low) <= np.abs(values) * 2**-11).all()
+    np.testing.assert_array_equal(high[:3], [1.0, -2.5, 1 + 2**-10])
+    mantissa = np.frexp(values.astype(np.float64))
+    nearest = np.ldexp(np.round(mantissa[0] * 2**11) / 2**11, mantissa[1])  # 1 + 10 bits
+    np.testing.assert_allclose(high[3:], nearest[3:], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize(("change", "left_out"), [("constant", True), ("in 19 cells", True), ("in 20 cells", False)])
@@ -353,6 +410,97 @@ def test_modules_named_by_size_small_ones_unassigned_and_hub_scores(algorithm, m
     np.testing.assert_allclose(
         hub_scores_from_edges(edges, table).reindex(HAND_GENES), [hubs[g] for g in HAND_GENES], rtol=1e-12
     )
+
+
+def unit_graph(edges: list[tuple[int, int]], n_genes: int) -> sparse.csr_matrix:
+    rows, cols = np.array(edges).T
+    graph = sparse.coo_matrix((np.ones(len(edges)), (rows, cols)), shape=(n_genes, n_genes)).tocsr()
+    return graph.maximum(graph.T).tocsr()
+
+
+def test_many_modules_of_one_size_are_named_in_their_communities_order():
+    """20 triangles: M1..M20 in their communities' order (a stable sort of equal sizes; numpy's
+    default sort reorders 17 or more equal values), categories in that order (M2 before M10)
+    and rows by module, then hub score, highest first."""
+    graph = unit_graph([(3 * t + i, 3 * t + j) for t in range(20) for i, j in ((0, 1), (0, 2), (1, 2))], 60)
+    genes = pd.Index([f"g{i}" for i in range(60)])
+    settings = {"algorithm": "leiden", "resolution": 1.0, "seed": 0, "backend": "cpu"}
+    table = coexpression.find_modules(graph, genes=genes, min_module_size=3, **settings)
+    labels = coexpression.partition_graph(graph, **settings)
+    order = sorted(set(labels))
+    assert table.set_index("gene")["module"].astype(str).to_dict() == {
+        f"g{i}": f"M{order.index(labels[i]) + 1}" for i in range(60)
+    }
+    assert list(table["module"].cat.categories) == [*(f"M{i}" for i in range(1, 21)), coexpression.UNASSIGNED]
+    assert (table["hub_score"] == 1.0).all() and table["module"].cat.codes.is_monotonic_increasing
+    # Within a module, the highest hub score first: the hand graph, with unequal degrees.
+    hand = coexpression.find_modules(hand_graph(), genes=HAND_GENES, min_module_size=2, **settings)
+    assert hand["module"].cat.codes.is_monotonic_increasing
+    for _, module in hand.groupby("module", observed=True):
+        assert module["hub_score"].is_monotonic_decreasing
+
+
+def test_a_module_whose_largest_degree_is_0_or_1_scores_its_genes_by_it():
+    """A gene alone kept as a module (min_module_size 1) scores 0, not NaN; a pair joined at
+    exactly 1 scores 1 each."""
+    table = coexpression.find_modules(
+        unit_graph([(1, 2)], 3),
+        genes=pd.Index(["lone", "p0", "p1"]),
+        algorithm="leiden",
+        resolution=1.0,
+        min_module_size=1,
+        seed=0,
+        backend="cpu",
+    )
+    assert table.set_index("gene")["hub_score"].to_dict() == {"p0": 1.0, "p1": 1.0, "lone": 0.0}
+
+
+def test_a_network_that_cannot_be_built_leaves_empty_tables_and_the_reason(caplog):
+    """skipped_coexpression: tables with their columns and no rows, eigengenes with a row per
+    cell and no column, the reason in uns and the log, and the rule's provenance (settings,
+    seed, backend)."""
+    adata = ad.AnnData(sparse.csr_matrix(np.ones((5, 3), dtype=np.float32)))
+    with caplog.at_level("WARNING", logger="omicsprep.network.pipeline"):
+        tables = skipped_coexpression(adata, reason="5 cells, too few", options=OPTIONS, seed=7, backend="cpu")
+    assert list(tables["edges"].columns) == ["gene_a", "gene_b", "weight"] and tables["edges"].empty
+    assert list(tables["modules"].columns) == ["gene", "module", "hub_score"] and tables["modules"].empty
+    eigengenes = adata.obsm["module_eigengenes"]
+    assert tables["eigengenes"] is eigengenes and eigengenes.shape == (5, 0)
+    assert eigengenes.index.equals(adata.obs_names)
+    assert adata.uns["coexpression"] == {"skipped": "5 cells, too few"}
+    assert "coexpression skipped: 5 cells, too few" in caplog.messages
+    provenance = adata.uns["omicsprep"]["coexpression"]
+    params = json.loads(provenance["params"])
+    assert params["seed"] == 7 and params["top_k"] == OPTIONS.top_k and provenance["backend"] == "cpu"
+    assert not provenance["timings"]
+
+
+def test_every_setting_reaches_its_step(planted, monkeypatch):
+    """run_coexpression passes each setting (and the backend) to the step that uses it, and
+    times each step under its name."""
+    adata, _ = planted
+    calls = {}
+
+    def spy(name):
+        original = getattr(coexpression, name)
+
+        def recorded(*args, **kwargs):
+            calls[name] = kwargs
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(coexpression, name, recorded)
+
+    for name in ("select_genes", "pool_metacells", "standardize", "correlation_graph", "find_modules"):
+        spy(name)
+    options = replace(OPTIONS, n_genes=400, correlation="spearman", algorithm="louvain")
+    cells = adata.copy()
+    run_coexpression(cells, options=options, seed=2, backend="cpu")
+    assert calls["select_genes"]["n_genes"] == 400
+    assert calls["standardize"]["method"] == "spearman" and calls["find_modules"]["algorithm"] == "louvain"
+    assert calls["pool_metacells"]["seed"] == 2 and calls["find_modules"]["seed"] == 2
+    assert all(kwargs["backend"] == "cpu" for name, kwargs in calls.items() if name != "select_genes")
+    steps = set(cells.uns["omicsprep"]["coexpression"]["timings"])
+    assert {"select_genes", "metacells", "standardize", "correlation", "modules", "eigengenes"} <= steps
 
 
 def test_louvain_modules_are_igraphs_multilevel_communities():
