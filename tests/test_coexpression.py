@@ -270,10 +270,11 @@ def test_the_fewest_cells_and_genes_a_network_is_built_from():
 
 def test_genes_are_picked_by_hvg_rank_then_by_variance():
     """The workflow's HVGs first, by their rank; the genes without one (NaN) after them, by
-    decreasing variance (of log-normalized X, dense or sparse, whose means are far from 0)."""
+    decreasing variance (of log-normalized X, dense or sparse, with unequal means far from 0)."""
     rng = np.random.default_rng(3)
     spread = np.array([0.5, 3.0, 1.0, 2.0, 0.1, 4.0, 1.5])
-    values = (5 + rng.normal(size=(200, 7)) * spread).astype(np.float32)
+    means = np.array([9.0, 1.0, 6.0, 2.0, 4.0, 3.0, 8.0])  # unequal: the variance is not E[x^2] less a constant
+    values = (means + rng.normal(size=(200, 7)) * spread).astype(np.float32)
     by_variance = list(np.argsort(-values.var(axis=0)))
     for x in (values, sparse.csr_matrix(values)):
         adata = ad.AnnData(x)
@@ -418,20 +419,23 @@ def unit_graph(edges: list[tuple[int, int]], n_genes: int) -> sparse.csr_matrix:
     return graph.maximum(graph.T).tocsr()
 
 
-def test_many_modules_of_one_size_are_named_in_their_communities_order():
-    """20 triangles: M1..M20 in their communities' order (a stable sort of equal sizes; numpy's
-    default sort reorders 17 or more equal values), categories in that order (M2 before M10)
-    and rows by module, then hub score, highest first."""
-    graph = unit_graph([(3 * t + i, 3 * t + j) for t in range(20) for i, j in ((0, 1), (0, 2), (1, 2))], 60)
+def test_many_modules_are_named_by_size_then_in_their_communities_order():
+    """12 triangles and 12 pairs, alternating: M1..M12 the triangles and M13..M24 the pairs, each
+    in their communities' order (a stable sort of sizes; numpy's default sort reorders equal
+    ones among 17 or more), categories in that order (M2 before M10) and rows by module, then
+    hub score, highest first."""
+    groups = np.split(np.arange(60), np.cumsum([2 if t % 2 == 0 else 3 for t in range(24)])[:-1])
+    graph = unit_graph([(a, b) for members in groups for i, a in enumerate(members) for b in members[i + 1 :]], 60)
     genes = pd.Index([f"g{i}" for i in range(60)])
     settings = {"algorithm": "leiden", "resolution": 1.0, "seed": 0, "backend": "cpu"}
-    table = coexpression.find_modules(graph, genes=genes, min_module_size=3, **settings)
+    table = coexpression.find_modules(graph, genes=genes, min_module_size=2, **settings)
     labels = coexpression.partition_graph(graph, **settings)
-    order = sorted(set(labels))
+    order = sorted(set(labels), key=lambda label: (-(labels == label).sum(), label))
     assert table.set_index("gene")["module"].astype(str).to_dict() == {
         f"g{i}": f"M{order.index(labels[i]) + 1}" for i in range(60)
     }
-    assert list(table["module"].cat.categories) == [*(f"M{i}" for i in range(1, 21)), coexpression.UNASSIGNED]
+    assert len(order) == 24 and all(len(groups[2 * t + 1]) == 3 for t in range(12))
+    assert list(table["module"].cat.categories) == [*(f"M{i}" for i in range(1, 25)), coexpression.UNASSIGNED]
     assert (table["hub_score"] == 1.0).all() and table["module"].cat.codes.is_monotonic_increasing
     # Within a module, the highest hub score first: the hand graph, with unequal degrees.
     hand = coexpression.find_modules(hand_graph(), genes=HAND_GENES, min_module_size=2, **settings)
