@@ -5,7 +5,8 @@ alone) in a scratch copy of the work tree, and runs against each mutant the test
 module (``COVERING_TESTS``) that reach the mutated function. A mutant that no test kills is a
 test to write, or an equivalent mutant (one that behaves as the original) explained in
 ``tests/mutation/equivalent.toml``. Each module's outcome is kept in
-``tests/mutation/results/<module>.tsv``; ``docs/mutation.md`` is written from all of them.
+``tests/mutation/results/<module>.tsv.gz`` (gzipped: a row per mutant, the work tree travels to the
+GPU machine); ``docs/mutation.md`` is written from all of them.
 
 Not in CI: a module takes minutes to an hour on two cores.
 """
@@ -13,6 +14,7 @@ Not in CI: a module takes minutes to an hour on two cores.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import platform
@@ -181,7 +183,8 @@ def run_module(module: str, *, workdir: Path, children: int, tree: str, resume: 
     for name, status in sorted(found.items(), key=lambda item: mutant_order(item[0])):
         change = diff(folder, name).replace("\t", " ").replace("\n", " ⏎ ") if status != "killed" else ""
         rows.append(f"{name}\t{status}\t{change}")
-    write_text(RESULTS / f"{module}.tsv", "\n".join(rows) + "\n")
+    with atomic_path(RESULTS / f"{module}.tsv.gz", timed=False) as temporary:
+        temporary.write_bytes(gzip.compress(("\n".join(rows) + "\n").encode(), mtime=0))
     minutes = (datetime.now(UTC) - started).total_seconds() / 60
     took = f"{minutes:.0f} min" + (" (continued)" if resume else "")
     write_text(
@@ -189,7 +192,7 @@ def run_module(module: str, *, workdir: Path, children: int, tree: str, resume: 
         f"{started:%Y-%m-%d}, tree {tree}, {took}, {children} workers on {os.cpu_count()} cores "
         f"({platform.machine()}), mutmut {version('mutmut')}\n",
     )
-    print(f"{module}: {len(found)} mutants, results in {RESULTS / f'{module}.tsv'}", flush=True)
+    print(f"{module}: {len(found)} mutants, results in {RESULTS / f'{module}.tsv.gz'}", flush=True)
 
 
 def mutant_order(name: str) -> tuple[str, int]:
@@ -198,7 +201,7 @@ def mutant_order(name: str) -> tuple[str, int]:
 
 
 def read_results(module: str) -> dict[str, tuple[str, str]]:
-    lines = (RESULTS / f"{module}.tsv").read_text().splitlines()[1:]
+    lines = gzip.decompress((RESULTS / f"{module}.tsv.gz").read_bytes()).decode().splitlines()[1:]
     return {name: (status, change) for name, status, change in (line.split("\t") for line in lines)}
 
 
@@ -225,7 +228,7 @@ def write_report() -> None:
     ]
     sections = []
     for module in COVERING_TESTS:
-        if not (RESULTS / f"{module}.tsv").exists():
+        if not (RESULTS / f"{module}.tsv.gz").exists():
             lines.append(f"| {module} | not run | | | | | | | | |")
             continue
         found = read_results(module)
