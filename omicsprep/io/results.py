@@ -97,6 +97,7 @@ def read_celltypist_model(path: str | Path) -> Any:
         raise InputError(f"not a CellTypist model ({error})", path=path) from error
 
 
+@timed_phase("read")
 def read_provenance(path: str | Path, *, rule: str) -> dict[str, Any]:
     """A rule's provenance record: backend, versions, parameters, step timings.
 
