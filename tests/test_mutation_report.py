@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 from pathlib import Path
 
@@ -35,7 +36,7 @@ def test_the_report_counts_each_outcome_and_sets_equivalent_mutants_apart(mutate
         (name(8), "survived", "-    xp = array_module(backend) ⏎ +    xp = array_module(None)"),
     ]
     lines = ["mutant\tstatus\tdiff", *("\t".join(row) for row in rows)]
-    (mutate.RESULTS / "protein.tsv").write_text("\n".join(lines) + "\n")
+    (mutate.RESULTS / "protein.tsv.gz").write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
     (mutate.RESULTS / "protein.run").write_text("2026-12-04, tree abc1234, 30 min\n")
     mutate.EQUIVALENT.write_text(
         f'[protein]\n"{name(5)}" = "the same either way"\n"{name(1)}" = "no longer survives"\n'
