@@ -6,6 +6,7 @@ import contextlib
 import errno
 import os
 import shutil
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,21 @@ class TooFewCellsError(InputError):
     def __init__(self, problem: str, *, metrics: Any = None, **where: Any) -> None:
         self.metrics = metrics
         super().__init__(problem, **where)
+
+
+@contextlib.contextmanager
+def naming_file(path: str | Path | None) -> Iterator[None]:
+    """Name ``path`` in input errors raised within that name no file yet.
+
+    For problems found while a file's contents are used (a model's genes, a UMI column), away
+    from where it was read.
+    """
+    try:
+        yield
+    except InputError as exc:
+        if path is None or exc.path is not None:
+            raise
+        raise InputError(exc.problem, path=path, sample=exc.sample) from exc
 
 
 def existing_file(path: str | Path) -> Path:

@@ -8,7 +8,7 @@ snakemake = snakemake  # noqa: F821 - injected by Snakemake
 def main() -> None:
     from omicsprep import io
     from omicsprep.backend import prepare_gpu, resolve_backend
-    from omicsprep.errors import InputError
+    from omicsprep.errors import naming_file
     from omicsprep.io.figures import write_cell_types
     from omicsprep.rna.annotation import celltypist
 
@@ -17,10 +17,8 @@ def main() -> None:
     adata = io.read_h5ad(snakemake.input.h5ad, skip=("X", "obsp", "varm", "uns"))
     clusters = snakemake.params.clusters if snakemake.params.majority_voting else None
     model = io.read_celltypist_model(snakemake.input.model)
-    try:
+    with naming_file(snakemake.input.model):  # the model's genes
         celltypist(adata, model=model, clusters=clusters, backend=backend)
-    except InputError as error:  # the model's genes: name the model's file
-        raise InputError(error.problem, path=snakemake.input.model) from error
     output, sample = snakemake.output, snakemake.wildcards.sample
     write_cell_types(
         adata.obs,

@@ -6,7 +6,7 @@ from omicsprep.jobs import run_rule
 def main() -> None:
     from omicsprep import io, plotting
     from omicsprep.backend import prepare_gpu, resolve_backend
-    from omicsprep.errors import InputError
+    from omicsprep.errors import naming_file
     from omicsprep.io.figures import write_cell_types
     from omicsprep.options import ClusteringOptions, MergeOptions, from_config, parse_cluster_key
     from omicsprep.rna import clustering
@@ -36,16 +36,9 @@ def main() -> None:
         add_sample_cell_types(merged, tables)
     if model_path:  # ...and the merged cells' own, voted over the merged clusters, as obs merged_cell_type...
         clusters = snakemake.params.labels if snakemake.params.majority_voting else None
-        try:
-            celltypist(
-                merged,
-                model=io.read_celltypist_model(model_path),
-                clusters=clusters,
-                backend=backend,
-                key_added="merged_cell_type",
-            )
-        except InputError as error:  # the model's genes: name the model's file
-            raise InputError(error.problem, path=model_path) from error
+        with naming_file(model_path):  # the model's genes
+            model = io.read_celltypist_model(model_path)
+            celltypist(merged, model=model, clusters=clusters, backend=backend, key_added="merged_cell_type")
         umap = merged.obsm["X_umap"]
         write_cell_types(
             merged.obs,

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import ModuleType
 
@@ -22,7 +21,7 @@ from scipy import sparse
 
 from omicsprep.atac.columns import CELL_BITS, FEATURE_BITS, FeatureColumns, position_in, runs
 from omicsprep.backend import Backend, array_module, asnumpy, cudf
-from omicsprep.errors import InputError
+from omicsprep.errors import InputError, naming_file
 
 NUCLEOSOME_FREE = 147  # fragments shorter than one nucleosome's DNA (bp)
 MONO_NUCLEOSOME = 294  # up to this length: one nucleosome
@@ -105,7 +104,7 @@ def count_fragments(
     features = _Peaks(_checked_peaks(peaks), xp) if peaks is not None else _Tiles(tile_width, xp)
     windows = _TssWindows(tss, xp) if tss is not None else None
     counter = _FragmentCounter(barcodes, features=features, chrom_sizes=chrom_sizes, tss=windows, backend=backend)
-    with _naming_errors(source):  # the chunks' errors are the fragments'
+    with naming_file(source):  # the chunks' errors are the fragments'
         for chunk in chunks:
             if len(chunk):
                 counter.add(chunk)
@@ -472,17 +471,6 @@ def _overlapped_tiles(start, end, tile_width: int, *, xp: ModuleType):
     """(fragment, tile) pairs."""
     first = start // tile_width
     return _expanded(first, (end - 1) // tile_width - first + 1, xp=xp)
-
-
-@contextmanager
-def _naming_errors(source: str | Path | None) -> Iterator[None]:
-    """Input errors raised within name ``source`` (unless they name a file already)."""
-    try:
-        yield
-    except InputError as exc:
-        if source is None or exc.path is not None:
-            raise
-        raise InputError(exc.problem, path=source, sample=exc.sample) from exc
 
 
 def _unmatched_barcodes(n_fragments: int, examples: list[str], cells: pd.Index) -> str:

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from omicsprep.backend import Backend, cudf
-from omicsprep.errors import InputError, existing_file
+from omicsprep.errors import InputError, existing_file, naming_file
 from omicsprep.io.text import STREAM_CODECS, cudf_parse_errors, cudf_text_chunks, unparsable
 from omicsprep.jit_cache import track_sources
 from omicsprep.options import BamOptions, TableOptions
@@ -362,10 +362,8 @@ def usable_bam_codes(
             skipped[reason] += n
         if longest >= 0:
             umi_lengths.update((shortest, longest))
-            try:
+            with naming_file(records.path):
                 check_umi_lengths(min(umi_lengths), max(umi_lengths))
-            except InputError as exc:
-                raise InputError(exc.problem, path=records.path) from exc
         yield pd.DataFrame({"cell": chunk.cell[usable], "gene": chunk.gene[usable], "umi": chunk.umi[usable]})
 
 
@@ -409,10 +407,8 @@ def encode_reads(reads: pa.Table, *, skipped: Counter, path: Path) -> ReadTable:
     InputError
         UMIs of mixed lengths or longer than 32 bases.
     """
-    try:
+    with naming_file(path):
         packed, valid = pack_umis(reads.column("umi").combine_chunks())
-    except InputError as exc:
-        raise InputError(exc.problem, path=path) from exc
     skipped[UMI_WITH_N] += int((~valid).sum())
     kept = reads.filter(pa.array(valid))
     codes, names = {}, {}
