@@ -4,7 +4,7 @@ A rule is a process, and a GPU rule's process spends 7-10 s importing RAPIDS and
 creating a CUDA context before its first step (H200 machine, ``benchmarks/gpu_check.sh
 probe``): many times the work of a 10,000-cell sample, and, with 16 such samples run side by
 side, more than the CPU backend takes for the whole study. So the workflow starts a pool on
-a machine whose GPU it uses locally (``onstart`` in ``rules/common.smk``): a server and a few
+a machine whose GPU it uses locally (``onstart`` in ``rules/common/pool.smk``): a server and a few
 workers, each of which imports the libraries and creates its CUDA context once, compiles
 nothing twice, and runs job after job in its own process.
 

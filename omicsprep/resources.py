@@ -1,10 +1,10 @@
 """Host memory, disk, threads and GPUs a rule's job needs, from the size of its inputs.
 
-The rules declare ``mem_mb`` and ``disk_mb`` with these (``rules/common.smk`` wraps them as
+The rules declare ``mem_mb`` and ``disk_mb`` with these (``rules/common/resources.smk`` wraps them as
 Snakemake's callable resources), so local runs and cluster profiles size each job by its
 data rather than by one figure per rule. Each rule's figures are a base (the Python process,
 its libraries and the GPU runtime) plus a multiple of its inputs' megabytes, calibrated by
-``benchmarks/resources_bench.py`` and the atlas-size runs in ``benchmarks/RESULTS.md``
+``benchmarks/resources.py`` and the atlas-size runs in ``benchmarks/RESULTS.md``
 (section "Resources follow the data"). Memory grows with each retry (``attempt``).
 """
 
