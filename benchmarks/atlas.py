@@ -1,8 +1,8 @@
 """The atlas steps of issue 46 at scale: scVI (the merge's training against scvi-tools' defaults), scIB, CellTypist.
 
-    python benchmarks/atlas_bench.py --cells 1000000 --backend gpu --cache /tmp/atlas
+    python -m benchmarks atlas --cells 1000000 --backend gpu --cache /tmp/atlas
         --parts ours celltypist scib_check [--batch-sizes 0 4096] [--results atlas.md]
-    python benchmarks/atlas_bench.py --cells 1000000 --backend gpu --cache /tmp/atlas --parts defaults scib
+    python -m benchmarks atlas --cells 1000000 --backend gpu --cache /tmp/atlas --parts defaults scib
 
 A generated study (:func:`omicsprep.testing.study.generate_study`: 3 batches, 12 planted
 types, one batch lacking one) of ``--cells`` cells x ``--genes`` genes, every gene taken as
@@ -37,7 +37,6 @@ import argparse
 import copy
 import json
 import os
-import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -48,14 +47,11 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from run import append_results, versions  # noqa: E402
-
-from omicsprep.backend import resolve_backend, to_device, to_host  # noqa: E402
-from omicsprep.options import ScviOptions  # noqa: E402
-from omicsprep.rna import annotation, integration_scores, latent, preprocessing  # noqa: E402
-from omicsprep.testing.study import generate_study  # noqa: E402
+from benchmarks.common import append_results, versions
+from omicsprep.backend import resolve_backend, to_device, to_host
+from omicsprep.options import ScviOptions
+from omicsprep.rna import annotation, integration_scores, latent, preprocessing
+from omicsprep.testing.study import generate_study
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -329,8 +325,7 @@ def with_pca(cells: ad.AnnData, *, backend: str, cache: Path) -> None:
     np.save(path, cells.obsm["X_pca"])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cells", type=int, default=30_000)
     parser.add_argument("--genes", type=int, default=2_000)
     parser.add_argument("--backend", default="cpu", choices=["cpu", "gpu"])
@@ -339,7 +334,9 @@ def main() -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[0], help="the merge's scVI (0: its default)")
     parser.add_argument("--celltypist-train-cells", type=int, default=20_000)
     parser.add_argument("--results", type=Path)
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
     cache = args.cache / f"{args.cells}x{args.genes}"
     cache.mkdir(parents=True, exist_ok=True)
     backend = resolve_backend(args.backend)
@@ -366,7 +363,3 @@ def main() -> None:
     if args.results:
         note = f"{versions()}. {cells.n_obs:,} generated cells x {args.genes:,} genes (3 batches, 12 types)."
         append_results(args.results, title=f"The atlas steps, {args.cells:,} cells", note=note, table=table)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """PCA of a matrix in row blocks, the way omicsprep takes it against rapids-singlecell's Dask PCA, on the GPU.
 
-    python benchmarks/blocked_pca_bench.py --cells 1000000 --entries-per-cell 800 --results RESULTS.md
+    python -m benchmarks blocked_pca --cells 1000000 --entries-per-cell 800 --results RESULTS.md
 
 A matrix of more than 2^31 - 1 entries goes to the GPU in row blocks
 (:func:`omicsprep.backend.to_device`). Its PCA was rapids-singlecell's Dask PCA, which selects
@@ -18,7 +18,6 @@ runs twice: the first run compiles kernels.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from itertools import pairwise
 from pathlib import Path
@@ -28,12 +27,9 @@ import numpy as np
 import pandas as pd
 from anndata import AnnData
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from run import append_results  # noqa: E402
-
-from omicsprep import backend  # noqa: E402
-from omicsprep.rna import preprocessing  # noqa: E402
+from benchmarks.common import append_results
+from omicsprep import backend
+from omicsprep.rna import preprocessing
 
 
 def generated(n_cells: int, n_genes: int, per_cell: int, n_clusters: int, seed: int) -> tuple[Any, np.ndarray]:
@@ -68,8 +64,7 @@ def timed(run, adata: AnnData) -> tuple[float, np.ndarray]:
     return time.perf_counter() - start, backend.asnumpy(adata.obsm["X_pca"])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cells", type=int, default=1_000_000)
     parser.add_argument("--genes", type=int, default=20_000)
     parser.add_argument("--entries-per-cell", type=int, default=800)
@@ -77,7 +72,9 @@ def main() -> None:
     parser.add_argument("--block-entries", type=int, default=1 << 26)
     parser.add_argument("--n-comps", type=int, default=50)
     parser.add_argument("--results", type=Path)
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
 
     backend.prepare_gpu(backend.resolve_backend("gpu"))
     start = time.perf_counter()
@@ -123,7 +120,3 @@ def main() -> None:
         title = f"Blocked PCA, {args.cells:,} cells x {args.genes:,} genes"
         note = f"{matrix.nnz:,} entries in {len(bounds) - 1} row blocks of at most {args.block_entries:,}; 2,000 genes."
         append_results(args.results, title=title, note=note, table=table)
-
-
-if __name__ == "__main__":
-    main()

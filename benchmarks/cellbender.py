@@ -1,6 +1,6 @@
 """CellBender and omicsprep's SoupX and DecontX on a generated raw matrix: wall time and quality against the truth.
 
-    python benchmarks/cellbender_bench.py [--cells 5000 --barcodes 100000 --genes 20000]
+    python -m benchmarks cellbender [--cells 5000 --barcodes 100000 --genes 20000]
         [--ours soupx decontx] [--settings fast default] [--fpr 0.01 0.1] [--total-droplets N]
         [--workdir /tmp/cellbender-bench] [--cpu]
 
@@ -25,7 +25,7 @@ image and the RAPIDS bundle (anndata) travel as wheels in ``.gpu/cellbender/`` (
     bash .gpu/stage.sh && source .gpu/env.sh &&
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/cb .gpu/cellbender/*.whl &&
     export PYTHONPATH=/tmp/cb:$PYTHONPATH PATH=/tmp/cb/bin:$PATH PYTHONUNBUFFERED=1 &&
-    timeout 560 python3 benchmarks/cellbender_bench.py --cells 2000 --barcodes 40000 --genes 10000 --total-droplets 6000
+    timeout 560 python -m benchmarks cellbender --cells 2000 --barcodes 40000 --genes 10000 --total-droplets 6000
 
 Without Jupyter there CellBender logs that it could not make its HTML report; the rest is
 written.
@@ -40,7 +40,6 @@ import platform
 import re
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -48,15 +47,12 @@ import numpy as np
 import pandas as pd
 from anndata import AnnData
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-from omicsprep.cells.cellbender import remove_background_command  # noqa: E402
-from omicsprep.io.cellbender import read_cellbender  # noqa: E402
-from omicsprep.options import CellbenderOptions  # noqa: E402
-from omicsprep.testing.droplets import generate_raw_droplets  # noqa: E402
-from omicsprep.testing.generate import write_10x_h5  # noqa: E402
-from omicsprep.testing.scoring import called_by_cellbender, quality  # noqa: E402
+from omicsprep.cells.cellbender import remove_background_command
+from omicsprep.io.cellbender import read_cellbender
+from omicsprep.options import CellbenderOptions
+from omicsprep.testing.droplets import generate_raw_droplets
+from omicsprep.testing.generate import write_10x_h5
+from omicsprep.testing.scoring import called_by_cellbender, quality
 
 # CellBender's defaults, and the workflow's (omicsprep.options.CellbenderOptions): faster
 # within what CellBender's docs call safe: a third of the epochs (its docs: 150 typical) at
@@ -118,8 +114,7 @@ def run_cellbender(
     return seconds, output, log.read_text()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cells", type=int, default=5000)
     parser.add_argument("--barcodes", type=int, default=100_000)
     parser.add_argument("--genes", type=int, default=20_000)
@@ -133,7 +128,9 @@ def main() -> None:
     )
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/cellbender-bench"))
     parser.add_argument("--cpu", action="store_true", help="run on the CPU (default: the GPU)")
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
     out = Path(os.environ.get("OUT") or args.workdir)
     args.workdir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -178,7 +175,3 @@ def _gpu_name() -> str:
     import torch
 
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """Gene co-expression speed and memory, CPU against GPU.
 
-    python benchmarks/coexpr_bench.py --sizes 5000x100000 20000x50000 --backends cpu gpu
+    python -m benchmarks coexpr --sizes 5000x100000 20000x50000 --backends cpu gpu
 
 Per size (genes x cells) it generates counts with planted modules (generate.py), then, in a
 fresh process per backend, log-normalizes them and times the chain correlation + graph +
@@ -19,18 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import sys
 import time
 import tracemalloc
 from pathlib import Path
 
 import pandas as pd
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from run import append_results, device_statistics, measure_in_child  # noqa: E402
-
-from omicsprep.testing.generate import generate_coexpression  # noqa: E402
+from benchmarks.common import RESULTS, append_results, device_statistics, measure_in_child
+from omicsprep.testing.generate import generate_coexpression
 
 
 def measure(n_genes: int, n_cells: int, backend: str, top_k: int) -> dict:
@@ -123,14 +119,15 @@ def measure(n_genes: int, n_cells: int, backend: str, top_k: int) -> dict:
     return row
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", nargs="+", default=["5000x100000", "20000x50000"], help="GENESxCELLS")
     parser.add_argument("--backends", nargs="+", choices=["cpu", "gpu"], default=["cpu"])
     parser.add_argument("--top-k", type=int, default=50)
-    parser.add_argument("--results", type=Path, default=HERE / "RESULTS.md")
+    parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--one", nargs=3, metavar=("GENES", "CELLS", "BACKEND"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
     if args.one:
         print(json.dumps(measure(int(args.one[0]), int(args.one[1]), args.one[2], args.top_k)))
         return
@@ -138,7 +135,7 @@ def main() -> None:
     for size in args.sizes:
         n_genes, n_cells = (int(x) for x in size.split("x"))
         for backend in args.backends:
-            row = measure_in_child(__file__, "--one", str(n_genes), str(n_cells), backend, "--top-k", str(args.top_k))
+            row = measure_in_child("coexpr", "--one", str(n_genes), str(n_cells), backend, "--top-k", str(args.top_k))
             rows += [row] if row else []
         if {"cpu", "gpu"} <= {r["backend"] for r in rows if (r["genes"], r["cells"]) == (n_genes, n_cells)}:
             chains = {r["backend"]: r["chain_s"] for r in rows if (r["genes"], r["cells"]) == (n_genes, n_cells)}
@@ -153,7 +150,3 @@ def main() -> None:
         "step seconds of a second, warm call (first_chain_s: the first); chain = correlation + graph + "
         "modules.",
     )
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """Compare two workflow runs (e.g. backend cpu and gpu) sample by sample.
 
-    python benchmarks/compare_backends.py RESULTS_A RESULTS_B
+    python -m benchmarks compare_backends RESULTS_A RESULTS_B
 
 Prints, per sample: cells in each, cells in common, HVG overlap, and the adjusted Rand
 index of every cluster column (Leiden/Louvain at each resolution) on the common cells;
@@ -81,11 +81,12 @@ def compare_modalities(run_a: Path, run_b: Path, sample: str) -> list[dict]:
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("results_a", type=Path)
     parser.add_argument("results_b", type=Path)
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
     samples = sorted(p.parent.name for p in args.results_a.glob("*/obs.parquet"))
     rows = [row for sample in samples for row in compare_sample(args.results_a, args.results_b, sample)]
     print(pd.DataFrame(rows).to_csv(sep="\t", index=False), end="")
@@ -93,7 +94,3 @@ def main() -> None:
     modalities = [row for sample in samples for row in compare_modalities(args.results_a, args.results_b, sample)]
     if modalities:
         print(pd.DataFrame(modalities).to_csv(sep="\t", index=False), end="")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """DecontX speed: pydecontx (the Python port of celda's decontX) against omicsprep's, CPU and GPU.
 
-    python benchmarks/decontx_bench.py [--cells 10000 --barcodes 500000 --genes 33000]
+    python -m benchmarks decontx [--cells 10000 --barcodes 500000 --genes 33000]
         [--backend cpu gpu] [--skip-reference --reference-seconds S] [--results benchmarks/RESULTS.md]
         [--profile]
 
@@ -21,7 +21,6 @@ the seconds of the set-up and the mean per iteration of each phase.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,18 +30,14 @@ import numpy as np
 import pandas as pd
 from scipy import sparse
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from run import append_results  # noqa: E402
-
-from omicsprep.backend import array_module, cupyx_sparse  # noqa: E402
-from omicsprep.cells import decontx as decontx_module  # noqa: E402
-from omicsprep.cells.decontx import decontx  # noqa: E402
-from omicsprep.testing.droplets import generate_raw_droplets  # noqa: E402
+from benchmarks.common import append_results
+from omicsprep.backend import array_module, cupyx_sparse
+from omicsprep.cells import decontx as decontx_module
+from omicsprep.cells.decontx import decontx
+from omicsprep.testing.droplets import generate_raw_droplets
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cells", type=int, default=10_000)
     parser.add_argument("--barcodes", type=int, default=500_000)
     parser.add_argument("--genes", type=int, default=33_000)
@@ -52,7 +47,9 @@ def main() -> None:
     parser.add_argument("--reference-seconds", type=float, help="pydecontx's time measured elsewhere, for the ratio")
     parser.add_argument("--results", type=Path, help="append the table to this file (RESULTS.md)")
     parser.add_argument("--profile", action="store_true", help="time the GPU's EM phase by phase")
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
 
     raw = generate_raw_droplets(args.cells, args.barcodes, args.genes, seed=args.seed)
     is_cell = raw.truth["is_cell"].to_numpy()
@@ -152,7 +149,3 @@ def profile_gpu(cells: sparse.csr_matrix, clusters: np.ndarray) -> None:
     print(f"GPU profile ({len(seconds['native counts'])} iterations): milliseconds, total and mean per call")
     for name, times in seconds.items():
         print(f"  {name:24s} total {1e3 * sum(times):9.2f}  mean {1e3 * np.mean(times):8.3f}")
-
-
-if __name__ == "__main__":
-    main()

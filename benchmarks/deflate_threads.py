@@ -1,6 +1,6 @@
 """Deflated HDF5 datasets in threads against HDF5's own filter: a 10x matrix read, .h5ad matrices written and read.
 
-    python benchmarks/deflate_bench.py --cells 200000 --dir /tmp [--repeats 2]
+    python -m benchmarks deflate_threads --cells 200000 --dir /tmp [--repeats 2]
 
 1. A generated count matrix stored as Cell Ranger stores it (gzip level 4, shuffle, chunks of
    80,000 values) is read by ``omicsprep.io.read_counts``, its chunks decompressed by HDF5
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from pathlib import Path
 from unittest import mock
@@ -24,12 +23,10 @@ import h5py
 import numpy as np
 import pandas as pd
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from omicsprep import io  # noqa: E402
-from omicsprep.io import counts as counts_module  # noqa: E402
-from omicsprep.io.deflated import codec_threads, create_deflated, read_deflated  # noqa: E402
-from omicsprep.testing.generate import generate, write_10x_h5  # noqa: E402
+from omicsprep import io
+from omicsprep.io import counts as counts_module
+from omicsprep.io.deflated import codec_threads, create_deflated, read_deflated
+from omicsprep.testing.generate import generate, write_10x_h5
 
 CELL_RANGER_CHUNK = 80_000
 
@@ -43,13 +40,14 @@ def best(repeats: int, work) -> float:
     return min(seconds)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cells", type=int, default=200_000)
     parser.add_argument("--genes", type=int, default=20_000)
     parser.add_argument("--dir", type=Path, default=Path("/tmp"))
     parser.add_argument("--repeats", type=int, default=2)
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
     counts = generate(args.cells, args.genes, seed=0)
     counts.sort_indices()
     rows = []
@@ -113,7 +111,3 @@ def main() -> None:
     table = pd.DataFrame(rows, columns=["file", "operation", "seconds", "GB_per_s_of_values", "size_vs_values"])
     print(f"{args.cells:,} cells x {args.genes:,} genes, {counts.nnz:,} non-zeros; {codec_threads()} codec threads")
     print(table.round(3).to_markdown(index=False))
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """How fast this machine takes a large output: one array written raw and through HDF5, as .h5ad matrices are.
 
-    python benchmarks/disk_write_bench.py --gigabytes 2.8 --dir /tmp [--repeats 3]
+    python -m benchmarks disk_write --gigabytes 2.8 --dir /tmp [--repeats 3]
 
 A float32 array of ``--gigabytes`` (a 1M-cell sample's normalized values are about 2.8 GB)
 is written ``--repeats`` times each way: with one ``write`` call, and as an HDF5 dataset
@@ -24,12 +24,13 @@ def dirty() -> str:
     return f"dirty {fields['Dirty'].strip()}, writeback {fields['Writeback'].strip()}"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gigabytes", type=float, default=2.8)
     parser.add_argument("--dir", type=Path, default=Path("/tmp"))
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
     settings = ("dirty_ratio", "dirty_background_ratio", "dirty_bytes", "dirty_background_bytes")
     print(", ".join(f"{name} {Path('/proc/sys/vm', name).read_text().strip()}" for name in settings))
     values = np.random.default_rng(0).random(int(args.gigabytes * 1e9 / 4), dtype=np.float32)
@@ -55,7 +56,3 @@ def main() -> None:
                 path.unlink()
     finally:
         path.unlink(missing_ok=True)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """Where Scrublet's seconds go in one group of cells: each stage of ``doublets.scrublet``, timed.
 
-    python benchmarks/doublets_bench.py --cells 20000 --backends cpu gpu [--repeats 3] [--warm-up-cells 2000]
+    python -m benchmarks doublets --cells 20000 --backends cpu gpu [--repeats 3] [--warm-up-cells 2000]
 
 A sample scored in groups (``doublets.max_cells_per_run``, 20,000 by default) repeats these
 stages once per group: 50 times at 1M cells. Generated counts (``generate.py``) of
@@ -17,16 +17,12 @@ from __future__ import annotations
 
 import argparse
 import functools
-import sys
 import time
 from collections import defaultdict
-from pathlib import Path
 
 import pandas as pd
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from omicsprep.testing.generate import generate  # noqa: E402 - found through sys.path, set just above
+from omicsprep.testing.generate import generate
 
 
 def timed_stages(backend: str, seconds: dict[str, float]) -> list[tuple[object, str, object]]:
@@ -99,8 +95,7 @@ def measure(counts, *, backend: str, repeats: int, warm_up_cells: int) -> pd.Dat
     return pd.DataFrame(rows)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cells", type=int, default=20_000)
     parser.add_argument("--genes", type=int, default=20_000)
     parser.add_argument("--backends", nargs="+", choices=["cpu", "gpu"], default=["cpu"])
@@ -108,7 +103,9 @@ def main() -> None:
     parser.add_argument(
         "--warm-up-cells", type=int, default=0, help="first score one generated group of this many cells (0: none)"
     )
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
     counts = generate(args.cells, args.genes, seed=0)
     print(f"{args.cells} cells x {args.genes} genes, {counts.nnz} non-zeros")
     table = pd.concat(
@@ -120,7 +117,3 @@ def main() -> None:
     columns = ["backend", "repeat", "plain_total", "total"]
     table = table[columns + sorted(set(table.columns) - set(columns))].round(4)
     print(table.T.to_markdown())
-
-
-if __name__ == "__main__":
-    main()

@@ -1,8 +1,8 @@
 """End-to-end benchmark: the workflow (CPU and/or GPU backend) against a plain scanpy script.
 
-    python benchmarks/run.py --cells 20000 100000 --backends cpu gpu --peer
-    python benchmarks/run.py --quick        # ~1 minute on 2 cores; used by the test suite
-    python benchmarks/run.py --cells 5000 --backends cpu gpu --cold   # a fresh machine's first run, then the next
+    python -m benchmarks e2e --cells 20000 100000 --backends cpu gpu --peer
+    python -m benchmarks e2e --quick        # ~1 minute on 2 cores; used by the test suite
+    python -m benchmarks e2e --cells 5000 --backends cpu gpu --cold   # a fresh machine's first run, then the next
 
 For each size: generates data (omicsprep/testing/generate.py, cached in the work folder), runs the
 workflow with each backend and the peer (benchmarks/peer_scanpy.py) with the same settings,
@@ -16,79 +16,39 @@ benchmarks/scaling/ from which the scaling plot (cells vs seconds, per backend) 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as dt
 import functools
 import json
 import os
 import platform
 import re
-import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
 import yaml
 from sklearn.metrics import adjusted_rand_score
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-sys.path.insert(0, str(HERE))
-from omicsprep.jobs import read_phases  # noqa: E402
-from omicsprep.testing import snakemake_command  # noqa: E402
-from omicsprep.testing.generate import generate, write_10x_h5  # noqa: E402
+from benchmarks.common import (
+    HERE,
+    RESULTS,
+    append_results,
+    bench_config,
+    child_environment,
+    dataset,
+    kernel_caches,
+    run_snakemake,
+    stop_pool,
+    user_environment,
+    versions,
+)
+from omicsprep.jobs import read_phases
 
-# Settings shared by the workflow and the peer: fixed thresholds (the peer does no MAD).
-BENCH_CONFIG = {
-    "qc": {"filter": {"method": "thresholds", "min_genes": 200, "max_pct_mt": 20}, "min_cells_per_gene": 3},
-    "doublets": {"enabled": True, "expected_rate": 0.04, "remove": True},
-    "leiden": {"resolutions": [1.0]},
-    "louvain": {"resolutions": []},
-    "markers": {"algorithm": "leiden", "resolution": 1.0, "method": "wilcoxon", "n_genes": 25},
-    "coexpression": {"enabled": False},  # the scanpy peer has no counterpart (coexpr_bench.py times it)
-}
 COMPUTE_RULES = ("qc", "cluster")
-
-
-def bench_config(workdir: Path, *, h5ad_compression: str | None = None) -> Path:
-    """The shipped config with BENCH_CONFIG's sections merged in (its ``qc.filter`` replaces).
-
-    ``h5ad_compression``, if given, replaces the shipped one (``none``: uncompressed).
-    """
-    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
-    for section, values in BENCH_CONFIG.items():
-        config[section] = {**config.get(section, {}), **values}
-    if h5ad_compression is not None:
-        config["h5ad_compression"] = None if h5ad_compression == "none" else h5ad_compression
-    path = workdir / "bench_config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-def bench_settings(workdir: Path) -> dict:
-    """:func:`bench_config`'s settings with the schema's defaults filled in."""
-    from omicsprep.cli import workflow_config
-
-    return workflow_config([bench_config(workdir)])
-
-
-def clustering_options(config: dict):
-    """The cluster rule's options from a whole configuration: a section per field, as the workflow gives them."""
-    from omicsprep.options import ClusteringOptions, from_sections
-
-    return from_sections(ClusteringOptions, config)
-
-
-def dataset(workdir: Path, n_cells: int, n_genes: int, jobs: int) -> Path:
-    path = workdir / "data" / f"{n_cells}x{n_genes}.h5"
-    if not path.exists():  # written atomically, so an existing file is whole
-        write_10x_h5(generate(n_cells, n_genes, seed=0, jobs=jobs), path)
-    return path
 
 
 def run_workflow(
@@ -124,16 +84,6 @@ def run_workflow(
         "phases": phase_breakdown(rundir, times, label=f"workflow-{name}"),
         "outside": outside_rules(rundir, launched=launched, wall=wall, label=f"workflow-{name}"),
     }
-
-
-def stop_pool() -> None:
-    """Stop this user's GPU pool (:mod:`omicsprep.pool`) and wait until it is gone: as before a first run."""
-    from omicsprep import pool
-
-    pool.stop()
-    deadline = time.monotonic() + 60
-    while pool.status() is not None and time.monotonic() < deadline:
-        time.sleep(0.1)
 
 
 TRANSFER_STEPS = ("to_device", "to_host", "matrices_to_host")
@@ -236,48 +186,6 @@ def outside_rules(rundir: Path, *, launched: float, wall: float, label: str) -> 
     }
 
 
-def run_arguments(rundir: Path, *, config: Path, sheet: Path) -> list[str]:
-    """Snakemake's arguments for a run in ``rundir``; ``--config`` comes last, so that more settings may follow."""
-    return ["--directory", str(rundir), "--configfile", str(config), "--config", f"samples={sheet}"]
-
-
-def run_snakemake(
-    rundir: Path,
-    *,
-    config: Path,
-    sheet: Path,
-    backend: str,
-    cores: int,
-    settings: Sequence[str] = (),
-    extra: Sequence[str] = ("--resources", "gpu=1"),
-    environment: dict[str, str] | None = None,
-) -> float:
-    """Run the whole workflow in ``rundir`` (every job, quietly); its wall seconds.
-
-    ``settings`` (``key=value``) go after ``--config``; ``extra`` arguments are passed on
-    (by default one GPU); ``environment`` adds to :func:`user_environment`.
-    """
-    command = snakemake_command(
-        *run_arguments(rundir, config=config, sheet=sheet),
-        f"backend={backend}",
-        *settings,
-        "--cores",
-        str(cores),
-        *extra,
-        "--forceall",
-        "--quiet",
-    )
-    # The disk takes earlier runs' outputs (17 GB at 1M cells) in first: a run started while
-    # they are still being written back waits on them (Snakemake's start took 1.3-9.1 s).
-    os.sync()
-    start = time.perf_counter()
-    env = {**user_environment(), **(environment or {})}
-    result = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
-    if result.returncode != 0:
-        raise RuntimeError(f"workflow ({backend}) failed:\n{result.stderr[-5000:]}")
-    return time.perf_counter() - start
-
-
 def warm_kernels(backend: str, config: Path, caches: dict[str, str]) -> float:
     """Run ``omicsprep warm-kernels`` with the run's configuration into ``caches``; its wall seconds."""
     command = [sys.executable, "-m", "omicsprep.cli", "warm-kernels", "--backend", backend, "--configfile", str(config)]
@@ -298,7 +206,8 @@ def _hvg(h5ad: Path) -> set[str]:
 def run_peer(workdir: Path, counts: Path, config: Path) -> dict:
     out = workdir / f"peer_{counts.stem}"
     start = time.perf_counter()
-    subprocess.run([sys.executable, str(HERE / "peer_scanpy.py"), str(counts), str(config), str(out)], check=True)
+    peer = [sys.executable, "-m", "benchmarks.peer_scanpy", str(counts), str(config), str(out)]
+    subprocess.run(peer, check=True, env=child_environment())
     wall = time.perf_counter() - start
     timings = json.loads((out / "timings.json").read_text())
     var = pd.read_parquet(out / "var.parquet")
@@ -320,100 +229,6 @@ def agreement(result: dict, reference: dict | None) -> dict:
     ari = adjusted_rand_score(result["obs"].loc[common, "leiden_1.0"], reference["obs"].loc[common, "leiden_1.0"])
     overlap = len(result["hvg"] & reference["hvg"]) / max(len(reference["hvg"]), 1)
     return {"ari_vs_peer": round(ari, 4), "hvg_overlap_vs_peer": round(overlap, 4)}
-
-
-def machine() -> str:
-    gpu = ""
-    with contextlib.suppress(OSError, subprocess.CalledProcessError, IndexError):
-        gpu = (
-            subprocess.run(
-                ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, check=True
-            )
-            .stdout.strip()
-            .splitlines()[0]
-        )
-    return f"{platform.node()}: {os.cpu_count()} CPU cores, {platform.processor() or platform.machine()}" + (
-        f", {gpu}" if gpu else ""
-    )
-
-
-def append_results(path: Path, *, title: str, note: str, table: pd.DataFrame, level: str = "###") -> str:
-    """Append ``table`` to RESULTS.md; return the date stamp.
-
-    Under a heading naming the date and the command that made it, with this machine and ``note``.
-    """
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    command = f"python benchmarks/{Path(sys.argv[0]).name} " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    with path.open("a") as handle:
-        handle.write(
-            f"\n{level} {title}, {stamp}: `{command}`\n\nMachine: {machine()}. {note}\n\n"
-            + table.astype(str).to_markdown(index=False)
-            + "\n"
-        )
-    return stamp
-
-
-def user_environment() -> dict[str, str]:
-    """The environment as on a user's machine, where Python caches compiled modules (``__pycache__``).
-
-    Some sandboxes set PYTHONDONTWRITEBYTECODE, and every process then compiles omicsprep's
-    modules anew (about 1 s on 2 cores), a cost no user pays after the first run. A pool
-    socket named by the caller's environment is left out: the workflow starts its own.
-    """
-    return {
-        name: value for name, value in os.environ.items() if name not in ("PYTHONDONTWRITEBYTECODE", "OMICSPREP_POOL")
-    }
-
-
-def kernel_caches(folder: Path) -> dict[str, str]:
-    """Environment variables that point the kernel caches at folders under ``folder``.
-
-    CuPy's and Numba's compiled kernels, and the CUDA driver's (Numba's PTX is compiled to
-    the GPU's code by the driver). Empty at first, as on a fresh machine.
-    """
-    caches = {name: folder / name.lower() for name in ("CUPY_CACHE_DIR", "NUMBA_CACHE_DIR", "CUDA_CACHE_PATH")}
-    for path in caches.values():
-        path.mkdir(parents=True, exist_ok=True)
-    return {name: str(path) for name, path in caches.items()}
-
-
-def measure_in_child(script: str, *args: str) -> dict | None:
-    """Run ``script`` with ``args`` in a fresh Python process; return its JSON row.
-
-    The row is its last line of output, printed too (``None``, with its error printed, on failure).
-    """
-    result = subprocess.run([sys.executable, script, *args], capture_output=True, text=True)
-    if result.returncode != 0:
-        print(result.stderr[-3000:], flush=True)
-        return None
-    row = json.loads(result.stdout.strip().splitlines()[-1])
-    print(row, flush=True)
-    return row
-
-
-def device_statistics():
-    """RMM's allocation statistics, switched on, or ``None`` where this RMM lacks them.
-
-    CuPy allocates through RMM once RAPIDS is imported.
-    """
-    try:
-        import rmm.statistics
-
-        rmm.statistics.enable_statistics()
-    except (ImportError, AttributeError):
-        return None
-    return rmm.statistics
-
-
-def versions() -> str:
-    import importlib.metadata as md
-
-    names = ["scanpy", "anndata", "snakemake", "rapids-singlecell", "cuml-cu13", "cugraph-cu13"]
-    found = []
-    for name in names:
-        with contextlib.suppress(md.PackageNotFoundError):
-            found.append(f"{name} {md.version(name)}")
-    return f"Python {platform.python_version()}, " + ", ".join(found)
 
 
 def plot(scaling_dir: Path, path: Path) -> None:
@@ -440,8 +255,7 @@ def plot(scaling_dir: Path, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cells", type=int, nargs="+", default=[20_000])
     parser.add_argument("--genes", type=int, default=20_000)
     parser.add_argument("--backends", nargs="+", default=["cpu"], choices=["cpu", "gpu"])
@@ -461,14 +275,16 @@ def main() -> None:
     parser.add_argument("--cpu-max-cells", type=int, default=None, help="skip the CPU backend and peer above this")
     parser.add_argument("--cores", type=int, default=os.cpu_count())
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/omicsprep-bench"))
-    parser.add_argument("--results", type=Path, default=HERE / "RESULTS.md")
+    parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--scaling-dir", type=Path, default=HERE / "scaling")
     parser.add_argument("--plot", type=Path, default=HERE / "scaling.png")
     parser.add_argument("--host", default=None, help="label for this machine in the plot")
     parser.add_argument(
         "--h5ad-compression", choices=["none", "lzf", "gzip"], default=None, help="instead of the shipped config's"
     )
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
     if args.quick:
         args.cells, args.genes, args.backends, args.peer = [2_000], 5_000, ["cpu"], True
     args.workdir.mkdir(parents=True, exist_ok=True)
@@ -493,7 +309,7 @@ def main() -> None:
         )
         append_table(
             args.results,
-            "Where each rule's seconds went (`benchmarks/run.py`'s `phase_breakdown`: start-up and imports, "
+            "Where each rule's seconds went (`benchmarks/e2e.py`'s `phase_breakdown`: start-up and imports, "
             "reading, device transfers, computing, writing, and Snakemake's wrapper and the exit as `other`; "
             "on its timeline, when its first step started, the span of its steps, and its end after them)",
             phases,
@@ -559,7 +375,3 @@ def benchmark_size(
             }
         )
     return pd.DataFrame(rows), steps, phases, outside
-
-
-if __name__ == "__main__":
-    main()

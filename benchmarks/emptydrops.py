@@ -1,6 +1,6 @@
 """EmptyDrops speed: DropletUtils' ``emptyDrops`` (R, one core) against omicsprep's on CPU and GPU.
 
-    python benchmarks/emptydrops_bench.py [--niters 10000] [--retain 2000] [--skip-r] [--gpu] [--profile]
+    python -m benchmarks emptydrops [--niters 10000] [--retain 2000] [--skip-r] [--gpu] [--profile]
 
 Generates the raw droplets of ``generate_raw_droplets`` (defaults: 10,000 cells among 500,000
 barcodes x 33,000 genes), runs ``emptyDrops`` in R (one core, SerialParam) and
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import subprocess
-import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -28,11 +27,9 @@ import numba
 import numpy as np
 import pandas as pd
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from omicsprep.cells import emptydrops, montecarlo  # noqa: E402
-from omicsprep.cells.emptydrops import empty_drops  # noqa: E402
-from omicsprep.testing.droplets import generate_raw_droplets  # noqa: E402
+from omicsprep.cells import emptydrops, montecarlo
+from omicsprep.cells.emptydrops import empty_drops
+from omicsprep.testing.droplets import generate_raw_droplets
 
 CALLED = 0.001
 # Phase -> (module, function) timed by --profile; what they leave out is totals, ranks and subsetting.
@@ -132,8 +129,7 @@ def time_ours(counts, *, niters: int, retain: float, backend: str, profile: bool
     return seconds, result.table["fdr"].to_numpy()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cells", type=int, default=10_000)
     parser.add_argument("--barcodes", type=int, default=500_000)
     parser.add_argument("--genes", type=int, default=33_000)
@@ -142,7 +138,9 @@ def main() -> None:
     parser.add_argument("--skip-r", action="store_true", help="do not run DropletUtils (machines without R)")
     parser.add_argument("--gpu", action="store_true", help="also time the GPU backend")
     parser.add_argument("--profile", action="store_true", help="print the seconds of each phase per backend")
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
 
     start = time.perf_counter()
     droplets = generate_raw_droplets(args.cells, args.barcodes, args.genes, seed=0)
@@ -180,7 +178,3 @@ def main() -> None:
             }
         )
     print(pd.DataFrame(rows).to_string(index=False))
-
-
-if __name__ == "__main__":
-    main()

@@ -1,7 +1,7 @@
 """A catalogue of hostile cases run through the workflow, each classified as a user meets it.
 
-    python benchmarks/faults.py                  # every case, 2 at a time (~6 minutes on 2 cores)
-    python benchmarks/faults.py --only seed_negative csv_sheet --table docs/faults.md
+    python -m benchmarks faults                  # every case, 2 at a time (~6 minutes on 2 cores)
+    python -m benchmarks faults --only seed_negative csv_sheet --table docs/faults.md
 
 Each case writes its inputs (the bundled chr21 PBMCs and Multiome subset, altered) into a
 work folder of its own and runs the workflow there on the CPU backend. Outcomes:
@@ -28,7 +28,6 @@ import argparse
 import json
 import re
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -416,15 +415,14 @@ def run_cases(cases: list[Case], *, workdir: Path, parallel: int) -> list[Outcom
         return list(pool.map(lambda case: run_case(case, workdir / case.name), cases))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only", nargs="+", default=None, help="cases to run, by name (all when not given)")
     parser.add_argument("--cheap", action="store_true", help="only the cases refused before any job")
     parser.add_argument("--parallel", type=int, default=2, help="cases run at once")
     parser.add_argument("--table", type=Path, default=None, help="write the Markdown table here")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     cases = [c for c in CASES if (args.only is None or c.name in args.only) and (c.cheap or not args.cheap)]
     with tempfile.TemporaryDirectory(prefix="omicsprep-faults-") as workdir:
         outcomes = run_cases(cases, workdir=Path(workdir), parallel=args.parallel)
@@ -433,7 +431,3 @@ def main(argv: list[str] | None = None) -> int:
     if args.table:
         args.table.write_text(text)
     return 0 if all(outcome.outcome == "clean" for outcome in outcomes) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Drawing the workflow's figures for many cells: seconds to draw and write each, as the rules do.
 
-    python benchmarks/figures_bench.py [--cells 1000000] [--all-points] [--results benchmarks/RESULTS.md] [--note TEXT]
+    python -m benchmarks figures [--cells 1000000] [--all-points] [--results benchmarks/RESULTS.md] [--note TEXT]
 
 Draws the QC histograms and scatter (rule plot_qc) and the UMAP coloured by clusters and by
 the QC metrics (rule plot_umap) for random cells and writes them as PNG, timing each.
@@ -12,7 +12,6 @@ machine, date and command, to that file.
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -20,12 +19,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from run import append_results  # noqa: E402
-
-from omicsprep import plotting  # noqa: E402
-from omicsprep.io.figures import write_embedding_figure, write_qc_figures  # noqa: E402
+from benchmarks.common import append_results
+from omicsprep import plotting
+from omicsprep.io.figures import write_embedding_figure, write_qc_figures
 
 
 def random_cells(n_cells: int) -> tuple[np.ndarray, pd.DataFrame]:
@@ -44,13 +40,14 @@ def random_cells(n_cells: int) -> tuple[np.ndarray, pd.DataFrame]:
     return rng.normal(size=(n_cells, 2)).astype(np.float32), obs
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cells", type=int, default=1_000_000)
     parser.add_argument("--all-points", action="store_true", help="draw every cell (no cap)")
     parser.add_argument("--results", type=Path, default=None)
     parser.add_argument("--note", default="", help="said under the table (the machine's load, say)")
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
     if args.all_points:
         plotting.MAX_POINTS_SHOWN = args.cells
     coords, obs = random_cells(args.cells)
@@ -76,7 +73,3 @@ def main() -> None:
     print(table.to_string(index=False))
     if args.results is not None:
         append_results(args.results, title="Figures", note=args.note, table=table)
-
-
-if __name__ == "__main__":
-    main()

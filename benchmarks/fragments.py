@@ -1,6 +1,6 @@
 """Fragments to a cells x tiles matrix, CPU against GPU: fragments/s and peak memory.
 
-    python benchmarks/fragments_bench.py --fragments 10000000 100000000 --backends cpu gpu
+    python -m benchmarks fragments --fragments 10000000 100000000 --backends cpu gpu
 
 Per size it writes a 10x ``fragments.tsv`` (fragments.py: 10,000 cells, 20% background
 barcodes, sorted; cached in ``--work``), then, in a fresh process per backend, counts it
@@ -19,17 +19,13 @@ import argparse
 import json
 import os
 import resource
-import sys
 import time
 from pathlib import Path
 
 import pandas as pd
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from run import append_results, device_statistics, measure_in_child  # noqa: E402
-
-from omicsprep.testing.fragments import fragment_barcodes, write_fragments  # noqa: E402
+from benchmarks.common import RESULTS, append_results, device_statistics, measure_in_child
+from omicsprep.testing.fragments import fragment_barcodes, write_fragments
 
 N_CELLS = 10_000
 
@@ -93,15 +89,16 @@ def peak_resident_mb() -> float:
     return int(status.split("VmHWM:")[1].split()[0]) / 1024
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fragments", nargs="+", type=int, default=[10_000_000])
     parser.add_argument("--backends", nargs="+", choices=["cpu", "gpu"], default=["cpu"])
     parser.add_argument("--chunk-rows", type=int, help="fragments per chunk (default: the backend's default)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/omicsprep_fragments"))
-    parser.add_argument("--results", type=Path, default=HERE / "RESULTS.md")
+    parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--one", nargs=2, metavar=("PATH", "BACKEND"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
     if args.one:
         print(json.dumps(measure(Path(args.one[0]), args.one[1], args.chunk_rows)))
         return
@@ -119,7 +116,7 @@ def main() -> None:
             )
         for backend in args.backends:
             rows = ["--chunk-rows", str(args.chunk_rows)] if args.chunk_rows else []
-            row = measure_in_child(__file__, "--one", str(path), backend, *rows)
+            row = measure_in_child("fragments", "--one", str(path), backend, *rows)
             rows += [row] if row else []
     table = pd.DataFrame(rows)
     print(table.to_string(index=False))
@@ -130,7 +127,3 @@ def main() -> None:
         note=f"Generated 10x fragments (plain TSV, {N_CELLS:,} cells + background barcodes), 5 kb tiles; "
         "seconds after a warm-up call.",
     )
-
-
-if __name__ == "__main__":
-    main()

@@ -12,41 +12,41 @@
 #             CuPy kernel cache, kernels compile; warm: the cache is on disk), and
 #             CPU-vs-GPU agreement ($WORKFLOW_RUNS picks among cpu gpu_cold gpu_warm)
 #   umi       UMI deduplication: a fresh process's first CUDA kernel call with an empty and
-#             with a filled Numba cache, then benchmarks/umi_dedup_bench.py
-#   coexpr    benchmarks/coexpr_bench.py at 5,000 genes x 100,000 cells and 20,000 x 50,000
+#             with a filled Numba cache, then benchmarks/umi_dedup.py
+#   coexpr    benchmarks/coexpr.py at 5,000 genes x 100,000 cells and 20,000 x 50,000
 #             (or $COEXPR_SIZES)
-#   fragments benchmarks/fragments_bench.py: 10M fragments on both backends (unless
+#   fragments benchmarks/fragments.py: 10M fragments on both backends (unless
 #             $FRAGMENTS_SKIP_10M is set), 100M on the GPU (in chunks of each of
 #             $FRAGMENTS_GPU_CHUNK_ROWS, default 20000000)
-#   tables    benchmarks/umi_table_bench.py: molecule tables ($TABLE_READS, 10000000 and
+#   tables    benchmarks/umi_table.py: molecule tables ($TABLE_READS, 10000000 and
 #             30000000 reads; Parquet and TSV.gz) to counts, pyarrow+Numba vs cuDF+CUDA
-#   merge     benchmarks/merge_bench.py: $MERGE_SAMPLES (10) samples of $MERGE_CELLS (50000)
+#   merge     benchmarks/merge.py: $MERGE_SAMPLES (10) samples of $MERGE_CELLS (50000)
 #             cells with the merge rule, on $MERGE_BACKENDS (gpu; empty: only generate the
 #             samples), the merge rule on $MERGE_GPUS (1; more: merge.dask) GPUs
 #   merge_step benchmarks/merge_step.py: the merge step alone, $MERGE_STEP_SAMPLES (10) x
 #             $MERGE_STEP_CELLS (100000) cells, in each of $MERGE_STEP_MODES (gpu dask:N, N
 #             the GPUs visible)
-#   profile   benchmarks/profile_steps.py: the qc and cluster chains in one process at
+#   profile   benchmarks/step_profile.py: the qc and cluster chains in one process at
 #             $PROFILE_CELLS (300000) cells, with h5ad writes in $PROFILE_COMPRESSIONS (lzf none)
-#   droplets  issue 17's benchmarks: benchmarks/emptydrops_bench.py (CPU and GPU backends; R is
-#             not on the GPU machine), benchmarks/decontx_bench.py (pydecontx, CPU, GPU; pydecontx's
+#   droplets  issue 17's benchmarks: benchmarks/emptydrops.py (CPU and GPU backends; R is
+#             not on the GPU machine), benchmarks/decontx.py (pydecontx, CPU, GPU; pydecontx's
 #             wheel in .gpu/extra)
-#   cellbender benchmarks/cellbender_bench.py: omicsprep's SoupX and DecontX, then CellBender's fast
+#   cellbender benchmarks/cellbender.py: omicsprep's SoupX and DecontX, then CellBender's fast
 #             setting and its defaults (--cuda), at 2,000 cells among 40,000 barcodes x 10,000 genes
 #             ($CELLBENDER_ARGS replace these); needs CellBender's wheels in .gpu/cellbender/ (see
 #             that script), which also let the tests run CellBender's --cuda CLI test
-#   transfers benchmarks/transfer_bench.py: a CSR matrix of $TRANSFER_NNZ (800000000) non-zeros to the GPU and back,
+#   transfers benchmarks/transfers.py: a CSR matrix of $TRANSFER_NNZ (800000000) non-zeros to the GPU and back,
 #             CuPy's copies against omicsprep.backend's staged ones in 1, 2, 4 and 8 threads
-#   doublets  benchmarks/doublets_bench.py: Scrublet's stages in one group of $DOUBLETS_CELLS (20000) cells, on
+#   doublets  benchmarks/doublets.py: Scrublet's stages in one group of $DOUBLETS_CELLS (20000) cells, on
 #             $DOUBLETS_BACKENDS (gpu cpu), $DOUBLETS_REPEATS (3) times, after one of $DOUBLETS_WARM_UP_CELLS (0: none)
-#   deflate   benchmarks/deflate_bench.py at $DEFLATE_CELLS (500000) cells: a Cell Ranger matrix read, .h5ad
+#   deflate   benchmarks/deflate_threads.py at $DEFLATE_CELLS (500000) cells: a Cell Ranger matrix read, .h5ad
 #             matrices written and read, HDF5's one-thread gzip against omicsprep.io.deflated's threads
-#   kernels   benchmarks/kernel_compile_bench.py: warm-kernels' steps from empty caches (CuPy's kernel requests
+#   kernels   benchmarks/kernel_compile.py: warm-kernels' steps from empty caches (CuPy's kernel requests
 #             recorded into a manifest), on the filled caches, and with that manifest compiled ahead in
 #             $KERNEL_PROCESSES (16) processes (omicsprep.kernels)
-#   imports   benchmarks/import_bench.py: a GPU rule's imports in fresh processes (rapids-singlecell, the pipeline,
+#   imports   benchmarks/imports.py: a GPU rule's imports in fresh processes (rapids-singlecell, the pipeline,
 #             both as a rule that runs qc and cluster in one process starts)
-#   e2e       benchmarks/run.py on $E2E_BACKENDS (gpu) at $E2E_CELLS (1000000) cells (data cached in /tmp/ob):
+#   e2e       benchmarks/e2e.py on $E2E_BACKENDS (gpu) at $E2E_CELLS (1000000) cells (data cached in /tmp/ob):
 #             each backend's first run (no GPU pool yet: the run starts it) and its next run, with
 #             $E2E_ARGS (--cold: from empty kernel caches, a fresh machine); prints where each rule's seconds
 #             went; with $E2E_TRACE
@@ -54,22 +54,22 @@
 #             $OUT/trace_$E2E_TRACE.json.gz, summarized by benchmarks/trace_summary.py; the rules' logs of
 #             the runs at $E2E_CELLS go to $OUT/rule_logs_<time>.tgz; the GPU memory in use is sampled
 #             during the runs ($OUT/gpu_memory_e2e.csv, its peak printed) and the outputs' sizes printed
-#   codecs    benchmarks/codecs_bench.py on the qc.h5ad and processed.h5ad of the e2e section's latest run at
+#   codecs    benchmarks/output_codecs.py on the qc.h5ad and processed.h5ad of the e2e section's latest run at
 #             $CODECS_CELLS (100000) cells (run e2e first, in the same call or on the same machine)
 #   study     benchmarks/study.py: the bundled demo and a study of $STUDY_SAMPLES (16) x $STUDY_CELLS (10000) cells
 #             ($STUDY_WHAT: demo study), each with the mission's command on $STUDY_BACKENDS (gpu cpu); tables in
 #             $OUT/study.md ($STUDY_EXTRA: more Snakemake arguments, a tuning tip)
-#   atlas     benchmarks/atlas_bench.py (issue 46) at $ATLAS_CELLS (1000000) cells x 2,000 genes on the GPU, the
+#   atlas     benchmarks/atlas.py (issue 46) at $ATLAS_CELLS (1000000) cells x 2,000 genes on the GPU, the
 #             parts $ATLAS_PARTS (ours celltypist scib_check: the merge's scVI at batch sizes $ATLAS_BATCH_SIZES
 #             (0 4096; 0: its default) with where a step's time goes, CellTypist, scIB against scib-metrics on
 #             20,000 cells; then, in a second call, defaults scib: scvi-tools' defaults, the held-out ELBOs and
 #             scIB of every embedding); the study, embeddings and models kept in /tmp/omicsprep-atlas between
 #             calls; table in $OUT/atlas.md
 #   probe     a GPU rule's imports timed in one process and in one per core at once, and the slowest imports
-#   bam       benchmarks/umi_bench.py: BAM in, counts out, CPU backend (all cores) and GPU backend
+#   bam       benchmarks/umi.py: BAM in, counts out, CPU backend (all cores) and GPU backend
 #             against umi_tools count, at $BAM_READS (10000000) reads; the BAM (pysam, about 2
 #             minutes) is written in the background from the start, beside the other sections;
-#             $BAM_BENCH_ARGS go to umi_bench.py (--skip-readers, --skip-umi-tools-above 0 to save time)
+#             $BAM_BENCH_ARGS go to umi.py (--skip-readers, --skip-umi-tools-above 0 to save time)
 # Tables and logs go to $OUT (default: gpu_check_out/).
 set -uo pipefail
 repo=$(pwd)
@@ -129,7 +129,7 @@ python3 -c "import omicsprep.backend as b; print('gpu usable:', b.gpu_unavailabl
 wants() { [[ " $sections " == *" $1 "* ]]; }
 
 if wants bam; then
-  python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; from umi_bench import benchmark_bam
+  python3 -c "from pathlib import Path; from benchmarks.umi import benchmark_bam
 benchmark_bam(Path('/tmp/omicsprep-umi'), ${BAM_READS:-10000000})" > "$out/bam_generate.log" 2>&1 &
   bam_writer=$!
 fi
@@ -166,7 +166,7 @@ done
 echo "== same outputs?"
 diff /tmp/outputs_cpu.txt /tmp/outputs_gpu_cold.txt && echo "same set of output files"
 echo "== CPU vs GPU"
-python3 benchmarks/compare_backends.py /tmp/omicsprep_cpu/results /tmp/omicsprep_gpu_cold/results | tee "$out/compare_cpu_gpu.tsv"
+python3 -m benchmarks compare_backends /tmp/omicsprep_cpu/results /tmp/omicsprep_gpu_cold/results | tee "$out/compare_cpu_gpu.tsv"
 fi
 
 if wants umi; then
@@ -176,7 +176,6 @@ for cache in empty filled; do
   python3 - "$cache" <<'PY'
 import sys, time
 start = time.perf_counter()
-sys.path.insert(0, "benchmarks")
 from omicsprep.testing.reads import generate_read_codes
 from omicsprep.reads.umi import dedup_reads
 reads = generate_read_codes(10_000, n_cells=20, n_genes=200, seed=1)
@@ -190,35 +189,35 @@ PY
 done
 unset NUMBA_CACHE_DIR
 echo "== UMI deduplication benchmark"
-python3 benchmarks/umi_dedup_bench.py --reads 10000000 100000000 --backends cpu gpu --cpu-max-reads 10000000 \
+python3 -m benchmarks umi_dedup --reads 10000000 100000000 --backends cpu gpu --cpu-max-reads 10000000 \
   --results "$out/umi_dedup.md" 2>&1 | tail -n 30
 fi
 
 if wants tables; then
 echo "== molecule tables to counts"
-python3 benchmarks/umi_table_bench.py --reads ${TABLE_READS:-10000000 30000000} --formats parquet tsv.gz \
+python3 -m benchmarks umi_table --reads ${TABLE_READS:-10000000 30000000} --formats parquet tsv.gz \
   --backends cpu gpu --results "$out/umi_tables.md" 2>&1
 fi
 
 if wants coexpr; then
 echo "== co-expression benchmark"
-python3 benchmarks/coexpr_bench.py --sizes ${COEXPR_SIZES:-5000x100000 20000x50000} --backends cpu gpu \
+python3 -m benchmarks coexpr --sizes ${COEXPR_SIZES:-5000x100000 20000x50000} --backends cpu gpu \
   --results "$out/coexpr.md" 2>&1 | tail -n 20
 fi
 
 if wants fragments; then
 echo "== fragments benchmark"
-[ -z "${FRAGMENTS_SKIP_10M:-}" ] && python3 benchmarks/fragments_bench.py --fragments 10000000 --backends cpu gpu \
+[ -z "${FRAGMENTS_SKIP_10M:-}" ] && python3 -m benchmarks fragments --fragments 10000000 --backends cpu gpu \
   --results "$out/fragments.md" 2>&1 | tail -n 8
 for rows in ${FRAGMENTS_GPU_CHUNK_ROWS:-20000000}; do
-  python3 benchmarks/fragments_bench.py --fragments 100000000 --backends gpu --chunk-rows "$rows" \
+  python3 -m benchmarks fragments --fragments 100000000 --backends gpu --chunk-rows "$rows" \
     --results "$out/fragments.md" 2>&1 | tail -n 3
 done
 fi
 
 if wants merge; then
 echo "== many samples merged"
-python3 benchmarks/merge_bench.py --samples "${MERGE_SAMPLES:-10}" --cells "${MERGE_CELLS:-50000}" \
+python3 -m benchmarks merge --samples "${MERGE_SAMPLES:-10}" --cells "${MERGE_CELLS:-50000}" \
   --backends ${MERGE_BACKENDS-gpu} --merge-gpus "${MERGE_GPUS:-1}" --cores "$(nproc)" --results "$out/merge.md" \
   2>&1 | tail -n 8
 fi
@@ -226,7 +225,7 @@ fi
 if wants merge_step; then
 echo "== the merge step alone"
 gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
-python3 benchmarks/merge_step.py --samples "${MERGE_STEP_SAMPLES:-10}" --cells "${MERGE_STEP_CELLS:-100000}" \
+python3 -m benchmarks merge_step --samples "${MERGE_STEP_SAMPLES:-10}" --cells "${MERGE_STEP_CELLS:-100000}" \
   --modes ${MERGE_STEP_MODES:-gpu dask:$gpus} --results "$out/merge_step.md" > "$out/merge_step.log" 2>&1
 tail -n 40 "$out/merge_step.log"
 fi
@@ -234,7 +233,7 @@ fi
 if wants profile; then
 echo "== qc and cluster chains in one process, profiled"
 for cells in ${PROFILE_CELLS:-300000}; do
-  python3 benchmarks/profile_steps.py --cells "$cells" --backend gpu --workdir /tmp/ob --out "$out/profile" \
+  python3 -m benchmarks step_profile --cells "$cells" --backend gpu --workdir /tmp/ob --out "$out/profile" \
     --compressions ${PROFILE_COMPRESSIONS:-lzf none} > "$out/profile_$cells.log" 2>&1
   grep -E "^ +[a-z_]+ +[0-9.]+ s$|Error" "$out/profile_$cells.log"; cat "$out/profile/profile_gpu_$cells.json"
 done
@@ -242,39 +241,39 @@ fi
 
 if wants droplets; then
 echo "== droplets: emptyDrops (500,000 barcodes x 33,000 genes, 10,000 cells, niters 10,000), CPU and GPU"
-python3 benchmarks/emptydrops_bench.py --skip-r --gpu --profile 2>&1 | tail -n 40
+python3 -m benchmarks emptydrops --skip-r --gpu --profile 2>&1 | tail -n 40
 echo "== droplets: DecontX (10,000 cells x 33,000 genes), pydecontx, CPU and GPU"
-python3 benchmarks/decontx_bench.py --backend cpu gpu gpu 2>&1 | tail -n 20
+python3 -m benchmarks decontx --backend cpu gpu gpu 2>&1 | tail -n 20
 fi
 if wants cellbender; then
 echo "== cellbender: omicsprep's SoupX and DecontX, CellBender fast and default (--cuda)"
 # The table is rewritten after each run, so a run cut short by the timeout keeps the rows before it.
-timeout "${CELLBENDER_TIMEOUT:-560}" python3 benchmarks/cellbender_bench.py \
+timeout "${CELLBENDER_TIMEOUT:-560}" python3 -m benchmarks cellbender \
   ${CELLBENDER_ARGS:---cells 2000 --barcodes 40000 --genes 10000 --total-droplets 6000} 2>&1 | tail -n 20
 fi
 if wants transfers; then
-echo "== a count matrix to the GPU and back: CuPy's copies against the staged ones (benchmarks/transfer_bench.py)"
-python3 benchmarks/transfer_bench.py --nnz "${TRANSFER_NNZ:-800000000}" 2>&1 | tail -n 12
+echo "== a count matrix to the GPU and back: CuPy's copies against the staged ones (benchmarks/transfers.py)"
+python3 -m benchmarks transfers --nnz "${TRANSFER_NNZ:-800000000}" 2>&1 | tail -n 12
 fi
 if wants doublets; then
-echo "== Scrublet's stages in one group of ${DOUBLETS_CELLS:-20000} cells (benchmarks/doublets_bench.py)"
-python3 benchmarks/doublets_bench.py --cells "${DOUBLETS_CELLS:-20000}" --backends ${DOUBLETS_BACKENDS:-gpu cpu} \
+echo "== Scrublet's stages in one group of ${DOUBLETS_CELLS:-20000} cells (benchmarks/doublets.py)"
+python3 -m benchmarks doublets --cells "${DOUBLETS_CELLS:-20000}" --backends ${DOUBLETS_BACKENDS:-gpu cpu} \
   --repeats "${DOUBLETS_REPEATS:-3}" --warm-up-cells "${DOUBLETS_WARM_UP_CELLS:-0}" 2>&1 | tail -n 30
 fi
 if wants deflate; then
-echo "== deflate in threads against HDF5's gzip, ${DEFLATE_CELLS:-500000} cells (benchmarks/deflate_bench.py)"
-python3 benchmarks/deflate_bench.py --cells "${DEFLATE_CELLS:-500000}" --dir /tmp 2>&1 | tail -n 12
+echo "== deflate in threads against HDF5's gzip, ${DEFLATE_CELLS:-500000} cells (benchmarks/deflate_threads.py)"
+python3 -m benchmarks deflate_threads --cells "${DEFLATE_CELLS:-500000}" --dir /tmp 2>&1 | tail -n 12
 fi
 if wants kernels; then
-echo "== kernel compiles of a fresh machine (benchmarks/kernel_compile_bench.py)"
-python3 benchmarks/kernel_compile_bench.py --processes "${KERNEL_PROCESSES:-16}" --out "$out/kernels" 2>&1 | tail -n 40
+echo "== kernel compiles of a fresh machine (benchmarks/kernel_compile.py)"
+python3 -m benchmarks kernel_compile --processes "${KERNEL_PROCESSES:-16}" --out "$out/kernels" 2>&1 | tail -n 40
 fi
 if wants imports; then
-echo "== a GPU rule's imports (benchmarks/import_bench.py)"
-python3 benchmarks/import_bench.py --out "$out/imports" 2>&1 | tail -n 45
+echo "== a GPU rule's imports (benchmarks/imports.py)"
+python3 -m benchmarks imports --out "$out/imports" 2>&1 | tail -n 45
 fi
 if wants e2e; then
-echo "== end to end: benchmarks/run.py"
+echo "== end to end: benchmarks/e2e.py"
 # The scaling rows and plot stay on the machine (only a few files come back from $OUT).
 tracer=()
 [ -n "${E2E_TRACE:-}" ] && tracer=(py-spy record --subprocesses --nonblocking --rate 100 --format chrometrace
@@ -282,7 +281,7 @@ tracer=()
 # GPU memory in use, sampled twice a second while the runs go (its peak printed after them).
 nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader,nounits -lms 500 >"$out/gpu_memory_e2e.csv" &
 sampler=$!
-"${tracer[@]}" python3 benchmarks/run.py --cells ${E2E_CELLS:-1000000} --backends ${E2E_BACKENDS:-gpu} ${E2E_ARGS:-} --cores "$(nproc)" --host H200 --workdir /tmp/ob \
+"${tracer[@]}" python3 -m benchmarks e2e --cells ${E2E_CELLS:-1000000} --backends ${E2E_BACKENDS:-gpu} ${E2E_ARGS:-} --cores "$(nproc)" --host H200 --workdir /tmp/ob \
   --results "$out/RESULTS_h200.md" --scaling-dir /tmp/ob/scaling --plot /tmp/ob/scaling.png 2>&1 | tail -n 60
 kill "$sampler"
 awk -F', ' '$2 > peak { peak = $2 } END { printf "GPU memory in use, peak during the runs: %d MiB\n", peak }' "$out/gpu_memory_e2e.csv"
@@ -296,7 +295,7 @@ done
 [ ${#logs[@]} -gt 0 ] && tar czf "$out/rule_logs_$(date -u +%H%M%S).tgz" -C /tmp/ob "${logs[@]}"
 if [ -n "${E2E_TRACE:-}" ]; then
   gzip -f "$out/trace_${E2E_TRACE}.json"
-  python3 benchmarks/trace_summary.py "$out/trace_${E2E_TRACE}.json.gz" | head -n 60
+  python3 -m benchmarks trace_summary "$out/trace_${E2E_TRACE}.json.gz" | head -n 60
 fi
 fi
 
@@ -304,7 +303,7 @@ if wants study; then
 echo "== studies as users run them: snakemake --cores $(nproc) --resources gpu=1, the shipped config, both backends"
 for what in ${STUDY_WHAT:-demo study}; do
   if [ "$what" = demo ]; then which=(--demo); else which=(--samples "${STUDY_SAMPLES:-16}" --cells "${STUDY_CELLS:-10000}"); fi
-  python3 benchmarks/study.py "${which[@]}" --backends ${STUDY_BACKENDS:-gpu cpu} --cores "$(nproc)" \
+  python3 -m benchmarks study "${which[@]}" --backends ${STUDY_BACKENDS:-gpu cpu} --cores "$(nproc)" \
     --workdir /tmp/study --results "$out/study.md" ${STUDY_EXTRA:+--extra "$STUDY_EXTRA"} 2>&1 | tail -n 40
 done
 fi
@@ -312,7 +311,7 @@ fi
 if wants atlas; then
 echo "== the atlas steps: scVI (ours and scvi-tools' defaults), scIB, CellTypist"
 python3 -c "import jax, torch; print('jax', jax.__version__, jax.devices(), '| torch', torch.__version__, torch.cuda.get_device_name())"
-python3 benchmarks/atlas_bench.py --cells "${ATLAS_CELLS:-1000000}" --genes 2000 --backend gpu \
+python3 -m benchmarks atlas --cells "${ATLAS_CELLS:-1000000}" --genes 2000 --backend gpu \
   --parts ${ATLAS_PARTS:-ours celltypist scib_check} --batch-sizes ${ATLAS_BATCH_SIZES:-0 4096} \
   --results "$out/atlas.md" 2>&1 | grep -v "Warning\|warn(\|srun\|TPU available\|litlogger\|max_epochs=" | tail -n 40
 fi
@@ -328,16 +327,16 @@ fi
 
 if wants codecs; then
 cells=${CODECS_CELLS:-100000}
-echo "== output stores and codecs: benchmarks/codecs_bench.py on the e2e section's outputs at $cells cells"
+echo "== output stores and codecs: benchmarks/output_codecs.py on the e2e section's outputs at $cells cells"
 run_dir=$(ls -td /tmp/ob/*_"$cells"x*/ 2>/dev/null | head -n 1)
-python3 benchmarks/codecs_bench.py "$run_dir/results/bench/qc.h5ad" "$run_dir/results/bench/processed.h5ad" \
+python3 -m benchmarks output_codecs "$run_dir/results/bench/qc.h5ad" "$run_dir/results/bench/processed.h5ad" \
   --workdir /tmp --results "$out/codecs_h200.md" 2>&1 | tail -n 25
 fi
 
 if wants bam; then
 echo "== BAM in, counts out: omicsprep count-umis (CPU on $(nproc) cores, GPU) against umi_tools count"
 wait "$bam_writer" || { echo "BAM generation failed"; tail -n 20 "$out/bam_generate.log"; }
-python3 benchmarks/umi_bench.py --reads "${BAM_READS:-10000000}" --repeats 3 --backends cpu gpu \
+python3 -m benchmarks umi --reads "${BAM_READS:-10000000}" --repeats 3 --backends cpu gpu \
   ${BAM_BENCH_ARGS:-} --results "$out/umi_bench.md" 2>&1 | tail -n 20
 fi
 

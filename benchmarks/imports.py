@@ -1,6 +1,6 @@
 """A GPU rule's imports in fresh processes: rapids-singlecell, the pipeline, both as a rule does.
 
-    python benchmarks/import_bench.py [--repeats 3] [--out DIR]
+    python -m benchmarks imports [--repeats 3] [--out DIR]
 
 Cases, each ``--repeats`` times in a new process (seconds from the interpreter's start to
 rapids-singlecell being usable, and the process's wall time):
@@ -63,12 +63,13 @@ def slowest_imports(code: str, *, top: int) -> list[str]:
     return [f"{micros / 1e6:6.2f} s {name}" for micros, name in sorted(rows, reverse=True)[:top]]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--out", type=Path, default=Path("import_bench"))
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     run_case(CASES["rule"])  # the first process after an install writes the bytecode caches
     rows = []
@@ -82,7 +83,3 @@ def main() -> None:
     print(table.to_string())
     table.to_csv(args.out / "import_bench.tsv", sep="\t")
     print("slowest imports (cumulative) of case rule:", *slowest_imports(CASES["rule"], top=args.top), sep="\n")
-
-
-if __name__ == "__main__":
-    main()

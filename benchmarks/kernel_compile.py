@@ -1,6 +1,6 @@
 """A fresh machine's kernel compiles in qc's and cluster's steps, and what compiling them ahead saves.
 
-    python benchmarks/kernel_compile_bench.py [--processes 16] [--out DIR]
+    python -m benchmarks kernel_compile [--processes 16] [--out DIR]
 
 Each step is a fresh process running :func:`omicsprep.warmup.warm_kernels` (qc's and cluster's
 steps on a generated sample of 4,000 cells), with CuPy's, Numba's and the CUDA driver's caches
@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 
 import pandas as pd
+
+from benchmarks.common import child_environment, kernel_caches
 
 
 def cached_kernels() -> int:
@@ -69,31 +71,28 @@ def child(args: argparse.Namespace) -> None:
 
 
 def run_step(step: str, args: argparse.Namespace, caches: dict[str, str]) -> dict:
-    command = [sys.executable, __file__, "--child", step, "--cells", str(args.cells)]
+    command = [sys.executable, "-m", "benchmarks", "kernel_compile", "--child", step, "--cells", str(args.cells)]
     command += ["--processes", str(args.processes), "--out", str(args.out)]
     start = time.perf_counter()
-    result = subprocess.run(command, capture_output=True, text=True, check=False, env={**os.environ, **caches})
+    result = subprocess.run(command, capture_output=True, text=True, check=False, env=child_environment(caches))
     wall = time.perf_counter() - start
     if result.returncode != 0:
         raise RuntimeError(f"step {step} failed:\n{result.stderr[-4000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1]) | {"process_s": round(wall, 2)}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cells", type=int, default=4000)
     parser.add_argument("--processes", type=int, default=16)
     parser.add_argument("--out", type=Path, default=Path("kernel_compile_bench"))
     parser.add_argument("--child", choices=["cold", "warm", "ahead"], help=argparse.SUPPRESS)
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.child:
         child(args)
         return
-    # Here, not at the top: the steps' processes, which run this file, stay without run.py's imports.
-    sys.path.insert(0, str(Path(__file__).parent))
-    from run import kernel_caches
-
     root = Path(tempfile.mkdtemp(prefix="kernel-caches-"))
     first, second = kernel_caches(root / "first"), kernel_caches(root / "second")
     rows = [run_step("cold", args, first), run_step("warm", args, first), run_step("ahead", args, second)]
@@ -103,7 +102,3 @@ def main() -> None:
     table = pd.DataFrame(rows)
     print(table.to_string(index=False))
     table.to_csv(args.out / "kernel_compile_bench.tsv", sep="\t", index=False)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,11 +1,11 @@
 """Many samples merged: generated samples end to end, with the merge rule and Harmony, per backend.
 
-    python benchmarks/merge_bench.py --samples 10 --cells 50000 --backends cpu gpu
+    python -m benchmarks merge --samples 10 --cells 50000 --backends cpu gpu
 
 Generates ``--samples`` x ``--cells`` cells at once (generate.py: one biology, one seed) and
 splits them into samples, each given its own per-gene technical scale (log-normal, sigma
 0.5) as a batch effect, written as 10x HDF5 (cached in ``--workdir``). Then, per backend, it
-runs the workflow (run.py's settings, ``merge.enabled``) and reports from
+runs the workflow (the benchmark settings, ``common.BENCH_CONFIG``, and ``merge.enabled``) and reports from
 ``results/run_times.tsv``: the wall time, each per-sample rule's seconds summed over the
 samples and its largest peak memory, the merge rule's seconds and peak memory, and the
 merged cells' batch mixing before and after Harmony (``integration.tsv``). The table, with
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -25,12 +24,8 @@ import pandas as pd
 import yaml
 from scipy import sparse
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-sys.path.insert(0, str(HERE))
-from run import append_results, bench_config, run_snakemake  # noqa: E402
-
-from omicsprep.testing.generate import generate, write_10x_h5  # noqa: E402
+from benchmarks.common import RESULTS, append_results, bench_config, run_snakemake
+from omicsprep.testing.generate import generate, write_10x_h5
 
 BATCH_SIGMA = 0.5
 
@@ -98,8 +93,7 @@ def run_workflow(workdir: Path, sheet: Path, backend: str, cores: int, merge_gpu
     return row
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", type=int, default=10)
     parser.add_argument("--cells", type=int, default=50_000, help="cells per sample")
     parser.add_argument("--genes", type=int, default=20_000)
@@ -114,8 +108,10 @@ def main() -> None:
     )
     parser.add_argument("--cores", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/omicsprep_merge_bench"))
-    parser.add_argument("--results", type=Path, default=HERE / "RESULTS.md")
-    args = parser.parse_args()
+    parser.add_argument("--results", type=Path, default=RESULTS)
+
+
+def run(args: argparse.Namespace) -> None:
     args.workdir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     sheet = samples(args.workdir, args.samples, args.cells, args.genes, jobs=args.cores)
@@ -137,10 +133,6 @@ def main() -> None:
         title="Many samples merged",
         table=table,
         note=f"Generated samples ({args.genes:,} genes, one biology, per-gene batch scale sigma "
-        f"{BATCH_SIGMA}), run.py's settings with merge.enabled; per-sample rules summed over samples, "
-        f"peak memory the largest; {args.cores} cores.",
+        f"{BATCH_SIGMA}), the benchmark settings (common.BENCH_CONFIG) with merge.enabled; per-sample rules "
+        f"summed over samples, peak memory the largest; {args.cores} cores.",
     )
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """Host memory of the merge's reading and concatenation as samples are added, on one backend.
 
-    python benchmarks/merge_memory_bench.py --cells 100000 --samples 2 8 --backend gpu --results RESULTS.md
+    python -m benchmarks merge_memory --cells 100000 --samples 2 8 --backend gpu --results RESULTS.md
 
 Rule merge reads each sample's counts when it takes them (``io.H5adSamples``); on the GPU
 the counts go to the device before the next sample is read, so that host memory holds one
@@ -27,13 +27,10 @@ from pathlib import Path
 import pandas as pd
 from anndata import AnnData
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from run import append_results  # noqa: E402
-
-from omicsprep import io  # noqa: E402
-from omicsprep.testing.generate import generate_with_clusters  # noqa: E402
-from omicsprep.testing.genes import gene_names  # noqa: E402
+from benchmarks.common import append_results
+from omicsprep import io
+from omicsprep.testing.generate import generate_with_clusters
+from omicsprep.testing.genes import gene_names
 
 # Run in a fresh process per way and count (its peak RSS is the way's); prints one JSON line.
 MEASURE = """
@@ -54,14 +51,15 @@ print(json.dumps({"seconds": seconds, "peak_rss_gb": resource.getrusage(resource
 """
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cells", type=int, default=100_000, help="cells per sample")
     parser.add_argument("--genes", type=int, default=20_000)
     parser.add_argument("--samples", type=int, nargs="+", default=[2, 8])
     parser.add_argument("--backend", choices=["cpu", "gpu"], default="gpu")
     parser.add_argument("--results", type=Path)
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
 
     with tempfile.TemporaryDirectory(prefix="merge-memory-") as folder:
         counts, clusters = generate_with_clusters(args.cells, args.genes, seed=0, jobs=os.cpu_count() or 1)
@@ -112,7 +110,3 @@ def main() -> None:
         title = f"Merge reading, {args.cells:,}-cell samples, {args.backend} backend"
         note = f"One generated sample ({counts.nnz:,} entries, {args.genes:,} genes) linked N times."
         append_results(args.results, title=title, note=note, table=table)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,8 +1,8 @@
 """The merge step alone at atlas scale: one GPU against Dask over several, in one process.
 
-    python benchmarks/merge_step.py --samples 10 --cells 100000 --modes gpu dask:2
+    python -m benchmarks merge_step --samples 10 --cells 100000 --modes gpu dask:2
 
-Generates ``--samples`` x ``--cells`` cells (generate.py, split as merge_bench.py does,
+Generates ``--samples`` x ``--cells`` cells (generate.py, split as merge.py does,
 each sample with its own per-gene scale), keeps them in memory as the cluster rule's
 outputs would be (raw counts, and the generated cluster of each cell as the sample's own
 clusters; damaged cells and doublets are not removed), then runs
@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -30,17 +29,14 @@ from typing import Self
 import pandas as pd
 from anndata import AnnData
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from merge_bench import BATCH_SIGMA, batches  # noqa: E402
-from run import append_results, bench_settings, clustering_options  # noqa: E402
-
-from omicsprep import io, plotting  # noqa: E402
-from omicsprep.backend import resolve_backend  # noqa: E402
-from omicsprep.options import MergeOptions, cluster_key, from_config  # noqa: E402
-from omicsprep.rna.pipeline import run_merge  # noqa: E402
-from omicsprep.testing.generate import generate_with_clusters  # noqa: E402
-from omicsprep.testing.genes import gene_names  # noqa: E402
+from benchmarks.common import RESULTS, append_results, bench_settings, clustering_options
+from benchmarks.merge import BATCH_SIGMA, batches
+from omicsprep import io, plotting
+from omicsprep.backend import resolve_backend
+from omicsprep.options import MergeOptions, cluster_key, from_config
+from omicsprep.rna.pipeline import run_merge
+from omicsprep.testing.generate import generate_with_clusters
+from omicsprep.testing.genes import gene_names
 
 LABELS = cluster_key("leiden", 1.0)
 
@@ -130,15 +126,16 @@ def run_mode(mode: str, samples: dict[str, AnnData], config: dict) -> dict:
     return row
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", type=int, default=10)
     parser.add_argument("--cells", type=int, default=100_000, help="cells per sample")
     parser.add_argument("--genes", type=int, default=20_000)
     parser.add_argument("--modes", nargs="+", default=["gpu", "dask:2"], help="cpu, gpu or dask:N")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes generating the data")
-    parser.add_argument("--results", type=Path, default=HERE / "RESULTS.md")
-    args = parser.parse_args()
+    parser.add_argument("--results", type=Path, default=RESULTS)
+
+
+def run(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as folder:
         config = bench_settings(Path(folder))
     start = time.perf_counter()
@@ -151,10 +148,6 @@ def main() -> None:
         title="The merge step alone",
         table=table.set_index("mode").T.reset_index(names="step"),
         note=f"{args.samples} generated samples x {args.cells:,} cells ({args.genes:,} genes, per-gene "
-        f"batch scale sigma {BATCH_SIGMA}), run.py's settings, in one process "
+        f"batch scale sigma {BATCH_SIGMA}), the benchmark settings (common.BENCH_CONFIG), in one process "
         f"(`run_merge`); seconds per step, GPU memory peaks from nvidia-smi.",
     )
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """Writing and reading the rules' AnnData outputs in each store and codec: seconds and size.
 
-    python benchmarks/codecs_bench.py RESULT.h5ad [...] [--threads N] [--results benchmarks/RESULTS.md]
+    python -m benchmarks output_codecs RESULT.h5ad [...] [--threads N] [--results benchmarks/RESULTS.md]
 
 Issue 21 asks for outputs at half today's size at the same speed or better. Each input (a
 ``qc.h5ad`` or ``processed.h5ad`` of a run) is read once, then written and read back in
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,9 +24,7 @@ from pathlib import Path
 import anndata as ad
 import pandas as pd
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from run import append_results  # noqa: E402
+from benchmarks.common import append_results
 
 # name: (suffix, write options, anndata settings)
 MODES: dict[str, tuple[str, dict, dict]] = {
@@ -69,14 +66,15 @@ def measure(adata: ad.AnnData, folder: Path, mode: str) -> dict:
     return {"mode": mode, "write_s": round(written, 2), "read_s": round(read, 2), "size_mb": round(size / 1e6, 1)}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("inputs", type=Path, nargs="+")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--workdir", type=Path, default=None, help="where the outputs are written (a temporary folder)")
     parser.add_argument("--results", type=Path, default=None)
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
     import zarr
 
     zarr.config.set({"threading.max_workers": args.threads})
@@ -97,7 +95,3 @@ def main() -> None:
     if args.results:
         note = f"{args.threads} threads for zarr's codecs; anndata {ad.__version__}, zarr {zarr.__version__}."
         append_results(args.results, title="Stores and codecs of the outputs", note=note, table=table)
-
-
-if __name__ == "__main__":
-    main()

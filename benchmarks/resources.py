@@ -2,10 +2,10 @@
 
 Calibrates :mod:`omicsprep.resources`.
 
-    python benchmarks/resources_bench.py --cells 20000 100000 [--backend cpu] [--cores 2]
+    python -m benchmarks resources --cells 20000 100000 [--backend cpu] [--cores 2]
         [--workdir /tmp/omicsprep-resources] [--results benchmarks/RESULTS.md]
 
-For each size: generates counts (omicsprep/testing/generate.py, as benchmarks/run.py does), runs the
+For each size: generates counts (omicsprep/testing/generate.py, as benchmarks/e2e.py does), runs the
 workflow on them, and reads each job's
 inputs and outputs from ``snakemake --detailed-summary`` and its peak resident memory from
 its ``benchmark:`` file. Prints, per rule: inputs MB, peak RSS MB, outputs MB, the ratios to
@@ -17,24 +17,19 @@ from __future__ import annotations
 import argparse
 import io
 import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-from run import (  # noqa: E402
+from benchmarks.common import (
     append_results,
     bench_config,
     dataset,
     run_arguments,
     run_snakemake,
 )
-
-from omicsprep.resources import disk_mb, memory_mb, paths_mb  # noqa: E402
-from omicsprep.testing import snakemake_command  # noqa: E402
+from omicsprep.resources import disk_mb, memory_mb, paths_mb
+from omicsprep.testing import snakemake_command
 
 
 def job_sizes(rundir: Path, config: Path, sheet: Path, settings: list[str]) -> pd.DataFrame:
@@ -85,15 +80,16 @@ def measure(workdir: Path, counts: Path, *, backend: str, cores: int) -> pd.Data
     return table.round(2).rename_axis("rule").reset_index()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cells", type=int, nargs="+", default=[20_000, 100_000])
     parser.add_argument("--genes", type=int, default=20_000)
     parser.add_argument("--backend", choices=["cpu", "gpu"], default="cpu")
     parser.add_argument("--cores", type=int, default=2)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/omicsprep-resources"))
     parser.add_argument("--results", type=Path, help="append the table to this Markdown file")
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
     tables = []
     for n_cells in args.cells:
         counts = dataset(args.workdir, n_cells, args.genes, jobs=args.cores)
@@ -110,7 +106,3 @@ def main() -> None:
             "`mem_mb_asked`, `disk_mb_asked`: omicsprep.resources for these inputs, first attempt.",
             table=table,
         )
-
-
-if __name__ == "__main__":
-    main()

@@ -1,10 +1,10 @@
 """Where the qc and cluster rules spend their time: both rules' work in one process, profiled.
 
-    python benchmarks/profile_steps.py --cells 300000 --backend gpu --out prof/
+    python -m benchmarks step_profile --cells 300000 --backend gpu --out prof/
 
-Generates (or reuses) a dataset as ``run.py`` does, then reads it, runs the qc rule's chain,
+Generates (or reuses) a dataset as the e2e suite does, then reads it, runs the qc rule's chain,
 writes and reads its h5ad, runs the cluster rule's chain and writes its h5ad, with the
-benchmark settings of ``run.py``. Prints each phase's seconds, the steps' seconds and, per
+benchmark settings (``common.BENCH_CONFIG``). Prints each phase's seconds, the steps' seconds and, per
 chain, the functions with the most cumulative time (cProfile), and writes them to ``--out``.
 """
 
@@ -16,13 +16,10 @@ import io as text_io
 import json
 import os
 import pstats
-import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from run import bench_settings, clustering_options, dataset  # noqa: E402 - found through sys.path, set just above
+from benchmarks.common import bench_settings, clustering_options, dataset
 
 
 def profiled(function, *args, top: int, **kwargs) -> tuple[object, str]:
@@ -33,8 +30,7 @@ def profiled(function, *args, top: int, **kwargs) -> tuple[object, str]:
     return result, listing.getvalue()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cells", type=int, default=20_000)
     parser.add_argument("--genes", type=int, default=20_000)
     parser.add_argument("--backend", choices=["cpu", "gpu"], default="cpu")
@@ -48,7 +44,9 @@ def main() -> None:
         choices=["lzf", "gzip", "none"],
         help="h5ad compressions to time the writes and reads between the rules with",
     )
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
     args.workdir.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -115,7 +113,3 @@ def main() -> None:
     (args.out / f"profile_{args.backend}_{args.cells}.json").write_text(json.dumps(summary, indent=1))
     (args.out / f"profile_{args.backend}_{args.cells}.txt").write_text(qc_profile + "\n" + cluster_profile)
     print(qc_profile[:6000], cluster_profile[:6000], sep="\n")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,7 +1,7 @@
 """A study end to end, as a user runs it: `snakemake --cores N --resources gpu=1`, the shipped config.
 
-    python benchmarks/study.py --samples 16 --cells 10000 --backends gpu cpu --workdir /tmp/study
-    python benchmarks/study.py --demo --backends gpu cpu --workdir /tmp/study
+    python -m benchmarks study --samples 16 --cells 10000 --backends gpu cpu --workdir /tmp/study
+    python -m benchmarks study --demo --backends gpu cpu --workdir /tmp/study
 
 Generates the study (omicsprep/testing/generate.py: each sample its own cells and depth, drawn from
 one set of cell types; cached in the work folder) or takes the bundled demo, runs the
@@ -27,13 +27,10 @@ import numpy as np
 import pandas as pd
 from scipy import sparse
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-sys.path.insert(0, str(HERE))
-from run import machine, read_phases, stop_pool, user_environment  # noqa: E402
-
-from omicsprep.testing import snakemake_command  # noqa: E402
-from omicsprep.testing.generate import CHUNK, chunk_counts, profiles, write_10x_h5  # noqa: E402
+from benchmarks.common import REPO, machine, stop_pool, user_environment
+from omicsprep.jobs import read_phases
+from omicsprep.testing import snakemake_command
+from omicsprep.testing.generate import CHUNK, chunk_counts, profiles, write_10x_h5
 
 
 def study_sample(task: tuple[int, int, int]) -> sparse.csr_matrix:
@@ -68,7 +65,9 @@ def write_study(folder: Path, *, n_samples: int, n_cells: int, n_genes: int) -> 
     return sheet
 
 
-def run(rundir: Path, *, sheet: Path, configfiles: list[Path], backend: str, cores: int, extra: list[str]) -> float:
+def run_study(
+    rundir: Path, *, sheet: Path, configfiles: list[Path], backend: str, cores: int, extra: list[str]
+) -> float:
     """The mission's command in a fresh ``rundir``; its wall seconds."""
     subprocess.run(["rm", "-rf", *(str(rundir / name) for name in ("results", "logs", "benchmarks", ".snakemake"))])
     rundir.mkdir(parents=True, exist_ok=True)
@@ -122,8 +121,7 @@ def rule_table(rundir: Path, label: str, *, timeline: Path | None = None) -> tup
     return table.round(2), int(running.max())
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", type=int, default=16)
     parser.add_argument("--cells", type=int, default=10_000)
     parser.add_argument("--genes", type=int, default=20_000)
@@ -133,7 +131,9 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/omicsprep-study"))
     parser.add_argument("--extra", default="", help="more Snakemake arguments (a tuning tip, not the default)")
     parser.add_argument("--results", type=Path, help="append the tables to this Markdown file")
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
     configfiles = [REPO / "config" / "config.yaml"]
     if args.demo:
         sheet, name = REPO / "resources" / "demo" / "samples.tsv", "demo"
@@ -158,7 +158,7 @@ def main() -> None:
             (rundir / "resources").symlink_to(REPO / "resources")
         if label == "gpu-first":
             stop_pool()
-        walls[label] = run(
+        walls[label] = run_study(
             rundir, sheet=sheet, configfiles=configfiles, backend=backend, cores=args.cores, extra=args.extra.split()
         )
         timeline = args.results.with_name(f"timeline_{name}_{label}.csv") if args.results else None
@@ -169,16 +169,12 @@ def main() -> None:
     ).rename_axis("run")
     if "cpu" in walls:
         summary["cpu_over_this"] = [round(walls["cpu"] / wall, 2) for wall in walls.values()]
-    command = shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]])
+    command = shlex.join(["python", "-m", "benchmarks", *sys.argv[1:]])
     text = (
-        f"#### {name}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: `python benchmarks/{command}`\n\n"
+        f"#### {name}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: `{command}`\n\n"
         f"{machine()}\n\n{summary.to_markdown()}\n\n{pd.concat(tables, axis=1).to_markdown()}\n"
     )
     print(text, flush=True)
     if args.results:
         with args.results.open("a") as handle:
             handle.write(text + "\n")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,7 +1,7 @@
 """Where a traced run's seconds went: a summary of a py-spy chrometrace of every process.
 
-    py-spy record --subprocesses --nonblocking --format chrometrace --output trace.json -- python benchmarks/run.py ...
-    python benchmarks/trace_summary.py trace.json.gz [--library-frames 2] [--top 25]
+    py-spy record --subprocesses --nonblocking --format chrometrace --output trace.json -- python -m benchmarks e2e ...
+    python -m benchmarks trace_summary trace.json.gz [--library-frames 2] [--top 25]
 
 For each process of the run (Snakemake, each rule's script) and each of its threads, the
 seconds in which py-spy saw it run Python, then the call paths that took them: the frames
@@ -70,13 +70,14 @@ def short(frame: str) -> str:
     return f"{name} ({location.rsplit('/', 1)[-1]}" if location else name
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("trace", type=Path)
     parser.add_argument("--library-frames", type=int, default=2)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--min-seconds", type=float, default=0.05, help="threads that ran less are not shown")
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
     opener = gzip.open if args.trace.suffix == ".gz" else open
     with opener(args.trace, "rt") as handle:
         events = json.load(handle)
@@ -91,7 +92,3 @@ def main() -> None:
         print(f"\n== {seconds:.2f} s  {process[:160]}  thread {thread}")
         for path, path_seconds in paths[process, thread].most_common(args.top):
             print(f"{path_seconds:7.2f}  {path[:600]}")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """A count matrix's copies between host and GPU memory: CuPy's own against omicsprep's staged copies.
 
-    python benchmarks/transfer_bench.py --nnz 800000000 [--threads 1 2 4 8]
+    python -m benchmarks transfers --nnz 800000000 [--threads 1 2 4 8]
 
 A CSR matrix of ``--nnz`` float32 values with int32 indices (about 1M cells of the
 benchmark's generated data at 800M) goes to the GPU and back: with CuPy's conversions
@@ -36,13 +36,14 @@ def timed(function, *args):
     return result, time.perf_counter() - start
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nnz", type=int, default=800_000_000)
     parser.add_argument("--genes", type=int, default=20_000)
     parser.add_argument("--per-cell", type=int, default=800)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2, 4, 8])
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
 
     from omicsprep import backend
 
@@ -95,7 +96,3 @@ def main() -> None:
         )
         print(rows[-1], flush=True)
     print(pd.DataFrame(rows).round(2).to_markdown(index=False))
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """UMI counting speed: ``umi_tools count`` against ``omicsprep count-umis`` on the same BAM.
 
-    python benchmarks/umi_bench.py [--reads 10000000] [--repeats 3] [--backends cpu gpu] [--workdir /tmp/omicsprep-umi]
+    python -m benchmarks umi [--reads 10000000] [--repeats 3] [--backends cpu gpu] [--workdir /tmp/omicsprep-umi]
 
 Generates a realistic BAM per size (omicsprep/testing/reads.py: skewed genes and PCR
 duplicates, sequencing errors, N, unassigned and multi-gene reads, secondary alignments;
@@ -30,11 +30,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from run import append_results, user_environment  # noqa: E402
-
-from omicsprep.testing.reads import generate_reads, umi_tools_count_command, write_bam  # noqa: E402
+from benchmarks.common import RESULTS, append_results, user_environment
+from omicsprep.testing.reads import generate_reads, umi_tools_count_command, write_bam
 
 
 def timed(command: list[str]) -> float:
@@ -107,16 +104,17 @@ def decode_seconds(bam: Path, reader: str) -> float:
     return time.perf_counter() - start
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reads", type=int, nargs="+", default=[10_000_000])
     parser.add_argument("--repeats", type=int, default=3, help="runs of omicsprep per size")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/omicsprep-umi"))
-    parser.add_argument("--results", type=Path, default=HERE / "RESULTS.md")
+    parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--skip-umi-tools-above", type=int, default=None, help="time umi_tools only up to this size")
     parser.add_argument("--backends", nargs="+", choices=["cpu", "gpu"], default=["cpu"])
     parser.add_argument("--skip-readers", action="store_true", help="do not time inflating alone, oxbow and pysam")
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
     args.workdir.mkdir(parents=True, exist_ok=True)
     rows = []
     for n_reads in args.reads:
@@ -163,7 +161,3 @@ def main() -> None:
         table=pd.DataFrame(rows),
         note=f"Python {platform.python_version()}; directional method, one process each, start-up included.",
     )
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """UMI deduplication alone, reads already in memory: CPU (pandas + Numba) against GPU (cuDF + CUDA).
 
-    python benchmarks/umi_dedup_bench.py --reads 10000000 100000000 --backends cpu gpu \
+    python -m benchmarks umi_dedup --reads 10000000 100000000 --backends cpu gpu \
         [--cpu-max-reads 10000000] [--methods directional unique] [--results benchmarks/RESULTS.md]
 
 For every size, encoded reads (cell and gene codes, packed 12-base UMIs; reads.py's
@@ -15,20 +15,16 @@ appended to ``--results``.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from run import append_results  # noqa: E402
-
-from omicsprep.options import METHODS  # noqa: E402
-from omicsprep.reads.umi import collapse_reads, count_groups, molecule_groups  # noqa: E402
-from omicsprep.testing.reads import generate_read_codes  # noqa: E402
+from benchmarks.common import RESULTS, append_results
+from omicsprep.options import METHODS
+from omicsprep.reads.umi import collapse_reads, count_groups, molecule_groups
+from omicsprep.testing.reads import generate_read_codes
 
 
 class Device:
@@ -81,14 +77,15 @@ def dedup(device: Device, frame, method: int) -> tuple[dict, np.ndarray]:
     return timings, device.to_host(molecules)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reads", type=int, nargs="+", default=[10_000_000])
     parser.add_argument("--backends", nargs="+", choices=["cpu", "gpu"], default=["cpu"])
     parser.add_argument("--cpu-max-reads", type=int, default=10_000_000, help="larger sizes run on the GPU only")
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
-    parser.add_argument("--results", type=Path, default=HERE / "RESULTS.md")
-    args = parser.parse_args()
+    parser.add_argument("--results", type=Path, default=RESULTS)
+
+
+def run(args: argparse.Namespace) -> None:
     devices = {backend: Device(backend) for backend in args.backends}
     rows = []
     warmup = generate_read_codes(20_000, n_cells=50, n_genes=500, seed=1)
@@ -133,7 +130,3 @@ def main() -> None:
         note="Reads from `generate_read_codes` (10,000 cells, 20,000 genes, 12-base UMIs); reads/s over "
         "collapse + count.",
     )
-
-
-if __name__ == "__main__":
-    main()

@@ -1,12 +1,12 @@
 """Peak memory of ``omicsprep count-umis`` against input size and ``--chunk-rows``.
 
-    python benchmarks/umi_memory.py --reads 3000000 12000000 --chunk-rows 500000 5000000 \
+    python -m benchmarks umi_memory --reads 3000000 12000000 --chunk-rows 500000 5000000 \
         [--memory-limit-mb 1000] [--bam]
 
 Generates a molecule table (Parquet, one row per read; reads.py's reads, written 6M
 reads at a time) per size, cached in the work folder, counts it in a fresh process per
 (size, chunk) and records the process's peak resident memory; the table is appended to
-RESULTS.md. With ``--bam`` the input is a BAM instead: umi_bench.py's BAM of
+RESULTS.md. With ``--bam`` the input is a BAM instead: umi.py's BAM of
 ``--bam-base-reads`` reads, its records repeated to each size (a multiple of it) by
 copying BGZF blocks, so a 100M-read BAM takes seconds rather than the 20 minutes pysam
 needs to write one. Memory bounded by the chunk size shows as peak memory that stays flat while
@@ -23,12 +23,9 @@ from pathlib import Path
 
 import pandas as pd
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from run import append_results  # noqa: E402
-from umi_bench import benchmark_bam, bgzf_blocks  # noqa: E402
-
-from omicsprep.testing.reads import generate_reads  # noqa: E402
+from benchmarks.common import RESULTS, append_results
+from benchmarks.umi import benchmark_bam, bgzf_blocks
+from omicsprep.testing.reads import generate_reads
 
 
 def peak_rss_mb(command: list[str]) -> tuple[float, float]:
@@ -58,7 +55,7 @@ def write_table(path: Path, n_reads: int, piece: int = 6_000_000) -> None:
 
 
 def repeated_bam(workdir: Path, base_reads: int, copies: int) -> Path:
-    """umi_bench.py's BAM of ``base_reads`` reads with its records ``copies`` times over.
+    """umi.py's BAM of ``base_reads`` reads with its records ``copies`` times over.
 
     The header's BGZF block is kept once (htslib writes the header in blocks of its own),
     the blocks of records are copied ``copies`` times, then the end-of-file block.
@@ -98,22 +95,23 @@ def limited(command: list[str], limit_mb: int | None) -> list[str]:
     return ["sh", "-c", f'echo $$ > {group}/cgroup.procs && exec "$@"', "sh", *command]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reads", type=int, nargs="+", default=[3_000_000, 12_000_000])
     parser.add_argument("--chunk-rows", type=int, nargs="+", default=[500_000, 5_000_000])
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/omicsprep-umi"))
-    parser.add_argument("--results", type=Path, default=HERE / "RESULTS.md")
+    parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--memory-limit-mb", type=int, default=None, help="hard memory limit (cgroup v1)")
-    parser.add_argument("--bam", action="store_true", help="BAM input (umi_bench.py's, repeated) instead of tables")
+    parser.add_argument("--bam", action="store_true", help="BAM input (umi.py's, repeated) instead of tables")
     parser.add_argument("--bam-base-reads", type=int, default=10_000_000)
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
     args.workdir.mkdir(parents=True, exist_ok=True)
     rows = []
     for n_reads in args.reads:
         if args.bam:
             if n_reads % args.bam_base_reads:
-                parser.error(f"--reads must be multiples of --bam-base-reads ({args.bam_base_reads}) with --bam")
+                raise SystemExit(f"--reads must be multiples of --bam-base-reads ({args.bam_base_reads}) with --bam")
             table = repeated_bam(args.workdir, args.bam_base_reads, n_reads // args.bam_base_reads)
         else:
             table = args.workdir / f"molecules_{n_reads}.parquet"
@@ -147,14 +145,10 @@ def main() -> None:
         title="UMI counting memory",
         table=pd.DataFrame(rows),
         note=(
-            f"umi_bench.py's BAM of {args.bam_base_reads:,} reads (2,000 cells), its records repeated to each size"
+            f"umi.py's BAM of {args.bam_base_reads:,} reads (2,000 cells), its records repeated to each size"
             if args.bam
             else "Molecule tables (Parquet, a row per read, 5,000 new cells per 6M reads); `in_memory_mb`: the "
             "whole table as Arrow"
         )
         + "; peak RSS of the whole process, Python and libraries included.",
     )
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """Molecule tables in to counts out: pyarrow + Numba (CPU) against cuDF + CUDA (GPU).
 
-    python benchmarks/umi_table_bench.py --reads 10000000 --formats parquet tsv.gz --backends cpu gpu
+    python -m benchmarks umi_table --reads 10000000 --formats parquet tsv.gz --backends cpu gpu
 
 Generates a molecule table per size and format (reads.py's reads: skewed genes, PCR
 duplicates, UMI errors, N, unassigned and multi-gene reads; cached in ``--workdir``), then
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import sys
 import time
 from pathlib import Path
 
@@ -22,14 +21,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from run import append_results  # noqa: E402
-
-from omicsprep.backend import resolve_backend  # noqa: E402
-from omicsprep.options import UmiOptions  # noqa: E402
-from omicsprep.reads import counting  # noqa: E402
-from omicsprep.testing.reads import generate_reads  # noqa: E402
+from benchmarks.common import RESULTS, append_results
+from omicsprep.backend import resolve_backend
+from omicsprep.options import UmiOptions
+from omicsprep.reads import counting
+from omicsprep.testing.reads import generate_reads
 
 
 def molecule_table(workdir: Path, n_reads: int, fmt: str) -> Path:
@@ -49,15 +45,16 @@ def molecule_table(workdir: Path, n_reads: int, fmt: str) -> Path:
     return path
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reads", type=int, nargs="+", default=[10_000_000])
     parser.add_argument("--formats", nargs="+", default=["parquet", "tsv.gz"], choices=["parquet", "tsv", "tsv.gz"])
     parser.add_argument("--backends", nargs="+", default=["cpu", "gpu"], choices=["cpu", "gpu"])
     parser.add_argument("--chunk-rows", type=int, default=UmiOptions().chunk_rows)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/omicsprep-umi-tables"))
-    parser.add_argument("--results", type=Path, default=HERE / "RESULTS.md")
-    args = parser.parse_args()
+    parser.add_argument("--results", type=Path, default=RESULTS)
+
+
+def run(args: argparse.Namespace) -> None:
     args.workdir.mkdir(parents=True, exist_ok=True)
     warm_up = molecule_table(args.workdir, 100_000, "tsv")
     for backend in args.backends:
@@ -105,7 +102,3 @@ def main() -> None:
         note=f"generate.py's reads, directional, --chunk-rows {args.chunk_rows}, in one process after a "
         f"warm-up per backend (compilation not counted).",
     )
-
-
-if __name__ == "__main__":
-    main()

@@ -176,7 +176,7 @@ def log_phases(*, startup: float | None, body: float) -> None:
     body the seconds of each :func:`omicsprep.timings.phase` (``read``, ``write``,
     ``gpu_import``, ``imports``); and the process's start and this moment (``started_at``, ``ended_at``,
     seconds since the epoch), which place the rule on the run's timeline.
-    ``benchmarks/run.py`` and rule run_times read it back from the rule's log. A job run by
+    ``benchmarks/e2e.py`` and rule run_times read it back from the rule's log. A job run by
     a pool worker adds the worker's pid, its peak memory and its CPU seconds during the job
     (``pool_worker``, ``worker_max_rss_mb``, ``worker_cpu_s``): the rule's ``benchmark:``
     file measures the job's own process, which waited.

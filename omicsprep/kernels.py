@@ -3,7 +3,7 @@
 CuPy compiles each kernel with NVRTC at first use, one after another, and caches it on disk
 (``CUPY_CACHE_DIR``, by default ``~/.cupy/kernel_cache``). Rules qc and cluster ask for 140 of them:
 on a fresh H200 machine that took 42 s, 27 s of it for 12 CUB reductions of 2-3 s each
-(``benchmarks/kernel_compile_bench.py``). Threads barely help: NVRTC compiled the 140 in 30.5 s
+(``benchmarks/kernel_compile.py``). Threads barely help: NVRTC compiled the 140 in 30.5 s
 in 16 threads. So omicsprep ships the requests that ``omicsprep warm-kernels --record`` saw
 (:data:`MANIFEST`: sources and options, not binaries), and the workflow's pool of GPU
 processes (:mod:`omicsprep.pool`) hands them to one process per core as it starts (7.3 s on

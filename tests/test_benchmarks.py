@@ -10,6 +10,8 @@ import pandas as pd
 import pytest
 from conftest import REPO
 
+from benchmarks.__main__ import main as benchmarks_main
+from benchmarks.__main__ import suites
 from omicsprep.testing import generate
 from omicsprep.testing.genes import N_MITO
 
@@ -34,7 +36,9 @@ def test_generator_is_deterministic_and_realistic(monkeypatch):
 def test_quick_benchmark_runs_and_agrees_with_scanpy(tmp_path):
     command = [
         sys.executable,
-        str(REPO / "benchmarks" / "run.py"),
+        "-m",
+        "benchmarks",
+        "e2e",
         "--quick",
         "--workdir",
         str(tmp_path / "work"),
@@ -45,7 +49,7 @@ def test_quick_benchmark_runs_and_agrees_with_scanpy(tmp_path):
         "--plot",
         str(tmp_path / "scaling.png"),
     ]
-    subprocess.run(command, check=True, capture_output=True, text=True, timeout=900)
+    subprocess.run(command, check=True, capture_output=True, text=True, timeout=900, cwd=REPO)
     table = pd.read_csv(next((tmp_path / "scaling").glob("*.tsv")), sep="\t")
     assert set(table["label"]) == {"workflow-cpu", "peer-scanpy"}
     workflow = table.set_index("label").loc["workflow-cpu"]
@@ -55,7 +59,7 @@ def test_quick_benchmark_runs_and_agrees_with_scanpy(tmp_path):
     assert workflow["ari_vs_peer"] > 0.99
     assert workflow["hvg_overlap_vs_peer"] > 0.98  # 0.987: the HVGs of one cell fewer or more
     results = (tmp_path / "RESULTS.md").read_text()
-    assert "`python benchmarks/run.py --quick" in results
+    assert "`python -m benchmarks e2e --quick" in results
     assert (tmp_path / "scaling.png").stat().st_size > 0
     # Where each rule's seconds went: every part measured and none negative (a phase counted
     # twice would make computing negative), and they add up to the rule's process.
@@ -104,7 +108,9 @@ def test_merge_step_benchmark_runs_on_the_cpu(tmp_path):
     results = tmp_path / "RESULTS.md"
     command = [
         sys.executable,
-        str(REPO / "benchmarks" / "merge_step.py"),
+        "-m",
+        "benchmarks",
+        "merge_step",
         "--samples",
         "2",
         "--cells",
@@ -118,7 +124,7 @@ def test_merge_step_benchmark_runs_on_the_cpu(tmp_path):
         "--results",
         str(results),
     ]
-    subprocess.run(command, check=True, capture_output=True, text=True, timeout=600)
+    subprocess.run(command, check=True, capture_output=True, text=True, timeout=600, cwd=REPO)
     table = results.read_text()
     assert "The merge step alone" in table
     assert "| mixing_after" in table
@@ -129,8 +135,6 @@ def test_trace_summary_gives_each_thread_its_call_paths(tmp_path, capsys, monkey
     """py-spy's chrometrace events (a frame opens and closes): seconds per thread and call path."""
     import gzip
     import json
-
-    import trace_summary
 
     def frame(ph: str, name: str, filename: str, ts: int, tid: int = 1) -> dict:
         return {"ph": ph, "name": name, "args": {"filename": filename, "line": 1}, "pid": 7, "tid": tid, "ts": ts}
@@ -152,8 +156,7 @@ def test_trace_summary_gives_each_thread_its_call_paths(tmp_path, capsys, monkey
     trace = tmp_path / "trace.json.gz"
     with gzip.open(trace, "wt") as handle:
         json.dump(events, handle)
-    monkeypatch.setattr(sys, "argv", ["trace_summary.py", str(trace), "--min-seconds", "0"])
-    trace_summary.main()
+    benchmarks_main(["trace_summary", str(trace), "--min-seconds", "0"])
     lines = capsys.readouterr().out.splitlines()
     assert "0.05 s" in lines[1] and "thread 1" in lines[1]
     assert lines[2].strip() == "0.04  main (tmp1.qc.py:1) > read_counts (counts.py:1) > read (dataset.py:1)"
@@ -163,9 +166,29 @@ def test_trace_summary_gives_each_thread_its_call_paths(tmp_path, capsys, monkey
 
 def test_merge_memory_benchmark_runs_on_the_cpu(tmp_path):
     results = tmp_path / "RESULTS.md"
-    script = str(REPO / "benchmarks" / "merge_memory_bench.py")
-    command = [sys.executable, script, "--cells", "600", "--genes", "3000", "--samples", "1", "3", "--backend", "cpu"]
-    subprocess.run([*command, "--results", str(results)], check=True, capture_output=True, text=True, timeout=600)
+    command = [sys.executable, "-m", "benchmarks", "merge_memory", "--cells", "600", "--genes", "3000"]
+    command += ["--samples", "1", "3", "--backend", "cpu", "--results", str(results)]
+    subprocess.run(command, check=True, capture_output=True, text=True, timeout=600, cwd=REPO)
     table = results.read_text()
     assert "Merge reading, 600-cell samples, cpu backend" in table
     assert table.count("| one at a time") == 2 and table.count("| all read first") == 2
+
+
+def test_every_suite_of_the_harness_imports_and_takes_its_arguments(capsys):
+    """``python -m benchmarks --list`` names each suite; each builds its options (a broken import or
+    option fails here, not on the GPU machine).
+    """
+    import argparse
+    import importlib
+
+    listed = suites()
+    assert {"e2e", "study", "atlas", "umi", "faults", "coexpr", "kernel_compile"} <= set(listed)
+    assert all(listed.values()), [name for name, summary in listed.items() if not summary]
+    assert benchmarks_main(["--list"]) is None
+    assert "e2e" in capsys.readouterr().out
+    assert benchmarks_main(["no_such_suite"]) == 2
+    for name in listed:
+        suite = importlib.import_module(f"benchmarks.{name}")
+        parser = argparse.ArgumentParser()
+        suite.add_arguments(parser)
+        assert callable(suite.run), name

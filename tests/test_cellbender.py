@@ -183,7 +183,7 @@ def test_cellbender_cli_end_to_end(tmp_path, cuda):
     assert ((corrected.X - droplets.counts) > 0).sum() == 0
     # The filtered output holds the droplets the full one calls cells. Which they are after 5
     # epochs varies (on the H200 52 of 60 called were true cells); quality is checked on the
-    # fixture's 60-epoch run above and by benchmarks/cellbender_bench.py.
+    # fixture's 60-epoch run above and by benchmarks/cellbender.py.
     filtered = read_cellbender(run_dir / "cb_filtered.h5")
     called = corrected.obs_names[corrected.obs["cell_probability"] > 0.5]
     assert sorted(filtered.obs_names) == sorted(called)  # in another order

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import subprocess
 
-import faults
 import pytest
+
+from benchmarks import faults
 
 
 def test_the_cases_refused_before_any_job_are_clean(tmp_path):

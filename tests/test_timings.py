@@ -1,4 +1,4 @@
-"""Where a rule's time goes: phases counted once, and the line that benchmarks/run.py reads back."""
+"""Where a rule's time goes: phases counted once, and the line that benchmarks/e2e.py reads back."""
 
 from __future__ import annotations
 

@@ -49,7 +49,6 @@ from omicsprep.options import BamOptions
 from omicsprep.reads.molecules import encode_reads, usable_reads
 from omicsprep.reads.umi import collapse_reads, count_groups, molecule_groups
 from omicsprep.reads.umi_cuda import count_groups_gpu
-sys.path.insert(0, "benchmarks")
 from omicsprep.testing.reads import generate_read_codes
 
 path = sys.argv[1]

@@ -41,7 +41,7 @@ def test_cpu_kernels_are_compiled():
 @pytest.mark.gpu
 def test_gpu_kernels_are_cached():
     # With the machine's caches, which the GPU tests before this one have filled: the
-    # command's run on a fresh machine is what benchmarks/run.py --cold --setup measures.
+    # command's run on a fresh machine is what benchmarks/e2e.py --cold --setup measures.
     warm("gpu")
     cache = Path(os.environ.get("CUPY_CACHE_DIR", Path.home() / ".cupy" / "kernel_cache"))
     assert sum(path.is_file() for path in cache.rglob("*")) >= 10  # rapids-singlecell's and CuPy's own kernels

@@ -100,7 +100,7 @@ def prepare_gpu(backend: Backend, *, modules: tuple[str, ...] = ("rapids_singlec
         finally:
             for event in imported.values():
                 event.set()
-        # Which part of the start-up a rule waited for (benchmarks/run.py's timelines).
+        # Which part of the start-up a rule waited for (benchmarks/e2e.py's timelines).
         log.info("GPU start-up beside the rule: %s", ", ".join(f"{name} {s:.2f} s" for name, s in seconds.items()))
 
     thread = threading.Thread(target=prepare, name="omicsprep-prepare-gpu", daemon=True)
