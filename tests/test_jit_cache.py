@@ -65,3 +65,26 @@ def test_the_package_modules_are_tracked():
     roots = [getattr(locator, "tracked_root", None) for locator in impl._locator_classes]
     assert roots[: len(jit_cache.LOCATORS)] == [jit_cache.PACKAGE.resolve()] * len(jit_cache.LOCATORS)
     assert len(jit_cache.sources_digest(jit_cache.PACKAGE)) == 64
+
+
+def test_what_scib_metrics_compiles_is_kept_in_the_users_cache(tmp_path):
+    """JAX's programs go to omicsprep's folder of the user's cache, however short their compile;
+    umap-learn's and pynndescent's kernels to Numba's cache. A later process loads them."""
+    code = (
+        "import jax, jax.numpy as jnp\n"
+        "from omicsprep.jit_cache import cache_scib_compilations\n"
+        "kernels = cache_scib_compilations()\n"
+        "jax.jit(lambda x: x * 2.0 + 1.0)(jnp.arange(3.0)).block_until_ready()\n"
+        "print(kernels, jax.config.jax_compilation_cache_dir)\n"
+    )
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    for name in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"):
+        env.pop(name, None)
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    kernels, folder = result.stdout.split()
+    assert int(kernels) > 20  # umap-learn's and pynndescent's
+    assert Path(folder) == tmp_path / "omicsprep" / "jax"
+    assert any(Path(folder).iterdir())  # a program of milliseconds, kept
+    env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / "chosen")
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert result.stdout.split()[1] == str(tmp_path / "chosen")  # the user's folder wins

@@ -6,6 +6,7 @@ correction (BRAS, iLISI, kBET, graph connectivity, PCR comparison), their means 
 neighbours scib-metrics needs (90 per cell) are exact: scikit-learn's on the CPU, cuML's
 brute-force search on the GPU (scib-metrics' own approximate search, pynndescent, is what
 stalled for hours at 900k cells); scib-metrics' JAX metrics run on JAX's default device.
+What they compile is kept on disk for later runs (:func:`omicsprep.jit_cache.cache_scib_compilations`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from anndata import AnnData
 
 from omicsprep.backend import Backend, asnumpy
 from omicsprep.errors import InputError
+from omicsprep.jit_cache import cache_scib_compilations
 from omicsprep.rna.embedding import exact_neighbors
 from omicsprep.rna.latent import UNLABELLED, known_labels
 
@@ -68,6 +70,8 @@ def scib_benchmarker(
     # process's CuPy, cuML and PyTorch hold theirs already.
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     from scib_metrics.benchmark import Benchmarker
+
+    cache_scib_compilations()
 
     labels = known_labels(adata.obs[label_key])
     known = (labels != UNLABELLED).to_numpy()
