@@ -1,0 +1,249 @@
+"""The pool's server: it keeps its workers, queues the jobs handed over and gives each to a ready worker.
+
+One server per socket (a lock beside it); it stops when asked or after ``idle_seconds``
+without a job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from omicsprep.pool.protocol import (
+    close_all,
+    difference,
+    fingerprint,
+    module_command,
+    peer_uid,
+    receive,
+    send,
+    socket_path,
+)
+
+log = logging.getLogger(__name__)
+
+CANCEL_GRACE_SECONDS = 10.0
+
+
+@dataclass
+class _Worker:
+    process: subprocess.Popen
+    channel: socket.socket
+    ready: bool = False
+    client: socket.socket | None = None  # the job's own process, while the worker runs its job
+    cancelled_at: float | None = None  # when its job's process ended: killed if still running after the grace
+
+
+@dataclass
+class _Server:
+    n_workers: int
+    idle_seconds: float
+    listener: socket.socket
+    fingerprint: dict[str, Any]
+    kernels: subprocess.Popen | None  # compiling the shipped GPU kernels; jobs wait for it
+    workers: list[_Worker] = field(default_factory=list)
+    waiting: list[tuple[socket.socket, dict[str, Any], list[int]]] = field(default_factory=list)
+    last_active: float = field(default_factory=time.monotonic)
+    stopping: bool = False
+    socket_inode: int = 0
+    selector: selectors.BaseSelector = field(default_factory=selectors.DefaultSelector)
+
+    def start_worker(self) -> None:
+        ours, theirs = socket.socketpair()
+        process = subprocess.Popen(
+            module_command("worker", str(theirs.fileno())), pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL
+        )
+        theirs.close()
+        worker = _Worker(process, ours)
+        self.workers.append(worker)
+        self.selector.register(ours, selectors.EVENT_READ, worker)
+
+    def serve(self) -> None:
+        self.selector.register(self.listener, selectors.EVENT_READ, None)
+        for _ in range(self.n_workers):
+            self.start_worker()
+        while not (self.stopping and not self.workers):
+            for key, _ in self.selector.select(timeout=0.5):
+                if key.data is None:
+                    self.accept()
+                elif isinstance(key.data, _Worker):
+                    self.hear_from(key.data)
+                else:  # a job's own process ended while its worker runs it: cancelled
+                    self.cancel(key.data)
+            self.reap()
+            self.dispatch()
+            busy = any(worker.client for worker in self.workers) or self.waiting
+            if not busy and time.monotonic() - self.last_active > self.idle_seconds:
+                log.info("idle for %.0f s: stopping", self.idle_seconds)
+                self.stop()
+
+    def accept(self) -> None:
+        conn, _ = self.listener.accept()
+        conn.settimeout(30.0)  # the request follows the connection at once, but a loaded machine may delay it
+        fds: list[int] = []
+        try:
+            if peer_uid(conn) != os.getuid():
+                raise PermissionError("a process of another user")
+            request, fds = receive(conn)
+            self.answer(conn, request, fds)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("request refused: %s: %s", type(exc).__name__, exc)
+            close_all(fds)
+            conn.close()
+
+    def answer(self, conn: socket.socket, request: dict[str, Any] | None, fds: list[int]) -> None:
+        """Answer a status, grow or stop request at once; queue a job, or refuse it."""
+        if request is None:
+            conn.close()
+            return
+        if "status" in request or "grow" in request:
+            if "grow" in request and not self.stopping:
+                for _ in range(request["grow"] - self.n_workers):
+                    self.start_worker()
+                self.n_workers = max(self.n_workers, request["grow"])
+            send(conn, self.status())
+            conn.close()
+        elif "stop" in request:
+            send(conn, {"stopping": os.getpid()})
+            conn.close()
+            self.stop()
+        elif self.stopping or (reason := difference(request["fingerprint"], self.fingerprint)) is not None:
+            send(conn, {"refused": "the pool is stopping" if self.stopping else reason})
+            close_all(fds)
+            conn.close()
+        else:
+            conn.settimeout(None)
+            self.waiting.append((conn, request, fds))
+            self.last_active = time.monotonic()
+
+    def hear_from(self, worker: _Worker) -> None:
+        with contextlib.suppress(OSError):
+            message, _ = receive(worker.channel)
+            if message is not None and "ready" in message:
+                worker.ready = True
+                return
+            if message is not None and "exit" in message and worker.client is not None:
+                with contextlib.suppress(OSError):
+                    send(worker.client, {"exit": message["exit"]})
+                with contextlib.suppress(KeyError, ValueError):  # unregistered already if cancelled
+                    self.selector.unregister(worker.client)
+                worker.client.close()
+                worker.client, self.last_active = None, time.monotonic()
+                return
+        with contextlib.suppress(KeyError, ValueError):  # the worker is exiting; reaped below
+            self.selector.unregister(worker.channel)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            worker.process.wait(timeout=1)
+
+    def cancel(self, client: socket.socket) -> None:
+        """The job's own process ended: stop its worker as the process would have stopped (SIGTERM)."""
+        for worker in self.workers:
+            if worker.client is client:
+                log.info("job of worker %d cancelled: stopping the worker", worker.process.pid)
+                self.selector.unregister(client)
+                worker.process.terminate()
+                worker.cancelled_at = time.monotonic()
+
+    def dispatch(self) -> None:
+        """Give waiting jobs to ready workers, oldest first, once the GPU kernels are compiled."""
+        if self.kernels is not None and self.kernels.poll() is None:
+            return
+        for worker in self.workers:
+            if not self.waiting:
+                break
+            if not worker.ready or worker.client is not None:
+                continue
+            conn, request, fds = self.waiting.pop(0)
+            try:
+                send(conn, {"worker": worker.process.pid})
+                job = {key: request[key] for key in ("run", "cwd", "env", "umask", "started_at")}
+                send(worker.channel, job, fds=fds)
+            except OSError:  # the job's process ended while it waited
+                conn.close()
+                continue
+            finally:
+                close_all(fds)
+            worker.client = conn
+            self.selector.register(conn, selectors.EVENT_READ, conn)
+            log.info("worker %d runs %s in %s", worker.process.pid, request["run"][0], request["cwd"])
+
+    def reap(self) -> None:
+        for worker in self.workers:  # a cancelled job's worker still in a long call: killed, as its process would be
+            if worker.cancelled_at is not None and time.monotonic() - worker.cancelled_at > CANCEL_GRACE_SECONDS:
+                worker.process.kill()
+        for worker in [worker for worker in self.workers if worker.process.poll() is not None]:
+            self.workers.remove(worker)
+            with contextlib.suppress(KeyError, ValueError):
+                self.selector.unregister(worker.channel)
+            worker.channel.close()
+            if worker.client is not None:  # it died running a job (or was stopped): the job failed
+                with contextlib.suppress(KeyError, ValueError):
+                    self.selector.unregister(worker.client)
+                with contextlib.suppress(OSError):
+                    send(worker.client, {"exit": worker.process.returncode or 1})
+                worker.client.close()
+            elif not worker.ready and not self.stopping:  # it could not boot: jobs run in their own processes
+                log.error(
+                    "worker %d exited before it was ready (%d): stopping", worker.process.pid, worker.process.returncode
+                )
+                self.stop()
+            if not self.stopping:
+                self.start_worker()
+
+    def stop(self) -> None:
+        """Take no more jobs; idle workers end now, busy ones once their job ends."""
+        if self.stopping:
+            return
+        self.stopping = True
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(self.listener)
+        self.listener.close()
+        with contextlib.suppress(FileNotFoundError):
+            if socket_path().stat().st_ino == self.socket_inode:
+                socket_path().unlink()
+        for conn, _, fds in self.waiting:
+            with contextlib.suppress(OSError):
+                send(conn, {"refused": "the pool is stopping"})
+            close_all(fds)
+            conn.close()
+        self.waiting.clear()
+        for worker in self.workers:
+            if worker.client is None:
+                worker.process.terminate()
+
+    def status(self) -> dict[str, Any]:
+        states = ["busy" if w.client else "ready" if w.ready else "booting" for w in self.workers]
+        return {"server": os.getpid(), "fingerprint": self.fingerprint, "workers": states, "waiting": len(self.waiting)}
+
+
+def serve(*, n_workers: int, idle_seconds: float) -> None:
+    """Run the server in this process until it is stopped or idle; one server per socket (a lock beside it)."""
+    path = socket_path()
+    lock = path.with_suffix(".lock").open("w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        log.info("a pool runs at %s already", path)
+        return
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()  # a dead server's: none holds the lock
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(path))
+    path.chmod(0o600)
+    listener.listen(64)
+    kernels = subprocess.Popen([sys.executable, "-P", "-m", "omicsprep.kernels", "--ahead"], stdin=subprocess.DEVNULL)
+    server = _Server(n_workers, idle_seconds, listener, fingerprint(), kernels, socket_inode=path.stat().st_ino)
+    signal.signal(signal.SIGTERM, lambda signum, frame: server.stop())
+    log.info("pool %d at %s: %d workers, stops after %.0f idle seconds", os.getpid(), path, n_workers, idle_seconds)
+    server.serve()
+    lock.close()

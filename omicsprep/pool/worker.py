@@ -1,0 +1,183 @@
+"""A worker's side: import what jobs import, then run each job sent as its own process would.
+
+After a job it gives back what the job took (streams, folder, environment, log handlers,
+device memory); after a job that failed it exits, and the server starts another.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import importlib
+import importlib.util
+import logging
+import os
+import resource
+import runpy
+import signal
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from omicsprep.pool.protocol import close_all, receive, send
+
+log = logging.getLogger(__name__)
+
+# Each stage's chain of steps (what the rules' scripts call), and what else they import: each
+# worker imports these before it takes a job.
+STAGE_PIPELINES = tuple(
+    f"omicsprep.{stage}.pipeline" for stage in ("rna", "cells", "network", "protein", "atac", "multiome")
+)
+PRELOADED = ("snakemake.iocontainers", "snakemake.logging", "threadpoolctl", *STAGE_PIPELINES, "omicsprep.io")
+# GPU libraries, in the order a rule first uses them (a worker imports those that are installed).
+PRELOADED_GPU = ("cupy", "cupyx.scipy.sparse", "rapids_singlecell", "cuml", "pylibcugraph")
+
+_job: dict[str, Any] = {}  # the job a worker runs: when its own process started, the worker's CPU seconds before
+
+
+def job_started_at() -> float | None:
+    """When the job's own process started (seconds since the epoch), in a worker; ``None`` elsewhere."""
+    return _job.get("started_at")
+
+
+def in_worker() -> bool:
+    """Whether this process is a pool worker running a job."""
+    return bool(_job)
+
+
+def job_usage() -> dict[str, float]:
+    """The worker's peak memory (MB) and CPU seconds during its job so far (Linux), for the job's record."""
+    if not _job:
+        return {}
+    now = resource.getrusage(resource.RUSAGE_SELF)
+    return {
+        "pool_worker": os.getpid(),
+        "worker_max_rss_mb": round(_peak_rss_kb() / 1024, 1),
+        "worker_cpu_s": round(now.ru_utime + now.ru_stime - _job["cpu_before"], 2),
+    }
+
+
+def _peak_rss_kb() -> int:
+    """VmHWM, the process's peak resident memory since it started or since :func:`_reset_peak_rss`."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return 0
+
+
+def _reset_peak_rss() -> None:
+    with contextlib.suppress(OSError):  # Linux 4.0+: "5" resets the peak to the current size
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def _boot() -> dict[str, float]:
+    """Fork the figure process; import what jobs import; on a usable GPU, import its libraries and create a context.
+
+    The figure process is forked first, while this process has no threads and no GPU library
+    (a process forked after CUDA started must not be used). Returns seconds per stage.
+    """
+    from omicsprep import backend, background
+
+    background.keep_figure_process(preload="omicsprep.plotting")
+    seconds, start = {}, time.perf_counter()
+    for name in PRELOADED:
+        importlib.import_module(name)
+    seconds["imports"] = time.perf_counter() - start
+    if backend.gpu_unavailable_reason() is None:
+        start = time.perf_counter()
+        for name in PRELOADED_GPU:
+            if importlib.util.find_spec(name.partition(".")[0]) is not None:
+                backend.gpu_module(name)
+        backend.cupy().cuda.runtime.free(0)  # the CUDA context
+        seconds["gpu"] = time.perf_counter() - start
+    return {name: round(value, 2) for name, value in seconds.items()}
+
+
+def serve_jobs(channel_fd: int) -> None:
+    """A worker's life: boot, say so on ``channel_fd``, then run each job sent; exit after a job that failed."""
+    channel = socket.socket(fileno=channel_fd)
+    seconds = _boot()
+    log.info("worker %d ready: %s", os.getpid(), seconds)
+    send(channel, {"ready": os.getpid()})
+    while True:
+        request, fds = receive(channel)
+        if request is None:
+            os._exit(0)
+        code = _run_job(request, fds)
+        send(channel, {"exit": code})
+        if code != 0:  # a failed or cancelled job may have left this process in any state
+            os._exit(0)
+
+
+def _run_job(request: dict[str, Any], fds: list[int]) -> int:
+    """Run one job's script as its own process would, then give back what it took; its exit status."""
+    saved_fds = [os.dup(fd) for fd in (0, 1, 2)]
+    saved = (sys.stdin, sys.stdout, sys.stderr, list(sys.argv), list(sys.path), dict(os.environ), Path.cwd())
+    root = logging.getLogger()
+    saved_logging = (list(root.handlers), root.level)
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+    close_all(fds)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    previous_umask = os.umask(request["umask"])
+    sys.argv = list(request["run"])
+    sys.path.insert(0, str(Path(sys.argv[0]).resolve().parent))
+    _reset_peak_rss()
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    _job.update(started_at=request["started_at"], cpu_before=usage.ru_utime + usage.ru_stime)
+    try:
+        return _run(sys.argv[0])
+    finally:
+        _job.clear()
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        for target, fd in enumerate(saved_fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        sys.stdin, sys.stdout, sys.stderr, sys.argv, sys.path[:], environment, cwd = saved
+        os.environ.clear()
+        os.environ.update(environment)
+        os.chdir(cwd)
+        os.umask(previous_umask)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        _forget_job_state(*saved_logging)
+
+
+def _forget_job_state(handlers: list[logging.Handler], level: int) -> None:
+    """What a job leaves in the process beside its outputs, given back: log handlers, timings, device memory."""
+    from omicsprep import backend, timings
+
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+        if handler not in handlers:
+            handler.close()
+    for handler in handlers:
+        root.addHandler(handler)
+    root.setLevel(level)
+    logging.captureWarnings(capture=False)
+    timings.reset_phases()
+    gc.collect()
+    if "cupy" in sys.modules:
+        backend.release_device_memory()
+
+
+def _run(script: str) -> int:
+    """Run ``script`` as ``__main__``; its exit status, as the interpreter would give it."""
+    code = 0
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if not isinstance(exc.code, int | None):
+            print(exc.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - reported as the interpreter reports an uncaught one
+        traceback.print_exc()
+        code = 1
+    return code
