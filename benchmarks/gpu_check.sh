@@ -65,6 +65,8 @@
 #             20,000 cells; then, in a second call, defaults scib: scvi-tools' defaults, the held-out ELBOs and
 #             scIB of every embedding); the study, embeddings and models kept in /tmp/omicsprep-atlas between
 #             calls; table in $OUT/atlas.md
+#   scib_cache scIB's table of the atlas study's PCA at $SCIB_CACHE_CELLS (20000) cells on the GPU, in two
+#             fresh processes: JAX's and Numba's caches empty, then filled by the first (omicsprep/jit_cache.py)
 #   probe     a GPU rule's imports timed in one process and in one per core at once, and the slowest imports
 #   bam       benchmarks/umi.py: BAM in, counts out, CPU backend (all cores) and GPU backend
 #             against umi_tools count, at $BAM_READS (10000000) reads; the BAM (pysam, about 2
@@ -314,6 +316,18 @@ python3 -c "import jax, torch; print('jax', jax.__version__, jax.devices(), '| t
 python3 -m benchmarks atlas --cells "${ATLAS_CELLS:-1000000}" --genes 2000 --backend gpu \
   --parts ${ATLAS_PARTS:-ours celltypist scib_check} --batch-sizes ${ATLAS_BATCH_SIZES:-0 4096} \
   --results "$out/atlas.md" 2>&1 | grep -v "Warning\|warn(\|srun\|TPU available\|litlogger\|max_epochs=" | tail -n 40
+fi
+
+if wants scib_cache; then
+echo "== scIB's compile caches: one table in two fresh processes, the caches empty then filled"
+export JAX_COMPILATION_CACHE_DIR=/tmp/scib_cache/jax NUMBA_CACHE_DIR=/tmp/scib_cache/numba
+rm -rf /tmp/scib_cache
+for caches in empty filled; do
+  echo "-- caches $caches"
+  python3 -m benchmarks atlas --cells "${SCIB_CACHE_CELLS:-20000}" --genes 2000 --backend gpu --parts scib \
+    --cache /tmp/omicsprep-scib-cache 2>&1 | grep -E "^ *(step|study|scib)" | tail -n 4
+done
+unset JAX_COMPILATION_CACHE_DIR NUMBA_CACHE_DIR
 fi
 
 if wants probe; then
