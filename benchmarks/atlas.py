@@ -316,7 +316,8 @@ def with_pca(cells: ad.AnnData, *, backend: str, cache: Path) -> None:
     if path.exists():
         cells.obsm["X_pca"] = np.load(path)
         return
-    normalized = cells.copy()
+    # Genes without a count (a small study has some) have no place in a PCA; rapids-singlecell refuses them.
+    normalized = cells[:, np.asarray(cells.X.sum(axis=0)).ravel() > 0].copy()
     to_device(normalized, backend=backend)
     preprocessing.normalize(normalized, target_sum=1e4, backend=backend)
     preprocessing.pca(normalized, n_comps=50, seed=0, backend=backend)
