@@ -69,7 +69,7 @@ def cache_scib_compilations() -> int:
     """
     import jax
 
-    if not jax.config.jax_compilation_cache_dir:
+    if not getattr(jax.config, "jax_compilation_cache_dir", None):  # not in JAX's type stubs
         jax.config.update("jax_compilation_cache_dir", str(user_cache() / "jax"))
     if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)

@@ -13,7 +13,7 @@ import pytest
 from omicsprep.errors import InputError
 from omicsprep.options import UmiOptions
 from omicsprep.reads import bam as bam_reader
-from omicsprep.reads import counting
+from omicsprep.reads import bgzf, counting
 from omicsprep.reads.molecules import READ_NAME_PATTERNS
 from omicsprep.reads.umi import collapse_codes, collapse_reads, molecule_groups
 from omicsprep.testing.reads import generate_reads, write_bam
@@ -184,7 +184,7 @@ def test_default_chunks_read_the_same(records_bam):
 def test_bgzf_blocks_are_many(records_bam):
     """Records span block boundaries: the file holds many blocks, and chunks of them."""
     path, _ = records_bam
-    _, _, sizes, used, malformed = bam_reader._bgzf_blocks(np.frombuffer(path.read_bytes(), np.uint8))
+    _, _, sizes, used, malformed = bgzf.bgzf_blocks(np.frombuffer(path.read_bytes(), np.uint8))
     assert malformed == -1 and used == path.stat().st_size
     assert len(sizes) > 20
 
@@ -233,9 +233,9 @@ def test_truncated_or_corrupt_bam_is_one_clear_error(records_bam, tmp_path):
     truncated = tmp_path / "truncated.bam"
     truncated.write_bytes(data[: len(data) // 2])
     without_eof = tmp_path / "without_eof.bam"
-    without_eof.write_bytes(data[: -len(bam_reader.BGZF_EOF)])
+    without_eof.write_bytes(data[: -len(bgzf.BGZF_EOF)])
     cut_mid_block = tmp_path / "cut.bam"
-    cut_mid_block.write_bytes(data[: len(data) // 2] + bam_reader.BGZF_EOF)
+    cut_mid_block.write_bytes(data[: len(data) // 2] + bgzf.BGZF_EOF)
     corrupt = tmp_path / "corrupt.bam"
     middle = bytearray(data)
     middle[len(data) // 2 : len(data) // 2 + 200] = bytes(200)

@@ -31,23 +31,21 @@ import numpy as np
 
 from omicsprep.errors import InputError
 from omicsprep.jit_cache import track_sources
+from omicsprep.reads.bgzf import MAX_BLOCK_BYTES, bgzf_blocks, bgzf_eof_present
+from omicsprep.reads.names import NameDictionary, find_name, fnv1a
 from omicsprep.reads.umi import numba_threads
 from omicsprep.resources import usable_cores
 
 track_sources()  # before the functions below are compiled and cached (cache=True)
 
-BGZF_EOF = bytes.fromhex("1f8b08040000000000ff0600424302001b0003000000000000000000")
 CHUNK_BYTES = 16 << 20  # inflated bytes scanned at a time (plus one record carried over)
 RAW_READ_BYTES = 4 << 20  # compressed bytes read from the file at a time
 HEADROOM = 1 << 20  # bytes before a chunk's inflated bytes, for the record cut by the chunk before
-MAX_BLOCK_BYTES = 1 << 16  # inflated, of one BGZF block
 RUNS_PER_THREAD = 4  # runs of records scanned in parallel, for balance
 MIN_RUN_RECORDS = 4096  # fewer runs in a small chunk
 _MISSING = -1
 # umi_source codes of the kernels
 SOURCE_CODES = {"tag": 0, "read_id": 1, "umis": 2}
-_FNV_OFFSET = np.uint64(14695981039346656037)
-_FNV_PRIME = np.uint64(1099511628211)
 _BASE_CODES = np.full(256, 255, dtype=np.uint8)
 for _code, _base in enumerate(b"ACGT"):
     _BASE_CODES[_base] = _code
@@ -68,153 +66,6 @@ class RecordCodes:
     umi: np.ndarray
     umi_length: np.ndarray
     umi_acgt: np.ndarray
-
-
-class NameDictionary:
-    """Distinct names numbered in order of first appearance, held as bytes in NumPy arrays.
-
-    Filled by :func:`_insert_names` (Numba, open addressing on FNV-1a hashes, names compared
-    byte by byte); grown here whenever the kernel stops for room.
-    """
-
-    def __init__(self) -> None:
-        self.slots: np.ndarray = np.full(1 << 12, -1, dtype=np.int32)
-        self.hashes: np.ndarray = np.empty(1 << 10, dtype=np.uint64)
-        self.starts: np.ndarray = np.empty(1 << 10, dtype=np.int64)
-        self.lengths: np.ndarray = np.empty(1 << 10, dtype=np.int32)
-        self.data: np.ndarray = np.empty(1 << 16, dtype=np.uint8)
-        self.size = 0
-        self.data_used = 0
-
-    def tables(self) -> tuple[np.ndarray, ...]:
-        """The arrays the kernels search: slots, hashes, starts and lengths of names, name bytes."""
-        return self.slots, self.hashes, self.starts, self.lengths, self.data
-
-    def codes(self, buf: np.ndarray, hashes: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-        """Codes of the names at ``buf[starts:starts + lengths]`` (FNV-1a ``hashes``), new names added."""
-        codes = np.empty(len(hashes), dtype=np.int32)
-        done = 0
-        while True:
-            done, self.size, self.data_used = _insert_names(
-                buf, hashes, starts, lengths, done, codes, self.tables(), self.size, self.data_used
-            )
-            if done == len(hashes):
-                return codes
-            self._grow(int(lengths[done]))
-
-    def _grow(self, name_length: int) -> None:
-        if 2 * (self.size + 1) > len(self.slots):
-            self.slots = _rehash(self.hashes, self.size, 2 * len(self.slots))
-        if self.size + 1 > len(self.hashes):
-            n = 2 * len(self.hashes)
-            self.hashes, self.starts, self.lengths = (np.resize(a, n) for a in (self.hashes, self.starts, self.lengths))
-        if self.data_used + name_length > len(self.data):
-            self.data = np.resize(self.data, 2 * (len(self.data) + name_length))
-
-    def names(self, first: int = 0) -> list[str]:
-        """The names numbered from ``first`` on, in code order."""
-        return [
-            self.data[start : start + length].tobytes().decode("utf-8", "replace")
-            for start, length in zip(self.starts[first : self.size], self.lengths[first : self.size], strict=True)
-        ]
-
-
-@numba.njit(cache=True, inline="always")
-def _find(buf, start, length, value, table):
-    """The code of ``buf[start:start + length]`` (hash ``value``) in ``table`` (:meth:`NameDictionary.tables`).
-
-    Or ``-(slot + 2)`` of the empty slot the name would take.
-    """
-    slots, known_hashes, name_starts, name_lengths, data = table
-    mask = slots.size - 1
-    slot = value & mask
-    while True:
-        code = slots[slot]
-        if code < 0:
-            return -np.int64(slot) - 2
-        if known_hashes[code] == value and name_lengths[code] == length:
-            at = name_starts[code]
-            same = True
-            for k in range(length):
-                if data[at + k] != buf[start + k]:
-                    same = False
-                    break
-            if same:
-                return np.int64(code)
-        slot = (slot + 1) & mask
-
-
-@numba.njit(cache=True, nogil=True)
-def _insert_names(buf, hashes, starts, lengths, done, codes, table, size, used):
-    """Code each name from ``done`` on, adding new ones; stop early when a table is full.
-
-    Returns how many names are coded, and the dictionary's new size and bytes used.
-    """
-    slots, known_hashes, name_starts, name_lengths, data = table
-    for i in range(done, hashes.size):
-        start, length, value = starts[i], lengths[i], hashes[i]
-        code = _find(buf, start, length, value, table)
-        if code < 0:
-            if 2 * (size + 1) > slots.size or size >= known_hashes.size or used + length > data.size:
-                return i, size, used
-            slots[-code - 2] = size
-            known_hashes[size], name_starts[size], name_lengths[size] = value, used, length
-            data[used : used + length] = buf[start : start + length]
-            code, size, used = size, size + 1, used + length
-        codes[i] = code
-    return hashes.size, size, used
-
-
-@numba.njit(cache=True)
-def _rehash(hashes, size, n_slots):
-    slots = np.full(n_slots, -1, dtype=np.int32)
-    mask = n_slots - 1
-    for code in range(size):
-        slot = hashes[code] & mask
-        while slots[slot] >= 0:
-            slot = (slot + 1) & mask
-        slots[slot] = code
-    return slots
-
-
-@numba.njit(cache=True, nogil=True)
-def _bgzf_blocks(raw):
-    """Deflate data start, end and inflated size of every whole BGZF block in ``raw``.
-
-    Returns those, the bytes they span and the offset of a malformed header (-1: none).
-    """
-    n_max = raw.size // 26 + 1
-    starts = np.empty(n_max, np.int64)
-    ends = np.empty(n_max, np.int64)
-    sizes = np.empty(n_max, np.int64)
-    n, at = 0, 0
-    while at + 18 <= raw.size:
-        if raw[at] != 31 or raw[at + 1] != 139 or raw[at + 2] != 8 or not (raw[at + 3] & 4):
-            return starts[:n], ends[:n], sizes[:n], at, at
-        extra = raw[at + 10] | (np.int64(raw[at + 11]) << 8)
-        block_size, field = -1, at + 12
-        while field + 4 <= at + 12 + extra:
-            field_length = raw[field + 2] | (np.int64(raw[field + 3]) << 8)
-            if raw[field] == 66 and raw[field + 1] == 67 and field_length == 2:
-                block_size = (raw[field + 4] | (np.int64(raw[field + 5]) << 8)) + 1
-            field += 4 + field_length
-        if block_size < 12 + extra + 8:
-            return starts[:n], ends[:n], sizes[:n], at, at
-        if at + block_size > raw.size:
-            break
-        end = at + block_size
-        starts[n], ends[n] = at + 12 + extra, end - 8
-        sizes[n] = (
-            raw[end - 4]
-            | (np.int64(raw[end - 3]) << 8)
-            | (np.int64(raw[end - 2]) << 16)
-            | (np.int64(raw[end - 1]) << 24)
-        )
-        if sizes[n] > 1 << 16:  # more than a block holds
-            return starts[:n], ends[:n], sizes[:n], at, at
-        n += 1
-        at = end
-    return starts[:n], ends[:n], sizes[:n], at, -1
 
 
 @numba.njit(cache=True, inline="always")
@@ -268,14 +119,6 @@ def _record_offsets(buf, start):
         n += 1
         at += 4 + size
     return offsets[:n], np.int64(at)
-
-
-@numba.njit(cache=True, inline="always")
-def _fnv1a(buf, start, length):
-    value = _FNV_OFFSET
-    for i in range(start, start + length):
-        value = (value ^ np.uint64(buf[i])) * _FNV_PRIME
-    return value
 
 
 @numba.njit(cache=True, inline="always")
@@ -415,7 +258,7 @@ def _scan_records(buf, offsets, source, tags, cell_key, umi_key, base_codes, n_r
     ``tags``: the cell, UMI and gene tag names (2 bytes each). Each run numbers the cell and
     gene names it meets in its own dictionary, searched while the record is in cache, so
     only the distinct names of each run are left to number for the whole file
-    (:meth:`NameDictionary.add`). Returns, per record, flag, MAPQ, the cell's and gene's
+    (:meth:`NameDictionary.codes`). Returns, per record, flag, MAPQ, the cell's and gene's
     run codes (-1: missing), the UMI packed with its length (-1: missing) and whether it
     holds only A, C, G, T, and ``corrupt`` (the record overruns its length); per run, its
     first record and distinct names; per distinct name (at ``first record + run code``),
@@ -451,9 +294,9 @@ def _scan_records(buf, offsets, source, tags, cell_key, umi_key, base_codes, n_r
                 if start < 0:
                     continue
                 length = lengths[slot, i]
-                value = _fnv1a(buf, start, length)
+                value = fnv1a(buf, start, length)
                 table = cell_table if slot == 0 else gene_table
-                code = _find(buf, start, length, value, table)
+                code = find_name(buf, start, length, value, table)
                 if code < 0:  # new to the run: its entry at lo + its code (records up to i are done with theirs)
                     table[0][-code - 2] = distinct[slot, r]
                     code = distinct[slot, r]
@@ -461,13 +304,6 @@ def _scan_records(buf, offsets, source, tags, cell_key, umi_key, base_codes, n_r
                     distinct[slot, r] = code + 1
                 codes[slot, i] = code
     return flag, mapq, codes, run_starts, distinct, hashes, starts, lengths, umi, umi_length, umi_acgt, corrupt
-
-
-def bgzf_eof_present(path: Path) -> bool:
-    """Whether ``path`` ends with BGZF's end-of-file block (a BAM without it is truncated)."""
-    with path.open("rb") as handle:
-        handle.seek(max(path.stat().st_size - len(BGZF_EOF), 0))
-        return handle.read() == BGZF_EOF
 
 
 class BamRecords:
@@ -607,7 +443,7 @@ class BamRecords:
         while True:
             more = handle.read(RAW_READ_BYTES)
             raw += more
-            starts, ends, sizes, used, malformed = _bgzf_blocks(np.frombuffer(raw, np.uint8))
+            starts, ends, sizes, used, malformed = bgzf_blocks(np.frombuffer(raw, np.uint8))
             if malformed >= 0:
                 raise InputError(f"malformed BGZF block header at byte {offset + malformed}", path=self.path)
             if not more and used < len(raw):

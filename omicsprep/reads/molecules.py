@@ -27,7 +27,8 @@ from omicsprep.errors import InputError, existing_file, naming_file
 from omicsprep.io.text import STREAM_CODECS, cudf_parse_errors, cudf_text_chunks, unparsable
 from omicsprep.jit_cache import track_sources
 from omicsprep.options import BamOptions, TableOptions
-from omicsprep.reads.bam import BamRecords, bgzf_eof_present
+from omicsprep.reads.bam import BamRecords
+from omicsprep.reads.bgzf import bgzf_eof_present
 from omicsprep.reads.umi import check_umi_lengths, pack_umis
 
 track_sources()  # before the functions below are compiled and cached (cache=True)
