@@ -47,7 +47,8 @@ format: setup
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/snakefmt Snakefile rules
 
 # Two pytest processes (TEST_PROCESSES=auto: one per core), each taking whole test files, so that a
-# file's module fixtures are built once: about 13 minutes on CI's 2 cores, against 20 in one.
+# file's module fixtures are built once: 27 minutes on 2 cores (1,634 s, 2026-12-05; test_workflow.py
+# and test_atlas.py, 18 and 9 minutes of it, are the longest files).
 test: setup
 	bash tests/slurm/install.sh
 	bash tests/reference/install.sh
