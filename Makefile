@@ -47,12 +47,13 @@ format: setup
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/snakefmt Snakefile rules
 
 # Two pytest processes (TEST_PROCESSES=auto: one per core), each taking whole test files, so that a
-# file's module fixtures are built once: 27 minutes on 2 cores (1,634 s, 2026-12-05; test_workflow.py
-# and test_atlas.py, 18 and 9 minutes of it, are the longest files).
+# file's module fixtures are built once, in the order tests/conftest.py gives them (the longest files
+# first, so that each process starts on one of test_workflow.py and test_atlas.py): 834 s on 2 cores,
+# 2026-12-05; in xdist's own order, by test count, 1,634 s and 923 s in two runs that day.
 test: setup
 	bash tests/slurm/install.sh
 	bash tests/reference/install.sh
-	$(BIN)/python -m pytest -n $(TEST_PROCESSES) --dist loadfile
+	$(BIN)/python -m pytest -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder
 
 image:
 	envs/containers/build.sh cpu

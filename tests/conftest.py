@@ -135,7 +135,26 @@ def import_for_gpu_test(config: pytest.Config, module: str) -> ModuleType:
         pytest.fail(f"GPU tests are required (--require-gpu) and {module} does not import: {exc}", pytrace=False)
 
 
+# The longest files first, in this order (make test's two processes take whole files in collection
+# order): each process starts on one of the two longest, rather than one process finishing with
+# test_workflow.py after the other has run out of files.
+LONGEST_FILES = (
+    "test_workflow.py",
+    "test_atlas.py",
+    "test_bad_input.py",
+    "test_slurm.py",
+    "test_schema_boundaries.py",
+    "test_benchmarks.py",
+    "test_umi.py",
+    "test_protein.py",
+    "test_cells.py",
+    "test_faults.py",
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: position for position, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's own order kept
     reason = gpu_unavailable_reason() if any("gpu" in item.keywords for item in items) else None
     if reason is None or gpu_required(config):  # required: pytest_runtest_setup fails them instead
         return
