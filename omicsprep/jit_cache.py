@@ -65,7 +65,7 @@ def cache_scib_compilations() -> int:
     JAX's cache goes to ``JAX_COMPILATION_CACHE_DIR`` where set, else ``omicsprep/jax`` in the
     user's cache folder (``XDG_CACHE_HOME`` or ``~/.cache``), and keeps every program (most of
     scib-metrics' take well under JAX's default second to compile). Returns how many Numba
-    kernels were set to cache.
+    kernels were set to cache (umap-learn's through :func:`cache_umap_kernels`, once per process).
     """
     import jax
 
@@ -73,7 +73,7 @@ def cache_scib_compilations() -> int:
         jax.config.update("jax_compilation_cache_dir", str(user_cache() / "jax"))
     if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    return _enable_caching(UMAP_MODULES + PYNNDESCENT_MODULES)
+    return cache_umap_kernels() + _enable_caching(PYNNDESCENT_MODULES)
 
 
 def user_cache() -> Path:
