@@ -17,8 +17,10 @@ from jsonschema import Draft202012Validator
 from omicsprep.errors import InputError
 from omicsprep.io import READ_FORMATS, resolve_format
 
-REQUIRED_COLUMNS = ("sample", "input")
+REQUIRED_COLUMNS = ("sample",)
+# Each sample needs one of input, raw, fastq_1 or adt (modality_problem), not each column.
 OPTIONAL_COLUMNS = (
+    "input",
     "format",
     "batch",
     "raw",

@@ -17,7 +17,7 @@ import anndata as ad
 import pandas as pd
 import pytest
 import yaml
-from conftest import PBMC_H5, REPO
+from conftest import DROPLETS_H5, PBMC_H5, REPO
 from test_workflow import snakemake, write_sheet
 
 from omicsprep import io
@@ -421,6 +421,9 @@ def test_the_sheet_and_the_config_are_checked_by_the_package_as_the_workflow_che
     samples = load_sample_sheet(sheet, schema=schema)
     assert list(samples.index) == ["pbmc"] and samples.loc["pbmc", "donor"] == "D1, left"
     assert samples.loc["pbmc", "format"] == "10x_h5" and samples.loc["pbmc", "adt"] == ""
+    sheet.write_text(f"sample,raw\ndroplets,{DROPLETS_H5}\n")  # no input column: raw droplets need none
+    droplets = load_sample_sheet(sheet, schema=schema).loc["droplets"]
+    assert (droplets["input"], droplets["format"], droplets["raw_format"]) == ("", "", "10x_h5")
     sheet.write_text(f"sample,input\npbmc,{PBMC_H5}\nb c,{PBMC_H5}\n")
     with pytest.raises(InputError, match=rf"^sample sheet '{sheet}': line 3 \(sample 'b c'\): column 'sample'"):
         load_sample_sheet(sheet, schema=schema)

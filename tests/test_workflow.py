@@ -720,7 +720,8 @@ def test_unknown_format(tmp_path):
     ("header", "rows", "message"),
     [
         ("sample\tinput\tinput", [f"a\t{PBMC_H5}\t{PBMC_H5}"], "duplicate columns ['input']"),
-        ("sample\tpath", [f"a\t{PBMC_H5}"], "missing columns ['input']"),
+        ("input\tpath", [f"{PBMC_H5}\tx"], "missing columns ['sample']"),
+        ("sample\tpath", [f"a\t{PBMC_H5}"], "sample 'a': neither input, raw or fastq_1 (RNA) nor adt"),
         ("sample\tinput", [f"a\t{PBMC_H5}", f"a\t{PBMC_MTX}"], "samples listed more than once: ['a']"),
     ],
 )
