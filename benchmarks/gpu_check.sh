@@ -315,7 +315,7 @@ echo "== the atlas steps: scVI (ours and scvi-tools' defaults), scIB, CellTypist
 python3 -c "import jax, torch; print('jax', jax.__version__, jax.devices(), '| torch', torch.__version__, torch.cuda.get_device_name())"
 python3 -m benchmarks atlas --cells "${ATLAS_CELLS:-1000000}" --genes 2000 --backend gpu \
   --parts ${ATLAS_PARTS:-ours celltypist scib_check} --batch-sizes ${ATLAS_BATCH_SIZES:-0 4096} \
-  --results "$out/atlas.md" 2>&1 | grep -v "Warning\|warn(\|srun\|TPU available\|litlogger\|max_epochs=" | tail -n 40
+  --results "$out/atlas.md" 2>&1 | grep --line-buffered -v "Warning\|warn(\|srun\|TPU available\|litlogger\|max_epochs=\|LeafSpec\|it/s]\|s/it]"
 fi
 
 if wants scib_cache; then

@@ -24,6 +24,7 @@ from omicsprep.errors import InputError
 from omicsprep.rna import annotation, integration_scores
 from omicsprep.rna.latent import UNLABELLED, known_labels
 from omicsprep.rna.pipeline import run_merge
+from omicsprep.testing.scib_reference import scib_metrics_own
 from omicsprep.testing.study import generate_study
 
 OPTIONS = ATLAS_OPTIONS
@@ -99,26 +100,12 @@ def test_scanvi_labels_the_held_out_batch_and_not_with_the_type_it_lacks(merged)
     assert (predicted == "type00").mean() < 0.02  # no cell of batch2 is of type00
 
 
-def brute_force_neighbors(points: np.ndarray, n_neighbors: int):
-    from scib_metrics.nearest_neighbors import NeighborsResults
-    from sklearn.neighbors import NearestNeighbors
-
-    indices = NearestNeighbors(n_neighbors=n_neighbors, algorithm="brute").fit(points).kneighbors(points)[1]
-    # The distances from the coordinates' differences (not scikit-learn's |x|^2 + |y|^2 - 2xy): kBET
-    # (a diffusion map and pynndescent inside scib-metrics) moves by 0.002 when they differ in the 7th digit.
-    distances = np.linalg.norm(points[indices] - points[:, None, :].astype(np.float64), axis=2)
-    order = np.argsort(distances, axis=1, kind="stable")
-    indices, distances = np.take_along_axis(indices, order, axis=1), np.take_along_axis(distances, order, axis=1)
-    return NeighborsResults(indices=indices, distances=distances.astype(np.float32))  # as ours and pynndescent's
-
-
 def test_scib_metrics_are_scib_metrics_own_benchmark(merged):
     """Ours against scib-metrics' Benchmarker on the same cells, given exact neighbours by brute force.
 
     (With its default approximate search, pynndescent, kBET differed from ours by up to 0.006 here.)
     """
     from anndata import AnnData
-    from scib_metrics.benchmark import Benchmarker
 
     cells = merged.cells
     known = (known_labels(cells.obs["known_type"]) != UNLABELLED).to_numpy()
@@ -126,17 +113,8 @@ def test_scib_metrics_are_scib_metrics_own_benchmark(merged):
         obs=cells.obs.loc[known, ["sample", "known_type"]].astype(str),
         obsm={f"X_{method}": np.asarray(cells.obsm[f"X_{method}"])[known] for method in METHODS},
     )
-    own = Benchmarker(
-        theirs,
-        batch_key="sample",
-        label_key="known_type",
-        embedding_obsm_keys=[f"X_{method}" for method in METHODS],
-        pre_integrated_embedding_obsm_key="X_pca",
-        progress_bar=False,
-    )
-    own.prepare(neighbor_computer=brute_force_neighbors)
-    own.benchmark()
-    expected = own.get_results(min_max_scale=False).drop(index="Metric Type").astype(float)
+    embeddings = [f"X_{method}" for method in METHODS]
+    expected = scib_metrics_own(theirs, batch_key="sample", label_key="known_type", embeddings=embeddings)
     ours = merged.metrics.set_index("embedding")[expected.columns]
     pd.testing.assert_frame_equal(ours, expected, check_names=False, atol=1e-3, rtol=0)
 
