@@ -5,9 +5,12 @@ Nor anything temporary, after a killed write or on a full disk.
 
 from __future__ import annotations
 
+import contextlib
+import gzip
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -408,6 +411,31 @@ def test_running_out_of_memory_while_writing_is_one_line(tmp_path):
     ]
     assert "MemoryError" in log.read_text()  # the traceback, in the log
     assert list(output.parent.iterdir()) == []  # the temporary file is gone
+
+
+def test_the_readmes_example_sheet_is_read_as_it_says(tmp_path):
+    """README.md's example rows (a filtered matrix, raw droplets, FASTQ), their files made: each is its kind."""
+    from omicsprep.configuration import read_yaml
+    from omicsprep.sheet import load_sample_sheet
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    block = readme[readme.index("\n    sample\tinput") + 1 :].split("\n\n")[0]
+    (tmp_path / "s.tsv").write_text("\n".join(line.removeprefix("    ") for line in block.splitlines()) + "\n")
+    (tmp_path / "data" / "s1").mkdir(parents=True)
+    (tmp_path / "data" / "s2").mkdir()
+    shutil.copy(PBMC_H5, tmp_path / "data" / "s1" / "filtered_feature_bc_matrix.h5")
+    shutil.copy(DROPLETS_H5, tmp_path / "data" / "s2" / "raw_feature_bc_matrix.h5")
+    for read in ("R1", "R2"):
+        (tmp_path / "data" / f"s3_{read}.fastq.gz").write_bytes(gzip.compress(b"@r\nACGT\n+\nIIII\n"))
+    schema = read_yaml((REPO / "config" / "schemas" / "samples.schema.yaml").read_text())
+    with contextlib.chdir(tmp_path):  # the rows' paths are relative, as users write them
+        samples = load_sample_sheet("s.tsv", schema=schema)
+    kinds = samples[["format", "raw_format", "chemistry", "donor"]].to_dict("index")
+    assert kinds == {
+        "filtered": {"format": "10x_h5", "raw_format": "", "chemistry": "", "donor": "D1"},
+        "droplets": {"format": "", "raw_format": "10x_h5", "chemistry": "", "donor": "D2"},
+        "reads": {"format": "", "raw_format": "", "chemistry": "10xv3", "donor": "D3"},
+    }
 
 
 def test_the_sheet_and_the_config_are_checked_by_the_package_as_the_workflow_checks_them(tmp_path):
