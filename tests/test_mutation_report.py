@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -52,3 +53,23 @@ def test_the_report_counts_each_outcome_and_sets_equivalent_mutants_apart(mutate
     assert f"- `{name(5)}`: the same either way" in report.split("GPU only:\n")[0]
     assert f"- `{name(8)}`: GPU only: NumPy either way on the CPU" in report.split("GPU only:\n")[1]
     assert f"- `{name(1)}`" in report.split("killed or gone (remove them)")[1]
+
+
+def test_a_continued_run_tests_its_survivors_again_and_maps_tests_to_functions_afresh(mutate, tmp_path):
+    mutants = tmp_path / "run" / "mutants"
+    (mutants / "omicsprep" / "atac").mkdir(parents=True)
+    (mutants / "mutmut-stats.json").write_text("{}")
+    verdicts = {
+        "x_a__mutmut_1": 1,
+        "x_a__mutmut_2": 0,
+        "x_a__mutmut_3": 33,
+        "x_a__mutmut_4": -24,
+        "x_a__mutmut_5": None,
+    }
+    meta = mutants / "omicsprep" / "atac" / "fragments.py.meta"
+    meta.write_text(json.dumps({"exit_code_by_key": verdicts, "hash_by_function_name": {"x_a": "h"}}))
+    assert mutate.retest_undecided(tmp_path / "run") == 2  # the survivor and the one no test reached
+    kept = json.loads(meta.read_text())
+    assert kept["exit_code_by_key"] == {**verdicts, "x_a__mutmut_2": None, "x_a__mutmut_3": None}
+    assert kept["hash_by_function_name"] == {"x_a": "h"}  # mutmut's own check of changed functions
+    assert not (mutants / "mutmut-stats.json").exists()  # moved functions would keep no test

@@ -127,10 +127,15 @@ KILLING_EXIT_CODES = {1, 3, 36, -24, 24, 152, 255}
 
 
 def retest_undecided(folder: Path) -> int:
-    """Forget the kept verdicts that are not kills, so that the current tests judge those mutants.
+    """Forget the kept verdicts that are not kills, and which tests reach which function.
 
-    A kill stays a kill as tests are added; a survivor may not. Returns how many were forgotten.
+    So that the current tests judge those mutants: a kill stays a kill as tests are added; a
+    survivor may not. mutmut itself forgets the verdicts of functions whose code changed. Its map
+    of tests to functions it only extends with new tests, so functions moved or added since are
+    left with none ("no tests"): the map is collected again (one traced run of the module's tests).
+    Returns how many verdicts were forgotten.
     """
+    (folder / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
     forgotten = 0
     for meta_path in (folder / "mutants").rglob("*.py.meta"):
         meta = json.loads(meta_path.read_text())
