@@ -5,8 +5,9 @@ process because they are not declared ``cache=True``; a workflow rule is a new p
 that cost would recur in every run. Turning caching on before
 their first call stores the machine code in Numba's cache directory (``NUMBA_CACHE_DIR``
 or ``__pycache__``), where later processes find it. scib-metrics compiles more, on either
-backend: its metrics through JAX and kBET's diffusion distances through pynndescent's Numba
-kernels (65 s of a 2,400-cell table on 2 cores, 37 s with these caches filled).
+backend: its metrics through JAX (65 s of a 2,400-cell table on 2 cores, 37 s with these caches
+filled, when its kBET also compiled pynndescent's kernels, which it no longer runs:
+:mod:`omicsprep.rna.integration_scores`).
 
 Numba keys a cached function by its own source file only: a function whose machine code
 holds another module's function (``umi.count_groups`` calls ``umi_kernels``' kernel) kept
@@ -26,16 +27,6 @@ from typing import Any
 PACKAGE = Path(__file__).parent
 
 UMAP_MODULES = ("umap.umap_", "umap.layouts", "umap.utils", "umap.spectral")
-# pynndescent's helpers; its search kernels take the metric as an argument, which Numba cannot
-# cache (it warns so), and compile in every process still.
-PYNNDESCENT_MODULES = (
-    "pynndescent.distances",
-    "pynndescent.sparse",
-    "pynndescent.utils",
-    "pynndescent.rp_trees",
-    "pynndescent.graph_utils",
-    "pynndescent.pynndescent_",
-)
 
 
 def _enable_caching(modules: tuple[str, ...]) -> int:
@@ -60,7 +51,7 @@ def cache_umap_kernels() -> int:
 
 @cache
 def cache_scib_compilations() -> int:
-    """Keep what scib-metrics compiles on disk: JAX's programs and umap-learn's and pynndescent's kernels.
+    """Keep what scib-metrics compiles on disk: JAX's programs and umap-learn's kernels (its connectivities).
 
     JAX's cache goes to ``JAX_COMPILATION_CACHE_DIR`` where set, else ``omicsprep/jax`` in the
     user's cache folder (``XDG_CACHE_HOME`` or ``~/.cache``), and keeps every program (most of
@@ -73,7 +64,7 @@ def cache_scib_compilations() -> int:
         jax.config.update("jax_compilation_cache_dir", str(user_cache() / "jax"))
     if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    return cache_umap_kernels() + _enable_caching(PYNNDESCENT_MODULES)
+    return cache_umap_kernels()
 
 
 def user_cache() -> Path:

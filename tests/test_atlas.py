@@ -8,12 +8,14 @@ predict. Compared with scvi-tools' own saved models and scib-metrics' own benchm
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 import anndata as ad
 import numpy as np
 import pandas as pd
 import pytest
+import scipy.sparse
 from conftest import ATLAS_OPTIONS, CLUSTER_OPTIONS, train_celltypist_model
 from matplotlib import image
 from test_workflow import snakemake, write_sheet
@@ -117,6 +119,68 @@ def test_scib_metrics_are_scib_metrics_own_benchmark(merged):
     expected = scib_metrics_own(theirs, batch_key="sample", label_key="known_type", embeddings=embeddings)
     ours = merged.metrics.set_index("embedding")[expected.columns]
     pd.testing.assert_frame_equal(ours, expected, check_names=False, atol=1e-3, rtol=0)
+
+
+@pytest.mark.parametrize(("metric", "between"), [("euclidean", "nearest"), ("cosine", "mean_other")])
+def test_silhouettes_from_matrix_products_are_scib_metrics_own(merged, metric, between):
+    """Each cell's silhouette as scib-metrics computes it: against the nearest other label (label
+    silhouette, isolated labels), and in cosine distance against all other batches (BRAS), a
+    label of one cell (silhouette 0) among them."""
+    from scib_metrics.utils import silhouette_samples
+
+    points = np.asarray(merged.cells.obsm["X_harmony"], dtype=np.float32)
+    labels = merged.cells.obs["cell_type"].astype(str).to_numpy()
+    labels[0] = "alone"
+    expected = silhouette_samples(points, labels, metric=metric, between_cluster_distances=between)
+    ours = integration_scores.silhouette_samples(
+        points, labels, metric=metric, between_cluster_distances=between, backend="cpu"
+    )
+    assert ours[0] == expected[0] == 0
+    np.testing.assert_allclose(ours, expected, rtol=0, atol=1e-5)
+
+
+def test_a_silhouette_asked_again_is_computed_once(merged, monkeypatch):
+    """Isolated labels and the label silhouette ask for the same silhouettes (the second with
+    scib-metrics' defaults spelled out): one pass; other labels or another metric: a pass each."""
+    computed = []
+    compute = integration_scores.silhouette_samples
+
+    @functools.wraps(compute)
+    def counted(*args, **kwargs):
+        computed.append(args[1])
+        return compute(*args, **kwargs)
+
+    monkeypatch.setattr(integration_scores, "silhouette_samples", counted)
+    silhouettes = integration_scores._remembering_silhouettes("cpu")
+    points = np.asarray(merged.cells.obsm["X_harmony"], dtype=np.float32)
+    types, samples = (merged.cells.obs[key].astype(str).to_numpy() for key in ("cell_type", "sample"))
+    first = silhouettes(points, types)
+    first[:] = 2  # what a caller does to its copy stays there
+    again = silhouettes(points, types, chunk_size=256, metric="euclidean")
+    by_sample = silhouettes(points, samples)
+    cosine = silhouettes(points, types, metric="cosine")
+    assert [labels is samples for labels in computed] == [False, True, False]
+    np.testing.assert_array_equal(again, compute(points, types, backend="cpu"))
+    assert not np.array_equal(again, by_sample) and not np.array_equal(again, cosine)
+
+
+def test_diffusion_neighbours_are_scib_metrics_own_and_give_its_kbet(merged):
+    """kBET's neighbours in one label's diffusion map: the exact search finds pynndescent's."""
+    from scib_metrics.metrics import kbet
+    from scib_metrics.utils import diffusion_nn
+
+    cells = merged.cells
+    graph = integration_scores.scib_neighbors(np.asarray(cells.obsm["X_pca"]), 50, backend="cpu")
+    of_type = (cells.obs["cell_type"] == "type01").to_numpy()
+    subgraph = scipy.sparse.csr_matrix(graph.knn_graph_connectivities)[of_type][:, of_type]
+    subgraph.sort_indices()
+    expected = diffusion_nn(subgraph, k=20, n_comps=100)
+    ours = integration_scores.diffusion_neighbors(subgraph, k=20, n_comps=100, backend="cpu")
+    assert ours.indices.shape == expected.indices.shape == (of_type.sum(), 21)
+    pairs = zip(ours.indices, expected.indices, strict=True)
+    assert np.mean([np.isin(mine, theirs).mean() for mine, theirs in pairs]) > 0.99
+    batches = cells.obs.loc[of_type, "sample"].to_numpy()
+    assert kbet(ours, batches)[0] == pytest.approx(kbet(expected, batches)[0], abs=1e-3)
 
 
 def test_scib_needs_two_known_labels(merged):

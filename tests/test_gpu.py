@@ -717,6 +717,37 @@ def test_exact_neighbors_on_the_gpu_are_the_cpus_to_the_last_digit(generated_stu
     np.testing.assert_array_equal(on_gpu[1][:, :80], on_cpu[1][:, :80])
 
 
+def test_scib_silhouettes_and_kbet_neighbours_on_the_gpu_are_the_cpus(generated_study):
+    """The two scIB steps computed by ours (omicsprep.rna.integration_scores): silhouettes from
+    matrix products and kBET's diffusion-map neighbours (CuPy's Lanczos against ARPACK) agree."""
+    from omicsprep.rna import integration_scores
+
+    batch = generated_study["batch0"]
+    embedding = np.log1p(batch.layers["counts"][:, :30].toarray()).astype(np.float32)
+    labels = batch.obs["cell_type"].astype(str).to_numpy()
+    for metric, between in (("euclidean", "nearest"), ("cosine", "mean_other")):
+        on_cpu, on_gpu = (
+            integration_scores.silhouette_samples(
+                embedding, labels, metric=metric, between_cluster_distances=between, backend=backend
+            )
+            for backend in ("cpu", "gpu")
+        )
+        np.testing.assert_allclose(on_gpu, on_cpu, rtol=0, atol=1e-5)
+    graph = integration_scores.scib_neighbors(embedding, 50, backend="cpu").knn_graph_connectivities
+    of_type = labels == "type01"
+    subgraph = sparse.csr_matrix(graph)[of_type][:, of_type]
+    neighbours = {
+        backend: integration_scores.diffusion_neighbors(
+            subgraph, k=20, n_comps=min(100, of_type.sum() // 3), backend=backend
+        )
+        for backend in ("cpu", "gpu")
+    }
+    pairs = zip(neighbours["cpu"].indices, neighbours["gpu"].indices, strict=True)
+    shared = np.mean([np.isin(on_cpu, on_gpu).mean() for on_cpu, on_gpu in pairs])
+    measure("test_scib_silhouettes_and_kbet_neighbours_on_the_gpu_are_the_cpus", kbet_neighbours_shared=shared)
+    assert shared > 0.99
+
+
 def test_merge_with_harmony_on_the_gpu(pbmc_batches):
     """rapids-singlecell's Harmony mixes the batches and keeps the clusters, as harmonypy does."""
     metrics = {

@@ -69,7 +69,7 @@ def test_the_package_modules_are_tracked():
 
 def test_what_scib_metrics_compiles_is_kept_in_the_users_cache(tmp_path):
     """JAX's programs go to omicsprep's folder of the user's cache, however short their compile;
-    umap-learn's and pynndescent's kernels to Numba's cache. A later process loads them."""
+    umap-learn's kernels to Numba's cache. A later process loads them."""
     code = (
         "import jax, jax.numpy as jnp\n"
         "from omicsprep.jit_cache import cache_scib_compilations\n"
@@ -82,7 +82,7 @@ def test_what_scib_metrics_compiles_is_kept_in_the_users_cache(tmp_path):
         env.pop(name, None)
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     kernels, folder = result.stdout.split()
-    assert int(kernels) > 20  # umap-learn's and pynndescent's
+    assert int(kernels) > 10  # umap-learn's
     assert Path(folder) == tmp_path / "omicsprep" / "jax"
     assert any(Path(folder).iterdir())  # a program of milliseconds, kept
     env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / "chosen")

@@ -7,25 +7,46 @@ neighbours scib-metrics needs (90 per cell) are exact: scikit-learn's on the CPU
 brute-force search on the GPU (scib-metrics' own approximate search, pynndescent, is what
 stalled for hours at 900k cells); scib-metrics' JAX metrics run on JAX's default device.
 What they compile is kept on disk for later runs (:func:`omicsprep.jit_cache.cache_scib_compilations`).
+
+Two of scib-metrics' steps cost minutes to hours at a million cells, and are computed here
+instead, on the backend, while its ``Benchmarker`` runs (:func:`_steps_on_backend`):
+
+- the silhouettes (label silhouette, isolated labels, BRAS): scib-metrics adds each block of
+  256 cells' distances to every cell into per-label sums one by one (a scatter on the GPU, 3,900
+  blocks at a million cells); here a block's distances come from one matrix product and
+  their sums per label from another (:func:`silhouette_samples`);
+- kBET's neighbours in each label's diffusion map: scib-metrics finds them with pynndescent in
+  one thread after an ARPACK eigendecomposition on the CPU; here the eigenvectors come from
+  the backend's Lanczos solver and the neighbours from the exact search
+  (:func:`diffusion_neighbors`). On 20,000 cells they are pynndescent's: kBET the same to
+  the last digit.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from functools import partial
+from typing import Any, Literal
+from unittest import mock
 
 import numpy as np
 import pandas as pd
+import scipy.sparse.linalg
 from anndata import AnnData
 
-from omicsprep.backend import Backend, asnumpy
+from omicsprep.backend import Backend, array_module, asnumpy, cupyx_sparse, cupyx_sparse_linalg
 from omicsprep.errors import InputError
 from omicsprep.jit_cache import cache_scib_compilations
 from omicsprep.rna.embedding import exact_neighbors
 from omicsprep.rna.latent import UNLABELLED, known_labels
 
 AGGREGATES = ("Batch correction", "Bio conservation", "Total")
+# The most bytes of one block of distances (cells of the block x all cells), float32.
+DISTANCE_BLOCK_BYTES = 1 << 30
+DIFFUSION_EPS = 1e-8  # scib-metrics' guard against eigenvalues of exactly 1
 
 
 def scib_neighbors(embedding: np.ndarray, n_neighbors: int, *, backend: Backend) -> Any:
@@ -93,8 +114,151 @@ def scib_benchmarker(
         progress_bar=False,
     )
     benchmarker.prepare(neighbor_computer=lambda points, k: scib_neighbors(points, k, backend=backend))
-    benchmarker.benchmark()
+    with _steps_on_backend(backend):
+        benchmarker.benchmark()
     return benchmarker
+
+
+@contextmanager
+def _steps_on_backend(backend: Backend) -> Iterator[None]:
+    """scib-metrics' silhouettes and kBET's diffusion neighbours replaced by ours while it runs.
+
+    Its metric functions look these helpers up in their modules' globals, which is where they
+    are replaced (scib-metrics 0.5; a version without them fails here, by name).
+    """
+    from scib_metrics.metrics import _isolated_labels, _kbet, _silhouette
+
+    silhouettes = _remembering_silhouettes(backend)
+    replacements = [
+        (_silhouette, "silhouette_samples", silhouettes),
+        (_isolated_labels, "silhouette_samples", silhouettes),
+        (_kbet, "diffusion_nn", partial(diffusion_neighbors, backend=backend)),
+    ]
+    with ExitStack() as stack:
+        for module, name, ours in replacements:
+            stack.enter_context(mock.patch.object(module, name, ours))
+        yield
+
+
+def _remembering_silhouettes(backend: Backend) -> Callable[..., np.ndarray]:
+    """:func:`silhouette_samples` that gives its last result again when asked again for it.
+
+    scib-metrics' isolated labels and label silhouette each ask for every cell's silhouette of
+    the same embedding and labels: a pass over all pairs of cells, computed once.
+    """
+    last: dict[str, Any] = {}
+
+    def silhouettes(X: Any, labels: Any, *args: Any, **kwargs: Any) -> np.ndarray:
+        labels = np.asarray(labels)
+        arguments = inspect.signature(silhouette_samples).bind(X, labels, *args, backend=backend, **kwargs)
+        arguments.apply_defaults()
+        asked = (arguments.arguments["metric"], arguments.arguments["between_cluster_distances"])
+        if not (last and last["X"] is X and last["asked"] == asked and np.array_equal(last["labels"], labels)):
+            last.update(X=X, labels=labels, asked=asked, result=silhouette_samples(*arguments.args, **arguments.kwargs))
+        return last["result"].copy()
+
+    return silhouettes
+
+
+def silhouette_samples(
+    X: Any,  # scib-metrics' parameters, which its metrics pass by these names
+    labels: Any,
+    chunk_size: int = 256,
+    metric: Literal["euclidean", "cosine"] = "euclidean",
+    between_cluster_distances: Literal["nearest", "mean_other"] = "nearest",
+    *,
+    backend: Backend,
+) -> np.ndarray:
+    """Each cell's silhouette, as scib-metrics' ``silhouette_samples``, from matrix products on the backend.
+
+    Parameters
+    ----------
+    X
+        Cells x coordinates.
+    labels
+        Each cell's cluster.
+    chunk_size
+        scib-metrics' block size, not used: blocks hold :data:`DISTANCE_BLOCK_BYTES`.
+    metric
+        ``"euclidean"`` or ``"cosine"`` (1 - cosine similarity, within [0, 2]).
+    between_cluster_distances
+        ``"nearest"``: the mean distance to the nearest other cluster (the silhouette);
+        ``"mean_other"``: the mean distance to all cells of other clusters (BRAS).
+
+    Returns
+    -------
+    The silhouettes, float32, 0 where undefined.
+    """
+    xp = array_module(backend)
+    codes = xp.asarray(pd.Categorical(np.asarray(labels)).codes.astype(np.int64))
+    points = xp.asarray(asnumpy(X), dtype=xp.float32)
+    if metric == "cosine":
+        points = points / xp.sqrt((points * points).sum(axis=1, keepdims=True))
+    else:  # centred: smaller norms lose fewer digits in |x|^2 + |y|^2 - 2xy
+        points = points - points.mean(axis=0)
+    n_cells = points.shape[0]
+    members = xp.zeros((n_cells, int(codes.max()) + 1), dtype=xp.float32)
+    members[xp.arange(n_cells), codes] = 1
+    sizes = members.sum(axis=0)
+    squares = (points * points).sum(axis=1)
+    within, between = xp.empty(n_cells, dtype=xp.float32), xp.empty(n_cells, dtype=xp.float32)
+    block = max(DISTANCE_BLOCK_BYTES // (4 * n_cells), 1)
+    for start in range(0, n_cells, block):
+        rows = slice(start, min(start + block, n_cells))
+        products = points[rows] @ points.T
+        if metric == "cosine":
+            distances = xp.clip(1 - products, 0, 2)
+        else:
+            distances = xp.sqrt(xp.maximum(squares[rows, None] + squares[None, :] - 2 * products, 0))
+        sums = distances @ members  # block x clusters
+        own = (xp.arange(sums.shape[0]), codes[rows])
+        within[rows] = sums[own]
+        if between_cluster_distances == "nearest":
+            sums[own] = xp.inf
+            between[rows] = (sums / sizes).min(axis=1)
+        else:
+            sums[own] = 0
+            between[rows] = sums.sum(axis=1) / (n_cells - sizes[codes[rows]])
+    with np.errstate(divide="ignore", invalid="ignore"):  # a label of one cell: 0, as scib-metrics gives it
+        within /= sizes[codes] - 1
+        silhouettes = (between - within) / xp.maximum(within, between)
+    return asnumpy(xp.nan_to_num(silhouettes))
+
+
+def diffusion_neighbors(connectivities: Any, k: int, n_comps: int = 100, *, backend: Backend) -> Any:
+    """Each cell's ``k + 1`` nearest cells in ``connectivities``' diffusion map, as scib-metrics' ``diffusion_nn``.
+
+    The same map (scanpy's density-normalized transitions, their ``n_comps`` eigenvectors of
+    largest magnitude in float64, scaled by ``e / (1 - e)``, in float32), its eigenvectors
+    from the backend's Lanczos solver (ARPACK's on the CPU, as scib-metrics) and its
+    neighbours from the exact search (pynndescent's in scib-metrics, one thread).
+
+    Returns
+    -------
+    ``NeighborsResults``: indices and distances, nearest first.
+    """
+    from scib_metrics.nearest_neighbors import NeighborsResults
+
+    graph = scipy.sparse.csr_matrix(connectivities)
+    density = scipy.sparse.diags(1.0 / np.asarray(graph.sum(axis=0)).ravel())
+    kernel = density @ graph @ density
+    scale = scipy.sparse.diags(1.0 / np.sqrt(np.asarray(kernel.sum(axis=0)).ravel()))
+    transitions = (scale @ kernel @ scale).astype(np.float64)
+    n_comps = min(transitions.shape[0] - 1, n_comps)
+    # CuPy's Lanczos needs more vectors than components below the graph's size (ARPACK: as many).
+    if backend == "gpu" and transitions.shape[0] > 2 * n_comps + 1:
+        values, vectors = cupyx_sparse_linalg().eigsh(cupyx_sparse().csr_matrix(transitions), k=n_comps, which="LM")
+    else:
+        values, vectors = scipy.sparse.linalg.eigsh(transitions, k=n_comps, which="LM")
+    xp = array_module(backend)
+    values, vectors = xp.asarray(values), xp.asarray(vectors)
+    order = xp.argsort(values)[::-1]
+    values = values[order].astype(xp.float32) + xp.float32(DIFFUSION_EPS)
+    vectors = vectors[:, order].astype(xp.float32)
+    with np.errstate(divide="ignore"):  # the eigenvalue 1, kept as it is
+        embedding = vectors * xp.where(values == 1, values, values / (1 - values))
+    indices, distances = exact_neighbors(embedding, k + 1, backend=backend)
+    return NeighborsResults(indices=np.asarray(asnumpy(indices), dtype=np.int64), distances=asnumpy(distances))
 
 
 def scib_table(benchmarker: Any) -> pd.DataFrame:
