@@ -239,7 +239,8 @@ def write_report() -> None:
         found = read_results(module)
         explained = equivalent.get(module, {})
         counts = dict.fromkeys(("killed", "survived", "not reached", "unclear"), 0)
-        open_ones, equal_ones, gpu_ones = [], [], []
+        open_ones: dict[str, list[str]] = {}  # function -> its mutants' numbers
+        equal_ones, gpu_ones = [], []
         for name, (status, change) in found.items():
             if status in ("survived", "no tests") and name in explained:
                 gpu_only = explained[name].startswith("GPU only")
@@ -247,7 +248,9 @@ def write_report() -> None:
                 continue
             counts[COLUMNS[status]] += 1
             if COLUMNS[status] != "killed":
-                open_ones.append(f"- `{name}` ({status}): `{change}`")
+                function, number = mutant_order(name)
+                shown = str(number) if status == "survived" else f"{number} ({status})"
+                open_ones.setdefault(function, []).append(shown)
         stale = sorted(set(explained) - {name for name, (status, _) in found.items() if status != "killed"})
         judged = len(found) - len(equal_ones) - len(gpu_ones)
         share = f"{100 * counts['killed'] / judged:.1f}%" if judged else "-"
@@ -256,7 +259,10 @@ def write_report() -> None:
             f"| {module} | {len(found)} | {counts['killed']} | {counts['survived']} | {counts['not reached']} "
             f"| {counts['unclear']} | {len(equal_ones)} | {len(gpu_ones)} | {share} | {run} |"
         )
-        sections += [f"\n## {module}\n", "Not killed:\n", *(open_ones or ["- none"])]
+        # By function, without their changes: hundreds of them would double this page.
+        not_killed = [f"- `{function}`: {', '.join(numbers)}" for function, numbers in open_ones.items()]
+        changes = f"`zcat tests/mutation/results/{module}.tsv.gz | grep <function>__mutmut_<number>`"
+        sections += [f"\n## {module}\n", f"Not killed (each one's change: {changes}):\n", *(not_killed or ["- none"])]
         sections += ["\nEquivalent:\n", *(equal_ones or ["- none"])]
         sections += ["\nGPU only:\n", *(gpu_ones or ["- none"])]
         if stale:
