@@ -103,10 +103,19 @@ def test_tfidf_and_lsi_agree_with_muon(peak_counts):
     tfidf(ours, backend="cpu")
     atac.pp.tfidf(theirs)
     np.testing.assert_allclose(ours.X.toarray(), sparse.csr_matrix(theirs.X).toarray(), rtol=1e-6, atol=1e-8)
+    # In 12 cells, 14 peaks hold one fragment and 150 none: weighted as muon weighs them.
+    few_ours, few_theirs = peak_counts[:12].copy(), peak_counts[:12].copy()
+    assert (np.asarray(few_ours.X.sum(axis=0)).ravel() == 1).sum() == 14
+    tfidf(few_ours, backend="cpu")
+    with np.errstate(divide="ignore"):  # muon's weight of a peak without fragments
+        atac.pp.tfidf(few_theirs)
+    expected = np.nan_to_num(sparse.csr_matrix(few_theirs.X).toarray(), nan=0.0, posinf=0.0)
+    np.testing.assert_allclose(few_ours.X.toarray(), expected, rtol=1e-6, atol=1e-8)
     lsi(ours, n_comps=10, max_depth_correlation=1.0, backend="cpu")
     atac.tl.lsi(theirs, n_comps=10)
-    for k in range(5):  # the leading components, up to sign
-        assert abs(np.corrcoef(ours.obsm["X_lsi"][:, k], theirs.obsm["X_lsi"][:, k])[0, 1]) > 0.999
+    for k in range(5):  # the leading components, standardized as muon's, up to sign
+        mine, its = ours.obsm["X_lsi"][:, k], theirs.obsm["X_lsi"][:, k]
+        np.testing.assert_allclose(mine, np.sign(mine @ its) * its, rtol=0, atol=1e-3)  # muon: float32
 
 
 def test_lsi_drops_components_that_track_depth(peak_counts):
@@ -126,6 +135,29 @@ def test_lsi_drops_components_that_track_depth(peak_counts):
     np.testing.assert_array_equal(filtered.uns["lsi"]["kept"], kept)
     np.testing.assert_allclose(filtered.uns["lsi"]["depth_correlation"], correlation, rtol=1e-9)
     np.testing.assert_allclose(filtered.obsm["X_lsi"], components[:, kept], rtol=1e-9, atol=1e-9)
+
+
+def test_lsi_defaults_a_component_at_the_limit_depth_from_x_and_few_cells(peak_counts):
+    """Without settings: 50 components, the one above 0.9 dropped; a component exactly at the
+    limit kept; depth from X without a counts layer; no more components than cells less one."""
+    default, at_limit = peak_counts.copy(), peak_counts.copy()
+    for adata in (default, at_limit):
+        tfidf(adata, backend="cpu")
+    lsi(default, backend="cpu")
+    correlation = default.uns["lsi"]["depth_correlation"]
+    assert correlation.size == 50
+    assert default.uns["lsi"]["kept"].tolist() == [False] + [True] * 49  # the first tracks depth (0.93)
+    lsi(at_limit, max_depth_correlation=float(abs(correlation[0])), backend="cpu")
+    assert at_limit.uns["lsi"]["kept"].all()
+    raw = peak_counts.copy()
+    assert "counts" not in raw.layers
+    lsi(raw, n_comps=10, max_depth_correlation=1.0, backend="cpu")
+    depth = np.log1p(np.asarray(raw.X.sum(axis=1)).ravel())
+    expected = [np.corrcoef(raw.obsm["X_lsi"][:, k], depth)[0, 1] for k in range(10)]
+    np.testing.assert_allclose(raw.uns["lsi"]["depth_correlation"], expected, rtol=1e-9)
+    few = peak_counts[:12].copy()
+    lsi(few, n_comps=50, max_depth_correlation=1.0, backend="cpu")
+    assert few.obsm["X_lsi"].shape == (12, 11)
 
 
 def test_a_component_against_depth_is_dropped_as_one_with_it(peak_counts, monkeypatch):
