@@ -399,3 +399,56 @@ def test_cells_per_feature_are_counted_a_chunk_of_entries_at_a_time(peak_counts,
     assert matrix.nnz > 3_000 and (expected < np.diff(peak_counts.X.indptr)).any()
     for form in (matrix, matrix.tocsr(), matrix.tocoo(), matrix.toarray()):
         np.testing.assert_array_equal(pipeline._cells_per_feature(form), expected)
+
+
+def test_run_atac_passes_its_settings_on(peak_counts):
+    """run_atac keeps the features seen in min_cells_per_feature cells or more (two are enough, one
+    is too few, named), its LSI is the one its settings ask for, and its provenance names the
+    rule, the backend, the settings with the seed, and the steps."""
+    import json
+    from dataclasses import asdict, replace
+
+    from conftest import embedding_options, shipped_config
+
+    from omicsprep.atac.pipeline import _cells_per_feature, run_atac
+    from omicsprep.options import AtacOptions, LsiOptions, from_config
+
+    config = shipped_config()
+    seen = np.sort(_cells_per_feature(peak_counts.X))
+    shipped = from_config(AtacOptions, config["atac"])
+    options = replace(
+        shipped, min_cells_per_feature=int(seen[-40]), lsi=LsiOptions(n_comps=12, max_depth_correlation=0.02)
+    )
+    adata = peak_counts.copy()
+    run_atac(adata, options=options, embedding_options=embedding_options(config), seed=3, backend="cpu")
+    kept_features = _cells_per_feature(peak_counts.X) >= seen[-40]
+    assert adata.n_vars == kept_features.sum() >= 40  # the 40th most seen feature's peers are kept too
+    expected = peak_counts[:, kept_features].copy()
+    tfidf(expected, backend="cpu")
+    lsi(expected, n_comps=12, max_depth_correlation=0.02, backend="cpu")
+    correlation = expected.uns["lsi"]["depth_correlation"]
+    assert correlation.size == 12 and ((np.abs(correlation) > 0.02) & (np.abs(correlation) <= 0.9)).any()
+    np.testing.assert_array_equal(adata.uns["lsi"]["kept"], expected.uns["lsi"]["kept"])
+    provenance = adata.uns["omicsprep"]["atac"]
+    assert provenance["backend"] == "cpu"
+    assert json.loads(provenance["params"]) == json.loads(json.dumps({**asdict(options), "seed": 3}))
+    assert {"filter_features", "to_device", "lsi", "to_host"} <= set(provenance["timings"])
+    two = peak_counts.copy()
+    run_atac(
+        two,
+        options=replace(shipped, min_cells_per_feature=int(seen[-2])),
+        embedding_options=embedding_options(config),
+        seed=0,
+        backend="cpu",
+    )
+    assert two.n_vars == 2
+    with pytest.raises(
+        InputError, match=rf"^1 of 174 chromatin features are seen in {seen[-1]} cells or more: too few"
+    ):
+        run_atac(
+            peak_counts.copy(),
+            options=replace(shipped, min_cells_per_feature=int(seen[-1])),
+            embedding_options=embedding_options(config),
+            seed=0,
+            backend="cpu",
+        )
