@@ -73,3 +73,26 @@ def test_a_continued_run_tests_its_survivors_again_and_maps_tests_to_functions_a
     assert kept["exit_code_by_key"] == {**verdicts, "x_a__mutmut_2": None, "x_a__mutmut_3": None}
     assert kept["hash_by_function_name"] == {"x_a": "h"}  # mutmut's own check of changed functions
     assert not (mutants / "mutmut-stats.json").exists()  # moved functions would keep no test
+
+
+def test_each_function_is_tested_by_every_test_of_the_files_that_reach_it(mutate):
+    """A module-scoped fixture's functions ran in its first test only: the file's other tests
+    (one that ran nothing mutated among them) check them too; other files' tests are not added."""
+    tests_by_function = {
+        "omicsprep.atac.fragments.x__to_anndata": {"tests/test_atac.py::test_peak_counts_equal_a_plain_count"},
+        "omicsprep.atac.lsi.x_lsi": {"tests/test_multiome.py::test_join", "tests/test_atac.py::test_lsi"},
+        "omicsprep.atac.columns.x_runs": {"tests/test_multiome.py::test_join"},
+    }
+    every_test = [
+        "tests/test_atac.py::test_peak_counts_equal_a_plain_count",
+        "tests/test_atac.py::test_qc_metrics",
+        "tests/test_atac.py::test_lsi",
+        "tests/test_multiome.py::test_join",
+        "tests/test_multiome.py::test_wnn",
+    ]
+    mutate.widen_to_test_files(tests_by_function, every_test)
+    atac, multiome = set(every_test[:3]), set(every_test[3:])
+    assert tests_by_function["omicsprep.atac.fragments.x__to_anndata"] == atac
+    assert tests_by_function["omicsprep.atac.lsi.x_lsi"] == atac | multiome
+    assert tests_by_function["omicsprep.atac.columns.x_runs"] == multiome
+    compile(mutate.LAUNCHER, "launcher", "exec")

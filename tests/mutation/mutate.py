@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import inspect
 import json
 import os
 import platform
@@ -22,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from importlib.metadata import version
 from pathlib import Path
@@ -64,24 +66,55 @@ COLUMNS = {
     "not checked": "unclear",
 }
 
+
 # mutmut's workers are forked from its main process; a test run that passes there ended with
 # SIGTERM (-15, "suspicious") rather than 0, hiding survivors. Where it comes from was not
 # found; a worker that blocks SIGTERM reports 0 as a plain pytest run of the mutant does.
-LAUNCHER = """
+def widen_to_test_files(tests_by_function: dict[str, set[str]], all_tests: Iterable[str]) -> None:
+    """Add to each function's tests every test of the files whose tests reach it, in place.
+
+    mutmut maps a function to the tests during which it ran. A module-scoped fixture is built
+    during the first test that asks for it, so the functions it calls were mapped to that test
+    alone, while the file's other tests check what it built (``test_atac.py``'s ``peak_counts``:
+    a wrong QC metric in it "survived" though ``test_qc_metrics`` fails on it).
+    """
+    by_file: dict[str, set[str]] = {}
+    for test in all_tests:
+        by_file.setdefault(test.partition("::")[0], set()).add(test)
+    for reached in tests_by_function.values():
+        for path in {test.partition("::")[0] for test in reached}:
+            reached |= by_file.get(path, set())
+
+
+# mutmut's command line, with two changes: a worker blocks SIGTERM while it switches its mutant
+# on, and each function's tests are all the tests of their files (widen_to_test_files).
+LAUNCHER = f"""
 import signal
+from collections.abc import Iterable
+
+import mutmut.__main__ as mutmut_main
+from mutmut.state import state
 from mutmut.workers import isolation
-from mutmut.__main__ import cli
 
 switch_on = isolation.set_mutant_under_test
+collect_or_load_stats = mutmut_main.collect_or_load_stats
 
 
 def shielded(mutant_name):
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    signal.pthread_sigmask(signal.SIG_BLOCK, {{signal.SIGTERM}})
     switch_on(mutant_name)
 
 
+{inspect.getsource(widen_to_test_files)}
+
+def collect_and_widen(*args, **kwargs):
+    collect_or_load_stats(*args, **kwargs)
+    widen_to_test_files(state().tests_by_mangled_function_name, state().duration_by_test)
+
+
 isolation.set_mutant_under_test = shielded
-cli()
+mutmut_main.collect_or_load_stats = collect_and_widen
+mutmut_main.cli()
 """
 
 
