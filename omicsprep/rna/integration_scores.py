@@ -24,7 +24,6 @@ instead, on the backend, while its ``Benchmarker`` runs (:func:`_steps_on_backen
 
 from __future__ import annotations
 
-import inspect
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -148,13 +147,21 @@ def _remembering_silhouettes(backend: Backend) -> Callable[..., np.ndarray]:
     """
     last: dict[str, Any] = {}
 
-    def silhouettes(X: Any, labels: Any, *args: Any, **kwargs: Any) -> np.ndarray:
+    def silhouettes(
+        X: Any,  # scib-metrics' names; it passes the settings by keyword, chunk_size (unused) too
+        labels: Any,
+        *,
+        metric: Literal["euclidean", "cosine"] = "euclidean",
+        between_cluster_distances: Literal["nearest", "mean_other"] = "nearest",
+        **_: Any,
+    ) -> np.ndarray:
         labels = np.asarray(labels)
-        arguments = inspect.signature(silhouette_samples).bind(X, labels, *args, backend=backend, **kwargs)
-        arguments.apply_defaults()
-        asked = (arguments.arguments["metric"], arguments.arguments["between_cluster_distances"])
+        asked = (metric, between_cluster_distances)
         if not (last and last["X"] is X and last["asked"] == asked and np.array_equal(last["labels"], labels)):
-            last.update(X=X, labels=labels, asked=asked, result=silhouette_samples(*arguments.args, **arguments.kwargs))
+            result = silhouette_samples(
+                X, labels, metric=metric, between_cluster_distances=between_cluster_distances, backend=backend
+            )
+            last.update(X=X, labels=labels, asked=asked, result=result)
         return last["result"].copy()
 
     return silhouettes
