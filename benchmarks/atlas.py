@@ -16,6 +16,9 @@ ours
     the host memory the training added against the HVG counts' size, and where a step's
     time goes (gathering the batch, forward pass and loss, backward pass, optimizer; the rest
     of the measured step is Lightning's loop, logging and validation).
+harmony
+    Harmony (:func:`omicsprep.rna.integration.harmony`, the merge's settings) on the PCA: its
+    seconds, and a fourth embedding for scIB.
 defaults
     scVI with scvi-tools' own training (its data loading, batches of 128, float32) on the
     same device and network; then the held-out ELBO of every model on the cells that none
@@ -49,15 +52,15 @@ import pandas as pd
 
 from benchmarks.common import append_results, versions
 from omicsprep.backend import resolve_backend, to_device, to_host
-from omicsprep.options import ScviOptions
-from omicsprep.rna import annotation, integration_scores, latent, preprocessing
+from omicsprep.options import HarmonyOptions, ScviOptions
+from omicsprep.rna import annotation, integration, integration_scores, latent, preprocessing
 from omicsprep.testing.scib_reference import scib_metrics_own
 from omicsprep.testing.study import generate_study
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-PARTS = ("ours", "defaults", "scib", "scib_check", "celltypist")
+PARTS = ("ours", "harmony", "defaults", "scib", "scib_check", "celltypist")
 
 
 def study(n_cells: int, n_genes: int, cache: Path) -> ad.AnnData:
@@ -168,6 +171,17 @@ def part_ours(cells: ad.AnnData, *, batch_sizes: list[int], backend: str, cache:
         rows.append(row)
         print(row, flush=True)
     return rows
+
+
+def part_harmony(cells: ad.AnnData, *, backend: str, cache: Path) -> list[dict[str, Any]]:
+    settings = HarmonyOptions()
+    start = time.perf_counter()
+    integration.harmony(
+        cells, key="sample", theta=settings.theta, max_iter=settings.max_iter, seed=0, backend=backend
+    )  # fmt: skip
+    seconds = time.perf_counter() - start
+    np.save(cache / "X_harmony.npy", np.asarray(cells.obsm["X_harmony"], dtype=np.float32))
+    return [{"step": "harmony, the merge's", "seconds": round(seconds, 2)}]
 
 
 def scvi_tools_counts(cells: ad.AnnData) -> ad.AnnData:
@@ -341,6 +355,8 @@ def run(args: argparse.Namespace) -> None:
     for part in args.parts:
         if part == "ours":
             rows += part_ours(cells, batch_sizes=args.batch_sizes, backend=backend, cache=cache)
+        elif part == "harmony":
+            rows += part_harmony(cells, backend=backend, cache=cache)
         elif part == "defaults":
             rows += part_defaults(cells, backend=backend, cache=cache)
         elif part == "scib":

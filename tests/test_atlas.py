@@ -8,6 +8,7 @@ predict. Compared with scvi-tools' own saved models and scib-metrics' own benchm
 
 from __future__ import annotations
 
+import collections
 import functools
 from dataclasses import replace
 
@@ -319,6 +320,53 @@ def test_scvi_trains_with_its_settings(generated_study, monkeypatch):
     assert cells.obsm["X_scvi"].shape == (300, 7) and len(model.history["elbo_train"]) == 2
     assert model.module.n_latent == 7 and scvi.settings.seed == 3
     assert list(model.adata.var_names) == list(cells.var_names[cells.var["highly_variable"]])
+
+
+def test_scvi_and_scanvi_log_once_per_epoch_what_scvi_tools_logs_per_step(generated_study, monkeypatch):
+    """The merge's training gives scvi-tools' own history and model, with Lightning's log called per epoch."""
+    import scvi
+    from lightning.pytorch import LightningModule
+
+    from omicsprep.options import ScanviOptions, ScviOptions
+    from omicsprep.rna import latent
+
+    cells = generated_study["batch0"][:300].copy()
+    cells.obs["known"] = np.where(np.arange(300) % 3 == 0, UNLABELLED, cells.obs["cell_type"].astype(str))
+    options = ScviOptions(n_latent=4, n_hidden=16, n_layers=1, max_epochs=3, batch_size=32)
+    steps = latent.training_steps(options, n_cells=300, backend="cpu")
+    log, logged = LightningModule.log, []
+
+    def counted(plan, name, *args, **kwargs):
+        logged.append(name)
+        log(plan, name, *args, **kwargs)
+
+    monkeypatch.setattr(LightningModule, "log", counted)
+    ours = latent.scvi(cells, batch_key="batch", options=options, seed=3, backend="cpu")
+    ours_scanvi = latent.scanvi(
+        cells, scvi_model=ours, label_key="known", options=ScanviOptions(max_epochs=2), steps=steps, seed=3,
+        backend="cpu",
+    )  # fmt: skip
+    # Each value once per epoch of scVI (3) and scANVI (2), not once per step (9 steps an epoch).
+    assert set(collections.Counter(logged).values()) == {5, 2} and "kl_weight" not in ours.history
+
+    scvi.settings.seed = 3
+    theirs = scvi.model.SCVI(ours.adata, n_latent=4, n_hidden=16, n_layers=1, gene_likelihood=options.gene_likelihood)
+    theirs.train(max_epochs=3, batch_size=32, plan_kwargs={"lr": steps[1]}, accelerator="cpu", early_stopping=True)
+    np.testing.assert_array_equal(ours.get_latent_representation(), theirs.get_latent_representation())
+    scvi.settings.seed = 3
+    theirs_scanvi = scvi.model.SCANVI.from_scvi_model(
+        theirs, adata=ours_scanvi.adata, unlabeled_category=UNLABELLED, labels_key="label"
+    )
+    theirs_scanvi.train(
+        max_epochs=2, batch_size=32, plan_kwargs={"lr": steps[1]}, accelerator="cpu", early_stopping=True
+    )
+    for mine, reference in ((ours, theirs), (ours_scanvi, theirs_scanvi)):
+        assert set(reference.history) - set(mine.history) <= {"kl_weight"}
+        for name, values in mine.history.items():
+            np.testing.assert_allclose(
+                values.to_numpy(float), reference.history[name].to_numpy(float), rtol=1e-6, err_msg=name
+            )
+    np.testing.assert_array_equal(ours_scanvi.predict(), theirs_scanvi.predict())
 
 
 @pytest.mark.workflow

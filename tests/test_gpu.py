@@ -800,6 +800,10 @@ def test_scvi_scanvi_and_scib_metrics_on_the_gpu(generated_study):
     )
     print(metrics.round(3).to_string())
     assert accuracy >= 0.95
+    # The history logged once per epoch from sums on the device: every epoch's ELBO is its terms'.
+    history = merged.models["scvi"].history
+    terms = sum(history[f"{term}_validation"].to_numpy(float) for term in ("reconstruction_loss", "kl_local"))
+    np.testing.assert_allclose(history["elbo_validation"].to_numpy(float), terms, rtol=1e-4)
     assert metrics.loc["pca", "batch_mixing"] < 0.2 and metrics.loc["scvi", "batch_mixing"] > 0.8
     assert metrics.loc["scvi", "Bio conservation"] > metrics.loc["harmony", "Bio conservation"]
     assert known_labels(cells.obs["known_type"]).ne("Unknown").sum() == (~held_out).sum()

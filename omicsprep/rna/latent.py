@@ -6,7 +6,8 @@ known for some cells and predicts the others'. Both train with scvi-tools on the
 device. On the CPU with scvi-tools' own data loading and settings. On the GPU the counts go
 to the device once (:mod:`omicsprep.rna.resident_batches`), in batches of 1024 cells (from
 100,000 cells on) with the learning rate scaled to them, TF32 matrix products and bf16 autocast where the GPU has
-it (a run whose loss leaves the finite numbers is trained again in float32).
+it (a run whose loss leaves the finite numbers is trained again in float32). On both, what a
+step logs reaches Lightning once per epoch (:mod:`omicsprep.rna.epoch_logging`).
 """
 
 from __future__ import annotations
@@ -100,9 +101,15 @@ def _train(
 ) -> dict[str, Any]:
     """Trains ``model``; on the GPU from device-resident data, again in float32 if bf16 made the loss non-finite.
 
-    Returns the keyword arguments that give the trained model's latent means and predictions
-    every cell in order: on the GPU, batches of the data already on the device.
+    Either way with scvi-tools' training plan logging per epoch rather than per step (the same
+    history; a step's logging costs as long as its arithmetic on a GPU). Returns the keyword
+    arguments that give the trained model's latent means and predictions every cell in order:
+    on the GPU, batches of the data already on the device.
     """
+    from omicsprep.rna.epoch_logging import logging_per_epoch
+
+    # scvi-tools' way to choose a model's plan: its class attribute (an instance's shadows it here).
+    model._training_plan_cls = logging_per_epoch(type(model)._training_plan_cls)  # noqa: SLF001
     batch_size, learning_rate = steps
     common: dict[str, Any] = {
         "max_epochs": max_epochs,
