@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import collections
 import functools
+import os
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import anndata as ad
 import numpy as np
@@ -138,6 +142,39 @@ def test_silhouettes_from_matrix_products_are_scib_metrics_own(merged, metric, b
     )
     assert ours[0] == expected[0] == 0
     np.testing.assert_allclose(ours, expected, rtol=0, atol=1e-5)
+
+
+# Under Numba's CUDA simulator (set before numba.cuda is imported, hence a subprocess).
+SILHOUETTE_KERNEL_SCRIPT = """
+import numpy as np
+from omicsprep.rna import integration_scores, silhouette_cuda
+silhouette_cuda.CELLS_PER_CHUNK = 64  # several chunks, labels changing inside them
+rng = np.random.default_rng(0)
+points = rng.normal(size=(200, 7)).astype(np.float32)
+codes = rng.integers(0, 4, 200)
+for cosine in (False, True):
+    if cosine:
+        points /= np.sqrt((points * points).sum(axis=1, keepdims=True))
+    kernel = silhouette_cuda.label_distance_sums_gpu(points, codes, 5, cosine=cosine, xp=np)
+    products = integration_scores._label_distance_sums(points, codes, 5, cosine=cosine, xp=np)
+    assert kernel.shape == (200, 5) and not kernel[:, 4].any()
+    np.testing.assert_allclose(kernel, products, rtol=1e-5, atol=1e-4)
+print("ok")
+"""
+
+
+def test_the_silhouette_kernel_sums_distances_per_label_as_the_matrix_products():
+    """The GPU's kernel (each cell's distances summed per label without writing them) gives the
+    CPU's sums, Euclidean and cosine, over chunks of cells where labels change mid-chunk."""
+    result = subprocess.run(
+        [sys.executable, "-c", SILHOUETTE_KERNEL_SCRIPT],
+        cwd=Path(__file__).parents[1],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NUMBA_ENABLE_CUDASIM": "1"},
+        check=False,
+    )
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
 
 
 def test_a_silhouette_asked_again_is_computed_once(merged, monkeypatch):

@@ -13,8 +13,9 @@ instead, on the backend, while its ``Benchmarker`` runs (:func:`_steps_on_backen
 
 - the silhouettes (label silhouette, isolated labels, BRAS): scib-metrics adds each block of
   256 cells' distances to every cell into per-label sums one by one (a scatter on the GPU, 3,900
-  blocks at a million cells); here a block's distances come from one matrix product and
-  their sums per label from another (:func:`silhouette_samples`);
+  blocks at a million cells); here, on the CPU, a block's distances come from one matrix
+  product and their sums per label from another, and on the GPU from a kernel that sums each
+  cell's distances per label without writing them (:func:`silhouette_samples`);
 - kBET's neighbours in each label's diffusion map: scib-metrics finds them with pynndescent in
   one thread after an ARPACK eigendecomposition on the CPU; here the eigenvectors come from
   the backend's Lanczos solver and the neighbours from the exact search
@@ -24,10 +25,14 @@ instead, on the backend, while its ``Benchmarker`` runs (:func:`_steps_on_backen
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from functools import partial
+from dataclasses import asdict
+from functools import partial, wraps
+from types import ModuleType
 from typing import Any, Literal
 from unittest import mock
 
@@ -41,6 +46,8 @@ from omicsprep.errors import InputError
 from omicsprep.jit_cache import cache_scib_compilations
 from omicsprep.rna.embedding import exact_neighbors
 from omicsprep.rna.latent import UNLABELLED, known_labels
+
+log = logging.getLogger(__name__)
 
 AGGREGATES = ("Batch correction", "Bio conservation", "Total")
 # The most bytes of one block of distances (cells of the block x all cells), float32.
@@ -112,7 +119,7 @@ def scib_benchmarker(
         pre_integrated_embedding_obsm_key="X_pca",
         progress_bar=False,
     )
-    benchmarker.prepare(neighbor_computer=lambda points, k: scib_neighbors(points, k, backend=backend))
+    benchmarker.prepare(neighbor_computer=_timed("neighbours", partial(scib_neighbors, backend=backend)))
     with _steps_on_backend(backend):
         benchmarker.benchmark()
     return benchmarker
@@ -125,6 +132,8 @@ def _steps_on_backend(backend: Backend) -> Iterator[None]:
     Its metric functions look these helpers up in their modules' globals, which is where they
     are replaced (scib-metrics 0.5; a version without them fails here, by name).
     """
+    import scib_metrics
+    from scib_metrics.benchmark import BatchCorrection, BioConservation
     from scib_metrics.metrics import _isolated_labels, _kbet, _silhouette
 
     silhouettes = _remembering_silhouettes(backend)
@@ -133,10 +142,27 @@ def _steps_on_backend(backend: Backend) -> Iterator[None]:
         (_isolated_labels, "silhouette_samples", silhouettes),
         (_kbet, "diffusion_nn", partial(diffusion_neighbors, backend=backend)),
     ]
+    # Each metric timed in the log, as the Benchmarker looks it up by name.
+    metrics = [*asdict(BioConservation()), *asdict(BatchCorrection())]
+    replacements += [(scib_metrics, name, _timed(name, getattr(scib_metrics, name))) for name in metrics]
     with ExitStack() as stack:
         for module, name, ours in replacements:
             stack.enter_context(mock.patch.object(module, name, ours))
         yield
+
+
+def _timed(step: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` logging its seconds: at a million cells scIB takes minutes, the log says where."""
+
+    @wraps(function)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            log.info("scIB %s: %.1f s", step, time.perf_counter() - start)
+
+    return timed
 
 
 def _remembering_silhouettes(backend: Backend) -> Callable[..., np.ndarray]:
@@ -176,7 +202,11 @@ def silhouette_samples(
     *,
     backend: Backend,
 ) -> np.ndarray:
-    """Each cell's silhouette, as scib-metrics' ``silhouette_samples``, from matrix products on the backend.
+    """Each cell's silhouette, as scib-metrics' ``silhouette_samples``: matrix products, or a CUDA kernel on the GPU.
+
+    Each cell's summed distance to each label's cells comes from blocks of matrix products on
+    the CPU (and on the GPU for embeddings of over 128 dimensions), else from
+    :mod:`omicsprep.rna.silhouette_cuda`'s kernel, which keeps the distances out of memory.
 
     Parameters
     ----------
@@ -203,33 +233,47 @@ def silhouette_samples(
         points = points / xp.sqrt((points * points).sum(axis=1, keepdims=True))
     else:  # centred: smaller norms lose fewer digits in |x|^2 + |y|^2 - 2xy
         points = points - points.mean(axis=0)
+    n_cells, n_labels, cosine = points.shape[0], int(codes.max()) + 1, metric == "cosine"
+    sums = None
+    if backend == "gpu":
+        from omicsprep.rna import silhouette_cuda
+
+        if points.shape[1] <= silhouette_cuda.MAX_DIMS:
+            sums = silhouette_cuda.label_distance_sums_gpu(points, codes, n_labels, cosine=cosine, xp=xp)
+    if sums is None:
+        sums = _label_distance_sums(points, codes, n_labels, cosine=cosine, xp=xp)
+    sizes = xp.bincount(codes, minlength=n_labels).astype(sums.dtype)
+    own = (xp.arange(n_cells), codes)
+    within = sums[own]
+    if between_cluster_distances == "nearest":
+        sums[own] = xp.inf
+        between = (sums / sizes).min(axis=1)
+    else:
+        sums[own] = 0
+        between = sums.sum(axis=1) / (n_cells - sizes[codes])
+    with np.errstate(divide="ignore", invalid="ignore"):  # a label of one cell: 0, as scib-metrics gives it
+        within /= sizes[codes] - 1
+        silhouettes = (between - within) / xp.maximum(within, between)
+    return asnumpy(xp.nan_to_num(silhouettes)).astype(np.float32)
+
+
+def _label_distance_sums(points: Any, codes: Any, n_labels: int, *, cosine: bool, xp: ModuleType) -> Any:
+    """Cells x labels: each cell's summed distance to each label's cells, from blocks of matrix products."""
     n_cells = points.shape[0]
-    members = xp.zeros((n_cells, int(codes.max()) + 1), dtype=xp.float32)
+    members = xp.zeros((n_cells, n_labels), dtype=xp.float32)
     members[xp.arange(n_cells), codes] = 1
-    sizes = members.sum(axis=0)
     squares = (points * points).sum(axis=1)
-    within, between = xp.empty(n_cells, dtype=xp.float32), xp.empty(n_cells, dtype=xp.float32)
+    sums = xp.empty((n_cells, n_labels), dtype=xp.float32)
     block = max(DISTANCE_BLOCK_BYTES // (4 * n_cells), 1)
     for start in range(0, n_cells, block):
         rows = slice(start, min(start + block, n_cells))
         products = points[rows] @ points.T
-        if metric == "cosine":
+        if cosine:
             distances = xp.clip(1 - products, 0, 2)
         else:
             distances = xp.sqrt(xp.maximum(squares[rows, None] + squares[None, :] - 2 * products, 0))
-        sums = distances @ members  # block x clusters
-        own = (xp.arange(sums.shape[0]), codes[rows])
-        within[rows] = sums[own]
-        if between_cluster_distances == "nearest":
-            sums[own] = xp.inf
-            between[rows] = (sums / sizes).min(axis=1)
-        else:
-            sums[own] = 0
-            between[rows] = sums.sum(axis=1) / (n_cells - sizes[codes[rows]])
-    with np.errstate(divide="ignore", invalid="ignore"):  # a label of one cell: 0, as scib-metrics gives it
-        within /= sizes[codes] - 1
-        silhouettes = (between - within) / xp.maximum(within, between)
-    return asnumpy(xp.nan_to_num(silhouettes))
+        sums[rows] = distances @ members
+    return sums
 
 
 def diffusion_neighbors(connectivities: Any, k: int, n_comps: int = 100, *, backend: Backend) -> Any:
