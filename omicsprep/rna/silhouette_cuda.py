@@ -12,6 +12,7 @@ each label's sum to the result once: only coordinates are read. Imported on the 
 from __future__ import annotations
 
 import math
+from functools import cache
 from types import ModuleType
 from typing import Any
 
@@ -21,38 +22,57 @@ from numba import cuda
 MAX_DIMS = 128
 """Coordinates a thread holds; embeddings of more dimensions take the matrix products."""
 
+DIMS_STEP = 8  # coordinates are zero-padded to a multiple of it: one compiled kernel per width
 THREADS_PER_BLOCK = 128
 CELLS_PER_CHUNK = 4096  # the other cells a thread walks; a grid's second dimension holds at most 65,535 chunks
 
 
-@cuda.jit(cache=True)
-def _label_sums_kernel(points, codes, n_dims, chunk, cosine, sums):
-    cell = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    n_cells = points.shape[0]
-    if cell >= n_cells:
-        return
-    own = cuda.local.array(MAX_DIMS, numba.float32)
-    for k in range(n_dims):
-        own[k] = points[cell, k]
-    first = cuda.blockIdx.y * chunk
-    label = codes[first]
-    total = 0.0
-    for other in range(first, min(first + chunk, n_cells)):
-        if codes[other] != label:  # the same for every thread of the block: no divergence
-            cuda.atomic.add(sums, (cell, label), total)
-            label = codes[other]
-            total = 0.0
-        accumulated = numba.float32(0.0)
-        if cosine:  # unit vectors: 1 - cosine similarity, within [0, 2]
-            for k in range(n_dims):
-                accumulated += own[k] * points[other, k]
-            total += min(max(1.0 - accumulated, 0.0), 2.0)
-        else:
-            for k in range(n_dims):
-                difference = own[k] - points[other, k]
-                accumulated += difference * difference
-            total += math.sqrt(accumulated)
-    cuda.atomic.add(sums, (cell, label), total)
+@cache
+def _label_sums_kernel(width: int) -> Any:
+    """The kernel for ``width`` coordinates, a constant: a cell's own in registers, the loops unrolled.
+
+    (With the width read at run time, a thread's coordinates sat in local memory and a pair
+    cost some 28 instructions per dimension; compiled for sm_90, 2026-12-06.)
+    """
+
+    @cuda.jit
+    def label_sums(points, codes, chunk, cosine, sums):
+        cell = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        n_cells = points.shape[0]
+        if cell >= n_cells:
+            return
+        own = cuda.local.array(width, numba.float32)
+        for k in range(width):
+            own[k] = points[cell, k]
+        first = cuda.blockIdx.y * chunk
+        last = first + chunk
+        if last > n_cells:
+            last = n_cells
+        label = codes[first]
+        total = 0.0
+        for other in range(first, last):
+            if codes[other] != label:  # the same for every thread of the block: no divergence
+                cuda.atomic.add(sums, (cell, label), total)
+                label = codes[other]
+                total = 0.0
+            accumulated = numba.float32(0.0)
+            if cosine:  # unit vectors: 1 - cosine similarity, within [0, 2]
+                for k in range(width):
+                    accumulated += own[k] * points[other, k]
+                distance = 1.0 - accumulated
+                if distance < 0.0:
+                    distance = 0.0
+                elif distance > 2.0:
+                    distance = 2.0
+                total += distance
+            else:
+                for k in range(width):
+                    difference = own[k] - points[other, k]
+                    accumulated += difference * difference
+                total += math.sqrt(accumulated)
+        cuda.atomic.add(sums, (cell, label), total)
+
+    return label_sums
 
 
 def label_distance_sums_gpu(points: Any, codes: Any, n_labels: int, *, cosine: bool, xp: ModuleType) -> Any:
@@ -76,13 +96,16 @@ def label_distance_sums_gpu(points: Any, codes: Any, n_labels: int, *, cosine: b
     The sums, float64, on the device.
     """
     order = xp.argsort(codes, kind="stable")
-    points = xp.ascontiguousarray(points[order], dtype=xp.float32)
+    n_cells, n_dims = points.shape
+    width = -(-n_dims // DIMS_STEP) * DIMS_STEP
+    # Sorted by label (a thread adds a label's sum once); zeros change no distance nor dot product.
+    padded = xp.zeros((n_cells, width), dtype=xp.float32)
+    padded[:, :n_dims] = points[order]
     codes = xp.ascontiguousarray(codes[order], dtype=xp.int32)
-    n_cells = points.shape[0]
     chunk = max(CELLS_PER_CHUNK, -(-n_cells // 65_535))
     sums = xp.zeros((n_cells, n_labels), dtype=xp.float64)
     grid = (-(-n_cells // THREADS_PER_BLOCK), -(-n_cells // chunk))
-    _label_sums_kernel[grid, THREADS_PER_BLOCK](points, codes, points.shape[1], chunk, cosine, sums)
+    _label_sums_kernel(width)[grid, THREADS_PER_BLOCK](padded, codes, chunk, cosine, sums)
     in_order = xp.empty_like(sums)
     in_order[order] = sums
     return in_order
