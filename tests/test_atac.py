@@ -380,6 +380,18 @@ def test_tss_enrichment_equals_muons(tmp_path, barcodes):
     np.testing.assert_allclose(ours.obs["tss_enrichment"], reference.obs["tss_score"], rtol=1e-9)
 
 
+def test_a_tss_window_takes_fragments_that_start_before_its_last_base():
+    """As muon fetches them: a fragment starting at TSS + 1 kb - 1 covers the window's last two
+    bases (flank), one starting at TSS + 1 kb is not the window's."""
+    from omicsprep.atac.features import _tss_coverage, position_keys
+
+    windows = position_keys(np.array([0]), np.array([4000]))  # the TSS at 5,000, its window from 4,000
+    for start, flank in ((5999, [2]), (6000, [])):
+        code, starts, ends = np.array([0]), np.array([start]), np.array([6100])
+        _, center, covered = _tss_coverage(code, starts, ends, windows, xp=np)
+        assert covered.tolist() == flank and center.tolist() == [0] * len(flank)
+
+
 def test_tss_near_a_chromosome_start_and_many_contigs(tmp_path):
     """TSS windows that start before bp 0 (chrM genes), and 300 contigs counted into
     tiles: both checked against a plain per-fragment count.
