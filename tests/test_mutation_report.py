@@ -96,3 +96,20 @@ def test_each_function_is_tested_by_every_test_of_the_files_that_reach_it(mutate
     assert tests_by_function["omicsprep.atac.lsi.x_lsi"] == atac | multiome
     assert tests_by_function["omicsprep.atac.columns.x_runs"] == multiome
     compile(mutate.LAUNCHER, "launcher", "exec")
+
+
+def test_the_atlas_files_are_a_target_of_their_own_within_rna(mutate, tmp_path):
+    """rna's run leaves the atlas files (whose one covering file takes minutes) to the atlas target,
+    which mutates those alone and runs test_atlas.py; every file of them exists."""
+    import tomllib
+
+    settings = {}
+    for target in ("rna", "atlas"):
+        folder = mutate.scratch_copy(target, tmp_path / "work", resume=False)
+        settings[target] = tomllib.loads((folder / "pyproject.toml").read_text())["tool"]["mutmut"]
+    atlas_files = mutate.FILES_OF["atlas"]
+    assert all((mutate.ROOT / file).is_file() for file in atlas_files) and "omicsprep/rna/latent.py" in atlas_files
+    assert settings["rna"]["source_paths"] == settings["atlas"]["source_paths"] == ["omicsprep/rna/"]
+    assert settings["rna"]["do_not_mutate"] == settings["atlas"]["only_mutate"] == atlas_files
+    assert "only_mutate" not in settings["rna"] and "do_not_mutate" not in settings["atlas"]
+    assert settings["atlas"]["pytest_add_cli_args_test_selection"] == ["tests/test_atlas.py"]

@@ -8,7 +8,9 @@ test to write, or an equivalent mutant (one that behaves as the original) explai
 ``tests/mutation/results/<module>.tsv.gz`` (gzipped: a row per mutant, the work tree travels to the
 GPU machine); ``docs/mutation.md`` is written from all of them.
 
-Not in CI: a module takes minutes to an hour on two cores.
+A target is a package, but for ``atlas``: the scVI, scIB and CellTypist files of ``rna``
+(``FILES_OF``), which ``rna``'s target leaves out. Not in CI: a target takes minutes to hours on
+two cores.
 """
 
 from __future__ import annotations
@@ -53,6 +55,25 @@ COVERING_TESTS = {
     "atac": ["test_atac.py", "test_multiome.py"],
     "multiome": ["test_multiome.py"],
     "network": ["test_coexpression.py", "test_clustering.py"],
+    "atlas": ["test_atlas.py"],
+}
+
+# Targets that mutate some files of another's package: the atlas steps (scVI, scIB, CellTypist) are
+# rna's files whose one covering file, test_atlas.py, takes minutes a run. Kept in rna's target,
+# every mutant of a function it reaches (most of rna) would run it whole.
+PACKAGE_OF = {"atlas": "rna"}
+FILES_OF = {
+    "atlas": [
+        f"omicsprep/rna/{name}.py"
+        for name in (
+            "latent",
+            "resident_batches",
+            "epoch_logging",
+            "integration_scores",
+            "silhouette_cuda",
+            "annotation",
+        )
+    ]
 }
 
 # mutmut's status -> the report's column. A timeout (a mutant that loops) counts as killed.
@@ -140,18 +161,24 @@ def scratch_copy(module: str, workdir: Path, *, resume: bool) -> Path:
             (target / name.decode()).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target / name.decode())
     tests = ", ".join(f'"tests/{name}"' for name in COVERING_TESTS[module])
+    package = PACKAGE_OF.get(module, module)
+    others = [
+        file for other, files in FILES_OF.items() if other != module and PACKAGE_OF[other] == package for file in files
+    ]
+    settings = [
+        f'source_paths = ["omicsprep/{package}/"]',
+        *([f"only_mutate = {json.dumps(FILES_OF[module])}"] if module in FILES_OF else []),
+        *([f"do_not_mutate = {json.dumps(others)}"] if others else []),
+        'also_copy = ["omicsprep/", "tests/", "resources/", "benchmarks/", "config/", "rules/", "scripts/"]',
+        f"pytest_add_cli_args_test_selection = [{tests}]",
+        'pytest_add_cli_args = ["-p", "no:cacheprovider"]',
+        # Workers forked from a server that has only collected the tests: forked from mutmut's
+        # main process, which ran them, they inherit its used OpenMP pool ("fork() called from a
+        # process already using GNU OpenMP") and compute garbage, so every mutant looks killed.
+        'process_isolation = "forkserver"',
+    ]
     with (target / "pyproject.toml").open("a") as config:
-        config.write(
-            "\n[tool.mutmut]\n"
-            f'source_paths = ["omicsprep/{module}/"]\n'
-            'also_copy = ["omicsprep/", "tests/", "resources/", "benchmarks/", "config/", "rules/", "scripts/"]\n'
-            f"pytest_add_cli_args_test_selection = [{tests}]\n"
-            'pytest_add_cli_args = ["-p", "no:cacheprovider"]\n'
-            # Workers forked from a server that has only collected the tests: forked from mutmut's
-            # main process, which ran them, they inherit its used OpenMP pool ("fork() called from a
-            # process already using GNU OpenMP") and compute garbage, so every mutant looks killed.
-            'process_isolation = "forkserver"\n'
-        )
+        config.write("\n[tool.mutmut]\n" + "".join(f"{line}\n" for line in settings))
     return target
 
 
@@ -251,7 +278,8 @@ def write_report() -> None:
         "Written by `python tests/mutation/mutate.py --report-only` from `tests/mutation/results/` and",
         "`tests/mutation/equivalent.toml`; a module is (re)run by `make mutate MODULE=<module>` (an interrupted",
         "run is continued by `mutate.py --resume <module>`: kills of unchanged functions are kept). mutmut",
-        "mutates each function of the module (Numba's kernels, being decorated, are not mutated: the",
+        "mutates each function of the module (the atlas module: rna's scVI, scIB and CellTypist files,",
+        "`FILES_OF`, which rna's run leaves out; Numba's kernels, being decorated, are not mutated: the",
         "parity tests of the CPU and CUDA kernels cover them) and runs every test of the module's test files",
         "(`COVERING_TESTS` in `tests/mutation/mutate.py`) that reach it, each file whole (a module-scoped",
         "fixture runs in its first test only; before 2026-12-06, d4ebe19, only the reaching tests ran, which",
