@@ -29,6 +29,10 @@ scib
 scib_check
     scIB's metrics on 20,000 of the cells: ours on the backend against scib-metrics' own
     ``Benchmarker`` with exact neighbours on the CPU (largest difference).
+silhouettes
+    One pass of the silhouettes' sums (each cell's distance to every cell of each type) over
+    ``X_pca`` and the merge's scVI embedding: the GPU's kernel against the matrix products
+    (seconds, the kernel's compile before; the largest relative difference).
 celltypist
     CellTypist with a model trained on ``--celltypist-train-cells`` cells of the first
     batch: seconds, and agreement with CellTypist's own labels of all the cells.
@@ -60,7 +64,7 @@ from omicsprep.testing.study import generate_study
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-PARTS = ("ours", "harmony", "defaults", "scib", "scib_check", "celltypist")
+PARTS = ("ours", "harmony", "defaults", "scib", "scib_check", "silhouettes", "celltypist")
 
 
 def study(n_cells: int, n_genes: int, cache: Path) -> ad.AnnData:
@@ -294,6 +298,36 @@ def part_scib_check(cells: ad.AnnData, *, backend: str, cache: Path, n_cells: in
     ]
 
 
+def part_silhouettes(cells: ad.AnnData, *, backend: str, cache: Path) -> list[dict[str, Any]]:
+    from omicsprep.backend import array_module, asnumpy
+
+    xp = array_module(backend)
+    codes = pd.Categorical(cells.obs["cell_type"]).codes.astype(np.int64)
+    n_labels, rows = int(codes.max()) + 1, []
+    cached_embeddings(cells, cache)
+    for name in [name for name in ("X_pca", "X_scvi_b1024") if name in cells.obsm]:
+        points = xp.asarray(cells.obsm[name], dtype=xp.float32)
+        points = points - points.mean(axis=0)
+        ways = {"matrix products": integration_scores.label_distance_sums}
+        if backend == "gpu":
+            from omicsprep.rna import silhouette_cuda
+
+            ways["kernel"] = silhouette_cuda.label_distance_sums_gpu
+            ways["kernel"](points[:1000], xp.asarray(codes[:1000]), n_labels, cosine=False, xp=xp)  # compiled
+        sums = {}
+        for way, sums_of in ways.items():
+            start = time.perf_counter()
+            sums[way] = asnumpy(sums_of(points, xp.asarray(codes), n_labels, cosine=False, xp=xp)).astype(np.float64)
+            rows.append({"step": f"silhouette sums, {name} ({points.shape[1]} dims), {way}",
+                         "seconds": round(time.perf_counter() - start, 2)})  # fmt: skip
+        if len(sums) == 2:
+            difference = np.abs(sums["kernel"] - sums["matrix products"]) / np.maximum(sums["kernel"], 1e-12)
+            rows.append(
+                {"step": f"silhouette sums, {name}, kernel against products", "value": f"{difference.max():.2e}"}
+            )
+    return rows
+
+
 def part_celltypist(cells: ad.AnnData, *, backend: str, train_cells: int) -> list[dict[str, Any]]:
     import celltypist
 
@@ -361,6 +395,8 @@ def run(args: argparse.Namespace) -> None:
             rows += part_defaults(cells, backend=backend, cache=cache)
         elif part == "scib":
             rows += part_scib(cells, backend=backend, cache=cache)
+        elif part == "silhouettes":
+            rows += part_silhouettes(cells, backend=backend, cache=cache)
         elif part == "scib_check":
             rows += part_scib_check(cells, backend=backend, cache=cache)
         else:

@@ -156,7 +156,7 @@ for cosine in (False, True):
     if cosine:
         points /= np.sqrt((points * points).sum(axis=1, keepdims=True))
     kernel = silhouette_cuda.label_distance_sums_gpu(points, codes, 5, cosine=cosine, xp=np)
-    products = integration_scores._label_distance_sums(points, codes, 5, cosine=cosine, xp=np)
+    products = integration_scores.label_distance_sums(points, codes, 5, cosine=cosine, xp=np)
     assert kernel.shape == (200, 5) and not kernel[:, 4].any()
     np.testing.assert_allclose(kernel, products, rtol=1e-5, atol=1e-4)
 print("ok")

@@ -241,7 +241,7 @@ def silhouette_samples(
         if points.shape[1] <= silhouette_cuda.MAX_DIMS:
             sums = silhouette_cuda.label_distance_sums_gpu(points, codes, n_labels, cosine=cosine, xp=xp)
     if sums is None:
-        sums = _label_distance_sums(points, codes, n_labels, cosine=cosine, xp=xp)
+        sums = label_distance_sums(points, codes, n_labels, cosine=cosine, xp=xp)
     sizes = xp.bincount(codes, minlength=n_labels).astype(sums.dtype)
     own = (xp.arange(n_cells), codes)
     within = sums[own]
@@ -257,8 +257,26 @@ def silhouette_samples(
     return asnumpy(xp.nan_to_num(silhouettes)).astype(np.float32)
 
 
-def _label_distance_sums(points: Any, codes: Any, n_labels: int, *, cosine: bool, xp: ModuleType) -> Any:
-    """Cells x labels: each cell's summed distance to each label's cells, from blocks of matrix products."""
+def label_distance_sums(points: Any, codes: Any, n_labels: int, *, cosine: bool, xp: ModuleType) -> Any:
+    """Cells x labels: each cell's summed distance to each label's cells, from blocks of matrix products.
+
+    Parameters
+    ----------
+    points
+        Cells x coordinates, float32 (unit rows for ``cosine``; centred ones lose fewer digits).
+    codes
+        Each cell's label, ``0 .. n_labels - 1``.
+    n_labels
+        How many labels.
+    cosine
+        1 - cosine similarity instead of the Euclidean distance.
+    xp
+        NumPy or CuPy: the array module of ``points``.
+
+    Returns
+    -------
+    The sums, float32, blocks of :data:`DISTANCE_BLOCK_BYTES` of distances at a time.
+    """
     n_cells = points.shape[0]
     members = xp.zeros((n_cells, n_labels), dtype=xp.float32)
     members[xp.arange(n_cells), codes] = 1
