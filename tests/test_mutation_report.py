@@ -35,6 +35,7 @@ def test_the_report_counts_each_outcome_and_sets_equivalent_mutants_apart(mutate
         (name(6), "no tests", "-    d ⏎ +    e"),
         (name(7), "suspicious", "-    f ⏎ +    g"),
         (name(8), "survived", "-    xp = array_module(backend) ⏎ +    xp = array_module(None)"),
+        (name(9), "segfault", "-    h ⏎ +    i"),
     ]
     lines = ["mutant\tstatus\tdiff", *("\t".join(row) for row in rows)]
     (mutate.RESULTS / "protein.tsv.gz").write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
@@ -45,9 +46,9 @@ def test_the_report_counts_each_outcome_and_sets_equivalent_mutants_apart(mutate
     )
     mutate.write_report()
     report = mutate.REPORT.read_text()
-    # 8 mutants: 3 killed (a timeout counts), 1 survived, 1 not reached, 1 unclear, 1 equivalent, 1 GPU only;
-    # 3 of 6.
-    assert "| protein | 8 | 3 | 1 | 1 | 1 | 1 | 1 | 50.0% | 2026-12-04, tree abc1234, 30 min |" in report
+    # 9 mutants: 4 killed (a timeout and a segfault count), 1 survived, 1 not reached, 1 unclear, 1 equivalent,
+    # 1 GPU only; 4 of 7.
+    assert "| protein | 9 | 4 | 1 | 1 | 1 | 1 | 1 | 57.1% | 2026-12-04, tree abc1234, 30 min |" in report
     assert "| rna | not run |" in report
     assert "- `omicsprep.protein.normalization.x_clr`: 4, 6 (no tests), 7 (suspicious)\n" in report
     assert f"- `{name(5)}`: the same either way" in report.split("GPU only:\n")[0]

@@ -76,14 +76,15 @@ FILES_OF = {
     ]
 }
 
-# mutmut's status -> the report's column. A timeout (a mutant that loops) counts as killed.
+# mutmut's status -> the report's column. A timeout (a mutant that loops) counts as killed, and so
+# does a segfault: the tests' process crashed on the mutant, a failure CI would show.
 COLUMNS = {
     "killed": "killed",
     "timeout": "killed",
+    "segfault": "killed",
     "survived": "survived",
     "no tests": "not reached",
     "suspicious": "unclear",
-    "segfault": "unclear",
     "not checked": "unclear",
 }
 
@@ -182,8 +183,8 @@ def scratch_copy(module: str, workdir: Path, *, resume: bool) -> Path:
     return target
 
 
-# Exit codes in mutmut's verdicts that are kills (a failing test, pytest's internal error, a timeout).
-KILLING_EXIT_CODES = {1, 3, 36, -24, 24, 152, 255}
+# Exit codes in mutmut's verdicts that are kills (a failing test, pytest's internal error, a timeout, a segfault).
+KILLING_EXIT_CODES = {1, 3, 36, -24, 24, 152, 255, -11}
 
 
 def retest_undecided(folder: Path) -> int:
@@ -283,7 +284,7 @@ def write_report() -> None:
         "parity tests of the CPU and CUDA kernels cover them) and runs every test of the module's test files",
         "(`COVERING_TESTS` in `tests/mutation/mutate.py`) that reach it, each file whole (a module-scoped",
         "fixture runs in its first test only; before 2026-12-06, d4ebe19, only the reaching tests ran, which",
-        "left some of atac's mutants 'survived'). *Killed* counts timeouts; *not reached*: no",
+        "left some of atac's mutants 'survived'). *Killed* counts timeouts and segfaults; *not reached*: no",
         "covering test calls the function; *equivalent*: a survivor that behaves as the original, with the",
         "reason below; *GPU only*: a survivor that changes only what the GPU backend does (a backend or",
         "array module not passed on, which the CPU backend does not read), which the CPU tests cannot see",
