@@ -305,10 +305,10 @@ def write_report() -> None:
         counts = dict.fromkeys(("killed", "survived", "not reached", "unclear"), 0)
         open_ones: dict[str, list[str]] = {}  # function -> its mutants' numbers
         equal_ones, gpu_ones = [], []
-        for name, (status, change) in found.items():
+        for name, (status, _) in found.items():
             if status in ("survived", "no tests") and name in explained:
                 gpu_only = explained[name].startswith("GPU only")
-                (gpu_ones if gpu_only else equal_ones).append(f"- `{name}`: {explained[name]}\n  `{change}`")
+                (gpu_ones if gpu_only else equal_ones).append(f"- `{name}`: {explained[name]}")
                 continue
             counts[COLUMNS[status]] += 1
             if COLUMNS[status] != "killed":
@@ -323,11 +323,11 @@ def write_report() -> None:
             f"| {module} | {len(found)} | {counts['killed']} | {counts['survived']} | {counts['not reached']} "
             f"| {counts['unclear']} | {len(equal_ones)} | {len(gpu_ones)} | {share} | {run} |"
         )
-        # By function, without their changes: hundreds of them would double this page.
+        # Without their changes, which would double this page: the results file has them.
         not_killed = [f"- `{function}`: {', '.join(numbers)}" for function, numbers in open_ones.items()]
         changes = f"`zcat tests/mutation/results/{module}.tsv.gz | grep <function>__mutmut_<number>`"
-        sections += [f"\n## {module}\n", f"Not killed (each one's change: {changes}):\n", *(not_killed or ["- none"])]
-        sections += ["\nEquivalent:\n", *(equal_ones or ["- none"])]
+        sections += [f"\n## {module}\n", f"Each mutant's change: {changes}.\n", "Not killed, by function:\n"]
+        sections += [*(not_killed or ["- none"]), "\nEquivalent:\n", *(equal_ones or ["- none"])]
         sections += ["\nGPU only:\n", *(gpu_ones or ["- none"])]
         if stale:
             sections += ["\nExplained in equivalent.toml but killed or gone (remove them):\n"]
