@@ -185,7 +185,9 @@ GPU_IMPORT_PROBE = r"""
 import importlib, json, os, pkgutil, sys
 from dataclasses import replace
 
-CUDA_KERNELS = ("omicsprep.reads.umi_cuda", "omicsprep.cells.montecarlo_cuda")  # imported by the GPU path only
+CUDA_KERNELS = (  # imported by the GPU path only
+    "omicsprep.reads.umi_cuda", "omicsprep.cells.montecarlo_cuda", "omicsprep.rna.silhouette_cuda"
+)
 GPU = ("cupy", "cupyx", "cudf", "cuml", "cugraph", "pylibcugraph", "rapids_singlecell", "dask_cuda", "numba.cuda")
 GPU += CUDA_KERNELS
 IMPORTLIB = os.path.dirname(importlib.__file__)
