@@ -203,7 +203,8 @@ def test_a_silhouette_asked_again_is_computed_once(merged, monkeypatch):
 
 
 def test_diffusion_neighbours_are_scib_metrics_own_and_give_its_kbet(merged):
-    """kBET's neighbours in one label's diffusion map: the exact search finds pynndescent's."""
+    """kBET's neighbours in one label's diffusion map: the exact search finds pynndescent's, and our
+    chi-square test of them gives scib-metrics' statistics, p-values and acceptance."""
     from scib_metrics.metrics import kbet
     from scib_metrics.utils import diffusion_nn
 
@@ -219,6 +220,13 @@ def test_diffusion_neighbours_are_scib_metrics_own_and_give_its_kbet(merged):
     assert np.mean([np.isin(mine, theirs).mean() for mine, theirs in pairs]) > 0.99
     batches = cells.obs.loc[of_type, "sample"].to_numpy()
     assert kbet(ours, batches)[0] == pytest.approx(kbet(expected, batches)[0], abs=1e-3)
+    # Our test of a label's neighbours (NumPy: no compile per label size) is scib-metrics' JAX one,
+    # here in scVI's space, where the batches mix.
+    mixed = integration_scores.scib_neighbors(np.asarray(cells.obsm["X_scvi"])[of_type], 30, backend="cpu")
+    theirs, mine = kbet(mixed, batches), integration_scores.kbet(mixed, batches)
+    assert 0 < mine[0] == theirs[0] < 1
+    np.testing.assert_allclose(mine[1], theirs[1], rtol=1e-5)
+    np.testing.assert_allclose(mine[2], theirs[2], atol=1e-6)
 
 
 def test_scib_needs_two_known_labels(merged):
