@@ -8,8 +8,8 @@ brute-force search on the GPU (scib-metrics' own approximate search, pynndescent
 stalled for hours at 900k cells); scib-metrics' JAX metrics run on JAX's default device.
 What they compile is kept on disk for later runs (:func:`omicsprep.jit_cache.cache_scib_compilations`).
 
-Two of scib-metrics' steps cost minutes to hours at a million cells, and are computed here
-instead, on the backend, while its ``Benchmarker`` runs (:func:`_steps_on_backend`):
+Three of scib-metrics' steps cost minutes to hours at a million cells, and are computed here
+instead while its ``Benchmarker`` runs (:func:`_steps_on_backend`), the first two on the backend:
 
 - the silhouettes (label silhouette, isolated labels, BRAS): scib-metrics adds each block of
   256 cells' distances to every cell into per-label sums one by one (a scatter on the GPU, 3,900
@@ -20,7 +20,9 @@ instead, on the backend, while its ``Benchmarker`` runs (:func:`_steps_on_backen
   one thread after an ARPACK eigendecomposition on the CPU; here the eigenvectors come from
   the backend's Lanczos solver and the neighbours from the exact search
   (:func:`diffusion_neighbors`). On 20,000 cells they are pynndescent's: kBET the same to
-  the last digit.
+  the last digit;
+- kBET's chi-square test of each label's neighbours, which scib-metrics' JAX compiles again for
+  each label's size; here in NumPy (:func:`kbet`).
 """
 
 from __future__ import annotations
