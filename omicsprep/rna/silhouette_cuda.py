@@ -76,24 +76,9 @@ def _label_sums_kernel(width: int) -> Any:
 
 
 def label_distance_sums_gpu(points: Any, codes: Any, n_labels: int, *, cosine: bool, xp: ModuleType) -> Any:
-    """Cells x labels: each cell's summed distance to the cells of each label (itself included, at 0).
+    """:func:`omicsprep.rna.integration_scores.label_distance_sums` by the kernel: float64 sums, on the device.
 
-    Parameters
-    ----------
-    points
-        Cells x at most :data:`MAX_DIMS` coordinates, float32 (unit rows for ``cosine``).
-    codes
-        Each cell's label, ``0 .. n_labels - 1``.
-    n_labels
-        How many labels.
-    cosine
-        1 - cosine similarity instead of the Euclidean distance.
-    xp
-        CuPy (NumPy under the simulator).
-
-    Returns
-    -------
-    The sums, float64, on the device.
+    ``points`` has at most :data:`MAX_DIMS` coordinates; ``xp`` is CuPy (NumPy under the simulator).
     """
     order = xp.argsort(codes, kind="stable")
     n_cells, n_dims = points.shape
