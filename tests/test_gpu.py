@@ -718,9 +718,11 @@ def test_exact_neighbors_on_the_gpu_are_the_cpus_to_the_last_digit(generated_stu
 
 
 def test_scib_silhouettes_and_kbet_neighbours_on_the_gpu_are_the_cpus(generated_study):
-    """The two scIB steps computed by ours (omicsprep.rna.integration_scores): silhouettes (the
-    kernel; over 128 dimensions, matrix products) are scib-metrics' own, and kBET's diffusion-map
-    neighbours (CuPy's Lanczos against ARPACK) agree."""
+    """The scIB steps computed by ours (omicsprep.rna.integration_scores): silhouettes (the
+    kernel; over 128 dimensions, matrix products) are scib-metrics' own, kBET's graph (cuML's
+    UMAP connectivities) is umap-learn's, and its diffusion-map neighbours (CuPy's Lanczos against
+    ARPACK) agree."""
+    import jax
     from scib_metrics.utils import silhouette_samples
 
     from omicsprep.rna import integration_scores
@@ -733,11 +735,23 @@ def test_scib_silhouettes_and_kbet_neighbours_on_the_gpu_are_the_cpus(generated_
             ours = integration_scores.silhouette_samples(
                 points, labels, metric=metric, between_cluster_distances=between, backend="gpu"
             )
-            theirs = silhouette_samples(points, labels, metric=metric, between_cluster_distances=between)
+            # JAX's float32 matrix products default to TF32 on this GPU: its silhouettes were 6e-4
+            # from ours (the kernel is CuPy float32 products' to 8e-7) until asked for full float32.
+            with jax.default_matmul_precision("float32"):
+                theirs = silhouette_samples(points, labels, metric=metric, between_cluster_distances=between)
             # float32 distances summed in other orders: 1e-5 apart at most on the CPU, 1.02e-5 once here.
             np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-4)
     embedding = np.log1p(batch.layers["counts"][:, :30].toarray()).astype(np.float32)
-    graph = integration_scores.scib_neighbors(embedding, 50, backend="cpu").knn_graph_connectivities
+    on_cpu = integration_scores.scib_neighbors(embedding, 50, backend="cpu")
+    graph = on_cpu.knn_graph_connectivities
+    # kBET's graph: cuML's UMAP connectivities are umap-learn's, edge for edge.
+    by_cuml = integration_scores.umap_connectivities_on_gpu(on_cpu.indices, on_cpu.distances)
+    assert ((by_cuml != 0) != (graph != 0)).nnz == 0
+    measure(
+        "test_scib_silhouettes_and_kbet_neighbours_on_the_gpu_are_the_cpus",
+        connectivities_max_diff=abs(by_cuml - graph).max(),
+    )
+    assert abs(by_cuml - graph).max() < 1e-4
     of_type = labels == "type01"
     subgraph = sparse.csr_matrix(graph)[of_type][:, of_type]
     neighbours = {

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict
-from functools import partial, wraps
+from functools import cache, cached_property, partial, wraps
 from types import ModuleType
 from typing import Any, Literal
 from unittest import mock
@@ -44,7 +44,16 @@ import scipy.sparse.linalg
 import scipy.special
 from anndata import AnnData
 
-from omicsprep.backend import Backend, array_module, asnumpy, cupyx_sparse, cupyx_sparse_linalg
+from omicsprep.backend import (
+    Backend,
+    array_module,
+    asnumpy,
+    cuml,
+    cupy,
+    cupyx_sparse,
+    cupyx_sparse_linalg,
+    synchronize,
+)
 from omicsprep.errors import InputError
 from omicsprep.jit_cache import cache_scib_compilations
 from omicsprep.rna.embedding import exact_neighbors
@@ -59,11 +68,56 @@ DIFFUSION_EPS = 1e-8  # scib-metrics' guard against eigenvalues of exactly 1
 
 
 def scib_neighbors(embedding: np.ndarray, n_neighbors: int, *, backend: Backend) -> Any:
-    """:func:`omicsprep.rna.embedding.exact_neighbors` as scib-metrics takes them (``NeighborsResults``)."""
+    """:func:`omicsprep.rna.embedding.exact_neighbors` as scib-metrics takes them (``NeighborsResults``).
+
+    On the GPU their UMAP connectivities (kBET's graph) come from cuML, as rapids-singlecell's:
+    umap-learn's took 15 s or more a million cells on the CPU, for each embedding.
+    """
+    indices, distances = exact_neighbors(embedding, n_neighbors, backend=backend)
+    return _neighbors_results(backend)(
+        indices=np.asarray(asnumpy(indices), dtype=np.int64), distances=asnumpy(distances)
+    )
+
+
+@cache
+def _neighbors_results(backend: Backend) -> type:
+    """scib-metrics' ``NeighborsResults``, its connectivities computed on ``backend``."""
     from scib_metrics.nearest_neighbors import NeighborsResults
 
-    indices, distances = exact_neighbors(embedding, n_neighbors, backend=backend)
-    return NeighborsResults(indices=np.asarray(asnumpy(indices), dtype=np.int64), distances=asnumpy(distances))
+    if backend == "cpu":
+        return NeighborsResults
+
+    class NeighborsOnGpu(NeighborsResults):
+        @cached_property
+        def knn_graph_connectivities(self) -> scipy.sparse.csr_matrix:
+            return umap_connectivities_on_gpu(self.indices, self.distances)
+
+    return NeighborsOnGpu
+
+
+def umap_connectivities_on_gpu(indices: np.ndarray, distances: np.ndarray) -> scipy.sparse.csr_matrix:
+    """UMAP's fuzzy union of each cell's neighbours (umap-learn's ``fuzzy_simplicial_set``) by cuML.
+
+    Parameters
+    ----------
+    indices, distances
+        Each cell's neighbours, itself among them, nearest first.
+
+    Returns
+    -------
+    The symmetric connectivities, on the host (scib-metrics takes their rows by label there).
+    """
+    cp = cupy()
+    graph = cuml().manifold.umap.fuzzy_simplicial_set(
+        cp.zeros((indices.shape[0], 1), dtype=cp.float32),  # cuML asks for points, unused with neighbours
+        indices.shape[1],
+        random_state=0,  # the order of its sums fixed
+        knn_indices=cp.asarray(indices, dtype=cp.int64),
+        knn_dists=cp.asarray(distances, dtype=cp.float32),
+    )
+    connectivities = graph.tocsr()
+    connectivities.eliminate_zeros()
+    return connectivities.get()
 
 
 def scib_benchmarker(
@@ -302,8 +356,8 @@ def diffusion_neighbors(connectivities: Any, k: int, n_comps: int = 100, *, back
     """Each cell's ``k + 1`` nearest cells in ``connectivities``' diffusion map, as scib-metrics' ``diffusion_nn``.
 
     The same map (scanpy's density-normalized transitions, their ``n_comps`` eigenvectors of
-    largest magnitude in float64, scaled by ``e / (1 - e)``, in float32), its eigenvectors
-    from the backend's Lanczos solver (ARPACK's on the CPU, as scib-metrics) and its
+    largest magnitude in float64, scaled by ``e / (1 - e)``, in float32), computed on the
+    backend, its eigenvectors from the backend's Lanczos solver (ARPACK's on the CPU, as scib-metrics) and its
     neighbours from the exact search (pynndescent's in scib-metrics, one thread).
 
     Returns
@@ -312,26 +366,40 @@ def diffusion_neighbors(connectivities: Any, k: int, n_comps: int = 100, *, back
     """
     from scib_metrics.nearest_neighbors import NeighborsResults
 
-    graph = scipy.sparse.csr_matrix(connectivities)
-    density = scipy.sparse.diags(1.0 / np.asarray(graph.sum(axis=0)).ravel())
+    start = time.perf_counter()
+    xp = array_module(backend)
+    sparse = cupyx_sparse() if backend == "gpu" else scipy.sparse
+    graph = sparse.csr_matrix(connectivities)
+    density = sparse.diags(1.0 / xp.asarray(graph.sum(axis=0)).ravel())
     kernel = density @ graph @ density
-    scale = scipy.sparse.diags(1.0 / np.sqrt(np.asarray(kernel.sum(axis=0)).ravel()))
+    scale = sparse.diags(1.0 / xp.sqrt(xp.asarray(kernel.sum(axis=0)).ravel()))
     transitions = (scale @ kernel @ scale).astype(np.float64)
     n_comps = min(transitions.shape[0] - 1, n_comps)
+    synchronize(backend=backend)
+    mapped = time.perf_counter()
     # CuPy's Lanczos needs more vectors than components below the graph's size (ARPACK: as many).
     if backend == "gpu" and transitions.shape[0] > 2 * n_comps + 1:
-        values, vectors = cupyx_sparse_linalg().eigsh(cupyx_sparse().csr_matrix(transitions), k=n_comps, which="LM")
+        values, vectors = cupyx_sparse_linalg().eigsh(transitions, k=n_comps, which="LM")
     else:
-        values, vectors = scipy.sparse.linalg.eigsh(transitions, k=n_comps, which="LM")
-    xp = array_module(backend)
+        values, vectors = scipy.sparse.linalg.eigsh(asnumpy(transitions), k=n_comps, which="LM")
     values, vectors = xp.asarray(values), xp.asarray(vectors)
+    synchronize(backend=backend)
+    solved = time.perf_counter()
     order = xp.argsort(values)[::-1]
     values = values[order].astype(xp.float32) + xp.float32(DIFFUSION_EPS)
     vectors = vectors[:, order].astype(xp.float32)
     with np.errstate(divide="ignore"):  # the eigenvalue 1, kept as it is
         embedding = vectors * xp.where(values == 1, values, values / (1 - values))
     indices, distances = exact_neighbors(embedding, k + 1, backend=backend)
-    return NeighborsResults(indices=np.asarray(asnumpy(indices), dtype=np.int64), distances=asnumpy(distances))
+    result = NeighborsResults(indices=np.asarray(asnumpy(indices), dtype=np.int64), distances=asnumpy(distances))
+    log.info(
+        "scIB kBET's diffusion map of %d cells: transitions %.2f s, eigenvectors %.2f s, neighbours %.2f s",
+        transitions.shape[0],
+        mapped - start,
+        solved - mapped,
+        time.perf_counter() - solved,
+    )
+    return result
 
 
 def kbet(X: Any, batches: np.ndarray, alpha: float = 0.05) -> tuple[float, np.ndarray, np.ndarray]:
