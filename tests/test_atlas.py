@@ -149,23 +149,28 @@ SILHOUETTE_KERNEL_SCRIPT = """
 import numpy as np
 from omicsprep.rna import integration_scores, silhouette_cuda
 silhouette_cuda.CELLS_PER_CHUNK = 64  # several chunks, labels changing inside them
+silhouette_cuda.THREADS_PER_BLOCK = 16  # several blocks, the last one's threads holding fewer cells
 rng = np.random.default_rng(0)
-points = rng.normal(size=(200, 7)).astype(np.float32)
-codes = rng.integers(0, 4, 200)
-for cosine in (False, True):
-    if cosine:
-        points /= np.sqrt((points * points).sum(axis=1, keepdims=True))
-    kernel = silhouette_cuda.label_distance_sums_gpu(points, codes, 5, cosine=cosine, xp=np)
-    products = integration_scores.label_distance_sums(points, codes, 5, cosine=cosine, xp=np)
-    assert kernel.shape == (200, 5) and not kernel[:, 4].any()
-    np.testing.assert_allclose(kernel, products, rtol=1e-5, atol=1e-4)
+# 7 coordinates: 4 cells a thread; 70: one.
+for n_cells, n_dims in ((200, 7), (90, 70)):
+    points = rng.normal(size=(n_cells, n_dims)).astype(np.float32)
+    codes = rng.integers(0, 4, n_cells)
+    for cosine in (False, True):
+        if cosine:
+            points /= np.sqrt((points * points).sum(axis=1, keepdims=True))
+        kernel = silhouette_cuda.label_distance_sums_gpu(points, codes, 5, cosine=cosine, xp=np)
+        # In float64: float32's |x|^2 + |y|^2 - 2xy loses more digits than the kernel's differences.
+        products = integration_scores.label_distance_sums(points.astype(np.float64), codes, 5, cosine=cosine, xp=np)
+        assert kernel.shape == (n_cells, 5) and not kernel[:, 4].any()
+        np.testing.assert_allclose(kernel, products, rtol=1e-6)
 print("ok")
 """
 
 
 def test_the_silhouette_kernel_sums_distances_per_label_as_the_matrix_products():
     """The GPU's kernel (each cell's distances summed per label without writing them) gives the
-    CPU's sums, Euclidean and cosine, over chunks of cells where labels change mid-chunk."""
+    CPU's sums, Euclidean and cosine, over chunks of cells where labels change mid-chunk, with
+    threads holding four cells (the last block's partly past the last cell) or one."""
     result = subprocess.run(
         [sys.executable, "-c", SILHOUETTE_KERNEL_SCRIPT],
         cwd=Path(__file__).parents[1],
