@@ -62,7 +62,7 @@
 #   atlas     benchmarks/atlas.py (issue 46) at $ATLAS_CELLS (1000000) cells x 2,000 genes on the GPU, the
 #             parts $ATLAS_PARTS (ours celltypist scib_check: the merge's scVI at batch sizes $ATLAS_BATCH_SIZES
 #             (0 4096; 0: its default) with where a step's time goes, CellTypist, scIB against scib-metrics on
-#             20,000 cells; harmony: a fourth embedding; silhouettes: the kernel against matrix products;
+#             20,000 cells; harmony: a fourth embedding; silhouettes: the kernel's pass, checked against matrix products;
 #             then, in calls of their own, defaults (scvi-tools' defaults, about 530 s at a million cells, and
 #             the held-out ELBOs) and scib (every embedding, each metric's seconds in the log)); the study,
 #             embeddings and models kept in /tmp/omicsprep-atlas between calls; table in $OUT/atlas.md
