@@ -234,18 +234,6 @@ def test_diffusion_neighbours_are_scib_metrics_own_and_give_its_kbet(merged):
     np.testing.assert_allclose(mine[2], theirs[2], atol=1e-6)
 
 
-def test_kmeans_clusters_are_scib_metrics_own(merged):
-    """scib-metrics' k-means (its start, at least 300 Lloyd steps) with our steps: the same clusters
-    on each embedding, cell for cell."""
-    from scib_metrics.utils import KMeans
-
-    n_types = merged.cells.obs["cell_type"].nunique()
-    for key in ("X_pca", "X_harmony", "X_scvi"):
-        points = np.asarray(merged.cells.obsm[key], dtype=np.float32)
-        theirs = np.asarray(KMeans(n_types).fit(points.copy()).labels_)
-        np.testing.assert_array_equal(integration_scores.kmeans_labels(points, n_types, backend="cpu"), theirs)
-
-
 def test_scib_needs_two_known_labels(merged):
     cells = merged.cells.copy()
     cells.obs["one_type"] = np.where(cells.obs["sample"] == "batch0", "T", "Unknown")

@@ -720,8 +720,8 @@ def test_exact_neighbors_on_the_gpu_are_the_cpus_to_the_last_digit(generated_stu
 def test_scib_silhouettes_and_kbet_neighbours_on_the_gpu_are_the_cpus(generated_study):
     """The scIB steps computed by ours (omicsprep.rna.integration_scores): silhouettes (the
     kernel; over 128 dimensions, matrix products) are scib-metrics' own, kBET's graph (cuML's
-    UMAP connectivities) is umap-learn's, its diffusion-map neighbours (CuPy's Lanczos against
-    ARPACK) agree, and k-means' steps give the CPU's clusters."""
+    UMAP connectivities) is umap-learn's, and its diffusion-map neighbours (CuPy's Lanczos against
+    ARPACK) agree."""
     import jax
     from scib_metrics.utils import silhouette_samples
 
@@ -752,11 +752,6 @@ def test_scib_silhouettes_and_kbet_neighbours_on_the_gpu_are_the_cpus(generated_
         connectivities_max_diff=abs(by_cuml - graph).max(),
     )
     assert abs(by_cuml - graph).max() < 1e-4
-    # k-means for NMI and ARI: the same clusters from the same start.
-    np.testing.assert_array_equal(
-        integration_scores.kmeans_labels(embedding, 6, backend="gpu"),
-        integration_scores.kmeans_labels(embedding, 6, backend="cpu"),
-    )
     of_type = labels == "type01"
     subgraph = sparse.csr_matrix(graph)[of_type][:, of_type]
     neighbours = {

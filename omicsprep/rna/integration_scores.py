@@ -8,9 +8,8 @@ brute-force search on the GPU (scib-metrics' own approximate search, pynndescent
 stalled for hours at 900k cells); scib-metrics' JAX metrics run on JAX's default device.
 What they compile is kept on disk for later runs (:func:`omicsprep.jit_cache.cache_scib_compilations`).
 
-Four of scib-metrics' steps are slow at a million cells (the first two took minutes to hours)
-and are computed here instead while its ``Benchmarker`` runs (:func:`_steps_on_backend`), all
-but kBET's test on the backend:
+Three of scib-metrics' steps cost minutes to hours at a million cells, and are computed here
+instead while its ``Benchmarker`` runs (:func:`_steps_on_backend`), the first two on the backend:
 
 - the silhouettes (label silhouette, isolated labels, BRAS): scib-metrics adds each block of
   256 cells' distances to every cell into per-label sums one by one (a scatter on the GPU, 3,900
@@ -23,11 +22,7 @@ but kBET's test on the backend:
   (:func:`diffusion_neighbors`). On 20,000 cells they are pynndescent's: kBET the same to
   the last digit;
 - kBET's chi-square test of each label's neighbours, which scib-metrics' JAX compiles again for
-  each label's size; here in NumPy (:func:`kbet`);
-- the k-means clusters of NMI and ARI, whose JAX loop scib-metrics compiles again at every call:
-  its start, then its Lloyd steps as matrix products on the backend (:func:`kmeans_labels`).
-
-On the GPU, kBET's graph (UMAP's connectivities of the neighbours) comes from cuML.
+  each label's size; here in NumPy (:func:`kbet`).
 """
 
 from __future__ import annotations
@@ -70,8 +65,6 @@ AGGREGATES = ("Batch correction", "Bio conservation", "Total")
 # The most bytes of one block of distances (cells of the block x all cells), float32.
 DISTANCE_BLOCK_BYTES = 1 << 30
 DIFFUSION_EPS = 1e-8  # scib-metrics' guard against eigenvalues of exactly 1
-KMEANS_TOLERANCE = 1e-4  # scib-metrics' KMeans: of the features' mean variance
-MIN_KMEANS_STEPS = 300  # scib-metrics' KMeans' max_iter, which its loop takes as a minimum
 
 
 def scib_neighbors(embedding: np.ndarray, n_neighbors: int, *, backend: Backend) -> Any:
@@ -191,14 +184,14 @@ def scib_benchmarker(
 
 @contextmanager
 def _steps_on_backend(backend: Backend) -> Iterator[None]:
-    """scib-metrics' silhouettes, kBET's diffusion neighbours and test, k-means replaced by ours while it runs.
+    """scib-metrics' silhouettes, kBET's diffusion neighbours and test replaced by ours while it runs.
 
     Its metric functions look these helpers up in their modules' globals, which is where they
     are replaced (scib-metrics 0.5; a version without them fails here, by name).
     """
     import scib_metrics
     from scib_metrics.benchmark import BatchCorrection, BioConservation
-    from scib_metrics.metrics import _isolated_labels, _kbet, _nmi_ari, _silhouette
+    from scib_metrics.metrics import _isolated_labels, _kbet, _silhouette
 
     silhouettes = _remembering_silhouettes(backend)
     replacements = [
@@ -206,7 +199,6 @@ def _steps_on_backend(backend: Backend) -> Iterator[None]:
         (_isolated_labels, "silhouette_samples", silhouettes),
         (_kbet, "diffusion_nn", partial(diffusion_neighbors, backend=backend)),
         (_kbet, "kbet", kbet),
-        (_nmi_ari, "_compute_clustering_kmeans", partial(kmeans_labels, backend=backend)),
     ]
     # Each metric timed in the log, as the Benchmarker looks it up by name.
     metrics = [*asdict(BioConservation()), *asdict(BatchCorrection())]
@@ -439,58 +431,6 @@ def kbet(X: Any, batches: np.ndarray, alpha: float = 0.05) -> tuple[float, np.nd
     statistics = (np.square(observed - expected) / expected).sum(axis=1)
     p_values = 1 - scipy.special.gammainc((n_batches - 1) / 2, statistics / 2)  # the chi-square's upper tail
     return float((p_values >= alpha).mean()), statistics, p_values
-
-
-def kmeans_labels(X: np.ndarray, n_clusters: int, *, backend: Backend) -> np.ndarray:
-    """scib-metrics' k-means clusters (its ``KMeans(n_clusters)``, for NMI and ARI), Lloyd's steps on the backend.
-
-    The same start (scib-metrics' k-means++ from JAX's key 0, on the centred points) and the
-    same steps: at least ``MIN_KMEANS_STEPS`` (its loop goes on while the inertia changes by more
-    than its tolerance *or* fewer steps were taken), then until the inertia changes by at most
-    the tolerance. Its JAX loop is compiled again at every call (a method jitted with its
-    instance static) and took 7-8 s a million cells on one H100; here a step's distances come
-    from one matrix product in float64 (scib-metrics': differences in float32) and its centroids
-    from another.
-
-    Parameters
-    ----------
-    X
-        The embedding, a row per cell.
-    n_clusters
-        Clusters: scib-metrics asks for as many as labels.
-
-    Returns
-    -------
-    Each cell's cluster.
-    """
-    import jax
-    from scib_metrics.utils._kmeans import _initialize_plus_plus, _tolerance
-
-    X = np.array(X, dtype=np.float32, order="C")
-    tolerance = _tolerance(X, KMEANS_TOLERANCE)
-    X -= X.mean(axis=0)
-    key = jax.random.split(jax.random.PRNGKey(0), 1)[0]  # the key of its one start (n_init 1)
-    xp = array_module(backend)
-    centroids = xp.asarray(np.asarray(_initialize_plus_plus(X, n_clusters, key)), dtype=xp.float64)
-    points = xp.asarray(X, dtype=xp.float64)
-    squares = (points * points).sum(axis=1)
-    clusters = xp.arange(n_clusters)
-    inertias = [np.inf, np.inf]
-    steps = 0
-    while steps < MIN_KMEANS_STEPS or abs(inertias[-2] - inertias[-1]) > tolerance:
-        distances = _squared_distances(points, squares, centroids)
-        members = (distances.argmin(axis=1)[:, None] == clusters).astype(xp.float64)
-        if steps >= MIN_KMEANS_STEPS - 2:  # the inertias its test reads; earlier ones are not waited for
-            inertias.append(float(distances.min(axis=1).sum()))
-        counts = xp.maximum(members.sum(axis=0), 1)  # an empty cluster's centroid: the centre, as its
-        centroids = (members.T @ points / counts[:, None]).astype(xp.float32).astype(xp.float64)
-        steps += 1
-    return asnumpy(_squared_distances(points, squares, centroids).argmin(axis=1))
-
-
-def _squared_distances(points: Any, squares: Any, centroids: Any) -> Any:
-    """Each point's squared distance to each centroid, by |x|^2 + |c|^2 - 2xc in float64."""
-    return squares[:, None] + (centroids * centroids).sum(axis=1) - 2 * points @ centroids.T
 
 
 def scib_table(benchmarker: Any) -> pd.DataFrame:
