@@ -160,6 +160,7 @@ for n_cells, n_dims in ((200, 7), (90, 70)):
             points /= np.sqrt((points * points).sum(axis=1, keepdims=True))
         kernel = silhouette_cuda.label_distance_sums_gpu(points, codes, 5, cosine=cosine, xp=np)
         # In float64: float32's |x|^2 + |y|^2 - 2xy loses more digits than the kernel's differences.
+        # The kernel is 7e-8 from them; a distance missed or added twice moves a sum by 1e-2 or more.
         products = integration_scores.label_distance_sums(points.astype(np.float64), codes, 5, cosine=cosine, xp=np)
         assert kernel.shape == (n_cells, 5) and not kernel[:, 4].any()
         np.testing.assert_allclose(kernel, products, rtol=1e-6)
@@ -232,6 +233,23 @@ def test_diffusion_neighbours_are_scib_metrics_own_and_give_its_kbet(merged):
     assert 0 < mine[0] == theirs[0] < 1
     np.testing.assert_allclose(mine[1], theirs[1], rtol=1e-5)
     np.testing.assert_allclose(mine[2], theirs[2], atol=1e-6)
+
+
+def test_neighbours_found_for_the_gpu_take_kbets_graph_from_cuml_in_every_subset(merged, monkeypatch):
+    """On the GPU, scib-metrics' neighbours, and the 50 of them its Benchmarker hands kBET, build
+    their connectivities with cuML (here a stand-in), never with umap-learn on the host."""
+    asked = []
+
+    def by_cuml(indices, distances):
+        asked.append(indices.shape)
+        return scipy.sparse.identity(indices.shape[0], format="csr")
+
+    monkeypatch.setattr(integration_scores, "umap_connectivities_on_gpu", by_cuml)
+    points = np.asarray(merged.cells.obsm["X_pca"])
+    found = integration_scores.exact_neighbors(points, 90, backend="cpu")
+    for_kbet = integration_scores._neighbors_on_host(*found, backend="gpu").subset_neighbors(50)
+    assert for_kbet.knn_graph_connectivities.nnz == len(points)
+    assert asked == [(len(points), 50)]
 
 
 def test_scib_needs_two_known_labels(merged):

@@ -751,7 +751,7 @@ def test_scib_silhouettes_and_kbet_neighbours_on_the_gpu_are_the_cpus(generated_
         "test_scib_silhouettes_and_kbet_neighbours_on_the_gpu_are_the_cpus",
         connectivities_max_diff=abs(by_cuml - graph).max(),
     )
-    assert abs(by_cuml - graph).max() < 1e-4
+    assert abs(by_cuml - graph).max() < 1e-5  # 1.2e-06 on an H200 (2026-12-06)
     of_type = labels == "type01"
     subgraph = sparse.csr_matrix(graph)[of_type][:, of_type]
     neighbours = {

@@ -9,7 +9,8 @@ stalled for hours at 900k cells); scib-metrics' JAX metrics run on JAX's default
 What they compile is kept on disk for later runs (:func:`omicsprep.jit_cache.cache_scib_compilations`).
 
 Three of scib-metrics' steps cost minutes to hours at a million cells, and are computed here
-instead while its ``Benchmarker`` runs (:func:`_steps_on_backend`), the first two on the backend:
+instead while its ``Benchmarker`` runs (:func:`_steps_on_backend`), the first two on the backend
+(on the GPU, kBET's graph, the neighbours' UMAP connectivities, comes from cuML too):
 
 - the silhouettes (label silhouette, isolated labels, BRAS): scib-metrics adds each block of
   256 cells' distances to every cell into per-label sums one by one (a scatter on the GPU, 3,900
@@ -52,6 +53,7 @@ from omicsprep.backend import (
     cupy,
     cupyx_sparse,
     cupyx_sparse_linalg,
+    host_to_device,
     synchronize,
 )
 from omicsprep.errors import InputError
@@ -68,7 +70,8 @@ DIFFUSION_EPS = 1e-8  # scib-metrics' guard against eigenvalues of exactly 1
 # CuPy's Lanczos stops when the norm of all the components' residuals is below this. Its default,
 # machine epsilon, lies under the residuals' rounding: on a generated label of 80,000 cells it
 # took 88 restarts where 1e-12 took 16, for the same eigenvalues (7e-11 from ARPACK's either way)
-# and the same neighbours (its algorithm ported to NumPy, 2026-12-06; 2.2 s a label on an H200).
+# and the same neighbours: counted with its algorithm ported to NumPy, not with CuPy itself
+# (2026-12-06; 2.2 s a label on an H200 at the default).
 LANCZOS_TOLERANCE = 1e-12
 
 
@@ -79,6 +82,11 @@ def scib_neighbors(embedding: np.ndarray, n_neighbors: int, *, backend: Backend)
     umap-learn's took 15 s or more a million cells on the CPU, for each embedding.
     """
     indices, distances = exact_neighbors(embedding, n_neighbors, backend=backend)
+    return _neighbors_on_host(indices, distances, backend=backend)
+
+
+def _neighbors_on_host(indices: Any, distances: Any, *, backend: Backend) -> Any:
+    """Neighbours found on ``backend`` as scib-metrics' ``NeighborsResults`` (NumPy, int64 indices)."""
     return _neighbors_results(backend)(
         indices=np.asarray(asnumpy(indices), dtype=np.int64), distances=asnumpy(distances)
     )
@@ -93,8 +101,11 @@ def _neighbors_results(backend: Backend) -> type:
         return NeighborsResults
 
     class NeighborsOnGpu(NeighborsResults):
+        """Neighbours whose connectivities (kBET's graph) cuML computes; subsets stay of this class."""
+
         @cached_property
         def knn_graph_connectivities(self) -> scipy.sparse.csr_matrix:
+            """UMAP's connectivities, as scib-metrics' own (:func:`umap_connectivities_on_gpu`)."""
             return umap_connectivities_on_gpu(self.indices, self.distances)
 
     return NeighborsOnGpu
@@ -113,16 +124,18 @@ def umap_connectivities_on_gpu(indices: np.ndarray, distances: np.ndarray) -> sc
     The symmetric connectivities, on the host (scib-metrics takes their rows by label there).
     """
     cp = cupy()
+    n_cells = indices.shape[0]
     graph = cuml().manifold.umap.fuzzy_simplicial_set(
-        cp.zeros((indices.shape[0], 1), dtype=cp.float32),  # cuML asks for points, unused with neighbours
+        cp.zeros((n_cells, 1), dtype=cp.float32),  # cuML asks for points, unused with neighbours
         indices.shape[1],
         random_state=0,  # the order of its sums fixed
-        knn_indices=cp.asarray(indices, dtype=cp.int64),
-        knn_dists=cp.asarray(distances, dtype=cp.float32),
+        knn_indices=host_to_device(np.ascontiguousarray(indices, dtype=np.int64)),
+        knn_dists=host_to_device(np.ascontiguousarray(distances, dtype=np.float32)),
     )
-    connectivities = graph.tocsr()
+    # cuML's matrix takes its shape from the largest index it holds: set it.
+    connectivities = cupyx_sparse().coo_matrix((graph.data, (graph.row, graph.col)), shape=(n_cells, n_cells)).tocsr()
     connectivities.eliminate_zeros()
-    return connectivities.get()
+    return asnumpy(connectivities)
 
 
 def scib_benchmarker(
@@ -361,24 +374,17 @@ def diffusion_neighbors(connectivities: Any, k: int, n_comps: int = 100, *, back
     """Each cell's ``k + 1`` nearest cells in ``connectivities``' diffusion map, as scib-metrics' ``diffusion_nn``.
 
     The same map (scanpy's density-normalized transitions, their ``n_comps`` eigenvectors of
-    largest magnitude in float64, scaled by ``e / (1 - e)``, in float32), computed on the
-    backend, its eigenvectors from the backend's Lanczos solver (ARPACK's on the CPU, as scib-metrics) and its
-    neighbours from the exact search (pynndescent's in scib-metrics, one thread).
+    largest magnitude in float64, scaled by ``e / (1 - e)``, in float32), all of it on the
+    backend: the eigenvectors from its Lanczos solver (ARPACK's on the CPU, as scib-metrics) and
+    the neighbours from the exact search (pynndescent's in scib-metrics, one thread).
 
     Returns
     -------
     ``NeighborsResults``: indices and distances, nearest first.
     """
-    from scib_metrics.nearest_neighbors import NeighborsResults
-
     start = time.perf_counter()
     xp = array_module(backend)
-    sparse = cupyx_sparse() if backend == "gpu" else scipy.sparse
-    graph = sparse.csr_matrix(connectivities)
-    density = sparse.diags(1.0 / xp.asarray(graph.sum(axis=0)).ravel())
-    kernel = density @ graph @ density
-    scale = sparse.diags(1.0 / xp.sqrt(xp.asarray(kernel.sum(axis=0)).ravel()))
-    transitions = (scale @ kernel @ scale).astype(np.float64)
+    transitions = _diffusion_transitions(connectivities, backend=backend)
     n_comps = min(transitions.shape[0] - 1, n_comps)
     synchronize(backend=backend)
     mapped = time.perf_counter()
@@ -396,7 +402,7 @@ def diffusion_neighbors(connectivities: Any, k: int, n_comps: int = 100, *, back
     with np.errstate(divide="ignore"):  # the eigenvalue 1, kept as it is
         embedding = vectors * xp.where(values == 1, values, values / (1 - values))
     indices, distances = exact_neighbors(embedding, k + 1, backend=backend)
-    result = NeighborsResults(indices=np.asarray(asnumpy(indices), dtype=np.int64), distances=asnumpy(distances))
+    result = _neighbors_on_host(indices, distances, backend=backend)
     log.info(
         "scIB kBET's diffusion map of %d cells: transitions %.2f s, eigenvectors %.2f s, neighbours %.2f s",
         transitions.shape[0],
@@ -405,6 +411,20 @@ def diffusion_neighbors(connectivities: Any, k: int, n_comps: int = 100, *, back
         time.perf_counter() - solved,
     )
     return result
+
+
+def _diffusion_transitions(connectivities: Any, *, backend: Backend) -> Any:
+    """The symmetric transitions of a graph as scanpy builds them, density-normalized, in float64.
+
+    Computed in the graph's precision and then cast, as scib-metrics does.
+    """
+    xp = array_module(backend)
+    sparse = cupyx_sparse() if backend == "gpu" else scipy.sparse
+    graph = sparse.csr_matrix(connectivities)
+    density = sparse.diags(1.0 / xp.asarray(graph.sum(axis=0)).ravel())
+    kernel = density @ graph @ density
+    scale = sparse.diags(1.0 / xp.sqrt(xp.asarray(kernel.sum(axis=0)).ravel()))
+    return (scale @ kernel @ scale).astype(np.float64)
 
 
 def kbet(X: Any, batches: np.ndarray, alpha: float = 0.05) -> tuple[float, np.ndarray, np.ndarray]:
