@@ -32,8 +32,8 @@ scib_check
 silhouettes
     One pass of the silhouettes' sums (each cell's distance to every cell of each type) over
     ``X_pca`` and the merge's scVI embedding by the backend's way (the GPU's kernel), timed
-    after its compile, and its largest relative difference from the matrix products on
-    100,000 of the cells.
+    after its compile, and, on the GPU, the kernel's largest relative difference from the
+    matrix products on 100,000 of the cells.
 celltypist
     CellTypist with a model trained on ``--celltypist-train-cells`` cells of the first
     batch: seconds, and agreement with CellTypist's own labels of all the cells.
