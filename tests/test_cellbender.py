@@ -103,6 +103,12 @@ def test_command_refuses(output, options, message):
         remove_background_command("raw.h5", output, **options)
 
 
+def test_command_takes_the_bounds_allowed():
+    """One epoch and a false positive rate of 0 (remove nothing of the cells') are allowed."""
+    argv = remove_background_command("raw.h5", "cb.h5", epochs=1, fpr=0.0)
+    assert argv[argv.index("--epochs") + 1] == "1" and argv[argv.index("--fpr") + 1] == "0.0"
+
+
 def test_reader_layout(corrected, fixture_droplets):
     assert corrected.shape == (5000, 500)
     assert corrected.obs_names.tolist() == fixture_droplets.barcodes
@@ -145,14 +151,28 @@ def test_background_fraction_is_what_was_removed(corrected, fixture_droplets):
 
 
 def test_aligned_counts(corrected):
-    barcodes = corrected.obs_names[corrected.obs["cell_probability"] > 0.5][::-1]
-    genes = corrected.var_names[[7, 3, 400]]
+    # The first barcode and gene among those asked: position 0 is found, not missing.
+    called = corrected.obs_names[corrected.obs["cell_probability"] > 0.5][::-1]
+    barcodes = corrected.obs_names[:1].append(called)
+    genes = corrected.var_names[[0, 7, 3, 400]]
     counts = aligned_counts(corrected, barcodes=barcodes, genes=genes)
-    assert counts.shape == (len(barcodes), 3)
+    assert counts.shape == (len(barcodes), 4)
     expected = corrected[barcodes, genes].X.toarray()
     np.testing.assert_array_equal(counts.toarray(), expected)
-    with pytest.raises(KeyError, match="1 barcode"):
-        aligned_counts(corrected, barcodes=["NOT-A-BARCODE"], genes=genes)
+    # float32 whatever CellBender's matrix holds
+    as_float64 = corrected.copy()
+    as_float64.X = as_float64.X.astype(np.float64)
+    assert aligned_counts(as_float64, barcodes=barcodes, genes=genes).dtype == np.float32
+
+
+def test_aligned_counts_name_what_is_missing(corrected):
+    """One error naming the kind, the count and the first three missing names."""
+    genes = corrected.var_names[:2]
+    strangers = ["NOT-A", "NOT-B", "NOT-C", "NOT-D"]
+    with pytest.raises(KeyError, match=r"4 barcode\(s\) not in CellBender's output \('NOT-A', 'NOT-B', 'NOT-C'\): was"):
+        aligned_counts(corrected, barcodes=strangers, genes=genes)
+    with pytest.raises(KeyError, match=r"1 gene\(s\) not in CellBender's output \('NOT-A-GENE'\)"):
+        aligned_counts(corrected, barcodes=corrected.obs_names[:2], genes=[*genes, "NOT-A-GENE"])
 
 
 def test_reader_refuses_plain_matrix(tmp_path, fixture_droplets):
