@@ -207,3 +207,28 @@ def test_cellbender_cli_end_to_end(tmp_path, cuda):
     filtered = read_cellbender(run_dir / "cb_filtered.h5")
     called = corrected.obs_names[corrected.obs["cell_probability"] > 0.5]
     assert sorted(filtered.obs_names) == sorted(called)  # in another order
+
+
+def test_ambient_removal_by_cellbender_takes_its_counts_of_the_called_cells(corrected, fixture_droplets):
+    """``method: cellbender`` replaces the cells' counts by CellBender's (kept raw in a layer); its
+    output missing or lacking a called cell is one error saying what to do."""
+    from anndata import AnnData
+    from scipy import sparse
+
+    from omicsprep.cells.ambient import UNCORRECTED_LAYER, remove_ambient
+    from omicsprep.options.counting import AmbientOptions
+
+    called = (corrected.obs["cell_probability"] > 0.5).to_numpy()
+    raw = AnnData(sparse.csr_matrix(fixture_droplets.counts, dtype=np.float32))
+    raw.obs_names, raw.var_names = corrected.obs_names, corrected.var_names
+    cells = raw[called].copy()
+    options = AmbientOptions(method="cellbender")
+    remove_ambient(cells, raw=raw, options=options, cellbender_output=corrected, seed=0, backend="cpu")
+    np.testing.assert_array_equal(cells.X.toarray(), corrected[called].X.toarray())
+    np.testing.assert_array_equal(cells.layers[UNCORRECTED_LAYER].toarray(), raw[called].X.toarray())
+    with pytest.raises(InputError, match="no CellBender output was given"):
+        remove_ambient(raw[called].copy(), raw=raw, options=options, seed=0, backend="cpu")
+    stranger = raw[called].copy()
+    stranger.obs_names = [*stranger.obs_names[:-1], "NOT-A-BARCODE"]
+    with pytest.raises(InputError, match=r"lacks called cells or genes of the raw matrix \(1 barcode.*total_droplets"):
+        remove_ambient(stranger, raw=raw, options=options, cellbender_output=corrected, seed=0, backend="cpu")

@@ -220,3 +220,20 @@ def test_soupx_and_decontx_beyond_one_gpu_matrix_are_one_clear_error_before_any_
         f"{method} on the GPU takes at most {cells.X.nnz - 1:,} non-zero counts, and the {cells.n_obs:,} cells "
         f"hold {cells.X.nnz:,}: run rule call_cells on the CPU (backend_per_rule: {{call_cells: cpu}})"
     )
+
+
+def test_another_modality_keeps_the_barcodes_called_on_the_rna():
+    """Antibody tags keep the barcodes the RNA's calls call cells, in their own order; a barcode
+    the calls lack is not a cell; none kept is one error."""
+    from anndata import AnnData
+
+    from omicsprep.cells.calling import called_cells
+
+    tags = AnnData(np.arange(12, dtype=np.float32).reshape(4, 3))
+    tags.obs_names = ["a", "b", "c", "d"]
+    is_cell = pd.Series([True, False, True, True], index=["c", "a", "b", "z"])
+    kept = called_cells(tags, is_cell=is_cell)
+    assert kept.obs_names.tolist() == ["b", "c"]
+    np.testing.assert_array_equal(kept.X, tags.X[[1, 2]])
+    with pytest.raises(InputError, match="none of the 4 barcodes is among the cells called on the RNA"):
+        called_cells(tags, is_cell=pd.Series([False, True], index=["a", "z"]))
