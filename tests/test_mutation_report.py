@@ -101,7 +101,8 @@ def test_each_function_is_tested_by_every_test_of_the_files_that_reach_it(mutate
 
 def test_the_atlas_files_are_a_target_of_their_own_within_rna(mutate, tmp_path):
     """rna's run leaves the atlas files (whose one covering file takes minutes) to the atlas target,
-    which mutates those alone and runs test_atlas.py; every file of them exists."""
+    which mutates those alone and runs test_atlas.py; every file of them exists; neither mutates
+    the module that launches the silhouette kernel (no CPU test can call it)."""
     import tomllib
 
     settings = {}
@@ -111,6 +112,9 @@ def test_the_atlas_files_are_a_target_of_their_own_within_rna(mutate, tmp_path):
     atlas_files = mutate.FILES_OF["atlas"]
     assert all((mutate.ROOT / file).is_file() for file in atlas_files) and "omicsprep/rna/latent.py" in atlas_files
     assert settings["rna"]["source_paths"] == settings["atlas"]["source_paths"] == ["omicsprep/rna/"]
-    assert settings["rna"]["do_not_mutate"] == settings["atlas"]["only_mutate"] == atlas_files
-    assert "only_mutate" not in settings["rna"] and "do_not_mutate" not in settings["atlas"]
+    assert settings["atlas"]["only_mutate"] == atlas_files
+    assert settings["rna"]["do_not_mutate"] == [*atlas_files, "omicsprep/rna/silhouette_cuda.py"]
+    assert settings["atlas"]["do_not_mutate"] == ["omicsprep/rna/silhouette_cuda.py"]
+    assert "only_mutate" not in settings["rna"]
+    assert mutate.gpu_launchers("cells") == ["omicsprep/cells/montecarlo_cuda.py"]
     assert settings["atlas"]["pytest_add_cli_args_test_selection"] == ["tests/test_atlas.py"]

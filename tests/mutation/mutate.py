@@ -70,11 +70,20 @@ FILES_OF = {
             "resident_batches",
             "epoch_logging",
             "integration_scores",
-            "silhouette_cuda",
             "annotation",
         )
     ]
 }
+
+
+def gpu_launchers(package: str) -> list[str]:
+    """The package's modules that launch its CUDA kernels (``*_cuda.py``), left out of every target.
+
+    No CPU test can call them (each needs a GPU); the GPU suite's CPU-GPU parity tests cover
+    them. Mutated, each of their mutants would count as 'not reached'.
+    """
+    return sorted(str(path.relative_to(ROOT)) for path in (ROOT / "omicsprep" / package).glob("*_cuda.py"))
+
 
 # mutmut's status -> the report's column. A timeout (a mutant that loops) counts as killed, and so
 # does a segfault: the tests' process crashed on the mutant, a failure CI would show.
@@ -166,6 +175,7 @@ def scratch_copy(module: str, workdir: Path, *, resume: bool) -> Path:
     others = [
         file for other, files in FILES_OF.items() if other != module and PACKAGE_OF[other] == package for file in files
     ]
+    others += gpu_launchers(package)
     settings = [
         f'source_paths = ["omicsprep/{package}/"]',
         *([f"only_mutate = {json.dumps(FILES_OF[module])}"] if module in FILES_OF else []),
@@ -280,8 +290,9 @@ def write_report() -> None:
         "`tests/mutation/equivalent.toml`; a module is (re)run by `make mutate MODULE=<module>` (an interrupted",
         "run is continued by `mutate.py --resume <module>`: kills of unchanged functions are kept). mutmut",
         "mutates each function of the module (the atlas module: rna's scVI, scIB and CellTypist files,",
-        "`FILES_OF`, which rna's run leaves out; Numba's kernels, being decorated, are not mutated: the",
-        "parity tests of the CPU and CUDA kernels cover them) and runs every test of the module's test files",
+        "`FILES_OF`, which rna's run leaves out; Numba's kernels, being decorated, are not mutated, nor are",
+        "the modules that launch CUDA kernels, `*_cuda.py`: the parity tests of the CPU and CUDA kernels",
+        "cover them) and runs every test of the module's test files",
         "(`COVERING_TESTS` in `tests/mutation/mutate.py`) that reach it, each file whole (a module-scoped",
         "fixture runs in its first test only; before 2026-12-06, d4ebe19, only the reaching tests ran, which",
         "left some of atac's mutants 'survived'). *Killed* counts timeouts and segfaults; *not reached*: no",
