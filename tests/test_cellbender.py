@@ -226,9 +226,10 @@ def test_ambient_removal_by_cellbender_takes_its_counts_of_the_called_cells(corr
     remove_ambient(cells, raw=raw, options=options, cellbender_output=corrected, seed=0, backend="cpu")
     np.testing.assert_array_equal(cells.X.toarray(), corrected[called].X.toarray())
     np.testing.assert_array_equal(cells.layers[UNCORRECTED_LAYER].toarray(), raw[called].X.toarray())
-    with pytest.raises(InputError, match="no CellBender output was given"):
+    with pytest.raises(InputError, match=r"^ambient method cellbender, but no CellBender output was given$"):
         remove_ambient(raw[called].copy(), raw=raw, options=options, seed=0, backend="cpu")
     stranger = raw[called].copy()
     stranger.obs_names = [*stranger.obs_names[:-1], "NOT-A-BARCODE"]
-    with pytest.raises(InputError, match=r"lacks called cells or genes of the raw matrix \(1 barcode.*total_droplets"):
+    lacking = r"^CellBender's output lacks called cells or genes of the raw matrix \(1 barcode.*\): "
+    with pytest.raises(InputError, match=lacking + r"raise cells\.ambient\.cellbender\.total_droplets$"):
         remove_ambient(stranger, raw=raw, options=options, cellbender_output=corrected, seed=0, backend="cpu")

@@ -222,6 +222,24 @@ def test_soupx_and_decontx_beyond_one_gpu_matrix_are_one_clear_error_before_any_
     )
 
 
+def test_soupx_with_a_fixed_contamination_takes_its_soup_from_the_range_set(raw):
+    """``soupx.contamination`` set: that share is removed (not estimated), with the soup of the
+    droplets in ``soupx.soup_range``."""
+    from dataclasses import replace
+
+    from omicsprep.cells import ambient, soupx
+
+    cells = raw[np.asarray(raw.X.sum(axis=1)).ravel() >= CLEAR_CELL_TOTAL].copy()
+    counts = sparse.csr_matrix(cells.X)
+    options = replace(AMBIENT["soupx"], soupx=replace(AMBIENT["soupx"].soupx, contamination=0.2, soup_range=(5, 50)))
+    clusters = ambient.quick_clusters(cells, resolution=options.cluster_resolution, seed=0, backend="cpu")
+    ambient.remove_ambient(cells, raw=raw, options=options, seed=0, backend="cpu")
+    assert cells.uns["ambient"]["contamination"] == 0.2
+    soup = soupx.soup_profile(sparse.csr_matrix(raw.X), soup_range=(5, 50))
+    expected = soupx.remove_soup(counts, soup, rho=0.2, clusters=clusters, backend="cpu")
+    np.testing.assert_allclose(cells.X.toarray(), expected.toarray(), rtol=1e-6, atol=1e-6)  # float32 counts
+
+
 def test_another_modality_keeps_the_barcodes_called_on_the_rna():
     """Antibody tags keep the barcodes the RNA's calls call cells, in their own order; a barcode
     the calls lack is not a cell; none kept is one error."""
