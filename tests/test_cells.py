@@ -240,6 +240,36 @@ def test_soupx_with_a_fixed_contamination_takes_its_soup_from_the_range_set(raw)
     np.testing.assert_allclose(cells.X.toarray(), expected.toarray(), rtol=1e-6, atol=1e-6)  # float32 counts
 
 
+def test_soupx_estimates_its_contamination_with_every_setting_given(raw, monkeypatch):
+    """Each of ``cells.ambient.soupx``'s settings reaches SoupX's estimate (here a stand-in)."""
+    from types import SimpleNamespace
+
+    from omicsprep.cells import ambient, soupx
+
+    asked = {}
+
+    def estimate(counts, soup, **settings):
+        asked.update(settings)
+        return SimpleNamespace(rho=0.1)
+
+    monkeypatch.setattr(soupx, "estimate_contamination", estimate)
+    settings = {
+        "tfidf_min": 0.7,
+        "soup_quantile": 0.8,
+        "max_markers": 7,
+        "contamination_range": (0.02, 0.5),
+        "rho_max_fdr": 0.3,
+        "prior_rho": 0.1,
+        "prior_rho_std_dev": 0.2,
+    }
+    cells = raw[np.asarray(raw.X.sum(axis=1)).ravel() >= CLEAR_CELL_TOTAL].copy()
+    options = AmbientOptions(method="soupx", soupx=SoupxOptions(**settings))
+    ambient.remove_ambient(cells, raw=raw, options=options, seed=0, backend="cpu")
+    assert asked.pop("clusters").shape == (cells.n_obs,)
+    assert asked == settings
+    assert cells.uns["ambient"]["contamination"] == 0.1
+
+
 def test_another_modality_keeps_the_barcodes_called_on_the_rna():
     """Antibody tags keep the barcodes the RNA's calls call cells, in their own order; a barcode
     the calls lack is not a cell; none kept is one error."""
