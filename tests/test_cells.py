@@ -270,6 +270,30 @@ def test_soupx_estimates_its_contamination_with_every_setting_given(raw, monkeyp
     assert cells.uns["ambient"]["contamination"] == 0.1
 
 
+def test_decontx_runs_with_every_setting_given(raw, monkeypatch):
+    """Each of ``cells.ambient.decontx``'s settings reaches DecontX (here a stand-in that removes
+    nothing), and its iterations go to ``uns["ambient"]``."""
+    from types import SimpleNamespace
+
+    from omicsprep.cells import ambient, decontx
+    from omicsprep.options.counting import DecontxOptions
+
+    asked = {}
+
+    def run(counts, **settings):
+        asked.update(settings)
+        return SimpleNamespace(corrected=counts, iterations=3)
+
+    monkeypatch.setattr(decontx, "decontx", run)
+    settings = {"max_iter": 9, "delta": (5.0, 20.0), "estimate_delta": False, "convergence": 0.01, "seed": 7}
+    cells = raw[np.asarray(raw.X.sum(axis=1)).ravel() >= CLEAR_CELL_TOTAL].copy()
+    options = AmbientOptions(method="decontx", decontx=DecontxOptions(**settings))
+    ambient.remove_ambient(cells, raw=raw, options=options, seed=0, backend="cpu")
+    assert asked.pop("clusters").shape == (cells.n_obs,)
+    assert asked == {**settings, "backend": "cpu"}
+    assert cells.uns["ambient"]["iterations"] == 3 and (cells.obs["ambient_fraction"] == 0).all()
+
+
 def test_another_modality_keeps_the_barcodes_called_on_the_rna():
     """Antibody tags keep the barcodes the RNA's calls call cells, in their own order; a barcode
     the calls lack is not a cell; none kept is one error."""
