@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from anndata import AnnData
 from conftest import DROPLETS_H5, DROPLETS_TRUTH, PBMC_H5
 from scipy import sparse
 
@@ -141,7 +142,6 @@ def test_dsb_background_from_raw_droplets():
     calls table lacks are not cells, whatever its order; an empty droplet's log10(0) warns nothing."""
     import warnings
 
-    from anndata import AnnData
     from scipy import sparse
 
     totals = np.array([0, 9, 10, 60, 100, 101, 80, 50])
@@ -294,10 +294,22 @@ def test_decontx_runs_with_every_setting_given(raw, monkeypatch):
     assert cells.uns["ambient"]["iterations"] == 3 and (cells.obs["ambient_fraction"] == 0).all()
 
 
+def test_soupx_refusing_is_one_error_naming_its_settings(raw):
+    """SoupX's own refusal (here: no droplet in its soup range) becomes one input error that
+    names the settings to change."""
+    from dataclasses import replace
+
+    from omicsprep.cells import ambient
+
+    cells = raw[np.asarray(raw.X.sum(axis=1)).ravel() >= CLEAR_CELL_TOTAL].copy()
+    options = replace(AMBIENT["soupx"], soupx=replace(AMBIENT["soupx"].soupx, soup_range=(10**8, 10**9)))
+    with pytest.raises(InputError, match=r"^SoupX: .+ \(cells\.ambient\.soupx; or set its contamination\)$"):
+        ambient.remove_ambient(cells, raw=raw, options=options, seed=0, backend="cpu")
+
+
 def test_another_modality_keeps_the_barcodes_called_on_the_rna():
     """Antibody tags keep the barcodes the RNA's calls call cells, in their own order; a barcode
     the calls lack is not a cell; none kept is one error."""
-    from anndata import AnnData
 
     from omicsprep.cells.calling import called_cells
 
@@ -309,3 +321,32 @@ def test_another_modality_keeps_the_barcodes_called_on_the_rna():
     np.testing.assert_array_equal(kept.X, tags.X[[1, 2]])
     with pytest.raises(InputError, match="none of the 4 barcodes is among the cells called on the RNA"):
         called_cells(tags, is_cell=pd.Series([False, True], index=["a", "z"]))
+
+
+def _droplets(totals: list[int]) -> AnnData:
+    """Barcodes whose counts add up to ``totals``, spread over 20 genes."""
+
+    counts = np.zeros((len(totals), 20), dtype=np.float32)
+    for row, total in enumerate(totals):
+        counts[row] = np.bincount(np.arange(total) % 20, minlength=20)
+    droplets = AnnData(sparse.csr_matrix(counts))
+    droplets.obs_names = [f"B{row}" for row in range(len(totals))]
+    return droplets
+
+
+@pytest.mark.parametrize("method", ["knee", "emptydrops"])
+def test_methods_that_need_a_knee_say_so_when_the_totals_have_none(method):
+    """One total above cells.lower: no knee to find, which knee and emptyDrops need, one error."""
+    from omicsprep.cells.calling import call_cells
+
+    droplets = _droplets([row % 11 for row in range(250)] + [500] * 50)
+    with pytest.raises(InputError, match=r"^barcode ranks: insufficient unique points .* \(cells\.lower = 100\)$"):
+        call_cells(droplets, options=CellOptions(method=method), backend="cpu")
+
+
+def test_method_none_takes_every_barcode_with_counts_and_needs_no_empty_droplet():
+    """``cells.method: none`` (a filtered matrix): no knee needed, none of the raw-matrix checks."""
+    from omicsprep.cells.calling import call_cells
+
+    table = call_cells(_droplets([150, 500, 500, 800]), options=CellOptions(method="none"), backend="cpu").table
+    assert table["is_cell"].all() and table["rank"].tolist() == [4, 2.5, 2.5, 1]
