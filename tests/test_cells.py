@@ -350,3 +350,26 @@ def test_method_none_takes_every_barcode_with_counts_and_needs_no_empty_droplet(
 
     table = call_cells(_droplets([150, 500, 500, 800]), options=CellOptions(method="none"), backend="cpu").table
     assert table["is_cell"].all() and table["rank"].tolist() == [4, 2.5, 2.5, 1]
+    assert table.index.name == "barcode"
+
+
+def test_a_barcode_at_the_fdr_threshold_is_a_cell(raw):
+    """emptyDrops calls a barcode whose FDR equals ``cells.fdr`` a cell, as DropletUtils' users
+    filter (``FDR <= 0.001``)."""
+    from omicsprep.cells.calling import call_cells
+
+    tested = np.sort(call_cells(raw, options=CellOptions(), backend="cpu").table["fdr"].dropna().to_numpy())
+    threshold = float(tested[len(tested) // 2])  # one barcode's FDR, exactly
+    table = call_cells(raw, options=CellOptions(fdr=threshold), backend="cpu").table
+    assert (table["fdr"] == threshold).any()
+    pd.testing.assert_series_equal(table["is_cell"], table["fdr"] <= threshold, check_names=False)
+
+
+def test_filtered_barcodes_missing_from_the_raw_matrix_are_one_error():
+    from omicsprep.cells.calling import call_cells
+
+    given = pd.Index(["B0", "X1", "X2"])
+    with pytest.raises(
+        InputError, match=r"^2 of the filtered matrix's barcodes are not in the raw matrix \('X1', \.\.\.\)$"
+    ):
+        call_cells(_droplets([0, 500, 800]), options=CellOptions(), given=given, backend="cpu")
