@@ -318,10 +318,10 @@ def part_silhouettes(
         from omicsprep.rna import silhouette_cuda
 
         sums_of, way = silhouette_cuda.label_distance_sums_gpu, "kernel"
+    labels = xp.asarray(codes)
     for name in [name for name in ("X_pca", "X_scvi_b1024") if name in cells.obsm]:
         points = xp.asarray(cells.obsm[name], dtype=xp.float32)
         points = points - points.mean(axis=0)
-        labels = xp.asarray(codes)
         compared = sums_of(points[:compared_cells], labels[:compared_cells], n_labels, cosine=False, xp=xp)  # compiles
         start = time.perf_counter()
         sums_of(points, labels, n_labels, cosine=False, xp=xp)

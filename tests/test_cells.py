@@ -47,6 +47,11 @@ def call(raw, **options):
     )
 
 
+def clear_cells(raw):
+    """A copy of the barcodes with at least ``CLEAR_CELL_TOTAL`` UMIs: cells, whatever the calling."""
+    return raw[np.asarray(raw.X.sum(axis=1)).ravel() >= CLEAR_CELL_TOTAL].copy()
+
+
 def recall_and_precision(table: pd.DataFrame, truth: pd.DataFrame, *, clear_total: float) -> tuple[float, float]:
     """Recall of the cells with at least ``clear_total`` UMIs, precision of all called."""
     clear = truth["is_cell"] & (truth["total"] >= clear_total)
@@ -212,7 +217,7 @@ def test_soupx_and_decontx_beyond_one_gpu_matrix_are_one_clear_error_before_any_
     from omicsprep import backend
     from omicsprep.cells import ambient
 
-    cells = raw[np.asarray(raw.X.sum(axis=1)).ravel() >= CLEAR_CELL_TOTAL].copy()
+    cells = clear_cells(raw)
     monkeypatch.setattr(backend.placement, "GPU_SPARSE_MAX_ENTRIES", cells.X.nnz - 1)
     with pytest.raises(InputError) as error:
         ambient.remove_ambient(cells, raw=raw, options=AMBIENT[method], seed=0, backend="gpu")
@@ -229,7 +234,7 @@ def test_soupx_with_a_fixed_contamination_takes_its_soup_from_the_range_set(raw)
 
     from omicsprep.cells import ambient, soupx
 
-    cells = raw[np.asarray(raw.X.sum(axis=1)).ravel() >= CLEAR_CELL_TOTAL].copy()
+    cells = clear_cells(raw)
     counts = sparse.csr_matrix(cells.X)
     options = replace(AMBIENT["soupx"], soupx=replace(AMBIENT["soupx"].soupx, contamination=0.2, soup_range=(5, 50)))
     clusters = ambient.quick_clusters(cells, resolution=options.cluster_resolution, seed=0, backend="cpu")
@@ -262,7 +267,7 @@ def test_soupx_estimates_its_contamination_with_every_setting_given(raw, monkeyp
         "prior_rho": 0.1,
         "prior_rho_std_dev": 0.2,
     }
-    cells = raw[np.asarray(raw.X.sum(axis=1)).ravel() >= CLEAR_CELL_TOTAL].copy()
+    cells = clear_cells(raw)
     options = AmbientOptions(method="soupx", soupx=SoupxOptions(**settings))
     ambient.remove_ambient(cells, raw=raw, options=options, seed=0, backend="cpu")
     assert asked.pop("clusters").shape == (cells.n_obs,)
@@ -286,7 +291,7 @@ def test_decontx_runs_with_every_setting_given(raw, monkeypatch):
 
     monkeypatch.setattr(decontx, "decontx", run)
     settings = {"max_iter": 9, "delta": (5.0, 20.0), "estimate_delta": False, "convergence": 0.01, "seed": 7}
-    cells = raw[np.asarray(raw.X.sum(axis=1)).ravel() >= CLEAR_CELL_TOTAL].copy()
+    cells = clear_cells(raw)
     options = AmbientOptions(method="decontx", decontx=DecontxOptions(**settings))
     ambient.remove_ambient(cells, raw=raw, options=options, seed=0, backend="cpu")
     assert asked.pop("clusters").shape == (cells.n_obs,)
@@ -301,7 +306,7 @@ def test_soupx_refusing_is_one_error_naming_its_settings(raw):
 
     from omicsprep.cells import ambient
 
-    cells = raw[np.asarray(raw.X.sum(axis=1)).ravel() >= CLEAR_CELL_TOTAL].copy()
+    cells = clear_cells(raw)
     options = replace(AMBIENT["soupx"], soupx=replace(AMBIENT["soupx"].soupx, soup_range=(10**8, 10**9)))
     with pytest.raises(InputError, match=r"^SoupX: .+ \(cells\.ambient\.soupx; or set its contamination\)$"):
         ambient.remove_ambient(cells, raw=raw, options=options, seed=0, backend="cpu")
