@@ -513,8 +513,8 @@ def test_merge_integrates_and_annotates_a_study_with_every_method(tmp_path):
     [
         ({}, 10**6, "cpu", (128, 1e-3)),  # scvi-tools' defaults
         ({}, 50_000, "gpu", (128, 1e-3)),
-        ({}, 10**6, "gpu", (1024, 1e-3 * np.sqrt(8))),  # the square-root scaling rule
-        ({"batch_size": 4096}, 10, "cpu", (4096, 1e-3 * np.sqrt(32))),
+        ({}, 10**6, "gpu", (4096, 1e-3 * np.sqrt(32))),  # the square-root scaling rule
+        ({"batch_size": 1024}, 10, "cpu", (1024, 1e-3 * np.sqrt(8))),
         ({"batch_size": 512, "learning_rate": 5e-4}, 10**6, "gpu", (512, 5e-4)),
     ],
 )

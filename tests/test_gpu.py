@@ -835,8 +835,9 @@ def test_scvi_scanvi_and_scib_metrics_on_the_gpu(generated_study):
     pd.testing.assert_frame_equal(on_gpu[others], on_cpu[others], check_names=False, atol=1e-3, rtol=0)
     # kBET accepts or rejects each cell: a difference in the seventh digit of its graph (cuML's
     # connectivities against umap-learn's) can flip one, which moves kBET by 1 / (the cells kBET
-    # keeps of its label x labels), 1.5e-3 on an H200 (2026-12-06).
-    np.testing.assert_allclose(on_gpu["KBET"], on_cpu["KBET"], rtol=0, atol=2e-3)
+    # keeps of its label x labels), about 1.5e-3 here; two flips (2.9e-3, Harmony's) were seen
+    # on an H100 (2026-12-06). Three flips allowed; a wrong graph or test moves it by far more.
+    np.testing.assert_allclose(on_gpu["KBET"], on_cpu["KBET"], rtol=0, atol=4.5e-3)
 
 
 def test_resident_counts_gathered_from_csr_on_the_gpu_are_the_dense_rows(generated_study):

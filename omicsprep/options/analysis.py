@@ -291,7 +291,7 @@ class ScviOptions:
     """scVI's network and training.
 
     ``max_epochs`` ``None``: scvi-tools' choice by cell count; ``batch_size`` ``None``: 128, on
-    the GPU 1024 from 100,000 cells on; ``learning_rate`` ``None``: scaled from scvi-tools' by the batch
+    the GPU 4096 from 100,000 cells on; ``learning_rate`` ``None``: scaled from scvi-tools' by the batch
     size (:func:`omicsprep.rna.latent.training_steps`).
     """
 

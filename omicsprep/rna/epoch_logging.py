@@ -2,7 +2,7 @@
 
 scvi-tools logs the loss and each ELBO term at every step, and Lightning's ``self.log``
 costs about half a millisecond of Python per call: some 3 ms a step, as long as the step's
-arithmetic on a GPU with batches of 1,024 cells. The plans here run scvi-tools' own steps; the
+arithmetic on a GPU with batches of 1,024 to 4,096 cells. The plans here run scvi-tools' own steps; the
 values they log are summed on the device as Lightning would average them (weighted by the
 batch's cells) and logged at the epoch's end, so the history, early stopping and learning-rate
 schedule see the same epoch values. Values logged per step only (the KL weight) are dropped.
