@@ -358,6 +358,42 @@ def test_method_none_takes_every_barcode_with_counts_and_needs_no_empty_droplet(
     assert table.index.name == "barcode"
 
 
+def test_method_none_calls_barcodes_with_a_count_and_shows_the_soup_of_those_up_to_lower():
+    """Method ``none``: a barcode of one UMI is a cell, one of none is not. The ambient profile is
+    the pooled counts of the barcodes with 1 to ``cells.lower`` UMIs (here 100, not 101), and with
+    too few totals above ``lower`` for a knee the ranks stand alone (knee and inflection NaN)."""
+    from omicsprep.cells.calling import call_cells
+
+    droplets = _droplets([0, 1, 60, 60, 100, 101, 500])
+    calls = call_cells(droplets, options=CellOptions(method="none"), backend="cpu")
+    assert calls.table["is_cell"].tolist() == [False, True, True, True, True, True, True]
+    soup = np.asarray(droplets.X[1:5].sum(axis=0, dtype=np.float64)).ravel()  # totals 1, 60, 60 and 100
+    np.testing.assert_allclose(calls.ambient, soup / soup.sum(), rtol=1e-12)
+    assert calls.table["rank"].tolist() == [7, 6, 4.5, 4.5, 3, 2, 1]
+    assert np.isnan(calls.ranks.knee) and np.isnan(calls.ranks.inflection) and np.isnan(calls.ranks.fitted).all()
+    np.testing.assert_array_equal(calls.ranks.rank, calls.table["rank"])
+
+
+def test_no_barcode_up_to_lower_leaves_the_ambient_profile_not_a_number():
+    from omicsprep.cells.calling import call_cells
+
+    ambient = call_cells(_droplets([150, 500]), options=CellOptions(method="none"), backend="cpu").ambient
+    assert ambient.dtype == np.float64 and ambient.shape == (20,) and np.isnan(ambient).all()
+
+
+def test_the_knee_takes_the_curve_above_lower_and_a_barcode_at_the_knee_is_a_cell():
+    """Knee calling with ``cells.lower = 10`` on totals whose curve lies between 40 and 99 UMIs:
+    DropletUtils' default lower (100) would leave no curve at all."""
+    from omicsprep.cells.calling import call_cells
+
+    droplets = _droplets([*range(40, 100), *[row % 10 for row in range(300)]])
+    calls = call_cells(droplets, options=CellOptions(method="knee", lower=10), backend="cpu")
+    table = calls.table
+    assert calls.ranks.knee == 48  # a total of the curve, exactly
+    np.testing.assert_array_equal(table["is_cell"], table["total"] >= 48)
+    assert table.loc[table["total"] == 48, "is_cell"].all() and table["is_cell"].sum() == 52
+
+
 def test_a_barcode_at_the_fdr_threshold_is_a_cell(raw):
     """emptyDrops calls a barcode whose FDR equals ``cells.fdr`` a cell, as DropletUtils' users
     filter (``FDR <= 0.001``)."""
