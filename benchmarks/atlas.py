@@ -32,6 +32,12 @@ held_out
 scib
     scIB's metrics (:mod:`omicsprep.rna.integration_scores`) of every embedding in the cache,
     and their seconds.
+scib_profile
+    Where one embedding's scIB time goes (``X_pca``): the neighbour search's parts (the
+    backend's search, the float64 distances and their order, the copy to the host, scib-metrics'
+    subsets), kBET's graph and its per-label subsets and components on the host, scib-metrics'
+    k-means (its k-means++ start and the whole fit, twice: the first compiles), NMI and ARI,
+    and a ``gc.collect()`` (scib-metrics runs one before each metric).
 scib_check
     scIB's metrics on 20,000 of the cells: ours on the backend against scib-metrics' own
     ``Benchmarker`` with exact neighbours on the CPU (largest difference).
@@ -71,7 +77,7 @@ from omicsprep.testing.study import generate_study
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-PARTS = ("ours", "harmony", "defaults", "held_out", "scib", "scib_check", "silhouettes", "celltypist")
+PARTS = ("ours", "harmony", "defaults", "held_out", "scib", "scib_profile", "scib_check", "silhouettes", "celltypist")
 
 
 def study(n_cells: int, n_genes: int, cache: Path) -> ad.AnnData:
@@ -302,6 +308,86 @@ def part_scib(cells: ad.AnnData, *, backend: str, cache: Path) -> list[dict[str,
     return rows
 
 
+def part_scib_profile(cells: ad.AnnData, *, backend: str, cache: Path) -> list[dict[str, Any]]:
+    """Seconds of the parts of one embedding's scIB metrics that lead at a million cells."""
+    import gc
+
+    import jax
+    import scipy.sparse.csgraph
+    from scib_metrics.utils import _kmeans
+    from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
+
+    from omicsprep.backend import array_module, synchronize
+    from omicsprep.rna.embedding import exact_neighbors
+
+    xp, rows = array_module(backend), []
+    to_host = integration_scores._neighbors_on_host  # noqa: SLF001
+    plus_plus = _kmeans._initialize_plus_plus  # noqa: SLF001
+
+    def timed(step: str, function: Any) -> Any:
+        synchronize(backend=backend)
+        start = time.perf_counter()
+        result = function()
+        synchronize(backend=backend)
+        rows.append({"step": f"scib_profile: {step}", "seconds": round(time.perf_counter() - start, 3)})
+        print(rows[-1], flush=True)
+        return result
+
+    embedding = cells.obsm["X_pca"].astype(np.float32)
+    labels = pd.Categorical(cells.obs["cell_type"]).codes
+    if backend == "gpu":
+        from omicsprep.backend import cuml
+
+        on_device = xp.asarray(embedding)
+        search = cuml().neighbors.NearestNeighbors(n_neighbors=90, algorithm="brute")
+        timed(
+            "cuML's search, NumPy in and out",
+            lambda: search.fit(embedding).kneighbors(embedding, return_distance=False),
+        )
+        timed(
+            "cuML's search, CuPy in and out", lambda: search.fit(on_device).kneighbors(on_device, return_distance=False)
+        )
+    indices, distances = timed("exact_neighbors (search, float64 distances, order)",
+                               lambda: exact_neighbors(embedding, 90, backend=backend))  # fmt: skip
+    neighbours = timed(
+        "to scib-metrics' NeighborsResults on the host",
+        lambda: to_host(indices, distances, backend=backend),
+    )
+    timed("scib-metrics' subsets of 15, 50, 90", lambda: [neighbours.subset_neighbors(n=n) for n in (15, 50, 90)])
+    graph = timed("kBET's graph (UMAP connectivities)", lambda: neighbours.knn_graph_connectivities)
+
+    def subsets() -> list[Any]:
+        found = []
+        for label in np.unique(labels):
+            mask = labels == label
+            found.append(graph[mask, :][:, mask])
+        return found
+
+    parts = timed("kBET's label subsets of the graph (host)", subsets)
+    timed(
+        "kBET's connected components (host)",
+        lambda: [scipy.sparse.csgraph.connected_components(part, connection="strong") for part in parts],
+    )
+    n_clusters = len(np.unique(labels))
+    centred = embedding - embedding.mean(axis=0)
+    timed(
+        "k-means++ start, first (compiles)",
+        lambda: jax.block_until_ready(plus_plus(centred, n_clusters, jax.random.key(0))),
+    )
+    timed(
+        "k-means++ start, again",
+        lambda: jax.block_until_ready(plus_plus(centred, n_clusters, jax.random.key(0))),
+    )
+    timed("k-means fit, first (compiles)", lambda: _kmeans.KMeans(n_clusters).fit(embedding))
+    clusters = timed("k-means fit, again", lambda: _kmeans.KMeans(n_clusters).fit(embedding).labels_)
+    timed(
+        "NMI and ARI (host)",
+        lambda: (normalized_mutual_info_score(labels, clusters), adjusted_rand_score(labels, clusters)),
+    )
+    timed("gc.collect()", gc.collect)
+    return rows
+
+
 def part_scib_check(cells: ad.AnnData, *, backend: str, cache: Path, n_cells: int = 20_000) -> list[dict[str, Any]]:
     """Ours on the backend against scib-metrics' Benchmarker (exact neighbours, CPU) on a sample of the cells."""
     cached_embeddings(cells, cache)
@@ -439,6 +525,8 @@ def run(args: argparse.Namespace) -> None:
             rows += part_scib(cells, backend=backend, cache=cache)
         elif part == "silhouettes":
             rows += part_silhouettes(cells, backend=backend, cache=cache)
+        elif part == "scib_profile":
+            rows += part_scib_profile(cells, backend=backend, cache=cache)
         elif part == "scib_check":
             rows += part_scib_check(cells, backend=backend, cache=cache)
         else:
