@@ -208,6 +208,19 @@ def test_a_silhouette_asked_again_is_computed_once(merged, monkeypatch):
     assert not np.array_equal(again, by_sample) and not np.array_equal(again, cosine)
 
 
+def test_kmeans_clusters_are_scib_metrics_own(merged):
+    """scib-metrics' k-means (its start, at least 300 Lloyd steps) compiled once, its centroids from
+    a matrix product: the same clusters as its own on each embedding, cell for cell."""
+    from scib_metrics.utils import KMeans
+
+    n_types = merged.cells.obs["cell_type"].nunique()
+    for key in ("X_pca", "X_harmony", "X_scvi"):
+        points = np.asarray(merged.cells.obsm[key], dtype=np.float32)
+        theirs = np.asarray(KMeans(n_types).fit(points.copy()).labels_)
+        assert len(np.unique(theirs)) == n_types
+        np.testing.assert_array_equal(integration_scores.kmeans_labels(points, n_types), theirs)
+
+
 def test_diffusion_neighbours_are_scib_metrics_own_and_give_its_kbet(merged):
     """kBET's neighbours in one label's diffusion map: the exact search finds pynndescent's, and our
     chi-square test of them gives scib-metrics' statistics, p-values and acceptance."""

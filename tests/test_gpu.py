@@ -720,8 +720,8 @@ def test_exact_neighbors_on_the_gpu_are_the_cpus_to_the_last_digit(generated_stu
 def test_scib_silhouettes_and_kbet_neighbours_on_the_gpu_are_the_cpus(generated_study):
     """The scIB steps computed by ours (omicsprep.rna.integration_scores): silhouettes (the
     kernel; over 128 dimensions, matrix products) are scib-metrics' own, kBET's graph (cuML's
-    UMAP connectivities) is umap-learn's, and its diffusion-map neighbours (CuPy's Lanczos against
-    ARPACK) agree."""
+    UMAP connectivities) is umap-learn's, its diffusion-map neighbours (CuPy's Lanczos against
+    ARPACK) agree, and k-means gives scib-metrics' own clusters."""
     import jax
     from scib_metrics.utils import silhouette_samples
 
@@ -742,6 +742,13 @@ def test_scib_silhouettes_and_kbet_neighbours_on_the_gpu_are_the_cpus(generated_
             # float32 distances summed in other orders: 1e-5 apart at most on the CPU, 1.02e-5 once here.
             np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-4)
     embedding = np.log1p(batch.layers["counts"][:, :30].toarray()).astype(np.float32)
+    # k-means for NMI and ARI, on JAX's GPU: ours (centroids from a matrix product at full float32)
+    # gives scib-metrics' own clusters (centroids summed through a mask).
+    from scib_metrics.utils import KMeans
+
+    n_types = len(np.unique(labels))
+    theirs = np.asarray(KMeans(n_types).fit(embedding.copy()).labels_)
+    np.testing.assert_array_equal(integration_scores.kmeans_labels(embedding, n_types), theirs)
     on_cpu = integration_scores.scib_neighbors(embedding, 50, backend="cpu")
     graph = on_cpu.knn_graph_connectivities
     # kBET's graph: cuML's UMAP connectivities are umap-learn's, edge for edge.

@@ -8,7 +8,7 @@ brute-force search on the GPU (scib-metrics' own approximate search, pynndescent
 stalled for hours at 900k cells); scib-metrics' JAX metrics run on JAX's default device.
 What they compile is kept on disk for later runs (:func:`omicsprep.jit_cache.cache_scib_compilations`).
 
-Three of scib-metrics' steps cost minutes to hours at a million cells, and are computed here
+Four of scib-metrics' steps cost seconds to hours at a million cells, and are computed here
 instead while its ``Benchmarker`` runs (:func:`_steps_on_backend`), the first two on the backend
 (on the GPU, kBET's graph, the neighbours' UMAP connectivities, comes from cuML too):
 
@@ -23,7 +23,10 @@ instead while its ``Benchmarker`` runs (:func:`_steps_on_backend`), the first tw
   (:func:`diffusion_neighbors`). On 20,000 cells they are pynndescent's: kBET the same to
   the last digit;
 - kBET's chi-square test of each label's neighbours, which scib-metrics' JAX compiles again for
-  each label's size; here in NumPy (:func:`kbet`).
+  each label's size; here in NumPy (:func:`kbet`);
+- the k-means clusters of NMI and ARI, whose JAX loop scib-metrics compiles again at every call
+  and whose centroids it sums through a cells x clusters x features mask: its own start and
+  steps, compiled once, with the centroids from one matrix product (:func:`kmeans_labels`).
 """
 
 from __future__ import annotations
@@ -67,6 +70,8 @@ AGGREGATES = ("Batch correction", "Bio conservation", "Total")
 # The most bytes of one block of distances (cells of the block x all cells), float32.
 DISTANCE_BLOCK_BYTES = 1 << 30
 DIFFUSION_EPS = 1e-8  # scib-metrics' guard against eigenvalues of exactly 1
+KMEANS_TOLERANCE = 1e-4  # scib-metrics' KMeans: of the features' mean variance
+MIN_KMEANS_STEPS = 300  # scib-metrics' KMeans' max_iter, which its loop takes as a minimum
 # CuPy's Lanczos stops when the norm of all the components' residuals is below this. Its default,
 # machine epsilon, lies under the residuals' rounding: on a generated label of 80,000 cells it
 # took 88 restarts where 1e-12 took 16, for the same eigenvalues (7e-11 from ARPACK's either way)
@@ -202,14 +207,14 @@ def scib_benchmarker(
 
 @contextmanager
 def _steps_on_backend(backend: Backend) -> Iterator[None]:
-    """scib-metrics' silhouettes, kBET's diffusion neighbours and test replaced by ours while it runs.
+    """scib-metrics' silhouettes, kBET's diffusion neighbours and test, and k-means replaced by ours while it runs.
 
     Its metric functions look these helpers up in their modules' globals, which is where they
     are replaced (scib-metrics 0.5; a version without them fails here, by name).
     """
     import scib_metrics
     from scib_metrics.benchmark import BatchCorrection, BioConservation
-    from scib_metrics.metrics import _isolated_labels, _kbet, _silhouette
+    from scib_metrics.metrics import _isolated_labels, _kbet, _nmi_ari, _silhouette
 
     silhouettes = _remembering_silhouettes(backend)
     replacements = [
@@ -217,6 +222,7 @@ def _steps_on_backend(backend: Backend) -> Iterator[None]:
         (_isolated_labels, "silhouette_samples", silhouettes),
         (_kbet, "diffusion_nn", partial(diffusion_neighbors, backend=backend)),
         (_kbet, "kbet", kbet),
+        (_nmi_ari, "_compute_clustering_kmeans", kmeans_labels),
     ]
     # Each metric timed in the log, as the Benchmarker looks it up by name.
     metrics = [*asdict(BioConservation()), *asdict(BatchCorrection())]
@@ -456,6 +462,70 @@ def kbet(X: Any, batches: np.ndarray, alpha: float = 0.05) -> tuple[float, np.nd
     statistics = (np.square(observed - expected) / expected).sum(axis=1)
     p_values = 1 - scipy.special.gammainc((n_batches - 1) / 2, statistics / 2)  # the chi-square's upper tail
     return float((p_values >= alpha).mean()), statistics, p_values
+
+
+def kmeans_labels(X: np.ndarray, n_clusters: int) -> np.ndarray:
+    """scib-metrics' k-means clusters (its ``KMeans(n_clusters)``, for NMI and ARI), compiled once.
+
+    Its start (k-means++ from JAX's key 0 on the centred points) and its steps: at least
+    :data:`MIN_KMEANS_STEPS` (its loop goes on while the inertia changes by more than its
+    tolerance *or* fewer steps were taken), each cell to its nearest centroid by its own
+    distances. Two things differ. Its loop is a method jitted with the instance static, so JAX
+    compiles it again at every call (nearly all of its 3.5 s on 20,000 cells and 2 CPU cores);
+    here one function compiled once per shape. And each centroid is summed from a product of
+    the cells' cluster indicators with the points (float32 at JAX's highest precision: the
+    GPU's default TF32 would round the points), not through a cells x clusters x features mask.
+
+    Parameters
+    ----------
+    X
+        The embedding, a row per cell.
+    n_clusters
+        Clusters: scib-metrics asks for as many as labels.
+
+    Returns
+    -------
+    Each cell's cluster.
+    """
+    import jax
+    from scib_metrics.utils._kmeans import _initialize_plus_plus, _tolerance
+
+    points = np.array(X, dtype=np.float32, order="C")
+    tolerance = _tolerance(points, KMEANS_TOLERANCE)
+    points -= points.mean(axis=0)
+    key = jax.random.split(jax.random.PRNGKey(0), 1)[0]  # the key of its one start (n_init 1)
+    start = _initialize_plus_plus(points, n_clusters, key)
+    return np.asarray(_lloyd_steps()(points, start, np.float32(tolerance)))
+
+
+@cache
+def _lloyd_steps() -> Callable[..., Any]:
+    """scib-metrics' k-means loop (its ``_kmeans_full_run`` after the start) as one jitted function."""
+    import jax
+    import jax.numpy as jnp
+    from scib_metrics.utils._kmeans import _get_dist_labels
+
+    @jax.jit
+    def steps(points: Any, centroids: Any, tolerance: Any) -> Any:
+        n_clusters = centroids.shape[0]
+
+        def step(state: tuple[Any, ...]) -> tuple[Any, ...]:
+            centroids, inertia, _, taken = state
+            distances, clusters = _get_dist_labels(points, centroids)
+            members = jax.nn.one_hot(clusters, n_clusters, dtype=points.dtype)
+            counts = jnp.clip(jnp.bincount(clusters, length=n_clusters), min=1)
+            sums = jnp.matmul(members.T, points, precision=jax.lax.Precision.HIGHEST)
+            return sums / counts[:, None], jnp.sum(jnp.min(distances, axis=1)), inertia, taken + 1
+
+        def going_on(state: tuple[Any, ...]) -> Any:
+            _, new, old, taken = state
+            return jnp.logical_or(jnp.abs(old - new) > tolerance, taken < MIN_KMEANS_STEPS)
+
+        state = (centroids, jnp.float32(jnp.inf), jnp.float32(jnp.inf), jnp.int32(0))
+        centroids = jax.lax.while_loop(going_on, step, state)[0]
+        return _get_dist_labels(points, centroids)[1]
+
+    return steps
 
 
 def scib_table(benchmarker: Any) -> pd.DataFrame:
