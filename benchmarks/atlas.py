@@ -36,8 +36,9 @@ scib_profile
     Where one embedding's scIB time goes (``X_pca``): the neighbour search's parts (the
     backend's search, the float64 distances and their order, the copy to the host, scib-metrics'
     subsets), kBET's graph and its per-label subsets and components on the host, scib-metrics'
-    k-means (its k-means++ start and the whole fit, twice: the first compiles), NMI and ARI,
-    and a ``gc.collect()`` (scib-metrics runs one before each metric).
+    k-means (its k-means++ start and the whole fit, twice: the first compiles) against ours
+    (:func:`omicsprep.rna.integration_scores.kmeans_labels`, twice, and the cells whose cluster
+    differs), NMI and ARI, and a ``gc.collect()`` (scib-metrics runs one before each metric).
 scib_check
     scIB's metrics on 20,000 of the cells: ours on the backend against scib-metrics' own
     ``Benchmarker`` with exact neighbours on the CPU (largest difference).
@@ -380,6 +381,10 @@ def part_scib_profile(cells: ad.AnnData, *, backend: str, cache: Path) -> list[d
     )
     timed("k-means fit, first (compiles)", lambda: _kmeans.KMeans(n_clusters).fit(embedding))
     clusters = timed("k-means fit, again", lambda: _kmeans.KMeans(n_clusters).fit(embedding).labels_)
+    timed("k-means, ours, first (compiles)", lambda: integration_scores.kmeans_labels(embedding, n_clusters))
+    ours = timed("k-means, ours, again", lambda: integration_scores.kmeans_labels(embedding, n_clusters))
+    rows.append({"step": "scib_profile: k-means, ours against scib-metrics', cells differing",
+                 "value": int((ours != np.asarray(clusters)).sum())})  # fmt: skip
     timed(
         "NMI and ARI (host)",
         lambda: (normalized_mutual_info_score(labels, clusters), adjusted_rand_score(labels, clusters)),
