@@ -99,6 +99,25 @@ def test_each_function_is_tested_by_every_test_of_the_files_that_reach_it(mutate
     compile(mutate.LAUNCHER, "launcher", "exec")
 
 
+def test_each_functions_tests_run_fastest_file_first_and_fastest_test_first(mutate):
+    """mutmut stops at a mutant's first failing test: the quick ones go first, a file's together."""
+    durations = {
+        "tests/test_cells.py::test_slow": 16.0,
+        "tests/test_cells.py::test_quick": 0.5,
+        "tests/test_emptydrops.py::test_a": 2.0,
+        "tests/test_emptydrops.py::test_b": 1.0,
+    }
+    tests_by_function = {"omicsprep.cells.calling.x_call_cells": set(durations), "omicsprep.cells.x_none": set()}
+    mutate.fastest_first(tests_by_function, durations)
+    assert tests_by_function["omicsprep.cells.calling.x_call_cells"] == [
+        "tests/test_emptydrops.py::test_b",
+        "tests/test_emptydrops.py::test_a",
+        "tests/test_cells.py::test_quick",
+        "tests/test_cells.py::test_slow",
+    ]
+    assert tests_by_function["omicsprep.cells.x_none"] == []
+
+
 def test_the_atlas_files_are_a_target_of_their_own_within_rna(mutate, tmp_path):
     """rna's run leaves the atlas files (whose one covering file takes minutes) to the atlas target,
     which mutates those alone and runs test_atlas.py; every file of them exists; neither mutates

@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from importlib.metadata import version
 from pathlib import Path
+from typing import Any
 
 from omicsprep.io import atomic_path
 from omicsprep.testing import CHECKOUT as ROOT
@@ -117,11 +118,34 @@ def widen_to_test_files(tests_by_function: dict[str, set[str]], all_tests: Itera
             reached |= by_file.get(path, set())
 
 
-# mutmut's command line, with two changes: a worker blocks SIGTERM while it switches its mutant
-# on, and each function's tests are all the tests of their files (widen_to_test_files).
+def fastest_first(tests_by_function: dict[str, Any], duration_by_test: dict[str, float]) -> None:
+    """Each function's tests as a list, in place, fastest file first and fastest test first in a file.
+
+    mutmut stops a mutant's run at its first failing test (``-x``), and pytest runs the tests in
+    the order mutmut lists them, a set's (any): a mutant that a quick test kills could first sit
+    through the file's slowest tests (16 s in ``test_cells.py``). A file's tests stay together,
+    so its module-scoped fixtures are built once.
+    """
+    file_seconds: dict[str, float] = {}
+    for test, seconds in duration_by_test.items():
+        path = test.partition("::")[0]
+        file_seconds[path] = file_seconds.get(path, 0.0) + seconds
+
+    def order(test: str) -> tuple[float, str, float, str]:
+        path = test.partition("::")[0]
+        return file_seconds.get(path, 0.0), path, duration_by_test.get(test, 0.0), test
+
+    for function, tests in tests_by_function.items():
+        tests_by_function[function] = sorted(tests, key=order)
+
+
+# mutmut's command line, with three changes: a worker blocks SIGTERM while it switches its mutant
+# on, each function's tests are all the tests of their files (widen_to_test_files), and they run
+# fastest first (fastest_first).
 LAUNCHER = f"""
 import signal
 from collections.abc import Iterable
+from typing import Any
 
 import mutmut.__main__ as mutmut_main
 from mutmut.state import state
@@ -138,9 +162,12 @@ def shielded(mutant_name):
 
 {inspect.getsource(widen_to_test_files)}
 
+{inspect.getsource(fastest_first)}
+
 def collect_and_widen(*args, **kwargs):
     collect_or_load_stats(*args, **kwargs)
     widen_to_test_files(state().tests_by_mangled_function_name, state().duration_by_test)
+    fastest_first(state().tests_by_mangled_function_name, state().duration_by_test)
 
 
 isolation.set_mutant_under_test = shielded
@@ -295,7 +322,8 @@ def write_report() -> None:
         "cover them) and runs every test of the module's test files",
         "(`COVERING_TESTS` in `tests/mutation/mutate.py`) that reach it, each file whole (a module-scoped",
         "fixture runs in its first test only; before 2026-12-06, d4ebe19, only the reaching tests ran, which",
-        "left some of atac's mutants 'survived'). *Killed* counts timeouts and segfaults; *not reached*: no",
+        "left some of atac's mutants 'survived'), fastest file and fastest test first, up to the first that",
+        "fails. *Killed* counts timeouts and segfaults; *not reached*: no",
         "covering test calls the function; *equivalent*: a survivor that behaves as the original, with the",
         "reason below; *GPU only*: a survivor that changes only what the GPU backend does (a backend or",
         "array module not passed on, which the CPU backend does not read), which the CPU tests cannot see",
