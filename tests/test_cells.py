@@ -77,6 +77,29 @@ def test_cells_recovered(raw, truth, method):
     assert cells.uns["cells"]["method"] == method
 
 
+def test_emptydrops_cr_is_cell_rangers_test_with_its_settings(raw):
+    """Method ``emptydrops_cr`` runs Cell Ranger's variant (its candidates and ambient ranks),
+    whose table is not plain emptyDrops'."""
+    from omicsprep.cells import emptydrops
+    from omicsprep.cells.calling import TEST_COLUMNS, call_cells
+
+    cr = EmptyDropsCrOptions(ambient_rank_min=2_000, ambient_rank_max=10_000)
+    options = CellOptions(method="emptydrops_cr", expected_cells=300, emptydrops_cr=cr, niters=2_000)
+    table = call_cells(raw, options=options, backend="cpu").table
+    direct = emptydrops.empty_drops_cell_ranger(
+        raw.X, expected_cells=300, max_percentile=cr.max_percentile, max_min_ratio=cr.max_min_ratio,
+        umi_min=cr.umi_min, umi_min_frac_median=cr.umi_min_frac_median, candidates_max=cr.candidates_max,
+        ambient_rank_min=cr.ambient_rank_min, ambient_rank_max=cr.ambient_rank_max, niters=2_000, seed=0,
+        backend="cpu",
+    ).table  # fmt: skip
+    columns = list(TEST_COLUMNS)
+    pd.testing.assert_frame_equal(
+        table[columns].reset_index(drop=True), direct[columns].reset_index(drop=True), check_dtype=False
+    )
+    plain = call_cells(raw, options=CellOptions(niters=2_000), backend="cpu").table
+    assert not plain[columns].equals(table[columns])
+
+
 def test_emptydrops_table(raw, truth):
     _, calls = call(raw, niters=2_000)
     table = calls.table
@@ -123,7 +146,11 @@ def test_ambient_removed(raw, truth, planted_markers, method):
 
 def test_bad_droplets():
     filtered = io.read_counts(PBMC_H5)
-    with pytest.raises(InputError, match=r"has no empty droplets.*filtered matrix given as raw"):
+    with pytest.raises(
+        InputError,
+        match=r"has no empty droplets: all \d+ barcodes have more than cells\.lower = 5 UMIs "
+        r"\(a filtered matrix given as raw\?\)$",
+    ):
         run_call_cells(filtered, filtered=None, cellbender=None, options=CellOptions(lower=5), backend="cpu")
 
 
@@ -384,11 +411,14 @@ def test_no_barcode_up_to_lower_leaves_the_ambient_profile_not_a_number():
 
 def test_the_knee_takes_the_curve_above_lower_and_a_barcode_at_the_knee_is_a_cell():
     """Knee calling with ``cells.lower = 10`` on totals whose curve lies between 40 and 99 UMIs:
-    DropletUtils' default lower (100) would leave no curve at all."""
+    DropletUtils' default lower (100) would leave no curve at all. The empty droplets have
+    exactly ``lower`` UMIs (at most ``lower``: empty), and as many cells may be expected as there
+    are barcodes."""
     from omicsprep.cells.calling import call_cells
 
-    droplets = _droplets([*range(40, 100), *[row % 10 for row in range(300)]])
-    calls = call_cells(droplets, options=CellOptions(method="knee", lower=10), backend="cpu")
+    droplets = _droplets([*range(40, 100), *[10] * 300])
+    options = CellOptions(method="knee", lower=10, expected_cells=droplets.n_obs)
+    calls = call_cells(droplets, options=options, backend="cpu")
     table = calls.table
     assert calls.ranks.knee == 48  # a total of the curve, exactly
     np.testing.assert_array_equal(table["is_cell"], table["total"] >= 48)
