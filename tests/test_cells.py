@@ -100,6 +100,41 @@ def test_emptydrops_cr_is_cell_rangers_test_with_its_settings(raw):
     assert not plain[columns].equals(table[columns])
 
 
+@pytest.mark.parametrize("method", ["emptydrops", "emptydrops_cr"])
+def test_every_emptydrops_setting_reaches_its_test(method, monkeypatch):
+    """Each of ``cells``' settings (and the backend) reaches emptyDrops or Cell Ranger's variant (stand-ins)."""
+    from omicsprep.cells import emptydrops
+    from omicsprep.cells.calling import TEST_COLUMNS, call_cells
+
+    asked: list[dict] = []
+
+    def stand_in(counts, **settings):
+        asked.append(settings)
+        table = pd.DataFrame({column: np.zeros(counts.shape[0]) for column in TEST_COLUMNS})
+        return emptydrops.EmptyDropsResult(table=table, ambient=np.zeros(counts.shape[1]), alpha=np.inf, retain=None)
+
+    monkeypatch.setattr(emptydrops, "empty_drops" if method == "emptydrops" else "empty_drops_cell_ranger", stand_in)
+    droplets = _droplets([*range(40, 100), *[10] * 300])
+    common = {"niters": 777, "seed": 3, "backend": "cpu"}
+    if method == "emptydrops":
+        settings = {"lower": 10, "test_ambient": True, "ignore": 5, "by_rank": 50}
+        for retain, expected in ((None, 48.0), (60.0, 60.0)):  # the knee unless set
+            options = CellOptions(method=method, retain=retain, niters=777, seed=3, **settings)
+            call_cells(droplets, options=options, backend="cpu")
+            assert asked.pop() == {**settings, **common, "retain": expected}
+        return
+    cr = {
+        "max_percentile": 0.9, "max_min_ratio": 5.0, "umi_min": 45, "umi_min_frac_median": 0.02,
+        "candidates_max": 100, "ambient_rank_min": 70, "ambient_rank_max": 300,
+    }  # fmt: skip
+    for given, expected in ((None, 3000), (200, 200)):  # Cell Ranger's 3,000 unless set
+        options = CellOptions(
+            method=method, lower=10, expected_cells=given, niters=777, seed=3, emptydrops_cr=EmptyDropsCrOptions(**cr)
+        )
+        call_cells(droplets, options=options, backend="cpu")
+        assert asked.pop() == {**cr, **common, "expected_cells": expected}
+
+
 def test_emptydrops_table(raw, truth):
     _, calls = call(raw, niters=2_000)
     table = calls.table
