@@ -309,7 +309,8 @@ def test_soupx_with_a_fixed_contamination_takes_its_soup_from_the_range_set(raw)
 
 
 def test_soupx_estimates_its_contamination_with_every_setting_given(raw, monkeypatch):
-    """Each of ``cells.ambient.soupx``'s settings reaches SoupX's estimate (here a stand-in)."""
+    """Each of ``cells.ambient.soupx``'s settings reaches SoupX's estimate (here a stand-in), and the
+    backend its removal."""
     from types import SimpleNamespace
 
     from omicsprep.cells import ambient, soupx
@@ -321,6 +322,14 @@ def test_soupx_estimates_its_contamination_with_every_setting_given(raw, monkeyp
         return SimpleNamespace(rho=0.1)
 
     monkeypatch.setattr(soupx, "estimate_contamination", estimate)
+    removal = soupx.remove_soup
+    backends = []
+
+    def remove_soup(*args, **kwargs):
+        backends.append(kwargs.get("backend"))
+        return removal(*args, **kwargs)
+
+    monkeypatch.setattr(soupx, "remove_soup", remove_soup)
     settings = {
         "tfidf_min": 0.7,
         "soup_quantile": 0.8,
@@ -336,6 +345,7 @@ def test_soupx_estimates_its_contamination_with_every_setting_given(raw, monkeyp
     assert asked.pop("clusters").shape == (cells.n_obs,)
     assert asked == settings
     assert cells.uns["ambient"]["contamination"] == 0.1
+    assert backends == ["cpu"]  # the rule's backend reaches the removal
 
 
 def test_decontx_runs_with_every_setting_given(raw, monkeypatch):
