@@ -141,6 +141,27 @@ def test_embeddings_scored_side_by_side_give_the_table_scored_in_turn(merged):
     assert list(drawn.index[:-1]) == embeddings and drawn.index[-1] == "Metric Type"
 
 
+def test_scibs_garbage_collections_walk_only_the_objects_made_while_it_runs():
+    """scib-metrics collects before each metric: the process's older objects are frozen meanwhile,
+    new garbage is still collected, and everything is unfrozen after, even on an error."""
+    import gc
+    import weakref
+
+    class Node:
+        pass
+
+    with pytest.raises(RuntimeError, match="stop"), integration_scores._collecting_new_objects_only():
+        assert gc.get_freeze_count() > 1000
+        cycle = Node()
+        cycle.itself = cycle
+        gone = weakref.ref(cycle)
+        del cycle
+        gc.collect()
+        assert gone() is None
+        raise RuntimeError("stop")
+    assert gc.get_freeze_count() == 0
+
+
 @pytest.mark.parametrize(("metric", "between"), [("euclidean", "nearest"), ("cosine", "mean_other")])
 def test_silhouettes_from_matrix_products_are_scib_metrics_own(merged, metric, between):
     """Each cell's silhouette as scib-metrics computes it: against the nearest other label (label

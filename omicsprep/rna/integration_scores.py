@@ -31,6 +31,7 @@ instead while its ``Benchmarker`` runs (:func:`_steps_on_backend`), the first tw
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import threading
@@ -210,11 +211,26 @@ def scib_benchmarker(
         benchmarker.benchmark()
         return benchmarker
 
-    with _steps_on_backend(backend):
+    with _steps_on_backend(backend), _collecting_new_objects_only():
         if threads == 1:
             return benchmarked(list(embeddings))
         with ThreadPoolExecutor(threads) as pool:
             return _joined(list(pool.map(lambda key: benchmarked([key]), embeddings)))
+
+
+@contextmanager
+def _collecting_new_objects_only() -> Iterator[None]:
+    """The objects alive now left out of garbage collection until the block ends (``gc.freeze``).
+
+    scib-metrics collects garbage before each metric, ten an embedding, and a collection walks
+    every object of the process: 0.18 s each with scanpy, scvi-tools, JAX and PyTorch imported
+    (2 CPU cores), nearly nothing for the objects made since the freeze.
+    """
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def _joined(benchmarkers: list[Any]) -> Any:
