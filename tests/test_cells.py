@@ -114,11 +114,11 @@ def test_every_emptydrops_setting_reaches_its_test(method, monkeypatch):
         return emptydrops.EmptyDropsResult(table=table, ambient=np.zeros(counts.shape[1]), alpha=np.inf, retain=None)
 
     monkeypatch.setattr(emptydrops, "empty_drops" if method == "emptydrops" else "empty_drops_cell_ranger", stand_in)
-    droplets = _droplets([*range(40, 100), *[10] * 300])
+    droplets = _droplets([*range(98, 158), *[10] * 300])
     common = {"niters": 777, "seed": 3, "backend": "cpu"}
     if method == "emptydrops":
         settings = {"lower": 10, "test_ambient": True, "ignore": 5, "by_rank": 50}
-        for retain, expected in ((None, 48.0), (60.0, 60.0)):  # the knee unless set
+        for retain, expected in ((None, 100.0), (60.0, 60.0)):  # the knee unless set
             options = CellOptions(method=method, retain=retain, niters=777, seed=3, **settings)
             call_cells(droplets, options=options, backend="cpu")
             assert asked.pop() == {**settings, **common, "retain": expected}
@@ -455,19 +455,39 @@ def test_no_barcode_up_to_lower_leaves_the_ambient_profile_not_a_number():
 
 
 def test_the_knee_takes_the_curve_above_lower_and_a_barcode_at_the_knee_is_a_cell():
-    """Knee calling with ``cells.lower = 10`` on totals whose curve lies between 40 and 99 UMIs:
-    DropletUtils' default lower (100) would leave no curve at all. The empty droplets have
-    exactly ``lower`` UMIs (at most ``lower``: empty), and as many cells may be expected as there
-    are barcodes."""
+    """Knee calling with ``cells.lower = 10`` on totals whose curve lies between 98 and 157 UMIs:
+    the knee is at 100 (DropletUtils' default lower, 100, would leave it out of the curve), and
+    the barcode of 100 UMIs is a cell. The empty droplets have exactly ``lower`` UMIs (at most
+    ``lower``: empty), and as many cells may be expected as there are barcodes."""
     from omicsprep.cells.calling import call_cells
 
-    droplets = _droplets([*range(40, 100), *[10] * 300])
+    droplets = _droplets([*range(98, 158), *[10] * 300])
     options = CellOptions(method="knee", lower=10, expected_cells=droplets.n_obs)
     calls = call_cells(droplets, options=options, backend="cpu")
     table = calls.table
-    assert calls.ranks.knee == 48  # a total of the curve, exactly
-    np.testing.assert_array_equal(table["is_cell"], table["total"] >= 48)
-    assert table.loc[table["total"] == 48, "is_cell"].all() and table["is_cell"].sum() == 52
+    assert calls.ranks.knee == 100  # 10 ** log10(100), exactly
+    np.testing.assert_array_equal(table["is_cell"], table["total"] >= 100)
+    assert table.loc[table["total"] == 100, "is_cell"].all() and table["is_cell"].sum() == 58
+
+
+def test_a_knee_above_its_total_by_rounding_leaves_that_barcode_out_as_r_does():
+    """DropletUtils' knee is 10 ** log10 of a total: 1985.0000000000002 on the demo droplets. R's
+    ``total >= knee`` leaves the barcode of 1,985 UMIs out; so do the calls, from float32 counts
+    (whose float32 totals rounded the knee to 1985) as from float64 ones."""
+    from omicsprep.cells.calling import call_cells
+
+    raw = io.read_counts(DROPLETS_H5)
+    calls = {}
+    for dtype in (np.float32, np.float64):
+        droplets = raw.copy()
+        droplets.X = droplets.X.astype(dtype)
+        calls[dtype] = call_cells(droplets, options=CellOptions(method="knee"), backend="cpu")
+    knee = calls[np.float64].ranks.knee
+    assert knee == 10 ** np.log10(1985) > 1985
+    for found in calls.values():
+        table = found.table
+        assert (table["total"] == 1985).sum() == 1 and not table.loc[table["total"] == 1985, "is_cell"].any()
+    pd.testing.assert_frame_equal(calls[np.float32].table, calls[np.float64].table)
 
 
 def test_a_barcode_at_the_fdr_threshold_is_a_cell(raw):

@@ -64,7 +64,9 @@ def call_cells(raw: AnnData, *, options: CellOptions, given: pd.Index | None = N
         as raw?), no barcode above ``lower``, more cells expected than barcodes, barcodes of
         ``given`` missing from ``raw``, or no cell called.
     """
-    totals = np.asarray(raw.X.sum(axis=1)).ravel()
+    # float64 whatever the counts' dtype: the knee (DropletUtils' 10 ** log10 of a total, 1985.0000000000002
+    # for 1985) compared as R compares it, float32 totals rounding it to the total.
+    totals = np.asarray(raw.X.sum(axis=1, dtype=np.float64)).ravel()
     method = "input" if given is not None else options.method
     if method != "none":  # every barcode a cell: no droplet need be empty
         _check_droplets(totals, options=options)

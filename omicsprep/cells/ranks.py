@@ -86,13 +86,10 @@ def barcode_ranks(
     keep = run_totals > lower
     if keep.sum() < 3:
         raise ValueError("insufficient unique points for computing knee/inflection points")
-    kept_totals = run_totals[keep]
-    y = np.log10(kept_totals)
+    y = np.log10(run_totals[keep])
     x = np.log10(run_rank[keep])
     left, right = _curve_bounds(x, y, exclude_from=exclude_from)
-    # The knee and inflection are totals of the curve: taken as they are, not as 10 ** log10 of
-    # them (1985.0000000000002 for 1985), so that a barcode at the knee is at least the knee.
-    inflection = float(kept_totals[right])
+    inflection = float(10 ** y[right])
     if fit_bounds is None:
         fit_points = np.arange(left, right + 1)
     else:
@@ -107,9 +104,9 @@ def barcode_ranks(
         d2 = spline.derivative(spline.x, 2)
         curvature = d2 / (1 + d1**2) ** 1.5
         # DropletUtils indexes the fitted points by the spline's unique x, as here.
-        knee = float(kept_totals[fit_points][np.argmin(curvature)])
+        knee = float(10 ** y[fit_points][np.argmin(curvature)])
     elif fit_bounds is None:
-        knee = float(kept_totals[fit_points[0]])
+        knee = float(10 ** y[fit_points[0]])
     else:
         raise ValueError(f"fewer than 4 unique totals within fit_bounds {fit_bounds}")
     run_of_barcode = np.searchsorted(-run_totals, -totals)
