@@ -324,8 +324,8 @@ def write_report() -> None:
         "fixture runs in its first test only; before 2026-12-06, d4ebe19, only the reaching tests ran, which",
         "left some of atac's mutants 'survived'), fastest file and fastest test first, up to the first that",
         "fails. *Killed* counts timeouts and segfaults; *not reached*: no",
-        "covering test calls the function; *equivalent*: a survivor that behaves as the original, with the",
-        "reason below; *GPU only*: a survivor that changes only what the GPU backend does (a backend or",
+        "covering test calls the function; *equivalent*: a survivor that behaves as the original, with its",
+        "reason in `equivalent.toml`; *GPU only*: a survivor that changes only what the GPU backend does (a backend or",
         "array module not passed on, which the CPU backend does not read), which the CPU tests cannot see",
         "and the GPU suite's CPU-GPU comparisons would see only as the CPU's results (its reason begins",
         "`GPU only` in `equivalent.toml`). The share is killed over all mutants less the equivalent and",
@@ -343,11 +343,13 @@ def write_report() -> None:
         explained = equivalent.get(module, {})
         counts = dict.fromkeys(("killed", "survived", "not reached", "unclear"), 0)
         open_ones: dict[str, list[str]] = {}  # function -> its mutants' numbers
-        equal_ones, gpu_ones = [], []
+        equal_ones: dict[str, list[str]] = {}
+        gpu_ones: dict[str, list[str]] = {}
         for name, (status, _) in found.items():
             if status in ("survived", "no tests") and name in explained:
+                function, number = mutant_order(name)
                 gpu_only = explained[name].startswith("GPU only")
-                (gpu_ones if gpu_only else equal_ones).append(f"- `{name}`: {explained[name]}")
+                (gpu_ones if gpu_only else equal_ones).setdefault(function, []).append(str(number))
                 continue
             counts[COLUMNS[status]] += 1
             if COLUMNS[status] != "killed":
@@ -355,19 +357,22 @@ def write_report() -> None:
                 shown = str(number) if status == "survived" else f"{number} ({status})"
                 open_ones.setdefault(function, []).append(shown)
         stale = sorted(set(explained) - {name for name, (status, _) in found.items() if status != "killed"})
-        judged = len(found) - len(equal_ones) - len(gpu_ones)
+        n_equal, n_gpu = (sum(map(len, ones.values())) for ones in (equal_ones, gpu_ones))
+        judged = len(found) - n_equal - n_gpu
         share = f"{100 * counts['killed'] / judged:.1f}%" if judged else "-"
         run = (RESULTS / f"{module}.run").read_text().strip()
         lines.append(
             f"| {module} | {len(found)} | {counts['killed']} | {counts['survived']} | {counts['not reached']} "
-            f"| {counts['unclear']} | {len(equal_ones)} | {len(gpu_ones)} | {share} | {run} |"
+            f"| {counts['unclear']} | {n_equal} | {n_gpu} | {share} | {run} |"
         )
-        # Without their changes, which would double this page: the results file has them.
-        not_killed = [f"- `{function}`: {', '.join(numbers)}" for function, numbers in open_ones.items()]
+        # Without their changes, which would double this page (the results file has them), and the
+        # reasons, which equivalent.toml holds.
         changes = f"`zcat tests/mutation/results/{module}.tsv.gz | grep <function>__mutmut_<number>`"
-        sections += [f"\n## {module}\n", f"Each mutant's change: {changes}.\n", "Not killed, by function:\n"]
-        sections += [*(not_killed or ["- none"]), "\nEquivalent:\n", *(equal_ones or ["- none"])]
-        sections += ["\nGPU only:\n", *(gpu_ones or ["- none"])]
+        reasons = f"`tests/mutation/equivalent.toml`, table `[{module}]`"
+        sections += [f"\n## {module}\n", f"Each mutant's change: {changes}; each explained one's reason: {reasons}.\n"]
+        for title, ones in (("Not killed", open_ones), ("Equivalent", equal_ones), ("GPU only", gpu_ones)):
+            listed = [f"- `{function}`: {', '.join(numbers)}" for function, numbers in ones.items()]
+            sections += [f"{title}, by function:\n", *(listed or ["- none"]), ""]
         if stale:
             sections += ["\nExplained in equivalent.toml but killed or gone (remove them):\n"]
             sections += [f"- `{name}`" for name in stale]
