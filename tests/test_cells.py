@@ -3,6 +3,8 @@ generated raw droplets (the demo's: 300 cells of 6 types among 15,000 barcodes).
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -199,9 +201,19 @@ def test_bad_droplets_options(raw):
 
 
 def test_raw_genes_must_match_the_filtered_input(raw, truth):
-    filtered = raw[truth["is_cell"].to_numpy(), 10:].copy()
-    with pytest.raises(InputError, match="the raw matrix's genes differ from the input's"):
-        run_call_cells(raw.copy(), filtered=filtered, cellbender=None, options=CellOptions(), backend="cpu")
+    """Genes missing from the input: one error naming the first; the same genes in another order: another."""
+    cells = raw[truth["is_cell"].to_numpy()]
+    first = sorted(raw.var_names[:10])[0]
+    message = (
+        rf"^the raw matrix's genes differ from the input's \({raw.n_vars} vs {raw.n_vars - 10} genes; "
+        rf"10 in one only, e\.g\. '{re.escape(first)}'\)$"
+    )
+    for filtered, expected in (
+        (cells[:, 10:], message),
+        (cells[:, np.arange(raw.n_vars)[::-1]], r"^the raw matrix's genes are in another order than the input's$"),
+    ):
+        with pytest.raises(InputError, match=expected):
+            run_call_cells(raw.copy(), filtered=filtered.copy(), cellbender=None, options=CellOptions(), backend="cpu")
 
 
 def test_dsb_background_from_raw_droplets():
