@@ -502,6 +502,54 @@ def test_a_knee_above_its_total_by_rounding_leaves_that_barcode_out_as_r_does():
     pd.testing.assert_frame_equal(calls[np.float32].table, calls[np.float64].table)
 
 
+def test_the_step_passes_its_settings_on_and_records_the_calls_and_their_provenance(monkeypatch):
+    """run_call_cells hands the backend to the calling, and the ambient options, CellBender's output,
+    the seed and the backend to the removal (stand-ins record them); each cell's ambient fraction
+    goes to the calls' table (NaN for the other barcodes); the summary and provenance are kept."""
+    import json
+    from dataclasses import asdict
+
+    from omicsprep.cells import ambient, calling
+
+    asked = {}
+    call_cells = calling.call_cells
+
+    def calling_stand_in(raw, **kwargs):
+        asked["calling"] = kwargs["backend"]
+        return call_cells(raw, **kwargs)
+
+    def removal(cells, **kwargs):
+        asked["removal"] = kwargs
+        if kwargs["options"].method != "none":  # as remove_ambient: no fraction without a removal
+            cells.obs["ambient_fraction"] = 0.25
+
+    monkeypatch.setattr(calling, "call_cells", calling_stand_in)
+    monkeypatch.setattr(ambient, "remove_ambient", removal)
+    droplets, cellbender = _droplets([*range(98, 158), *[10] * 300]), AnnData(np.zeros((1, 1)))
+    options = CellOptions(method="knee", lower=10, seed=7, ambient=AmbientOptions(method="decontx"))
+    cells, calls = run_call_cells(droplets, filtered=None, cellbender=cellbender, options=options, backend="cpu")
+    assert asked["calling"] == "cpu"
+    removed = asked["removal"]
+    assert removed.pop("raw") is droplets and removed.pop("cellbender_output") is cellbender
+    assert removed == {"options": options.ambient, "seed": 7, "backend": "cpu"}
+    fractions = calls.table["ambient_fraction"]
+    assert (fractions[calls.table["is_cell"]] == 0.25).all() and fractions[~calls.table["is_cell"]].isna().all()
+    assert fractions.dtype == np.float64
+    assert cells.uns["cells"] == {
+        "method": "knee", "n_cells": 58, "n_barcodes": 360, "knee": 100.0, "inflection": calls.ranks.inflection,
+    }  # fmt: skip
+    record = cells.uns["omicsprep"]["call_cells"]
+    assert record["backend"] == "cpu"
+    assert json.loads(record["params"]) == json.loads(json.dumps(asdict(options), default=str))
+    assert set(record["timings"]) == {"call_cells", "ambient"}
+    # Without a removal the column is there, NaN throughout; a matrix of one barcode is summarized too.
+    options = CellOptions(method="none")
+    cells, calls = run_call_cells(_droplets([500]), filtered=None, cellbender=None, options=options, backend="cpu")
+    assert list(calls.table.columns[-2:]) == ["method", "ambient_fraction"]
+    assert calls.table["ambient_fraction"].isna().all()
+    assert cells.uns["cells"]["method"] == "none" and cells.uns["cells"]["n_cells"] == 1
+
+
 def test_a_barcode_at_the_fdr_threshold_is_a_cell(raw):
     """emptyDrops calls a barcode whose FDR equals ``cells.fdr`` a cell, as DropletUtils' users
     filter (``FDR <= 0.001``)."""
