@@ -550,6 +550,50 @@ def test_the_step_passes_its_settings_on_and_records_the_calls_and_their_provena
     assert cells.uns["cells"]["method"] == "none" and cells.uns["cells"]["n_cells"] == 1
 
 
+def test_ambient_removal_passes_its_settings_on_and_summarizes_what_it_did(raw, monkeypatch):
+    """The seed and backend reach the quick clusters, the backend SoupX (stand-ins record them);
+    the summary counts the clusters; method none changes nothing; only the GPU caps the counts,
+    at more than its largest matrix, checked before any clustering."""
+    from omicsprep.cells import ambient
+
+    asked = {}
+
+    def clusters_stand_in(cells, **kwargs):
+        asked["clusters"] = kwargs
+        return np.arange(cells.n_obs) % 3
+
+    def soupx_stand_in(counts, **kwargs):
+        asked["soupx"] = kwargs
+        return counts * 0.9, 0.1
+
+    monkeypatch.setattr(ambient, "quick_clusters", clusters_stand_in)
+    monkeypatch.setattr(ambient, "_soupx", soupx_stand_in)
+    cells = clear_cells(raw)
+    monkeypatch.setattr(ambient, "max_gpu_sparse_entries", lambda: cells.X.nnz - 1)  # the CPU has no such cap
+    options = AmbientOptions(method="soupx", cluster_resolution=0.7)
+    untouched = cells.copy()
+    ambient.remove_ambient(untouched, raw=raw, options=AmbientOptions(), seed=7, backend="cpu")
+    assert abs(untouched.X - cells.X).max() == 0 and not untouched.layers and "ambient" not in untouched.uns
+    ambient.remove_ambient(cells, raw=raw, options=options, seed=7, backend="cpu")
+    assert asked["clusters"] == {"resolution": 0.7, "seed": 7, "backend": "cpu"}
+    assert asked["soupx"]["backend"] == "cpu" and asked["soupx"]["options"] is options
+    assert cells.uns["ambient"] == {
+        "method": "soupx", "n_clusters": 3, "contamination": 0.1, "median_ambient_fraction": pytest.approx(0.1),
+    }  # fmt: skip
+
+    class Reached(Exception):
+        pass
+
+    def reached(cells, **kwargs):
+        raise Reached
+
+    monkeypatch.setattr(ambient, "quick_clusters", reached)
+    for cap, outcome in ((clear_cells(raw).X.nnz, Reached), (clear_cells(raw).X.nnz - 1, InputError)):
+        monkeypatch.setattr(ambient, "max_gpu_sparse_entries", lambda cap=cap: cap)
+        with pytest.raises(outcome):
+            ambient.remove_ambient(clear_cells(raw), raw=raw, options=options, seed=7, backend="gpu")
+
+
 def test_a_barcode_at_the_fdr_threshold_is_a_cell(raw):
     """emptyDrops calls a barcode whose FDR equals ``cells.fdr`` a cell, as DropletUtils' users
     filter (``FDR <= 0.001``)."""
