@@ -160,3 +160,39 @@ def test_the_pooling_clusters_keep_genes_that_every_cell_counts():
     clusters = quick_clusters(cells, resolution=0.5, seed=0, backend="cpu")
     purity = sum(np.bincount(groups[clusters == cluster]).max() for cluster in np.unique(clusters)) / len(groups)
     assert len(np.unique(clusters)) >= 2 and purity > 0.75  # 0.83; without the markers one cluster, 0.5
+
+
+def test_the_soup_is_the_droplets_strictly_inside_its_range():
+    """SoupX's estimateSoup: totals above the lower bound and below the upper, not at them; no count
+    there is one error naming the range; a soup of one UMI is that gene alone."""
+    totals_and_genes = [(10, 0), (11, 1), (50, 2), (99, 1), (100, 3)]  # droplet total, its only gene
+    rows = [np.eye(4)[gene] * total for total, gene in totals_and_genes]
+    raw = sparse.csr_matrix(np.array(rows, dtype=np.float32))
+    expected = np.array([0, 11 + 99, 50, 0]) / 160
+    np.testing.assert_allclose(soup_profile(raw, soup_range=(10, 100)), expected, rtol=1e-12)
+    with pytest.raises(ValueError, match=r"^no counts in droplets with 0 < total < 5: no soup profile$"):
+        soup_profile(raw, soup_range=(0, 5))
+    one = sparse.csr_matrix(np.array([[0, 1, 0, 0], [0, 0, 0, 500]], dtype=np.float32))
+    np.testing.assert_array_equal(soup_profile(one, soup_range=(0, 100)), [0, 1, 0, 0])
+
+
+def test_a_cell_expresses_a_marker_by_bh_over_the_cells_of_that_marker():
+    """SoupX's estimateNonExpressingCells adjusts each marker's Poisson p-values over the cells
+    (BH per gene): one cell with 6 counts where 1 is expected (p = 6e-4) among 100 cells is not
+    significant at 0.05 (q = 0.06), though it would be over that cell's two markers (q = 1.2e-3)."""
+    from omicsprep.cells.soupx import _non_expressing
+
+    counts = np.zeros((100, 3))
+    counts[:, 2] = 100
+    counts[0, 0], counts[0, 2] = 6, 94  # every cell's total is 100
+    soup = np.array([0.01, 0.01, 0.98])
+
+    def non_expressing() -> np.ndarray:
+        return _non_expressing(
+            sparse.csr_matrix(counts), soup, markers=np.array([0, 1]), cluster_of=np.zeros(100, dtype=int),
+            n_clusters=1, max_contamination=1.0, fdr=0.05,
+        )  # fmt: skip
+
+    np.testing.assert_array_equal(non_expressing(), [[True, True]])
+    counts[0, 0], counts[0, 2] = 9, 91  # p = 1.1e-6: significant over the cells too
+    np.testing.assert_array_equal(non_expressing(), [[False, True]])
