@@ -22,7 +22,7 @@ FRAGMENTS = MULTIOME / "fragments.tsv.gz"
 
 @pytest.fixture(scope="module")
 def barcodes():
-    return pd.Index(pd.read_csv(MULTIOME / "barcodes.tsv", header=None)[0])
+    return pd.Index(pd.read_csv(MULTIOME / "barcodes.tsv.gz", header=None)[0])
 
 
 @pytest.fixture(scope="module")

@@ -976,7 +976,7 @@ def test_chromatin_beyond_32_bit_indices_runs_in_row_blocks_as_one_matrix(monkey
     options = replace(from_config(AtacOptions, config["atac"]), min_cells_per_feature=1)
     counts = count_fragments(
         io.fragment_chunks(MULTIOME / "fragments.tsv.gz", backend="gpu"),
-        barcodes=pd.Index(pd.read_csv(MULTIOME / "barcodes.tsv", header=None)[0].to_numpy()),  # unnamed, as a file's
+        barcodes=pd.Index(pd.read_csv(MULTIOME / "barcodes.tsv.gz", header=None)[0].to_numpy()),  # unnamed, as a file's
         peaks=io.read_peaks(MULTIOME / "peaks.bed"),
         backend="gpu",
     )

@@ -17,7 +17,7 @@ from omicsprep.multiome.wnn import join_modalities
 
 @pytest.fixture(scope="module")
 def atac():
-    barcodes = pd.Index(pd.read_csv(MULTIOME / "barcodes.tsv", header=None)[0])
+    barcodes = pd.Index(pd.read_csv(MULTIOME / "barcodes.tsv.gz", header=None)[0])
     return count_fragments(
         io.fragment_chunks(MULTIOME / "fragments.tsv.gz"),
         barcodes=barcodes,
