@@ -196,3 +196,13 @@ def test_a_cell_expresses_a_marker_by_bh_over_the_cells_of_that_marker():
     np.testing.assert_array_equal(non_expressing(), [[True, True]])
     counts[0, 0], counts[0, 2] = 9, 91  # p = 1.1e-6: significant over the cells too
     np.testing.assert_array_equal(non_expressing(), [[False, True]])
+
+
+def test_benjamini_hochberg_adjusts_along_the_axis_asked():
+    """quickMarkers adjusts each cluster's p-values over the genes (axis 1 here), estimateNonExpressingCells
+    each marker's over the cells (axis 0)."""
+    from omicsprep.cells.soupx import _benjamini_hochberg
+
+    p_values = np.array([[0.01, 0.04, 0.5], [0.03, 0.02, 0.9]])
+    np.testing.assert_allclose(_benjamini_hochberg(p_values, axis=1), [[0.03, 0.06, 0.5], [0.045, 0.045, 0.9]])
+    np.testing.assert_allclose(_benjamini_hochberg(p_values, axis=0), [[0.02, 0.04, 0.9], [0.03, 0.04, 0.9]])
