@@ -564,7 +564,7 @@ def test_ambient_removal_passes_its_settings_on_and_summarizes_what_it_did(raw, 
 
     def soupx_stand_in(counts, **kwargs):
         asked["soupx"] = kwargs
-        return counts * 0.9, 0.1
+        return (counts * 0.9).astype(np.float64), 0.1  # float64, as SoupX's and DecontX's counts come
 
     monkeypatch.setattr(ambient, "quick_clusters", clusters_stand_in)
     monkeypatch.setattr(ambient, "_soupx", soupx_stand_in)
@@ -580,6 +580,12 @@ def test_ambient_removal_passes_its_settings_on_and_summarizes_what_it_did(raw, 
     assert cells.uns["ambient"] == {
         "method": "soupx", "n_clusters": 3, "contamination": 0.1, "median_ambient_fraction": pytest.approx(0.1),
     }  # fmt: skip
+    assert cells.X.dtype == np.float32
+    # Each cell's fraction removed: 0 for a cell without counts, a cell of one UMI as any other.
+    few = _droplets([0, 1, 10])
+    monkeypatch.setattr(ambient, "_soupx", lambda counts, **kwargs: (counts * 0.5, 0.5))
+    ambient.remove_ambient(few, raw=few, options=options, seed=7, backend="cpu")
+    np.testing.assert_array_equal(few.obs["ambient_fraction"].to_numpy(dtype=float), [0.0, 0.5, 0.5])
 
     class Reached(Exception):
         pass
