@@ -550,6 +550,34 @@ def test_the_step_passes_its_settings_on_and_records_the_calls_and_their_provena
     assert cells.uns["cells"]["method"] == "none" and cells.uns["cells"]["n_cells"] == 1
 
 
+def test_the_quick_clusters_pass_the_seed_and_backend_to_every_step(raw, monkeypatch):
+    """Each step of the pooling clusters gets the seed and backend given (wrappers record them)."""
+    from omicsprep.cells import ambient
+
+    asked = []
+
+    def recording(module, name):
+        step = getattr(module, name)
+
+        def recorded(*args, **kwargs):
+            asked.append((name, kwargs.get("seed", "-"), kwargs["backend"]))
+            return step(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, recorded)
+
+    for module, name in (
+        (ambient, "to_device"), (ambient.preprocessing, "normalize"), (ambient.preprocessing, "highly_variable_genes"),
+        (ambient.preprocessing, "pca"), (ambient.clustering, "neighbors"), (ambient.clustering, "cluster_graph"),
+    ):  # fmt: skip
+        recording(module, name)
+    clusters = ambient.quick_clusters(clear_cells(raw), resolution=1.0, seed=7, backend="cpu")
+    assert clusters.shape == (clear_cells(raw).n_obs,)
+    assert asked == [
+        ("to_device", "-", "cpu"), ("normalize", "-", "cpu"), ("highly_variable_genes", "-", "cpu"), ("pca", 7, "cpu"),
+        ("neighbors", "-", "cpu"), ("cluster_graph", 7, "cpu"),
+    ]  # fmt: skip
+
+
 def test_ambient_removal_passes_its_settings_on_and_summarizes_what_it_did(raw, monkeypatch):
     """The seed and backend reach the quick clusters, the backend SoupX (stand-ins record them);
     the summary counts the clusters; method none changes nothing; only the GPU caps the counts,
