@@ -206,3 +206,18 @@ def test_benjamini_hochberg_adjusts_along_the_axis_asked():
     p_values = np.array([[0.01, 0.04, 0.5], [0.03, 0.02, 0.9]])
     np.testing.assert_allclose(_benjamini_hochberg(p_values, axis=1), [[0.03, 0.06, 0.5], [0.045, 0.045, 0.9]])
     np.testing.assert_allclose(_benjamini_hochberg(p_values, axis=0), [[0.02, 0.04, 0.9], [0.03, 0.04, 0.9]])
+
+
+def test_a_marker_is_a_clusters_gene_by_the_hypergeometric_tail_from_its_count():
+    """quickMarkers' test: P(X >= k) for k of a cluster's 20 cells (of 100) expressing a gene that 5
+    cells express. k = 4: p = 0.0054, a marker at FDR 0.01 (from k - 1 it would be 0.053); k = 3:
+    p = 0.053, none (from k + 1 it would be 0.0002)."""
+    from omicsprep.cells.soupx import _marker_scores
+
+    cluster_of = np.repeat([0, 1], [20, 80])
+    for in_cluster, is_marker in ((4, True), (3, False)):
+        expressing = [*range(in_cluster), *range(50, 55 - in_cluster)]  # 5 in all
+        counts = np.zeros((100, 1))
+        counts[expressing, 0] = 1
+        score = _marker_scores(sparse.csr_matrix(counts), cluster_of, 2)[0]
+        assert np.isfinite(score) == is_marker, in_cluster
