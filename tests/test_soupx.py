@@ -221,3 +221,59 @@ def test_a_marker_is_a_clusters_gene_by_the_hypergeometric_tail_from_its_count()
         counts[expressing, 0] = 1
         score = _marker_scores(sparse.csr_matrix(counts), cluster_of, 2)[0]
         assert np.isfinite(score) == is_marker, in_cluster
+
+
+def test_a_cell_expresses_a_marker_beyond_the_soup_at_its_own_depth():
+    """estimateNonExpressingCells' Poisson test: expected = the cell's own total x the largest
+    contamination x the soup's share, and P(X >= count). Cell A (total 100, 4 of the marker) expects
+    1.0: p = 0.019, q = 0.038 over the two cells, expressing at FDR 0.05 (from count - 2, from
+    the total of all cells, or dividing by the contamination, it would not be). Cell B, none of
+    the marker: q = 1, not expressing even at FDR 1."""
+    from omicsprep.cells.soupx import _non_expressing
+
+    counts = sparse.csr_matrix(np.array([[4.0, 96.0], [0.0, 900.0]]))
+
+    def non_expressing(fdr: float) -> np.ndarray:
+        return _non_expressing(
+            counts, np.array([0.02, 0.98]), markers=np.array([0]), cluster_of=np.array([0, 1]), n_clusters=2,
+            max_contamination=0.5, fdr=fdr,
+        )  # fmt: skip
+
+    np.testing.assert_array_equal(non_expressing(0.05), [[False], [True]])
+    np.testing.assert_array_equal(non_expressing(1.0), [[False], [True]])
+
+
+def test_a_marker_needs_a_q_value_below_the_fdr_not_at_it():
+    """quickMarkers calls q < FDR: a gene only a one-cell cluster's cell expresses has p = q = 1/100
+    among 100 cells, exactly MARKER_FDR (0.01), and is no marker; among 200 cells (p = 0.005) it is."""
+    from omicsprep.cells.soupx import MARKER_FDR, _marker_scores
+
+    assert MARKER_FDR == 0.01
+    for n_cells, is_marker in ((100, False), (200, True)):
+        counts = np.zeros((n_cells, 1))
+        counts[0, 0] = 1
+        cluster_of = np.minimum(np.arange(n_cells), 1)
+        assert np.isfinite(_marker_scores(sparse.csr_matrix(counts), cluster_of, 2)[0]) == is_marker, n_cells
+
+
+def test_no_cells_is_the_no_markers_error():
+    """Without cells there are no clusters, so no markers: the error that says so, not NumPy's
+    reduction of an empty axis."""
+    cells = sparse.csr_matrix((0, 4))
+    with pytest.raises(ValueError, match=r"^no plausible marker genes"):
+        estimate_contamination(cells, np.full(4, 0.25), clusters=np.array([], dtype=int))
+
+
+def test_the_defaults_are_soupxs_and_the_configurations():
+    """estimate_contamination's and soup_profile's defaults are SoupX's (autoEstCont's tfidfMin = 1,
+    soupQuantile = 0.9, ...) as the configuration's SoupX options hold them."""
+    import inspect
+
+    from omicsprep.options.counting import SoupxOptions
+
+    configured = SoupxOptions()
+    for function in (estimate_contamination, soup_profile):
+        for name, parameter in inspect.signature(function).parameters.items():
+            if parameter.default is not inspect.Parameter.empty and hasattr(configured, name):
+                assert parameter.default == getattr(configured, name), (function.__name__, name)
+    assert configured.tfidf_min == 1.0 and configured.soup_quantile == 0.9
