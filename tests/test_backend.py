@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import anndata as ad
 import numpy as np
@@ -112,6 +113,16 @@ print(*sorted({sys.modules[name].IMPORTED_IN for name in CUPY_PARTS}))
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["omicsprep-prepare-gpu"]
+
+
+def test_a_library_two_threads_ask_for_at_once_reaches_both_whole(tmp_path, monkeypatch):
+    # The second thread waits for the first's import: handed the half-imported module, two
+    # threads asking for cuML at once met "partially initialized module 'cuml'" on an H100.
+    (tmp_path / "slow_gpu_library.py").write_text("import time\ntime.sleep(0.5)\nneighbors = 'ready'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with ThreadPoolExecutor(2) as pool:
+        first, second = pool.map(lambda _: gpu_module("slow_gpu_library").neighbors, range(2))
+    assert first == second == "ready"
 
 
 def test_a_dimension_beyond_32_bit_indices_is_refused_on_the_gpu(monkeypatch):

@@ -528,7 +528,7 @@ def test_atac_tfidf_and_lsi_agree_on_cpu_and_gpu():
     folder = MULTIOME
     counts = count_fragments(
         io.fragment_chunks(folder / "fragments.tsv.gz"),
-        barcodes=pd.Index(pd.read_csv(folder / "barcodes.tsv", header=None)[0]),
+        barcodes=pd.Index(pd.read_csv(folder / "barcodes.tsv.gz", header=None)[0]),
         peaks=io.read_peaks(folder / "peaks.bed"),
     )
     results = {}
@@ -551,7 +551,7 @@ def test_fragment_counts_are_identical_on_cpu_and_gpu(features):
     from omicsprep.atac.fragments import count_fragments
 
     folder = MULTIOME
-    barcodes = pd.Index(pd.read_csv(folder / "barcodes.tsv", header=None)[0])
+    barcodes = pd.Index(pd.read_csv(folder / "barcodes.tsv.gz", header=None)[0])
     peaks = io.read_peaks(folder / "peaks.bed") if features == "peaks" else None
     results = {
         backend: count_fragments(

@@ -131,11 +131,9 @@ def gpu_module(name: str) -> ModuleType:
             else:
                 for thread in _preparation:
                     thread.join()
-    imported = sys.modules.get(name)
-    if imported is not None:
-        return imported
     try:
         with phase("gpu_import"):
+            # Not sys.modules' entry: another thread may still be importing it (import_module waits).
             return importlib.import_module(name)
     except Exception as exc:  # a driver or CUDA mismatch raises CUDA's own errors, not only ImportError
         msg = f"the GPU backend cannot import {name} ({type(exc).__name__}: {exc})"
