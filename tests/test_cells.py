@@ -436,11 +436,14 @@ def test_methods_that_need_a_knee_say_so_when_the_totals_have_none(method):
 
 def test_method_none_takes_every_barcode_with_counts_and_needs_no_empty_droplet():
     """``cells.method: none`` (a filtered matrix): no knee needed, none of the raw-matrix checks."""
-    from omicsprep.cells.calling import call_cells
+    from omicsprep.cells.calling import TEST_COLUMNS, call_cells
 
     table = call_cells(_droplets([150, 500, 500, 800]), options=CellOptions(method="none"), backend="cpu").table
     assert table["is_cell"].all() and table["rank"].tolist() == [4, 2.5, 2.5, 1]
     assert table.index.name == "barcode"
+    # Untested, the test's columns are float NaN: numbers in the barcode table's Parquet, not nulls.
+    assert [str(table[column].dtype) for column in TEST_COLUMNS] == ["float64"] * 4
+    assert table[list(TEST_COLUMNS)].isna().all().all()
 
 
 def test_method_none_calls_barcodes_with_a_count_and_shows_the_soup_of_those_up_to_lower():
@@ -576,6 +579,33 @@ def test_the_quick_clusters_pass_the_seed_and_backend_to_every_step(raw, monkeyp
         ("to_device", "-", "cpu"), ("normalize", "-", "cpu"), ("highly_variable_genes", "-", "cpu"), ("pca", 7, "cpu"),
         ("neighbors", "-", "cpu"), ("cluster_graph", 7, "cpu"),
     ]  # fmt: skip
+
+
+def test_the_quick_clusters_work_on_every_gene_some_cell_counts(raw, monkeypatch):
+    """The pooling clusters' working copy leaves out the genes no cell counts (cuML's PCA refuses
+    them) and keeps a gene that a single cell counts (a wrapper records the genes normalized)."""
+    import anndata as ad
+
+    from omicsprep.cells import ambient
+
+    cells = clear_cells(raw)
+    once = sparse.csr_matrix(([1.0], ([0], [0])), shape=(cells.n_obs, 1), dtype=cells.X.dtype)
+    cells = ad.AnnData(
+        sparse.hstack([cells.X, once, sparse.csr_matrix((cells.n_obs, 1), dtype=cells.X.dtype)], format="csr"),
+        obs=cells.obs, var=pd.DataFrame(index=[*cells.var_names, "counted_once", "never_counted"]),
+    )  # fmt: skip
+    normalized = []
+    normalize = ambient.preprocessing.normalize
+
+    def recorded(adata, **kwargs):
+        normalized.append(list(adata.var_names))
+        return normalize(adata, **kwargs)
+
+    monkeypatch.setattr(ambient.preprocessing, "normalize", recorded)
+    ambient.quick_clusters(cells, resolution=1.0, seed=7, backend="cpu")
+    counted = np.asarray((cells.X != 0).sum(axis=0)).ravel() > 0
+    assert normalized == [list(cells.var_names[counted])]
+    assert "counted_once" in normalized[0] and "never_counted" not in normalized[0]
 
 
 def test_ambient_removal_passes_its_settings_on_and_summarizes_what_it_did(raw, monkeypatch):

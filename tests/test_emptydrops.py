@@ -178,6 +178,19 @@ def test_refuses_data_without_ambient_counts():
         empty_drops(counts, by_rank=counts.shape[0], niters=10)
 
 
+def test_by_rank_is_lower_at_the_total_ranked_just_below_it():
+    """DropletUtils' by.rank: the ambient droplets are those at or below the total of the barcode
+    ranked by_rank + 1 (its .get_lower), so by_rank = 600 is lower = that total (without R)."""
+    counts = droplets().counts
+    totals = np.asarray(counts.sum(axis=1)).ravel()
+    at_rank = int(np.sort(totals)[::-1][600])
+    assert (totals > at_rank).sum() <= 600 < (totals >= at_rank).sum()
+    by_rank = empty_drops(counts, by_rank=600, niters=20, retain=2000)
+    by_lower = empty_drops(counts, lower=at_rank, niters=20, retain=2000)
+    pd.testing.assert_frame_equal(by_rank.table, by_lower.table)
+    np.testing.assert_array_equal(by_rank.ambient, by_lower.ambient)
+
+
 def test_philox_known_answers():
     """Random123's known-answer vectors of Philox4x32-10."""
     words = [np.uint64(w) for w in (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344, 0xA4093822, 0x299F31D0)]
