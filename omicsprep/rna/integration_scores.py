@@ -412,7 +412,12 @@ def diffusion_neighbors(connectivities: Any, k: int, n_comps: int = 100, *, back
     mapped = time.perf_counter()
     # CuPy's Lanczos needs more vectors than components below the graph's size (ARPACK: as many).
     if backend == "gpu" and transitions.shape[0] > 2 * n_comps + 1:
-        values, vectors = cupyx_sparse_linalg().eigsh(transitions, k=n_comps, which="LM", tol=LANCZOS_TOLERANCE)
+        # CuPy's Lanczos starts from an unseeded random vector: a seeded one, so that a run's
+        # eigenvectors, and kBET, are the next run's.
+        start_vector = host_to_device(np.random.default_rng(0).random(transitions.shape[0]))
+        values, vectors = cupyx_sparse_linalg().eigsh(
+            transitions, k=n_comps, which="LM", v0=start_vector, tol=LANCZOS_TOLERANCE
+        )
     else:
         values, vectors = scipy.sparse.linalg.eigsh(asnumpy(transitions), k=n_comps, which="LM")
     values, vectors = xp.asarray(values), xp.asarray(vectors)
