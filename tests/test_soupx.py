@@ -277,3 +277,41 @@ def test_the_defaults_are_soupxs_and_the_configurations():
             if parameter.default is not inspect.Parameter.empty and hasattr(configured, name):
                 assert parameter.default == getattr(configured, name), (function.__name__, name)
     assert configured.tfidf_min == 1.0 and configured.soup_quantile == 0.9
+
+
+def marker_scores(droplets: Droplets) -> np.ndarray:
+    """Each gene's best tf-idf as a marker of the planted types (quickMarkers)."""
+    from omicsprep.cells.soupx import _marker_scores
+
+    _, cluster_of = np.unique(droplets.cell_type, return_inverse=True)
+    return _marker_scores(sparse.csr_matrix(droplets.cells, dtype=np.float64), cluster_of, cluster_of.max() + 1)
+
+
+def test_markers_need_a_score_and_a_soup_share_strictly_above_their_cuts(droplets):
+    """autoEstCont keeps tf-idf > tfidfMin and soup > its quantile: with either cut at the best
+    gene that passes the other, no gene passes both."""
+    soup, scores = soup_profile(droplets.raw), marker_scores(droplets)
+    best_score = scores[soup > np.quantile(soup, 0.9)].max()
+    top_soup = soup[scores > TFIDF_MIN].max()
+    top_soup_rank = np.flatnonzero(np.sort(soup) == top_soup)[0]
+    quantile = top_soup_rank / (soup.size - 1)
+    assert np.quantile(soup, quantile) == top_soup
+    for cuts in ({"tfidf_min": float(best_score)}, {"tfidf_min": TFIDF_MIN, "soup_quantile": quantile}):
+        with pytest.raises(ValueError, match=r"^no plausible marker genes"):
+            estimate_contamination(droplets.cells, soup, clusters=droplets.cell_type, **cuts)
+
+
+def test_the_markers_chosen_are_logged_with_their_counts(droplets, caplog):
+    """The log says how many genes pass the tf-idf cut, how many also the soup's quantile, and how
+    many are taken (at most max_markers)."""
+    soup, scores = soup_profile(droplets.raw), marker_scores(droplets)
+    passing = scores > TFIDF_MIN
+    candidates = passing & (soup > np.quantile(soup, 0.9))
+    with caplog.at_level("INFO", logger="omicsprep"):
+        estimate_contamination(droplets.cells, soup, clusters=droplets.cell_type, tfidf_min=TFIDF_MIN, max_markers=3)
+    expected = (
+        f"SoupX markers: {passing.sum()} pass tf-idf > {TFIDF_MIN:g}, {candidates.sum()} also the soup quantile; "
+        f"taking {min(3, candidates.sum())}"
+    )
+    assert expected in caplog.messages
+    assert candidates.sum() > 3 > 0
