@@ -303,15 +303,20 @@ def test_markers_need_a_score_and_a_soup_share_strictly_above_their_cuts(droplet
 
 def test_the_markers_chosen_are_logged_with_their_counts(droplets, caplog):
     """The log says how many genes pass the tf-idf cut, how many also the soup's quantile, and how
-    many are taken (at most max_markers)."""
+    many are taken (at most max_markers); the cut at the default and at a candidate's own score."""
     soup, scores = soup_profile(droplets.raw), marker_scores(droplets)
-    passing = scores > TFIDF_MIN
-    candidates = passing & (soup > np.quantile(soup, 0.9))
-    with caplog.at_level("INFO", logger="omicsprep"):
-        estimate_contamination(droplets.cells, soup, clusters=droplets.cell_type, tfidf_min=TFIDF_MIN, max_markers=3)
-    expected = (
-        f"SoupX markers: {passing.sum()} pass tf-idf > {TFIDF_MIN:g}, {candidates.sum()} also the soup quantile; "
-        f"taking {min(3, candidates.sum())}"
-    )
-    assert expected in caplog.messages
-    assert candidates.sum() > 3 > 0
+    in_soup = soup > np.quantile(soup, 0.9)
+    for tfidf_min in (TFIDF_MIN, float(np.sort(scores[in_soup & (scores > TFIDF_MIN)])[-6])):
+        passing = scores > tfidf_min
+        candidates = passing & in_soup
+        caplog.clear()
+        with caplog.at_level("INFO", logger="omicsprep"):
+            estimate_contamination(
+                droplets.cells, soup, clusters=droplets.cell_type, tfidf_min=tfidf_min, max_markers=3
+            )
+        expected = (
+            f"SoupX markers: {passing.sum()} pass tf-idf > {tfidf_min:g}, {candidates.sum()} also the soup quantile; "
+            f"taking {min(3, candidates.sum())}"
+        )
+        assert expected in caplog.messages
+        assert candidates.sum() > 3
