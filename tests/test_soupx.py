@@ -17,6 +17,10 @@ sys.path.insert(0, str(REPO / "tests" / "data" / "soupx"))
 import make_reference
 from make_reference import TFIDF_MIN, Droplets, SoupxResult
 
+NO_MARKERS = (
+    r"^no plausible marker genes: is the sample low in complexity\? Otherwise lower tfidf_min or soup_quantile$"
+)
+
 
 @pytest.fixture(scope="module")
 def droplets() -> Droplets:
@@ -260,7 +264,7 @@ def test_no_cells_is_the_no_markers_error():
     """Without cells there are no clusters, so no markers: the error that says so, not NumPy's
     reduction of an empty axis."""
     cells = sparse.csr_matrix((0, 4))
-    with pytest.raises(ValueError, match=r"^no plausible marker genes"):
+    with pytest.raises(ValueError, match=NO_MARKERS):
         estimate_contamination(cells, np.full(4, 0.25), clusters=np.array([], dtype=int))
 
 
@@ -297,7 +301,7 @@ def test_markers_need_a_score_and_a_soup_share_strictly_above_their_cuts(droplet
     quantile = top_soup_rank / (soup.size - 1)
     assert np.quantile(soup, quantile) == top_soup
     for cuts in ({"tfidf_min": float(best_score)}, {"tfidf_min": TFIDF_MIN, "soup_quantile": quantile}):
-        with pytest.raises(ValueError, match=r"^no plausible marker genes"):
+        with pytest.raises(ValueError, match=NO_MARKERS):
             estimate_contamination(droplets.cells, soup, clusters=droplets.cell_type, **cuts)
 
 
@@ -320,3 +324,17 @@ def test_the_markers_chosen_are_logged_with_their_counts(droplets, caplog):
         )
         assert expected in caplog.messages
         assert candidates.sum() > 3
+
+
+def test_fewer_than_ten_markers_are_a_warning(droplets, caplog):
+    """SoupX warns below ten markers: nine are, ten are not."""
+    soup = soup_profile(droplets.raw)
+    for max_markers, warned in ((9, True), (10, False)):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="omicsprep"):
+            estimate_contamination(
+                droplets.cells, soup, clusters=droplets.cell_type, tfidf_min=TFIDF_MIN, max_markers=max_markers
+            )
+        warning = "only 9 SoupX marker genes: the contamination estimate may be unstable"
+        assert (warning in caplog.messages) == warned
+        assert not any("marker genes" in message for message in caplog.messages if message != warning)
