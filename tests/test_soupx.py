@@ -338,3 +338,25 @@ def test_fewer_than_ten_markers_are_a_warning(droplets, caplog):
         warning = "only 9 SoupX marker genes: the contamination estimate may be unstable"
         assert (warning in caplog.messages) == warned
         assert not any("marker genes" in message for message in caplog.messages if message != warning)
+
+
+def test_fewer_than_ten_cluster_estimates_are_a_warning_and_none_an_error(droplets, caplog):
+    """Each marker here gives five cluster-level estimates: one marker (five) warns, two (ten) do
+    not; where the largest contamination allowed explains no cluster's counts, none is one error."""
+    soup = soup_profile(droplets.raw)
+    warning = "only 5 cluster-level estimates of rho: the estimate may be unstable"
+    for max_markers, warned in ((1, True), (2, False)):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="omicsprep"):
+            estimate = estimate_contamination(
+                droplets.cells, soup, clusters=droplets.cell_type, tfidf_min=TFIDF_MIN, max_markers=max_markers
+            )
+        assert estimate.estimates["used"].sum() == 5 * max_markers
+        assert (warning in caplog.messages) == warned
+        assert not any("cluster-level" in message for message in caplog.messages if message != warning)
+    with pytest.raises(
+        ValueError, match=r"^every cluster expresses every marker: no contamination estimate \(set rho by hand\)$"
+    ):
+        estimate_contamination(
+            droplets.cells, soup, clusters=droplets.cell_type, tfidf_min=TFIDF_MIN, contamination_range=(1e-6, 1e-5)
+        )
