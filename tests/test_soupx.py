@@ -360,3 +360,35 @@ def test_fewer_than_ten_cluster_estimates_are_a_warning_and_none_an_error(drople
         estimate_contamination(
             droplets.cells, soup, clusters=droplets.cell_type, tfidf_min=TFIDF_MIN, contamination_range=(1e-6, 1e-5)
         )
+
+
+def test_the_posterior_is_soupxs_gamma_prior_updated_by_each_used_estimate(droplets):
+    """SoupX's autoEstCont: v2 = (sd / rho)^2, k = 1 + v2^-2 / 2 * (1 + sqrt(1 + 4 v2)),
+    theta = rho / (k - 1); each used estimate's posterior is gamma(k + observed, theta / (1 + theta
+    expected)) and the curve is their mean. A prior whose sd is half its mode, as at SoupX's
+    default sd / mode = 2 the square and the double of it are both 4."""
+    from scipy import stats
+
+    prior_rho, prior_sd = 0.10, 0.05
+    estimate = estimate_contamination(
+        droplets.cells,
+        soup_profile(droplets.raw),
+        clusters=droplets.cell_type,
+        tfidf_min=TFIDF_MIN,
+        prior_rho=prior_rho,
+        prior_rho_std_dev=prior_sd,
+    )
+    used = estimate.estimates[estimate.estimates["used"]]
+    v2 = (prior_sd / prior_rho) ** 2
+    k = 1 + v2**-2 / 2 * (1 + np.sqrt(1 + 4 * v2))
+    theta = prior_rho / (k - 1)
+    rho = np.arange(1001) * 0.001
+    expected = np.mean(
+        [
+            stats.gamma.pdf(rho, k + row.observed, scale=theta / (1 + theta * row.expected))
+            for row in used.itertuples()
+        ],
+        axis=0,
+    )
+    assert len(used) >= 10
+    np.testing.assert_allclose(estimate.posterior, expected, rtol=1e-9, atol=0)
