@@ -384,10 +384,7 @@ def test_the_posterior_is_soupxs_gamma_prior_updated_by_each_used_estimate(dropl
     theta = prior_rho / (k - 1)
     rho = np.arange(1001) * 0.001
     expected = np.mean(
-        [
-            stats.gamma.pdf(rho, k + row.observed, scale=theta / (1 + theta * row.expected))
-            for row in used.itertuples()
-        ],
+        [stats.gamma.pdf(rho, k + row.observed, scale=theta / (1 + theta * row.expected)) for row in used.itertuples()],
         axis=0,
     )
     assert len(used) >= 10
