@@ -35,7 +35,8 @@ held_out
     recorded ELBO without their 9 minutes of training.
 scib
     scIB's metrics (:mod:`omicsprep.rna.integration_scores`) of every embedding in the cache,
-    and their seconds; ``--scib-threads`` embeddings at a time, each in a thread.
+    and their seconds; ``--scib-threads`` embeddings at a time, each in a thread (default:
+    ``scib_benchmarker``'s, all of them on the GPU).
 scib_profile
     Where one embedding's scIB time goes (``X_pca``): the neighbour search's parts (the
     backend's search, the float64 distances and their order, the copy to the host, scib-metrics'
@@ -321,7 +322,7 @@ def cached_embeddings(cells: ad.AnnData, cache: Path) -> list[str]:
     return names
 
 
-def part_scib(cells: ad.AnnData, *, backend: str, cache: Path, threads: int) -> list[dict[str, Any]]:
+def part_scib(cells: ad.AnnData, *, backend: str, cache: Path, threads: int | None) -> list[dict[str, Any]]:
     embeddings = cached_embeddings(cells, cache)
     start = time.perf_counter()
     table = integration_scores.scib_table(
@@ -331,7 +332,7 @@ def part_scib(cells: ad.AnnData, *, backend: str, cache: Path, threads: int) -> 
     )
     rows: list[dict[str, Any]] = [
         {
-            "step": f"scib ({len(embeddings)} embeddings, {cells.n_obs:,} cells, {threads} at a time)",
+            "step": f"scib ({len(embeddings)} embeddings, {cells.n_obs:,} cells, {threads or 'the default'} at a time)",
             "seconds": round(time.perf_counter() - start, 2),
         }
     ]
@@ -537,7 +538,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--batch-sizes", nargs="+", default=["0"], help="the merge's scVI: cells a step (0: its default)[:epochs]"
     )
     parser.add_argument("--celltypist-train-cells", type=int, default=20_000)
-    parser.add_argument("--scib-threads", type=int, default=1, help="embeddings scored side by side (scib)")
+    parser.add_argument("--scib-threads", type=int, help="embeddings scored side by side (scib; default: scib_benchmarker's)")
     parser.add_argument("--results", type=Path)
 
 

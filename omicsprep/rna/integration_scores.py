@@ -147,7 +147,7 @@ def umap_connectivities_on_gpu(indices: np.ndarray, distances: np.ndarray) -> sc
 
 
 def scib_benchmarker(
-    adata: AnnData, *, embeddings: Sequence[str], batch_key: str, label_key: str, backend: Backend, threads: int = 1
+    adata: AnnData, *, embeddings: Sequence[str], batch_key: str, label_key: str, backend: Backend, threads: int | None = None
 ) -> Any:
     """scib-metrics' ``Benchmarker`` run on ``embeddings`` of the cells with a known label.
 
@@ -167,7 +167,9 @@ def scib_benchmarker(
         Where the neighbours are searched.
     threads
         Embeddings scored side by side, each by a ``Benchmarker`` of its own in a thread (their
-        results then joined in one); 1: one ``Benchmarker`` scores them in turn.
+        results then joined in one); 1: one ``Benchmarker`` scores them in turn. Default: all
+        at once on the GPU, where one embedding's host-side steps (kBET's loop over labels,
+        scib-metrics' Python) leave the device idle for another's; one at a time on the CPU.
 
     Returns
     -------
@@ -211,6 +213,8 @@ def scib_benchmarker(
         benchmarker.benchmark()
         return benchmarker
 
+    if threads is None:
+        threads = len(embeddings) if backend == "gpu" else 1
     with _steps_on_backend(backend), _collecting_new_objects_only():
         if threads == 1:
             return benchmarked(list(embeddings))
