@@ -538,7 +538,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--batch-sizes", nargs="+", default=["0"], help="the merge's scVI: cells a step (0: its default)[:epochs]"
     )
     parser.add_argument("--celltypist-train-cells", type=int, default=20_000)
-    parser.add_argument("--scib-threads", type=int, help="embeddings scored side by side (scib; default: scib_benchmarker's)")
+    parser.add_argument(
+        "--scib-threads", type=int, help="embeddings scored side by side (scib; default: scib_benchmarker's)"
+    )
     parser.add_argument("--results", type=Path)
 
 

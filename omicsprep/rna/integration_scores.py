@@ -147,7 +147,13 @@ def umap_connectivities_on_gpu(indices: np.ndarray, distances: np.ndarray) -> sc
 
 
 def scib_benchmarker(
-    adata: AnnData, *, embeddings: Sequence[str], batch_key: str, label_key: str, backend: Backend, threads: int | None = None
+    adata: AnnData,
+    *,
+    embeddings: Sequence[str],
+    batch_key: str,
+    label_key: str,
+    backend: Backend,
+    threads: int | None = None,
 ) -> Any:
     """scib-metrics' ``Benchmarker`` run on ``embeddings`` of the cells with a known label.
 
