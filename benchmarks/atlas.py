@@ -35,8 +35,7 @@ held_out
     recorded ELBO without their 9 minutes of training.
 scib
     scIB's metrics (:mod:`omicsprep.rna.integration_scores`) of every embedding in the cache,
-    and their seconds; ``--scib-threads`` embeddings at a time, each in a thread (default:
-    ``scib_benchmarker``'s, all of them on the GPU).
+    and their seconds.
 scib_profile
     Where one embedding's scIB time goes (``X_pca``): the neighbour search's parts (the
     backend's search, the float64 distances and their order, the copy to the host, scib-metrics'
@@ -322,17 +321,17 @@ def cached_embeddings(cells: ad.AnnData, cache: Path) -> list[str]:
     return names
 
 
-def part_scib(cells: ad.AnnData, *, backend: str, cache: Path, threads: int | None) -> list[dict[str, Any]]:
+def part_scib(cells: ad.AnnData, *, backend: str, cache: Path) -> list[dict[str, Any]]:
     embeddings = cached_embeddings(cells, cache)
     start = time.perf_counter()
     table = integration_scores.scib_table(
         integration_scores.scib_benchmarker(
-            cells, embeddings=embeddings, batch_key="sample", label_key="cell_type", backend=backend, threads=threads
+            cells, embeddings=embeddings, batch_key="sample", label_key="cell_type", backend=backend
         )
     )
     rows: list[dict[str, Any]] = [
         {
-            "step": f"scib ({len(embeddings)} embeddings, {cells.n_obs:,} cells, {threads or 'the default'} at a time)",
+            "step": f"scib ({len(embeddings)} embeddings, {cells.n_obs:,} cells)",
             "seconds": round(time.perf_counter() - start, 2),
         }
     ]
@@ -538,9 +537,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--batch-sizes", nargs="+", default=["0"], help="the merge's scVI: cells a step (0: its default)[:epochs]"
     )
     parser.add_argument("--celltypist-train-cells", type=int, default=20_000)
-    parser.add_argument(
-        "--scib-threads", type=int, help="embeddings scored side by side (scib; default: scib_benchmarker's)"
-    )
     parser.add_argument("--results", type=Path)
 
 
@@ -566,7 +562,7 @@ def run(args: argparse.Namespace) -> None:
         elif part == "held_out":
             rows += part_held_out(cells, cache=cache)
         elif part == "scib":
-            rows += part_scib(cells, backend=backend, cache=cache, threads=args.scib_threads)
+            rows += part_scib(cells, backend=backend, cache=cache)
         elif part == "silhouettes":
             rows += part_silhouettes(cells, backend=backend, cache=cache)
         elif part == "scib_profile":

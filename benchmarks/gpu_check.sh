@@ -66,8 +66,7 @@
 #             other embeddings; held_out: the cached models' ELBO on the cells the defaults held out; silhouettes:
 #             the kernel's pass, checked against matrix products; scib_profile: where one embedding's scIB time
 #             goes; then, in calls of their own, defaults (scvi-tools' defaults, about 530 s at a million cells,
-#             and the held-out ELBOs) and scib (every embedding, each metric's seconds in the log,
-#             $ATLAS_SCIB_THREADS embeddings at a time, default scib_benchmarker's: all on the GPU)); the study,
+#             and the held-out ELBOs) and scib (every embedding, each metric's seconds in the log)); the study,
 #             embeddings and models kept in /tmp/omicsprep-atlas between calls; table in $OUT/atlas.md
 #   scib_cache scIB's table of the atlas study's PCA at $SCIB_CACHE_CELLS (20000) cells on the GPU, in two
 #             fresh processes: JAX's and Numba's caches empty, then filled by the first (omicsprep/jit_cache.py)
@@ -319,7 +318,6 @@ echo "== the atlas steps: scVI (ours and scvi-tools' defaults), scIB, CellTypist
 python3 -c "import jax, torch; print('jax', jax.__version__, jax.devices(), '| torch', torch.__version__, torch.cuda.get_device_name())"
 python3 -m benchmarks atlas --cells "${ATLAS_CELLS:-1000000}" --genes 2000 --backend gpu \
   --parts ${ATLAS_PARTS:-ours celltypist scib_check} --batch-sizes ${ATLAS_BATCH_SIZES:-0} \
-  ${ATLAS_SCIB_THREADS:+--scib-threads "$ATLAS_SCIB_THREADS"} \
   --results "$out/atlas.md" 2>&1 | grep --line-buffered -v "Warning\|warn(\|srun\|TPU available\|litlogger\|max_epochs=\|LeafSpec\|it/s]\|s/it]"
 fi
 

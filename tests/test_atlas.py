@@ -126,21 +126,6 @@ def test_scib_metrics_are_scib_metrics_own_benchmark(merged):
     pd.testing.assert_frame_equal(ours, expected, check_names=False, atol=1e-3, rtol=0)
 
 
-def test_embeddings_scored_side_by_side_give_the_table_scored_in_turn(merged):
-    """A Benchmarker per embedding, each in a thread, joined: the merge's table (one Benchmarker),
-    its embeddings in their order, and the figure's table too."""
-    embeddings = [f"X_{method}" for method in METHODS]
-    benchmarker = integration_scores.scib_benchmarker(
-        merged.cells, embeddings=embeddings, batch_key="sample", label_key="known_type", backend="cpu", threads=3
-    )
-    side_by_side = integration_scores.scib_table(benchmarker)
-    assert side_by_side["embedding"].tolist() == embeddings
-    in_turn = merged.metrics.set_index("embedding").loc[embeddings, side_by_side.columns[1:]]
-    pd.testing.assert_frame_equal(side_by_side.set_index("embedding"), in_turn, check_names=False, atol=1e-9, rtol=0)
-    drawn = benchmarker.get_results(min_max_scale=False)
-    assert list(drawn.index[:-1]) == embeddings and drawn.index[-1] == "Metric Type"
-
-
 def test_scibs_garbage_collections_walk_only_the_objects_made_while_it_runs():
     """scib-metrics collects before each metric: the process's older objects are frozen meanwhile,
     new garbage is still collected, and everything is unfrozen after, even on an error."""

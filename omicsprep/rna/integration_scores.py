@@ -34,10 +34,8 @@ from __future__ import annotations
 import gc
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict
 from functools import cache, cached_property, partial, wraps
@@ -147,13 +145,7 @@ def umap_connectivities_on_gpu(indices: np.ndarray, distances: np.ndarray) -> sc
 
 
 def scib_benchmarker(
-    adata: AnnData,
-    *,
-    embeddings: Sequence[str],
-    batch_key: str,
-    label_key: str,
-    backend: Backend,
-    threads: int | None = None,
+    adata: AnnData, *, embeddings: Sequence[str], batch_key: str, label_key: str, backend: Backend
 ) -> Any:
     """scib-metrics' ``Benchmarker`` run on ``embeddings`` of the cells with a known label.
 
@@ -171,11 +163,6 @@ def scib_benchmarker(
         ``Unknown``) are left out.
     backend
         Where the neighbours are searched.
-    threads
-        Embeddings scored side by side, each by a ``Benchmarker`` of its own in a thread (their
-        results then joined in one); 1: one ``Benchmarker`` scores them in turn. Default: all
-        at once on the GPU, where one embedding's host-side steps (kBET's loop over labels,
-        scib-metrics' Python) leave the device idle for another's; one at a time on the CPU.
 
     Returns
     -------
@@ -198,34 +185,25 @@ def scib_benchmarker(
     known = (labels != UNLABELLED).to_numpy()
     if labels[known].nunique() < 2:
         raise InputError(f"the scIB metrics need two known labels or more in obs[{label_key!r}]")
-    obs = pd.DataFrame(
-        {"batch": adata.obs[batch_key].astype(str).to_numpy()[known], "label": labels.to_numpy()[known]},
-        index=adata.obs_names[known],
+    cells = AnnData(
+        obs=pd.DataFrame(
+            {"batch": adata.obs[batch_key].astype(str).to_numpy()[known], "label": labels.to_numpy()[known]},
+            index=adata.obs_names[known],
+        ),
+        obsm={key: np.asarray(adata.obsm[key])[known] for key in {*embeddings, "X_pca"}},
     )
-    points = {key: np.asarray(adata.obsm[key])[known] for key in {*embeddings, "X_pca"}}
-
-    def benchmarked(keys: list[str]) -> Any:
-        # Each its own obs, to which scib-metrics adds columns.
-        cells = AnnData(obs=obs.copy(), obsm={key: points[key] for key in {*keys, "X_pca"}})
-        benchmarker = Benchmarker(
-            cells,
-            batch_key="batch",
-            label_key="label",
-            embedding_obsm_keys=keys,
-            pre_integrated_embedding_obsm_key="X_pca",
-            progress_bar=False,
-        )
+    benchmarker = Benchmarker(
+        cells,
+        batch_key="batch",
+        label_key="label",
+        embedding_obsm_keys=list(embeddings),
+        pre_integrated_embedding_obsm_key="X_pca",
+        progress_bar=False,
+    )
+    with _steps_on_backend(backend), _collecting_new_objects_only():
         benchmarker.prepare(neighbor_computer=_timed("neighbours", partial(scib_neighbors, backend=backend)))
         benchmarker.benchmark()
-        return benchmarker
-
-    if threads is None:
-        threads = len(embeddings) if backend == "gpu" else 1
-    with _steps_on_backend(backend), _collecting_new_objects_only():
-        if threads == 1:
-            return benchmarked(list(embeddings))
-        with ThreadPoolExecutor(threads) as pool:
-            return _joined(list(pool.map(lambda key: benchmarked([key]), embeddings)))
+    return benchmarker
 
 
 @contextmanager
@@ -241,21 +219,6 @@ def _collecting_new_objects_only() -> Iterator[None]:
         yield
     finally:
         gc.unfreeze()
-
-
-def _joined(benchmarkers: list[Any]) -> Any:
-    """The first of ``benchmarkers`` (each of one embedding) holding all their results, in their order."""
-    from scib_metrics.benchmark._core import _METRIC_TYPE
-
-    first = benchmarkers[0]
-    keys = [key for benchmarker in benchmarkers for key in benchmarker._embedding_obsm_keys]  # noqa: SLF001
-    first._results = pd.concat(  # noqa: SLF001
-        [benchmarker._results[benchmarker._embedding_obsm_keys] for benchmarker in benchmarkers]  # noqa: SLF001
-        + [first._results[[_METRIC_TYPE]]],  # noqa: SLF001
-        axis=1,
-    )
-    first._embedding_obsm_keys = keys  # noqa: SLF001
-    return first
 
 
 @contextmanager
@@ -306,7 +269,7 @@ def _remembering_silhouettes(backend: Backend) -> Callable[..., np.ndarray]:
     scib-metrics' isolated labels and label silhouette each ask for every cell's silhouette of
     the same embedding and labels: a pass over all pairs of cells, computed once.
     """
-    remembered = threading.local()  # embeddings scored side by side (threads) each remember their own
+    last: dict[str, Any] = {}
 
     def silhouettes(
         X: Any,  # scib-metrics' names; it passes the settings by keyword, chunk_size (unused) too
@@ -318,12 +281,11 @@ def _remembering_silhouettes(backend: Backend) -> Callable[..., np.ndarray]:
     ) -> np.ndarray:
         labels = np.asarray(labels)
         asked = (metric, between_cluster_distances)
-        last = getattr(remembered, "last", None)
         if not (last and last["X"] is X and last["asked"] == asked and np.array_equal(last["labels"], labels)):
             result = silhouette_samples(
                 X, labels, metric=metric, between_cluster_distances=between_cluster_distances, backend=backend
             )
-            remembered.last = last = {"X": X, "labels": labels, "asked": asked, "result": result}
+            last.update(X=X, labels=labels, asked=asked, result=result)
         return last["result"].copy()
 
     return silhouettes
