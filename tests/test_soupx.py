@@ -11,7 +11,7 @@ import pytest
 from conftest import REPO, import_for_gpu_test
 from scipy import sparse
 
-from omicsprep.cells.soupx import estimate_contamination, remove_soup, soup_profile
+from omicsprep.cells.soupx import RHO_PROBES, estimate_contamination, remove_soup, soup_profile
 
 sys.path.insert(0, str(REPO / "tests" / "data" / "soupx"))
 import make_reference
@@ -389,3 +389,47 @@ def test_the_posterior_is_soupxs_gamma_prior_updated_by_each_used_estimate(dropl
     )
     assert len(used) >= 10
     np.testing.assert_allclose(estimate.posterior, expected, rtol=1e-9, atol=0)
+
+
+def test_each_cluster_estimate_is_its_observed_over_its_expected_soup_counts(droplets):
+    """A row per cluster and marker: the cluster's counts of the marker, its total counts times
+    the marker's soup share, and their ratio; the columns by these names, in this order."""
+    soup = soup_profile(droplets.raw)
+    estimate = estimate_contamination(droplets.cells, soup, clusters=droplets.cell_type, tfidf_min=TFIDF_MIN)
+    table = estimate.estimates
+    assert list(table.columns) == ["gene", "cluster", "observed", "expected", "rho", "used"]
+    assert sorted(set(table["gene"])) == sorted(estimate.markers)
+    assert len(table) == len(estimate.markers) * np.unique(droplets.cell_type).size
+    cells = droplets.cells.tocsc()
+    for row in table.itertuples():
+        in_cluster = droplets.cell_type == row.cluster
+        assert row.observed == cells[in_cluster, row.gene].sum()
+        assert row.expected == pytest.approx(cells[in_cluster].sum() * soup[row.gene], rel=1e-12)
+        assert row.rho == pytest.approx(row.observed / row.expected, rel=1e-12)
+
+
+def test_the_estimate_is_the_posteriors_mode_within_the_range_ends_included(droplets):
+    """The planted contamination lies below 0.3: searched within [0.3, 0.5] the estimate is 0.3,
+    the range's lowest probe; within [0.01, 0.05], 0.05, its highest; and a range where the
+    posterior is nothing (its density underflows to 0) is the estimate's whole half-maximum
+    interval, not an error (a prior sharp around 0.05 makes it so near 1)."""
+    soup = soup_profile(droplets.raw)
+
+    def estimated(lowest: int, highest: int, prior_sd: float = 0.1):
+        return estimate_contamination(
+            droplets.cells,
+            soup,
+            clusters=droplets.cell_type,
+            tfidf_min=TFIDF_MIN,
+            contamination_range=(RHO_PROBES[lowest], RHO_PROBES[highest]),
+            prior_rho_std_dev=prior_sd,
+        )
+
+    unbounded = estimated(10, 800)
+    assert 0.05 < unbounded.rho < 0.3
+    assert estimated(300, 500).rho == RHO_PROBES[300]
+    assert estimated(10, 50).rho == RHO_PROBES[50]
+    nothing = estimated(990, 1000, prior_sd=0.001)
+    assert nothing.posterior[990:].max() == 0
+    assert nothing.rho == RHO_PROBES[990]
+    assert nothing.rho_half_max == (RHO_PROBES[990], RHO_PROBES[1000])
