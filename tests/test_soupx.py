@@ -433,3 +433,15 @@ def test_the_estimate_is_the_posteriors_mode_within_the_range_ends_included(drop
     assert nothing.posterior[990:].max() == 0
     assert nothing.rho == RHO_PROBES[990]
     assert nothing.rho_half_max == (RHO_PROBES[990], RHO_PROBES[1000])
+
+
+@pytest.mark.parametrize("clusters", [None, np.array(["a", "b", "a"])])
+def test_remove_soup_of_no_counts_and_of_one_count(clusters):
+    """Cells without counts stay empty; a lone count of 4 at a contamination of 0.25 (its cell's
+    soup is 1) loses 1, whatever the soup profile's shares (it is the cell's only gene)."""
+    soup = np.array([0.5, 0.3, 0.2])
+    empty = sparse.csr_matrix((3, 3))
+    assert remove_soup(empty, soup, rho=0.25, clusters=clusters).nnz == 0
+    one = sparse.csr_matrix(([4.0], ([1], [2])), shape=(3, 3))
+    corrected = remove_soup(one, soup, rho=0.25, clusters=clusters)
+    np.testing.assert_array_equal(corrected.toarray(), [[0, 0, 0], [0, 0, 3.0], [0, 0, 0]])
