@@ -445,3 +445,13 @@ def test_remove_soup_of_no_counts_and_of_one_count(clusters):
     one = sparse.csr_matrix(([4.0], ([1], [2])), shape=(3, 3))
     corrected = remove_soup(one, soup, rho=0.25, clusters=clusters)
     np.testing.assert_array_equal(corrected.toarray(), [[0, 0, 0], [0, 0, 3.0], [0, 0, 0]])
+
+
+@pytest.mark.parametrize("clusters", [None, np.array(["a", "a"])])
+def test_remove_soup_never_takes_a_gene_absent_from_the_soup(clusters):
+    """A cell's soup (rho x its total) beyond its soup genes' counts stays: the genes the soup lacks
+    keep every count. Here 0.5 x 12 = 6 of soup, 2 counts of soup genes."""
+    soup = np.array([0.5, 0.5, 0.0])
+    cells = sparse.csr_matrix(np.array([[1.0, 1.0, 10.0], [0.0, 0.0, 0.0]]))
+    corrected = remove_soup(cells, soup, rho=0.5, clusters=clusters)
+    np.testing.assert_array_equal(corrected.toarray(), [[0, 0, 10.0], [0, 0, 0]])
