@@ -450,8 +450,9 @@ def test_remove_soup_of_no_counts_and_of_one_count(clusters):
 @pytest.mark.parametrize("clusters", [None, np.array(["a", "a"])])
 def test_remove_soup_never_takes_a_gene_absent_from_the_soup(clusters):
     """A cell's soup (rho x its total) beyond its soup genes' counts stays: the genes the soup lacks
-    keep every count. Here 0.5 x 12 = 6 of soup, 2 counts of soup genes."""
+    keep every count. Here 0.5 x 12 = 6 of soup against 2 counts of soup genes in the first cell,
+    and in the second 0.5 x 4 = 2 against 2: its soup genes are taken exactly whole."""
     soup = np.array([0.5, 0.5, 0.0])
-    cells = sparse.csr_matrix(np.array([[1.0, 1.0, 10.0], [0.0, 0.0, 0.0]]))
+    cells = sparse.csr_matrix(np.array([[1.0, 1.0, 10.0], [1.0, 1.0, 2.0]]))
     corrected = remove_soup(cells, soup, rho=0.5, clusters=clusters)
-    np.testing.assert_array_equal(corrected.toarray(), [[0, 0, 10.0], [0, 0, 0]])
+    np.testing.assert_array_equal(corrected.toarray(), [[0, 0, 10.0], [0, 0, 2.0]])
