@@ -281,6 +281,7 @@ def test_the_defaults_are_soupxs_and_the_configurations():
             if parameter.default is not inspect.Parameter.empty and hasattr(configured, name):
                 assert parameter.default == getattr(configured, name), (function.__name__, name)
     assert configured.tfidf_min == 1.0 and configured.soup_quantile == 0.9
+    assert inspect.signature(remove_soup).parameters["backend"].default == "cpu"
 
 
 def marker_scores(droplets: Droplets) -> np.ndarray:
