@@ -457,4 +457,3 @@ def test_remove_soup_never_takes_a_gene_absent_from_the_soup(clusters):
     cells = sparse.csr_matrix(np.array([[1.0, 1.0, 10.0], [1.0, 1.0, 2.0]]))
     corrected = remove_soup(cells, soup, rho=0.5, clusters=clusters)
     np.testing.assert_array_equal(corrected.toarray(), [[0, 0, 10.0], [0, 0, 2.0]])
-
