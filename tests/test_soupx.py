@@ -439,13 +439,15 @@ def test_the_estimate_is_the_posteriors_mode_within_the_range_ends_included(drop
 @pytest.mark.parametrize("clusters", [None, np.array(["a", "b", "a"])])
 def test_remove_soup_of_no_counts_and_of_one_count(clusters):
     """Cells without counts stay empty; a lone count of 4 at a contamination of 0.25 (its cell's
-    soup is 1) loses 1, whatever the soup profile's shares (it is the cell's only gene)."""
+    soup is 1) loses 1, whatever the soup profile's shares (it is the cell's only gene). Genes
+    after the last counted one keep their columns."""
     soup = np.array([0.5, 0.3, 0.2])
-    empty = sparse.csr_matrix((3, 3))
-    assert remove_soup(empty, soup, rho=0.25, clusters=clusters).nnz == 0
-    one = sparse.csr_matrix(([4.0], ([1], [2])), shape=(3, 3))
+    empty = remove_soup(sparse.csr_matrix((3, 3)), soup, rho=0.25, clusters=clusters)
+    assert empty.shape == (3, 3) and empty.nnz == 0
+    one = sparse.csr_matrix(([4.0], ([1], [1])), shape=(3, 3))
     corrected = remove_soup(one, soup, rho=0.25, clusters=clusters)
-    np.testing.assert_array_equal(corrected.toarray(), [[0, 0, 0], [0, 0, 3.0], [0, 0, 0]])
+    assert corrected.shape == (3, 3)
+    np.testing.assert_array_equal(corrected.toarray(), [[0, 0, 0], [0, 3.0, 0], [0, 0, 0]])
 
 
 @pytest.mark.parametrize("clusters", [None, np.array(["a", "a"])])
