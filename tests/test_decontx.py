@@ -159,3 +159,20 @@ def test_gpu_matches_cpu(cells: Cells, result: DecontXResult):
     np.testing.assert_allclose(gpu.contamination, result.contamination, rtol=0, atol=1e-6)
     np.testing.assert_array_equal(gpu.corrected.indices, result.corrected.indices)
     np.testing.assert_allclose(gpu.corrected.data, result.corrected.data, rtol=0, atol=1e-4)
+
+
+def test_the_defaults_are_the_configurations_and_one_iteration_is_the_least(cells: Cells):
+    """decontx's defaults are the configuration's DecontX options (celda's: 500 iterations at
+    most) on the CPU; max_iter=1 runs one EM iteration, 0 is one clear error."""
+    import inspect
+
+    from omicsprep.options.counting import DecontxOptions
+
+    parameters = inspect.signature(decontx).parameters
+    for name, value in vars(DecontxOptions()).items():
+        assert parameters[name].default == value, name
+    assert DecontxOptions().max_iter == 500
+    assert parameters["backend"].default == "cpu"
+    assert decontx(cells.counts, clusters=cells.cell_type, max_iter=1).iterations == 1
+    with pytest.raises(InputError, match=r"^DecontX needs at least one EM iteration, got max_iter=0$"):
+        decontx(cells.counts, clusters=cells.cell_type, max_iter=0)
