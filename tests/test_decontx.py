@@ -120,6 +120,11 @@ def test_duplicate_entries_summed_and_input_kept(cells: Cells, result: DecontXRe
     again = decontx(halves, clusters=cells.cell_type)
     np.testing.assert_array_equal(halves.data, before)
     np.testing.assert_allclose(again.contamination, result.contamination, atol=1e-9)
+    # The corrected counts hold each (cell, gene) once, as the summed input's do.
+    assert again.corrected.has_canonical_format
+    np.testing.assert_array_equal(again.corrected.indptr, result.corrected.indptr)
+    np.testing.assert_array_equal(again.corrected.indices, result.corrected.indices)
+    np.testing.assert_allclose(again.corrected.data, result.corrected.data, rtol=1e-9)
 
 
 def test_bad_input(cells: Cells):
