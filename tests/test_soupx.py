@@ -383,7 +383,7 @@ def test_the_posterior_is_soupxs_gamma_prior_updated_by_each_used_estimate(dropl
     v2 = (prior_sd / prior_rho) ** 2
     k = 1 + v2**-2 / 2 * (1 + np.sqrt(1 + 4 * v2))
     theta = prior_rho / (k - 1)
-    rho = np.arange(1001) * 0.001
+    rho = RHO_PROBES
     expected = np.mean(
         [stats.gamma.pdf(rho, k + row.observed, scale=theta / (1 + theta * row.expected)) for row in used.itertuples()],
         axis=0,
