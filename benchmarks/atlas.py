@@ -37,20 +37,20 @@ scib
     scIB's metrics (:mod:`omicsprep.rna.integration_scores`) of every embedding in the cache,
     and their seconds.
 scib_profile
-    Where one embedding's scIB time goes (``X_pca``): the neighbour search's parts (the
-    backend's search, the float64 distances and their order, the copy to the host, scib-metrics'
-    subsets), kBET's graph and its per-label subsets and components on the host, scib-metrics'
-    k-means (its k-means++ start and the whole fit, twice: the first compiles) against ours
-    (:func:`omicsprep.rna.integration_scores.kmeans_labels`, twice, and the cells whose cluster
-    differs), NMI and ARI, and a ``gc.collect()`` (scib-metrics runs one before each metric).
+    Where one embedding's scIB time goes (``X_pca``): the neighbour search's parts (cuML's
+    search, cuVS's brute force at 90 neighbours and at 64, where it fuses the distances with
+    the selection, the float64 distances and their order, the copy to the host, scib-metrics'
+    subsets), kBET (:func:`omicsprep.rna.integration_scores.kbet_per_label`), the silhouettes'
+    pass, our k-means (twice: the first compiles), NMI and ARI, and a ``gc.collect()``
+    (scib-metrics runs one before each metric).
 scib_check
     scIB's metrics on 20,000 of the cells: ours on the backend against scib-metrics' own
     ``Benchmarker`` with exact neighbours on the CPU (largest difference).
 silhouettes
     One pass of the silhouettes' sums (each cell's distance to every cell of each type) over
-    ``X_pca`` and the merge's scVI embedding by the backend's way (the GPU's kernel), timed
-    after its compile, and, on the GPU, the kernel's largest relative difference from the
-    matrix products on 100,000 of the cells.
+    each cached embedding by the backend's way (the GPU's: products and a summing kernel),
+    timed after its compile, and, on the GPU, its largest relative difference from the CPU's
+    way on 100,000 of the cells.
 celltypist
     CellTypist with a model trained on ``--celltypist-train-cells`` cells of the first
     batch: seconds, and agreement with CellTypist's own labels of all the cells.
@@ -347,17 +347,12 @@ def part_scib_profile(cells: ad.AnnData, *, backend: str, cache: Path) -> list[d
     """Seconds of the parts of one embedding's scIB metrics that lead at a million cells."""
     import gc
 
-    import jax
-    import scipy.sparse.csgraph
-    from scib_metrics.utils import _kmeans
     from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
     from omicsprep.backend import array_module, synchronize
     from omicsprep.rna.embedding import exact_neighbors
 
     xp, rows = array_module(backend), []
-    to_host = integration_scores._neighbors_on_host  # noqa: SLF001
-    plus_plus = _kmeans._initialize_plus_plus  # noqa: SLF001
 
     def timed(step: str, function: Any) -> Any:
         synchronize(backend=backend)
@@ -369,8 +364,11 @@ def part_scib_profile(cells: ad.AnnData, *, backend: str, cache: Path) -> list[d
         return result
 
     embedding = cells.obsm["X_pca"].astype(np.float32)
-    labels = pd.Categorical(cells.obs["cell_type"]).codes
+    labels = cells.obs["cell_type"].astype(str).to_numpy()
+    batches = cells.obs["sample"].astype(str).to_numpy()
     if backend == "gpu":
+        from cuvs.neighbors import brute_force
+
         from omicsprep.backend import cuml
 
         on_device = xp.asarray(embedding)
@@ -382,43 +380,23 @@ def part_scib_profile(cells: ad.AnnData, *, backend: str, cache: Path) -> list[d
         timed(
             "cuML's search, CuPy in and out", lambda: search.fit(on_device).kneighbors(on_device, return_distance=False)
         )
+        index = brute_force.build(on_device, metric="sqeuclidean")
+        for k in (90, 64):
+            timed(f"cuVS's brute force, {k} neighbours", lambda k=k: brute_force.search(index, on_device, k))
     indices, distances = timed("exact_neighbors (search, float64 distances, order)",
                                lambda: exact_neighbors(embedding, 90, backend=backend))  # fmt: skip
     neighbours = timed(
         "to scib-metrics' NeighborsResults on the host",
-        lambda: to_host(indices, distances, backend=backend),
+        lambda: integration_scores._neighbors_on_host(indices, distances),  # noqa: SLF001
     )
-    timed("scib-metrics' subsets of 15, 50, 90", lambda: [neighbours.subset_neighbors(n=n) for n in (15, 50, 90)])
-    graph = timed("kBET's graph (UMAP connectivities)", lambda: neighbours.knn_graph_connectivities)
-
-    def subsets() -> list[Any]:
-        found = []
-        for label in np.unique(labels):
-            mask = labels == label
-            found.append(graph[mask, :][:, mask])
-        return found
-
-    parts = timed("kBET's label subsets of the graph (host)", subsets)
-    timed(
-        "kBET's connected components (host)",
-        lambda: [scipy.sparse.csgraph.connected_components(part, connection="strong") for part in parts],
-    )
+    for_kbet = timed(
+        "scib-metrics' subsets of 15, 50, 90", lambda: [neighbours.subset_neighbors(n=n) for n in (15, 50, 90)]
+    )[1]
+    timed("kBET per label", lambda: integration_scores.kbet_per_label(for_kbet, batches, labels, backend=backend))
+    timed("silhouettes", lambda: integration_scores.silhouette_samples(embedding, labels, backend=backend))
     n_clusters = len(np.unique(labels))
-    centred = embedding - embedding.mean(axis=0)
-    timed(
-        "k-means++ start, first (compiles)",
-        lambda: jax.block_until_ready(plus_plus(centred, n_clusters, jax.random.key(0))),
-    )
-    timed(
-        "k-means++ start, again",
-        lambda: jax.block_until_ready(plus_plus(centred, n_clusters, jax.random.key(0))),
-    )
-    timed("k-means fit, first (compiles)", lambda: _kmeans.KMeans(n_clusters).fit(embedding))
-    clusters = timed("k-means fit, again", lambda: _kmeans.KMeans(n_clusters).fit(embedding).labels_)
     timed("k-means, ours, first (compiles)", lambda: integration_scores.kmeans_labels(embedding, n_clusters))
-    ours = timed("k-means, ours, again", lambda: integration_scores.kmeans_labels(embedding, n_clusters))
-    rows.append({"step": "scib_profile: k-means, ours against scib-metrics', cells differing",
-                 "value": int((ours != np.asarray(clusters)).sum())})  # fmt: skip
+    clusters = timed("k-means, ours, again", lambda: integration_scores.kmeans_labels(embedding, n_clusters))
     timed(
         "NMI and ARI (host)",
         lambda: (normalized_mutual_info_score(labels, clusters), adjusted_rand_score(labels, clusters)),
@@ -453,29 +431,30 @@ def part_scib_check(cells: ad.AnnData, *, backend: str, cache: Path, n_cells: in
 def part_silhouettes(
     cells: ad.AnnData, *, backend: str, cache: Path, compared_cells: int = 100_000
 ) -> list[dict[str, Any]]:
-    """The silhouettes' sums of all cells by the backend's way, timed.
+    """The silhouettes' sums of all cells over each cached embedding by the backend's way, timed.
 
-    On the GPU, the kernel is checked against the matrix products (the CPU's way, 53 s a million
-    cells on one H100) on the first ``compared_cells``.
+    On the GPU (products and the summing kernel), checked against the CPU's way (the distances'
+    product with the labels; 53 s a million cells on one H100) on the first ``compared_cells``.
     """
-    from omicsprep.backend import array_module, asnumpy
+    from omicsprep.backend import array_module, asnumpy, synchronize
 
     xp = array_module(backend)
     codes = pd.Categorical(cells.obs["cell_type"]).codes.astype(np.int64)
     n_labels, rows = int(codes.max()) + 1, []
-    cached_embeddings(cells, cache)
     sums_of, way = integration_scores.label_distance_sums, "matrix products"
     if backend == "gpu":
         from omicsprep.rna import silhouette_cuda
 
-        sums_of, way = silhouette_cuda.label_distance_sums_gpu, "kernel"
+        sums_of, way = silhouette_cuda.label_distance_sums_gpu, "products and kernel"
     labels = xp.asarray(codes)
-    for name in [name for name in ("X_pca", "X_scvi_b1024") if name in cells.obsm]:
+    for name in cached_embeddings(cells, cache):
         points = xp.asarray(cells.obsm[name], dtype=xp.float32)
         points = points - points.mean(axis=0)
         compared = sums_of(points[:compared_cells], labels[:compared_cells], n_labels, cosine=False, xp=xp)  # compiles
+        synchronize(backend=backend)
         start = time.perf_counter()
         sums_of(points, labels, n_labels, cosine=False, xp=xp)
+        synchronize(backend=backend)
         rows.append({"step": f"silhouette sums, {name} ({points.shape[1]} dims, {points.shape[0]:,} cells), {way}",
                      "seconds": round(time.perf_counter() - start, 2)})  # fmt: skip
         if backend == "gpu":
