@@ -202,6 +202,74 @@ def test_the_silhouette_kernel_sums_distances_per_label_as_the_matrix_products()
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
 
 
+NEIGHBOUR_CANDIDATES_SCRIPT = """
+import types
+import numpy as np
+from sklearn.neighbors import NearestNeighbors
+from omicsprep.rna import neighbors_cuda
+from omicsprep.rna.embedding import exact_neighbors, nearest_by_exact_distances
+neighbors_cuda.THREADS_PER_BLOCK = 4
+neighbors_cuda.COLUMNS_PER_THREAD = 4  # 6 chunks of 16 columns a row, the last one shorter
+neighbors_cuda.PRODUCT_BLOCK_BYTES = 4 * 90 * 25  # blocks of 25 rows
+neighbors_cuda.MAX_CANDIDATES = 40
+k, asked = 10, []
+
+
+class Search:  # cuML's NearestNeighbors; its IVF-Flat search misses cells for the odd cells
+    def __init__(self, n_neighbors, algorithm, algo_params=None):
+        self.n_neighbors, self.algorithm = n_neighbors, algorithm
+
+    def fit(self, points):
+        self.points = points
+        return self
+
+    def kneighbors(self, queries, return_distance):
+        asked.append((self.algorithm, len(queries)))
+        found = NearestNeighbors(n_neighbors=k).fit(self.points).kneighbors(queries)[1]
+        if self.algorithm == "ivfflat":  # the even cells' search exact: their bound is the k-th distance
+            among = np.arange(0, len(self.points), 3)  # the odd cells': among every third cell only
+            found[1::2] = among[NearestNeighbors(n_neighbors=k).fit(self.points[among]).kneighbors(queries[1::2])[1]]
+            found[0], found[2, 1:] = -1, found[2, 0]  # cell 0: nothing found; cell 2: one cell, repeated
+        return found
+
+
+rng = np.random.default_rng(0)
+points = (rng.normal(size=(90, 8)) + 50).astype(np.float32)
+points[6] = points[5]  # a tie, ordered by index
+candidates = neighbors_cuda.neighbour_candidates(
+    points, k, xp=np, cuml=types.SimpleNamespace(neighbors=types.SimpleNamespace(NearestNeighbors=Search))
+)
+expected = exact_neighbors(points, k, backend="cpu")
+assert all(np.isin(nearest, row).all() for nearest, row in zip(expected[0], candidates))
+# An even cell's bound is its k-th distance: its k nearest are its candidates, none missed to
+# float32's rounding; an odd cell's holds more. By brute force: cells 0 and 2, and a cell of 40 or more.
+kept = (candidates >= 0).sum(axis=1)
+assert (kept[::2] == k).all() and (kept[1::2] >= k).all() and kept[1::2].mean() > 2 * k
+assert asked == [("ivfflat", 90), ("brute", 3)]
+ours = nearest_by_exact_distances(points, candidates, k, xp=np)
+np.testing.assert_array_equal(ours[0], expected[0])
+np.testing.assert_array_equal(ours[1], expected[1])
+assert list(expected[0][5][:2]) == [5, 6] and list(expected[0][6][:2]) == [5, 6]
+print("ok")
+"""
+
+
+def test_the_gpu_neighbour_candidates_hold_every_exact_neighbour():
+    """The GPU's candidates (cells within a bound from an approximate search, by products and a
+    kernel) hold each cell's exact nearest though the search found only every other cell; a cell
+    without a bound, or with too many candidates, is searched by brute force; ordered by exact
+    distances, ties by index, they are the CPU's neighbours."""
+    result = subprocess.run(
+        [sys.executable, "-c", NEIGHBOUR_CANDIDATES_SCRIPT],
+        cwd=Path(__file__).parents[1],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NUMBA_ENABLE_CUDASIM": "1"},
+        check=False,
+    )
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
+
+
 def test_a_silhouette_asked_again_is_computed_once(merged, monkeypatch):
     """Isolated labels and the label silhouette ask for the same silhouettes (the second with
     scib-metrics' defaults spelled out): one pass; other labels or another metric: a pass each."""

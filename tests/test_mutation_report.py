@@ -123,7 +123,7 @@ def test_each_functions_tests_run_fastest_file_first_and_fastest_test_first(muta
 def test_the_atlas_files_are_a_target_of_their_own_within_rna(mutate, tmp_path):
     """rna's run leaves the atlas files (whose one covering file takes minutes) to the atlas target,
     which mutates those alone and runs test_atlas.py; every file of them exists; neither mutates
-    the module that launches the silhouette kernel (no CPU test can call it)."""
+    the modules that launch the neighbour and silhouette kernels (no CPU test can call them)."""
     import tomllib
 
     settings = {}
@@ -134,8 +134,9 @@ def test_the_atlas_files_are_a_target_of_their_own_within_rna(mutate, tmp_path):
     assert all((mutate.ROOT / file).is_file() for file in atlas_files) and "omicsprep/rna/latent.py" in atlas_files
     assert settings["rna"]["source_paths"] == settings["atlas"]["source_paths"] == ["omicsprep/rna/"]
     assert settings["atlas"]["only_mutate"] == atlas_files
-    assert settings["rna"]["do_not_mutate"] == [*atlas_files, "omicsprep/rna/silhouette_cuda.py"]
-    assert settings["atlas"]["do_not_mutate"] == ["omicsprep/rna/silhouette_cuda.py"]
+    launchers = ["omicsprep/rna/neighbors_cuda.py", "omicsprep/rna/silhouette_cuda.py"]
+    assert settings["rna"]["do_not_mutate"] == [*atlas_files, *launchers]
+    assert settings["atlas"]["do_not_mutate"] == launchers
     assert "only_mutate" not in settings["rna"]
     assert mutate.gpu_launchers("cells") == ["omicsprep/cells/montecarlo_cuda.py"]
     assert settings["atlas"]["pytest_add_cli_args_test_selection"] == ["tests/test_atlas.py"]

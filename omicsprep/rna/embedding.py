@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from types import ModuleType
 from typing import Any
 
 from anndata import AnnData
@@ -55,36 +56,55 @@ def umap_and_leiden(
 
 
 def exact_neighbors(embedding: Any, n_neighbors: int, *, backend: Backend) -> tuple[Any, Any]:
-    """Each row's ``n_neighbors`` nearest rows by Euclidean distance, by brute force (exact).
+    """Each row's ``n_neighbors`` nearest rows by Euclidean distance, exactly.
 
-    A row is among its own neighbours (first, but among identical rows). On the GPU
-    (cuML) the embedding may be a CuPy or NumPy array and the results are CuPy arrays; on the
-    CPU (scikit-learn), NumPy arrays. The neighbours' distances are computed again from the
-    coordinates' differences in float64 and the neighbours ordered by them: cuML's float32
-    distances (|x|^2 + |y|^2 - 2xy) lose digits, which scIB's kBET turned into differences of
-    0.03 from the CPU's.
+    A row is among its own neighbours (first, but among identical rows). On the CPU a brute
+    force search (scikit-learn) finds them; on the GPU each row's candidates are the rows within
+    a bound of its ``n_neighbors``-th distance (:mod:`omicsprep.rna.neighbors_cuda`; cuML's
+    brute force took 11-13 s for a million rows' 90 nearest on an H100). On both, the distances
+    are computed again from the coordinates' differences in float64 and the neighbours ordered
+    by them, ties by index: float32's |x|^2 + |y|^2 - 2xy loses digits, which scIB's kBET turned
+    into differences of 0.03 between the backends. The embedding may be a CuPy or NumPy array on the GPU.
 
     Returns
     -------
-    The neighbours' indices and their distances (float32), nearest first.
+    The neighbours' indices and their distances (float32), nearest first: CuPy arrays on the
+    GPU, NumPy arrays on the CPU.
     """
     xp = array_module(backend)
     if backend == "gpu":
-        # On the device first: cuML returns what it is given, and a million cells' 90 neighbours'
-        # indices are 720 MB to copy to the host and back.
+        from omicsprep.rna import neighbors_cuda
+
+        # On the device first: a million cells' 90 neighbours' indices are 720 MB to copy.
         embedding = xp.asarray(embedding)
-        model = cuml().neighbors.NearestNeighbors(n_neighbors=n_neighbors, algorithm="brute").fit(embedding)
+        candidates = neighbors_cuda.neighbour_candidates(embedding, n_neighbors, xp=xp, cuml=cuml())
     else:
         from sklearn.neighbors import NearestNeighbors
 
-        model = NearestNeighbors(n_neighbors=n_neighbors, algorithm="brute").fit(embedding)
-    indices = xp.asarray(model.kneighbors(embedding, return_distance=False))
-    points = xp.asarray(embedding, dtype=xp.float64)
-    distances = xp.empty(indices.shape, dtype=xp.float64)
-    block = max(DIFFERENCES_BYTES // (8 * indices.shape[1] * points.shape[1]), 1)
-    for start in range(0, indices.shape[0], block):
-        differences = points[indices[start : start + block]] - points[start : start + block, None, :]
-        distances[start : start + block] = xp.sqrt((differences * differences).sum(axis=2))
-    order = xp.argsort(distances, axis=1, kind="stable")
-    indices = xp.take_along_axis(indices, order, axis=1)
+        candidates = (
+            NearestNeighbors(n_neighbors=n_neighbors, algorithm="brute")
+            .fit(embedding)
+            .kneighbors(embedding, return_distance=False)
+        )
+    return nearest_by_exact_distances(embedding, candidates, n_neighbors, xp=xp)
+
+
+def nearest_by_exact_distances(embedding: Any, candidates: Any, n_neighbors: int, *, xp: ModuleType) -> tuple[Any, Any]:
+    """Each row's ``n_neighbors`` nearest ``candidates`` (-1: none) by float64 distances, ties by index.
+
+    Returns
+    -------
+    Their indices (int64) and distances (float32), nearest first.
+    """
+    # In order of index, so that the stable order of distances breaks their ties by index.
+    candidates = xp.sort(xp.asarray(candidates, dtype=xp.int64), axis=1)
+    points = xp.asarray(embedding)
+    distances = xp.empty(candidates.shape, dtype=xp.float64)
+    block = max(DIFFERENCES_BYTES // (8 * candidates.shape[1] * points.shape[1]), 1)
+    for start in range(0, candidates.shape[0], block):
+        rows = candidates[start : start + block]
+        differences = points[rows].astype(xp.float64) - points[start : start + block, None, :].astype(xp.float64)
+        distances[start : start + block] = xp.where(rows >= 0, xp.sqrt((differences * differences).sum(axis=2)), xp.inf)
+    order = xp.argsort(distances, axis=1, kind="stable")[:, :n_neighbors]
+    indices = xp.take_along_axis(candidates, order, axis=1)
     return indices, xp.take_along_axis(distances, order, axis=1).astype(xp.float32)
