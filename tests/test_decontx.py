@@ -183,3 +183,19 @@ def test_the_defaults_are_the_configurations_and_one_iteration_is_the_least(cell
     assert decontx(cells.counts, clusters=cells.cell_type, max_iter=1).iterations == 1
     with pytest.raises(InputError, match=r"^DecontX needs at least one EM iteration, got max_iter=0$"):
         decontx(cells.counts, clusters=cells.cell_type, max_iter=0)
+
+
+def test_two_clusters_a_lone_count_and_genes_without_counts(cells: Cells):
+    """Two clusters are enough; a cell of one count is a cell with counts (the error counts the
+    empty ones only); the corrected matrix keeps the input's shape where its last genes have no
+    counts."""
+    two = np.isin(cells.cell_type, np.unique(cells.cell_type)[:2])
+    lone = sparse.csr_matrix(([1.0], ([0], [0])), shape=(1, cells.counts.shape[1]))
+    counts = sparse.hstack([sparse.vstack([cells.counts[two], lone]), sparse.csr_matrix((two.sum() + 1, 3))]).tocsr()
+    clusters = np.append(cells.cell_type[two], cells.cell_type[two][0])
+    result = decontx(counts, clusters=clusters, max_iter=3)
+    assert result.corrected.shape == counts.shape
+    assert 0 <= result.contamination[-1] <= 1 and result.corrected[-1].sum() <= 1
+    empty = sparse.vstack([counts, sparse.csr_matrix((1, counts.shape[1]))]).tocsr()
+    with pytest.raises(InputError, match="DecontX needs cells with counts: 1 cells have none"):
+        decontx(empty, clusters=np.append(clusters, clusters[0]))

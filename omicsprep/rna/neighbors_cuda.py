@@ -23,15 +23,23 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
-MAX_CANDIDATES = 512
+MAX_CANDIDATES = 256
 """The most candidates kept for a cell (int32 each); a cell with more is searched by brute force."""
 # The most bytes of one block of products (cells of the block x all cells), float32.
 PRODUCT_BLOCK_BYTES = 1 << 32
 THREADS_PER_BLOCK = 256
 COLUMNS_PER_THREAD = 16  # a CUDA block's share of a row: THREADS_PER_BLOCK x this many cells
-# Float32's rounding of a squared distance from products, |x|^2 + |y|^2 - 2xy, over d coordinates
-# is at most about (d + 2) unit roundoffs times |x|^2 + |y|^2; the margin is twice that.
-ROUNDING_PER_DIMENSION = 2.0 * 2.0**-24
+UNIT_ROUNDOFF = 2.0**-24  # float32's
+
+
+def rounding_margin(n_dims: int) -> np.float32:
+    """The most float32 moves a squared distance from products, as a share of ``|x|^2 + |y|^2``.
+
+    Each of ``|x|^2``, ``|y|^2`` and ``xy`` summed over ``d`` coordinates in any order is within
+    ``d`` unit roundoffs of its own scale, the sum and difference add 3 and the centring of the
+    coordinates 4 (worst cases, Higham's bounds): ``2d + 7``, and 1 spare.
+    """
+    return np.float32((2 * n_dims + 8) * UNIT_ROUNDOFF)
 
 
 @cache
@@ -113,7 +121,7 @@ def neighbour_candidates(points: Any, n_neighbors: int, *, xp: ModuleType, cuml:
     counts = xp.zeros(n_cells, dtype=xp.int32)
     candidates = xp.full((n_cells, MAX_CANDIDATES), -1, dtype=xp.int32)
     kernel = _within_bounds_kernel()
-    rounding = np.float32((n_dims + 2) * ROUNDING_PER_DIMENSION)
+    rounding = rounding_margin(n_dims)
     chunks = -(-n_cells // (THREADS_PER_BLOCK * COLUMNS_PER_THREAD))
     block = max(PRODUCT_BLOCK_BYTES // (4 * n_cells), 1)
     for start in range(0, n_cells, block):
