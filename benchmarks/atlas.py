@@ -38,19 +38,19 @@ scib
     and their seconds.
 scib_profile
     Where one embedding's scIB time goes (``X_pca``): the neighbour search's parts (cuML's
-    search, cuVS's brute force at 90 neighbours and at 64, where it fuses the distances with
-    the selection, the float64 distances and their order, the copy to the host, scib-metrics'
-    subsets), kBET (:func:`omicsprep.rna.integration_scores.kbet_per_label`), the silhouettes'
-    pass, our k-means (twice: the first compiles), NMI and ARI, and a ``gc.collect()``
-    (scib-metrics runs one before each metric).
+    brute force, cuVS's at 90 neighbours and at 64, where it fuses the distances with the
+    selection, :func:`omicsprep.rna.embedding.exact_neighbors`, the copy to the host,
+    scib-metrics' subsets), kBET (scib-metrics' ``kbet_per_label`` with ours inside), the
+    silhouettes' pass, our k-means (twice: the first compiles), NMI and ARI, and a
+    ``gc.collect()`` (scib-metrics runs one before each metric).
 scib_check
     scIB's metrics on 20,000 of the cells: ours on the backend against scib-metrics' own
     ``Benchmarker`` with exact neighbours on the CPU (largest difference).
 silhouettes
     One pass of the silhouettes' sums (each cell's distance to every cell of each type) over
-    each cached embedding by the backend's way (the GPU's: products and a summing kernel),
-    timed after its compile, and, on the GPU, its largest relative difference from the CPU's
-    way on 100,000 of the cells.
+    each cached embedding by the backend's way (the GPU's kernel), timed after its compile,
+    and, on the GPU, its largest relative difference from the CPU's matrix products on 100,000
+    of the cells.
 celltypist
     CellTypist with a model trained on ``--celltypist-train-cells`` cells of the first
     batch: seconds, and agreement with CellTypist's own labels of all the cells.
@@ -347,6 +347,7 @@ def part_scib_profile(cells: ad.AnnData, *, backend: str, cache: Path) -> list[d
     """Seconds of the parts of one embedding's scIB metrics that lead at a million cells."""
     import gc
 
+    import scib_metrics
     from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
     from omicsprep.backend import array_module, synchronize
@@ -390,12 +391,13 @@ def part_scib_profile(cells: ad.AnnData, *, backend: str, cache: Path) -> list[d
                                lambda: exact_neighbors(embedding, 90, backend=backend))  # fmt: skip
     neighbours = timed(
         "to scib-metrics' NeighborsResults on the host",
-        lambda: integration_scores._neighbors_on_host(indices, distances),  # noqa: SLF001
+        lambda: integration_scores._neighbors_on_host(indices, distances, backend=backend),  # noqa: SLF001
     )
     for_kbet = timed(
         "scib-metrics' subsets of 15, 50, 90", lambda: [neighbours.subset_neighbors(n=n) for n in (15, 50, 90)]
     )[1]
-    timed("kBET per label", lambda: integration_scores.kbet_per_label(for_kbet, batches, labels, backend=backend))
+    with integration_scores._steps_on_backend(backend):  # noqa: SLF001
+        timed("kBET per label", lambda: scib_metrics.kbet_per_label(for_kbet, batches, labels))
     timed("silhouettes", lambda: integration_scores.silhouette_samples(embedding, labels, backend=backend))
     n_clusters = len(np.unique(labels))
     timed("k-means, ours, first (compiles)", lambda: integration_scores.kmeans_labels(embedding, n_clusters))
@@ -436,8 +438,8 @@ def part_silhouettes(
 ) -> list[dict[str, Any]]:
     """The silhouettes' sums of all cells over each cached embedding by the backend's way, timed.
 
-    On the GPU (products and the summing kernel), checked against the CPU's way (the distances'
-    product with the labels; 53 s a million cells on one H100) on the first ``compared_cells``.
+    On the GPU, the kernel is checked against the matrix products (the CPU's way, 53 s a million
+    cells on one H100) on the first ``compared_cells``.
     """
     from omicsprep.backend import array_module, asnumpy, synchronize
 
@@ -448,7 +450,7 @@ def part_silhouettes(
     if backend == "gpu":
         from omicsprep.rna import silhouette_cuda
 
-        sums_of, way = silhouette_cuda.label_distance_sums_gpu, "products and kernel"
+        sums_of, way = silhouette_cuda.label_distance_sums_gpu, "kernel"
     labels = xp.asarray(codes)
     for name in cached_embeddings(cells, cache):
         points = xp.asarray(cells.obsm[name], dtype=xp.float32)

@@ -169,28 +169,30 @@ def test_silhouettes_from_matrix_products_are_scib_metrics_own(merged, metric, b
 SILHOUETTE_KERNEL_SCRIPT = """
 import numpy as np
 from omicsprep.rna import integration_scores, silhouette_cuda
-silhouette_cuda.PRODUCT_BLOCK_BYTES = 4 * 50 * 20  # blocks of 20 rows: the last one shorter
-silhouette_cuda.THREADS_PER_BLOCK = 4  # each thread sums several cells of a label, halved in 2 steps
+silhouette_cuda.CELLS_PER_CHUNK = 64  # several chunks, labels changing inside them
+silhouette_cuda.THREADS_PER_BLOCK = 16  # several blocks, the last one's threads holding fewer cells
 rng = np.random.default_rng(0)
-n_cells, n_dims = 50, 7
-points = rng.normal(size=(n_cells, n_dims)).astype(np.float32)
-codes = rng.integers(0, 3, n_cells)  # label 3 has no cells
-for cosine in (False, True):
-    if cosine:
-        points /= np.sqrt((points * points).sum(axis=1, keepdims=True))
-    gpu = silhouette_cuda.label_distance_sums_gpu(points, codes, 4, cosine=cosine, xp=np)
-    cpu = integration_scores.label_distance_sums(points, codes, 4, cosine=cosine, xp=np)
-    assert gpu.shape == (n_cells, 4) and not gpu[:, 3].any()
-    # A distance missed or added twice moves a sum by 1e-2 or more.
-    np.testing.assert_allclose(gpu, cpu, rtol=1e-5)
+# 7 coordinates: 4 cells a thread; 70: one.
+for n_cells, n_dims in ((200, 7), (90, 70)):
+    points = rng.normal(size=(n_cells, n_dims)).astype(np.float32)
+    codes = rng.integers(0, 4, n_cells)
+    for cosine in (False, True):
+        if cosine:
+            points /= np.sqrt((points * points).sum(axis=1, keepdims=True))
+        kernel = silhouette_cuda.label_distance_sums_gpu(points, codes, 5, cosine=cosine, xp=np)
+        # In float64: float32's |x|^2 + |y|^2 - 2xy loses more digits than the kernel's differences.
+        # The kernel is 7e-8 from them; a distance missed or added twice moves a sum by 1e-2 or more.
+        products = integration_scores.label_distance_sums(points.astype(np.float64), codes, 5, cosine=cosine, xp=np)
+        assert kernel.shape == (n_cells, 5) and not kernel[:, 4].any()
+        np.testing.assert_allclose(kernel, products, rtol=1e-6)
 print("ok")
 """
 
 
 def test_the_silhouette_kernel_sums_distances_per_label_as_the_matrix_products():
-    """The GPU's way (each block of products summed per label by a kernel as it reads them)
-    gives the CPU's sums, Euclidean and cosine, over blocks of cells (the last one shorter),
-    the cells in any order of labels, a label without cells summing to 0."""
+    """The GPU's kernel (each cell's distances summed per label without writing them) gives the
+    CPU's sums, Euclidean and cosine, over chunks of cells where labels change mid-chunk, with
+    threads holding four cells (the last block's partly past the last cell) or one."""
     result = subprocess.run(
         [sys.executable, "-c", SILHOUETTE_KERNEL_SCRIPT],
         cwd=Path(__file__).parents[1],
@@ -335,52 +337,21 @@ def test_diffusion_neighbours_are_scib_metrics_own_and_give_its_kbet(merged):
     np.testing.assert_allclose(mine[2], theirs[2], atol=1e-6)
 
 
-def scib_metrics_kbet_per_label(neighbours, batches, labels, monkeypatch):
-    """scib-metrics' own ``kbet_per_label`` (with each label's score), its diffusion neighbours
-    and test ours (compared with its own elsewhere)."""
-    from scib_metrics.metrics import _kbet
+def test_neighbours_found_for_the_gpu_take_kbets_graph_from_cuml_in_every_subset(merged, monkeypatch):
+    """On the GPU, scib-metrics' neighbours, and the 50 of them its Benchmarker hands kBET, build
+    their connectivities with cuML (here a stand-in), never with umap-learn on the host."""
+    asked = []
 
-    monkeypatch.setattr(_kbet, "diffusion_nn", functools.partial(integration_scores.diffusion_neighbors, backend="cpu"))
-    monkeypatch.setattr(_kbet, "kbet", integration_scores.kbet)
-    return _kbet.kbet_per_label(neighbours, batches, labels, return_df=True)
+    def by_cuml(indices, distances):
+        asked.append(indices.shape)
+        return scipy.sparse.identity(indices.shape[0], format="csr")
 
-
-def test_kbet_per_label_is_scib_metrics_own(merged, monkeypatch):
-    """Our kBET of each label (its graph and components on the backend) is scib-metrics' on the
-    merged study's Harmony embedding, where the batches mix."""
-    cells = merged.cells
-    neighbours = integration_scores.scib_neighbors(np.asarray(cells.obsm["X_harmony"]), 50, backend="cpu")
-    batches, labels = cells.obs["sample"].to_numpy(), cells.obs["cell_type"].astype(str).to_numpy()
-    ours = integration_scores.kbet_per_label(neighbours, batches, labels, return_df=True, backend="cpu")
-    theirs = scib_metrics_kbet_per_label(neighbours, batches, labels, monkeypatch)
-    pd.testing.assert_frame_equal(ours[1], theirs[1], check_dtype=False)
-    assert 0.05 < ours[0] == theirs[0] < 0.95
-
-
-def test_kbet_per_label_leaves_out_small_components_and_skips_labels_as_scib_metrics(monkeypatch):
-    """Labels cut into components by the graph: a small one left out (kBET on the rest), small
-    ones holding over a quarter of the label (0), a lone component smaller than 3 k0 (kept), one
-    batch or under 10 cells (left out of the mean): scib-metrics' scores, label by label."""
-    rng = np.random.default_rng(0)
-    groups = [  # (label, cells, cloud): a cloud of 51 cells or more keeps its 50 neighbours
-        ("A", 340, 0), ("A", 60, 1),  # A's batches ~200 cells: k0 50, the 60 left out (15%)
-        ("B", 200, 2), ("B", 100, 3),  # k0 37: the 100 left out would be 33%: 0
-        ("C", 25, 4), ("D", 60, 4),  # C: one component of 25 (< 3 k0 = 30), kept
-        ("E", 80, 5),  # one batch
-        ("F", 8, 6), ("G", 60, 6),  # F: 8 cells
-    ]  # fmt: skip
-    labels = np.concatenate([[label] * n for label, n, _ in groups])
-    points = np.concatenate([rng.normal(size=(n, 10)) + 100 * cloud for _, n, cloud in groups]).astype(np.float32)
-    batches = rng.choice(["b1", "b2"], size=labels.size)
-    batches[labels == "E"] = "b1"
-    neighbours = integration_scores.scib_neighbors(points, 50, backend="cpu")
-    ours = integration_scores.kbet_per_label(neighbours, batches, labels, return_df=True, backend="cpu")
-    theirs = scib_metrics_kbet_per_label(neighbours, batches, labels, monkeypatch)
-    pd.testing.assert_frame_equal(ours[1], theirs[1], check_dtype=False)
-    assert ours[0] == theirs[0]
-    scores = ours[1].set_index("cluster")["kBET"]
-    assert 0.5 < scores["A"] < 1 and scores["B"] == 0 and scores["C"] > 0
-    assert scores[["E", "F"]].isna().all()
+    monkeypatch.setattr(integration_scores, "umap_connectivities_on_gpu", by_cuml)
+    points = np.asarray(merged.cells.obsm["X_pca"])
+    found = integration_scores.exact_neighbors(points, 90, backend="cpu")
+    for_kbet = integration_scores._neighbors_on_host(*found, backend="gpu").subset_neighbors(50)
+    assert for_kbet.knn_graph_connectivities.nnz == len(points)
+    assert asked == [(len(points), 50)]
 
 
 def test_scib_needs_two_known_labels(merged):

@@ -234,11 +234,6 @@ def cupyx_sparse() -> ModuleType:
     return gpu_module("cupyx.scipy.sparse")
 
 
-def cupyx_sparse_csgraph() -> ModuleType:
-    """Return the imported ``cupyx.scipy.sparse.csgraph`` module (pylibcugraph's graph algorithms)."""
-    return gpu_module("cupyx.scipy.sparse.csgraph")
-
-
 def cupyx_sparse_linalg() -> ModuleType:
     """Return the imported ``cupyx.scipy.sparse.linalg`` module (not imported with ``cupyx.scipy.sparse``)."""
     return gpu_module("cupyx.scipy.sparse.linalg")

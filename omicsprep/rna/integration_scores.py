@@ -9,20 +9,21 @@ stalled for hours at 900k cells); scib-metrics' JAX metrics run on JAX's default
 What they compile is kept on disk for later runs (:func:`omicsprep.jit_cache.cache_scib_compilations`).
 
 Four of scib-metrics' steps cost seconds to hours at a million cells, and are computed here
-instead while its ``Benchmarker`` runs (:func:`_steps_on_backend`), the first two on the backend:
+instead while its ``Benchmarker`` runs (:func:`_steps_on_backend`), the first two on the backend
+(on the GPU, kBET's graph, the neighbours' UMAP connectivities, comes from cuML too):
 
 - the silhouettes (label silhouette, isolated labels, BRAS): scib-metrics adds each block of
   256 cells' distances to every cell into per-label sums one by one (a scatter on the GPU, 3,900
-  blocks at a million cells); here a block's distances come from one matrix product and their
-  sums per label, on the CPU, from another, on the GPU from a kernel that sums them as it reads
-  the products (:func:`silhouette_samples`);
-- kBET (:func:`kbet_per_label`, scib-metrics' steps): each label's subgraph of the neighbours'
-  UMAP connectivities and its components, which scib-metrics cuts on the host, on the GPU from
-  cuML's connectivities on the device; the neighbours in each subgraph's diffusion map, which
-  scib-metrics finds with pynndescent in one thread after an ARPACK eigendecomposition on the
-  CPU, from the backend's Lanczos solver and the exact search (:func:`diffusion_neighbors`; on
-  20,000 cells they are pynndescent's: kBET the same to the last digit); and their chi-square
-  test, which scib-metrics' JAX compiles again for each label's size, in NumPy (:func:`kbet`);
+  blocks at a million cells); here, on the CPU, a block's distances come from one matrix
+  product and their sums per label from another, and on the GPU from a kernel that sums each
+  cell's distances per label without writing them (:func:`silhouette_samples`);
+- kBET's neighbours in each label's diffusion map: scib-metrics finds them with pynndescent in
+  one thread after an ARPACK eigendecomposition on the CPU; here the eigenvectors come from
+  the backend's Lanczos solver and the neighbours from the exact search
+  (:func:`diffusion_neighbors`). On 20,000 cells they are pynndescent's: kBET the same to
+  the last digit;
+- kBET's chi-square test of each label's neighbours, which scib-metrics' JAX compiles again for
+  each label's size; here in NumPy (:func:`kbet`);
 - the k-means clusters of NMI and ARI, whose JAX loop scib-metrics compiles again at every call
   and whose centroids it sums through a cells x clusters x features mask: its own start and
   steps, compiled once, with the centroids from one matrix product (:func:`kmeans_labels`).
@@ -37,14 +38,13 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict
-from functools import cache, partial, wraps
+from functools import cache, cached_property, partial, wraps
 from types import ModuleType
 from typing import Any, Literal
 from unittest import mock
 
 import numpy as np
 import pandas as pd
-import scipy.sparse.csgraph
 import scipy.sparse.linalg
 import scipy.special
 from anndata import AnnData
@@ -56,7 +56,6 @@ from omicsprep.backend import (
     cuml,
     cupy,
     cupyx_sparse,
-    cupyx_sparse_csgraph,
     cupyx_sparse_linalg,
     host_to_device,
     synchronize,
@@ -83,19 +82,42 @@ LANCZOS_TOLERANCE = 1e-12
 
 
 def scib_neighbors(embedding: np.ndarray, n_neighbors: int, *, backend: Backend) -> Any:
-    """:func:`omicsprep.rna.embedding.exact_neighbors` as scib-metrics takes them (``NeighborsResults``)."""
+    """:func:`omicsprep.rna.embedding.exact_neighbors` as scib-metrics takes them (``NeighborsResults``).
+
+    On the GPU their UMAP connectivities (kBET's graph) come from cuML, as rapids-singlecell's:
+    umap-learn's took 15 s or more a million cells on the CPU, for each embedding.
+    """
     indices, distances = exact_neighbors(embedding, n_neighbors, backend=backend)
-    return _neighbors_on_host(indices, distances)
+    return _neighbors_on_host(indices, distances, backend=backend)
 
 
-def _neighbors_on_host(indices: Any, distances: Any) -> Any:
-    """Neighbours found on either backend as scib-metrics' ``NeighborsResults`` (NumPy, int64 indices)."""
+def _neighbors_on_host(indices: Any, distances: Any, *, backend: Backend) -> Any:
+    """Neighbours found on ``backend`` as scib-metrics' ``NeighborsResults`` (NumPy, int64 indices)."""
+    return _neighbors_results(backend)(
+        indices=np.asarray(asnumpy(indices), dtype=np.int64), distances=asnumpy(distances)
+    )
+
+
+@cache
+def _neighbors_results(backend: Backend) -> type:
+    """scib-metrics' ``NeighborsResults``, its connectivities computed on ``backend``."""
     from scib_metrics.nearest_neighbors import NeighborsResults
 
-    return NeighborsResults(indices=np.asarray(asnumpy(indices), dtype=np.int64), distances=asnumpy(distances))
+    if backend == "cpu":
+        return NeighborsResults
+
+    class NeighborsOnGpu(NeighborsResults):
+        """Neighbours whose connectivities (kBET's graph) cuML computes; subsets stay of this class."""
+
+        @cached_property
+        def knn_graph_connectivities(self) -> scipy.sparse.csr_matrix:
+            """UMAP's connectivities, as scib-metrics' own (:func:`umap_connectivities_on_gpu`)."""
+            return umap_connectivities_on_gpu(self.indices, self.distances)
+
+    return NeighborsOnGpu
 
 
-def umap_connectivities_on_gpu(indices: np.ndarray, distances: np.ndarray) -> Any:
+def umap_connectivities_on_gpu(indices: np.ndarray, distances: np.ndarray) -> scipy.sparse.csr_matrix:
     """UMAP's fuzzy union of each cell's neighbours (umap-learn's ``fuzzy_simplicial_set``) by cuML.
 
     Parameters
@@ -105,7 +127,7 @@ def umap_connectivities_on_gpu(indices: np.ndarray, distances: np.ndarray) -> An
 
     Returns
     -------
-    The symmetric connectivities, a CuPy CSR matrix.
+    The symmetric connectivities, on the host (scib-metrics takes their rows by label there).
     """
     cp = cupy()
     n_cells = indices.shape[0]
@@ -119,7 +141,7 @@ def umap_connectivities_on_gpu(indices: np.ndarray, distances: np.ndarray) -> An
     # cuML's matrix takes its shape from the largest index it holds: set it.
     connectivities = cupyx_sparse().coo_matrix((graph.data, (graph.row, graph.col)), shape=(n_cells, n_cells)).tocsr()
     connectivities.eliminate_zeros()
-    return connectivities
+    return asnumpy(connectivities)
 
 
 def scib_benchmarker(
@@ -201,27 +223,26 @@ def _collecting_new_objects_only() -> Iterator[None]:
 
 @contextmanager
 def _steps_on_backend(backend: Backend) -> Iterator[None]:
-    """scib-metrics' silhouettes, kBET and k-means replaced by ours while it runs.
+    """scib-metrics' silhouettes, kBET's diffusion neighbours and test, and k-means replaced by ours while it runs.
 
     Its metric functions look these helpers up in their modules' globals, which is where they
     are replaced (scib-metrics 0.5; a version without them fails here, by name).
     """
     import scib_metrics
     from scib_metrics.benchmark import BatchCorrection, BioConservation
-    from scib_metrics.metrics import _isolated_labels, _nmi_ari, _silhouette
+    from scib_metrics.metrics import _isolated_labels, _kbet, _nmi_ari, _silhouette
 
     silhouettes = _remembering_silhouettes(backend)
     replacements = [
         (_silhouette, "silhouette_samples", silhouettes),
         (_isolated_labels, "silhouette_samples", silhouettes),
+        (_kbet, "diffusion_nn", partial(diffusion_neighbors, backend=backend)),
+        (_kbet, "kbet", kbet),
         (_nmi_ari, "_compute_clustering_kmeans", kmeans_labels),
     ]
-    # Each metric timed in the log, as the Benchmarker looks it up by name; kBET ours.
-    ours = {"kbet_per_label": partial(kbet_per_label, backend=backend)}
+    # Each metric timed in the log, as the Benchmarker looks it up by name.
     metrics = [*asdict(BioConservation()), *asdict(BatchCorrection())]
-    replacements += [
-        (scib_metrics, name, _timed(name, ours.get(name) or getattr(scib_metrics, name))) for name in metrics
-    ]
+    replacements += [(scib_metrics, name, _timed(name, getattr(scib_metrics, name))) for name in metrics]
     with ExitStack() as stack:
         for module, name, ours in replacements:
             stack.enter_context(mock.patch.object(module, name, ours))
@@ -279,11 +300,11 @@ def silhouette_samples(
     *,
     backend: Backend,
 ) -> np.ndarray:
-    """Each cell's silhouette, as scib-metrics' ``silhouette_samples``, from blocks of matrix products.
+    """Each cell's silhouette, as scib-metrics' ``silhouette_samples``: matrix products, or a CUDA kernel on the GPU.
 
-    Each cell's summed distance to each label's cells: on the CPU from the distances' product
-    with the cells' labels (:func:`label_distance_sums`), on the GPU from a kernel that sums
-    the distances per label as it reads the products (:mod:`omicsprep.rna.silhouette_cuda`).
+    Each cell's summed distance to each label's cells comes from blocks of matrix products on
+    the CPU (and on the GPU for embeddings of over 128 dimensions), else from
+    :mod:`omicsprep.rna.silhouette_cuda`'s kernel, which keeps the distances out of memory.
 
     Parameters
     ----------
@@ -311,11 +332,13 @@ def silhouette_samples(
     else:  # centred: smaller norms lose fewer digits in |x|^2 + |y|^2 - 2xy
         points = points - points.mean(axis=0)
     n_cells, n_labels, cosine = points.shape[0], int(codes.max()) + 1, metric == "cosine"
+    sums = None
     if backend == "gpu":
         from omicsprep.rna import silhouette_cuda
 
-        sums = silhouette_cuda.label_distance_sums_gpu(points, codes, n_labels, cosine=cosine, xp=xp)
-    else:
+        if points.shape[1] <= silhouette_cuda.MAX_DIMS:
+            sums = silhouette_cuda.label_distance_sums_gpu(points, codes, n_labels, cosine=cosine, xp=xp)
+    if sums is None:
         sums = label_distance_sums(points, codes, n_labels, cosine=cosine, xp=xp)
     sizes = xp.bincount(codes, minlength=n_labels).astype(sums.dtype)
     own = (xp.arange(n_cells), codes)
@@ -406,7 +429,7 @@ def diffusion_neighbors(connectivities: Any, k: int, n_comps: int = 100, *, back
     with np.errstate(divide="ignore"):  # the eigenvalue 1, kept as it is
         embedding = vectors * xp.where(values == 1, values, values / (1 - values))
     indices, distances = exact_neighbors(embedding, k + 1, backend=backend)
-    result = _neighbors_on_host(indices, distances)
+    result = _neighbors_on_host(indices, distances, backend=backend)
     log.info(
         "scIB kBET's diffusion map of %d cells: transitions %.2f s, eigenvectors %.2f s, neighbours %.2f s",
         transitions.shape[0],
@@ -460,89 +483,6 @@ def kbet(X: Any, batches: np.ndarray, alpha: float = 0.05) -> tuple[float, np.nd
     statistics = (np.square(observed - expected) / expected).sum(axis=1)
     p_values = 1 - scipy.special.gammainc((n_batches - 1) / 2, statistics / 2)  # the chi-square's upper tail
     return float((p_values >= alpha).mean()), statistics, p_values
-
-
-def kbet_per_label(
-    X: Any,  # scib-metrics' names: its Benchmarker passes the neighbours, batches and labels in this order
-    batches: Any,
-    labels: Any,
-    alpha: float = 0.05,
-    diffusion_n_comps: int = 100,
-    *,
-    return_df: bool = False,
-    backend: Backend,
-) -> float | tuple[float, pd.DataFrame]:
-    """Each label's kBET, averaged over labels, as scib-metrics' ``kbet_per_label``, on the backend.
-
-    scib-metrics' steps (0.5): each label's subgraph of the neighbours' UMAP connectivities,
-    skipped (NaN) below 10 cells or with one batch; ``k0`` from the batches' mean size; its
-    connected components, where there are several, those of fewer than ``3 k0`` cells left out (a
-    score of 0 when they hold over a quarter of the label); kBET on the diffusion neighbours of the rest
-    (:func:`diffusion_neighbors`, :func:`kbet`), 0 where the diffusion map fails. On the GPU the
-    graph, its subgraphs and components stay on the device: scib-metrics copies the graph to the
-    host and takes each label's subgraph there (2.5 s an embedding at a million cells).
-
-    Parameters
-    ----------
-    X
-        Each cell's neighbours (``NeighborsResults``; scib-metrics hands kBET 50).
-    batches, labels
-        Each cell's batch and label.
-    alpha
-        A cell's test passes at a p-value of ``alpha`` or more.
-    diffusion_n_comps
-        The diffusion maps' components: fewer for a smaller subgraph and, as in scib-metrics,
-        for every label after it.
-    return_df
-        Also return each label's score (columns ``cluster``, ``kBET``).
-    backend
-        Where the graph is built and cut.
-
-    Returns
-    -------
-    The mean of the labels' acceptance rates, skipped labels left out.
-    """
-    batches = np.asarray(pd.Categorical(np.asarray(batches)).codes)
-    labels = np.asarray(labels)
-    if backend == "gpu":
-        graph, components_of = umap_connectivities_on_gpu(X.indices, X.distances), cupyx_sparse_csgraph()
-    else:
-        graph, components_of = scipy.sparse.csr_matrix(X.knn_graph_connectivities), scipy.sparse.csgraph
-    xp = array_module(backend)
-    scores = []
-    for label in np.unique(labels):
-        cells = np.flatnonzero(labels == label)
-        label_batches = batches[cells]
-        if cells.size < 10 or np.unique(label_batches).size == 1:
-            scores.append(np.nan)
-            continue
-        k0 = int(min(70, max(10, np.floor(np.bincount(label_batches)[np.unique(label_batches)].mean() / 4))))
-        k0 = min(k0, (2**31 - 1) // cells.size)  # scib-metrics' bound on k0 times the cells
-        on_backend = xp.asarray(cells)
-        subgraph = graph[on_backend][:, on_backend]
-        subgraph.sort_indices()
-        # The graph is symmetric: its strong components (scib-metrics') are its undirected ones.
-        n_components, components = components_of.connected_components(subgraph, directed=False)
-        if n_components > 1:  # one component is kept whatever its size
-            components = asnumpy(components)
-            kept = np.flatnonzero(np.bincount(components)[components] >= 3 * k0)
-            if kept.size < 0.75 * cells.size:
-                scores.append(0.0)
-                continue
-            kept_on_backend = xp.asarray(kept)
-            subgraph, label_batches = subgraph[kept_on_backend][:, kept_on_backend], label_batches[kept]
-            subgraph.sort_indices()
-        # scib-metrics overwrites its argument with the smaller count, so every later label gets at
-        # most as many components: kept, so that the scores are its own.
-        diffusion_n_comps = min(diffusion_n_comps, subgraph.shape[0] - 1)
-        try:
-            neighbours = diffusion_neighbors(subgraph, k0, diffusion_n_comps, backend=backend)
-        except ValueError:  # scib-metrics: the diffusion map failed, every cell rejected
-            scores.append(0.0)
-            continue
-        scores.append(kbet(neighbours, label_batches, alpha)[0])
-    score = float(np.nanmean(scores))
-    return (score, pd.DataFrame({"cluster": np.unique(labels), "kBET": scores})) if return_df else score
 
 
 def kmeans_labels(X: np.ndarray, n_clusters: int) -> np.ndarray:

@@ -1,15 +1,12 @@
 """The silhouettes' sums on the GPU: each cell's summed distance to the cells of each label.
 
-A million cells are 10^12 pairs. Their dot products come from cuBLAS, a block of cells
-against all cells at a time, and a kernel turns each product into a distance and sums them
-per label as it reads them: the cells sorted by label, a CUDA block sums one cell's distances
-to one label's cells. Each product is written once and read once; the CPU's way
-(:func:`omicsprep.rna.integration_scores.label_distance_sums`) also writes the distances and
-reads them again for a second product. An earlier kernel that computed each pair's distance
-from coordinates held in registers (the products never written) took 8.5 s for 50 dimensions
-on an H200: the coordinates' loads, one per dimension and pair for at most four cells a
-thread, bound it. Imported on the GPU path only (or under Numba's CUDA simulator, which the
-tests use on machines without a GPU).
+A million cells are 10^12 pairs. As matrix products (the CPU's way, in
+:func:`omicsprep.rna.integration_scores.silhouette_samples`) each block of distances is
+written to device memory, read back for the square root and again for the sums per label,
+several terabytes of memory traffic per pass. Here each thread holds a few cells' coordinates
+and walks a chunk of the other cells, sorted by label, adding their distances in float64 and
+each label's sum to the result once: only coordinates are read. Imported on the GPU path only
+(or under Numba's CUDA simulator, which the tests use on machines without a GPU).
 """
 
 from __future__ import annotations
@@ -22,60 +19,111 @@ from typing import Any
 import numba
 from numba import cuda
 
-# The most bytes of one block of products (cells of the block x all cells), float32: a million
-# cells are 977 blocks of 1,024, a product and a launch of the kernel each.
-PRODUCT_BLOCK_BYTES = 1 << 32
-THREADS_PER_BLOCK = 256  # a power of two: the block's sums are halved in turn
+MAX_DIMS = 128
+"""Coordinates a thread holds; embeddings of more dimensions take the matrix products."""
+
+DIMS_STEP = 8  # coordinates are zero-padded to a multiple of it: one compiled kernel per width
+MAX_CELLS_PER_THREAD = 4  # registers: about 166 a thread at widths 32-56 (ptxas, sm_90), no spills
+THREADS_PER_BLOCK = 128
+CELLS_PER_CHUNK = 4096  # the other cells a thread walks; a grid's second dimension holds at most 65,535 chunks
+
+
+def cells_per_thread(width: int) -> int:
+    """The cells a thread holds: up to :data:`MAX_DIMS` coordinates, each other cell's read once for all.
+
+    A pair costs a load, a subtraction and a multiply-add per dimension. With one cell a thread
+    (12.7 s for 50 dimensions at a million cells, one H100) the loads are the likely bound, an
+    estimate from instruction throughput, not a profile: held for 2 to 4 cells, each load
+    serves them all.
+    """
+    return max(1, min(MAX_CELLS_PER_THREAD, MAX_DIMS // width))
 
 
 @cache
-def _segment_sums_kernel(threads: int) -> Any:
-    """The kernel for CUDA blocks of ``threads``: block (row, label) sums that row's distances to the label's cells."""
+def _label_sums_kernel(width: int) -> Any:
+    """The kernel for ``width`` coordinates, a constant: a thread's cells in registers, the loops unrolled.
+
+    (With the width read at run time, a thread's coordinates sat in local memory and a pair
+    cost some 28 instructions per dimension; compiled for sm_90, 2026-12-06.) A block holds
+    ``cells_per_thread(width)`` runs of consecutive cells, one per thread in each (coalesced loads).
+    """
+    held = cells_per_thread(width)
 
     @cuda.jit
-    def segment_sums(products, squares, first_row, bounds, cosine, sums):
-        row, label = cuda.blockIdx.x, cuda.blockIdx.y
-        thread = cuda.threadIdx.x
-        own = squares[first_row + row]
-        total = 0.0
-        for column in range(bounds[label] + thread, bounds[label + 1], threads):
-            product = products[row, column]
+    def label_sums(points, codes, chunk, cosine, sums):
+        n_cells = points.shape[0]
+        first_cell = cuda.blockIdx.x * cuda.blockDim.x * held + cuda.threadIdx.x
+        if first_cell >= n_cells:
+            return
+        own = cuda.local.array((held, width), numba.float32)
+        totals = cuda.local.array(held, numba.float64)
+        pair = cuda.local.array(held, numba.float32)
+        for j in range(held):
+            cell = first_cell + j * cuda.blockDim.x
+            for k in range(width):
+                own[j, k] = 0.0
+                if cell < n_cells:  # a branch, not a select: no load past the last cell
+                    own[j, k] = points[cell, k]
+            totals[j] = 0.0
+        first = cuda.blockIdx.y * chunk
+        last = first + chunk
+        if last > n_cells:
+            last = n_cells
+        label = codes[first]
+        for other in range(first, last):
+            if codes[other] != label:  # the same for every thread of the block: no divergence
+                for j in range(held):
+                    cell = first_cell + j * cuda.blockDim.x
+                    if cell < n_cells:
+                        cuda.atomic.add(sums, (cell, label), totals[j])
+                    totals[j] = 0.0
+                label = codes[other]
+            for j in range(held):
+                pair[j] = 0.0
             if cosine:  # unit vectors: 1 - cosine similarity, within [0, 2]
-                distance = min(max(numba.float32(1.0) - product, numba.float32(0.0)), numba.float32(2.0))
+                for k in range(width):
+                    coordinate = points[other, k]
+                    for j in range(held):
+                        pair[j] += own[j, k] * coordinate
+                for j in range(held):
+                    distance = 1.0 - pair[j]
+                    if distance < 0.0:
+                        distance = 0.0
+                    elif distance > 2.0:
+                        distance = 2.0
+                    totals[j] += distance
             else:
-                distance = math.sqrt(max(own + squares[column] - numba.float32(2.0) * product, numba.float32(0.0)))
-            total += numba.float64(distance)
-        partial = cuda.shared.array(threads, numba.float64)
-        partial[thread] = total
-        cuda.syncthreads()
-        half = threads // 2
-        while half > 0:
-            if thread < half:
-                partial[thread] += partial[thread + half]
-            cuda.syncthreads()
-            half //= 2
-        if thread == 0:
-            sums[first_row + row, label] = partial[0]
+                for k in range(width):
+                    coordinate = points[other, k]
+                    for j in range(held):
+                        difference = own[j, k] - coordinate
+                        pair[j] += difference * difference
+                for j in range(held):
+                    totals[j] += math.sqrt(pair[j])
+        for j in range(held):
+            cell = first_cell + j * cuda.blockDim.x
+            if cell < n_cells:
+                cuda.atomic.add(sums, (cell, label), totals[j])
 
-    return segment_sums
+    return label_sums
 
 
 def label_distance_sums_gpu(points: Any, codes: Any, n_labels: int, *, cosine: bool, xp: ModuleType) -> Any:
-    """:func:`omicsprep.rna.integration_scores.label_distance_sums` by cuBLAS and the kernel: float64, on the device.
+    """:func:`omicsprep.rna.integration_scores.label_distance_sums` by the kernel: float64 sums, on the device.
 
-    ``xp`` is CuPy (NumPy under the simulator).
+    ``points`` has at most :data:`MAX_DIMS` coordinates; ``xp`` is CuPy (NumPy under the simulator).
     """
     order = xp.argsort(codes, kind="stable")
-    points = xp.ascontiguousarray(points[order], dtype=xp.float32)
-    bounds = xp.searchsorted(codes[order], xp.arange(n_labels + 1)).astype(xp.int64)
-    squares = (points * points).sum(axis=1)
-    n_cells = points.shape[0]
+    n_cells, n_dims = points.shape
+    width = -(-n_dims // DIMS_STEP) * DIMS_STEP
+    # Sorted by label (a thread adds a label's sum once); zeros change no distance nor dot product.
+    padded = xp.zeros((n_cells, width), dtype=xp.float32)
+    padded[:, :n_dims] = points[order]
+    codes = xp.ascontiguousarray(codes[order], dtype=xp.int32)
+    chunk = max(CELLS_PER_CHUNK, -(-n_cells // 65_535))
     sums = xp.zeros((n_cells, n_labels), dtype=xp.float64)
-    kernel = _segment_sums_kernel(THREADS_PER_BLOCK)
-    block = max(PRODUCT_BLOCK_BYTES // (4 * n_cells), 1)
-    for start in range(0, n_cells, block):
-        products = points[start : start + block] @ points.T
-        kernel[(products.shape[0], n_labels), THREADS_PER_BLOCK](products, squares, start, bounds, cosine, sums)
+    grid = (-(-n_cells // (THREADS_PER_BLOCK * cells_per_thread(width))), -(-n_cells // chunk))
+    _label_sums_kernel(width)[grid, THREADS_PER_BLOCK](padded, codes, chunk, cosine, sums)
     in_order = xp.empty_like(sums)
     in_order[order] = sums
     return in_order
