@@ -165,7 +165,20 @@ def test_silhouettes_from_matrix_products_are_scib_metrics_own(merged, metric, b
     np.testing.assert_allclose(ours, expected, rtol=0, atol=1e-5)
 
 
-# Under Numba's CUDA simulator (set before numba.cuda is imported, hence a subprocess).
+def run_under_cuda_simulator(script: str) -> None:
+    """Run ``script`` under Numba's CUDA simulator (set before numba.cuda is imported, hence a
+    subprocess); it prints ``ok`` when its checks pass."""
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=Path(__file__).parents[1],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NUMBA_ENABLE_CUDASIM": "1"},
+        check=False,
+    )
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
+
+
 SILHOUETTE_KERNEL_SCRIPT = """
 import numpy as np
 from omicsprep.rna import integration_scores, silhouette_cuda
@@ -193,15 +206,7 @@ def test_the_silhouette_kernel_sums_distances_per_label_as_the_matrix_products()
     """The GPU's kernel (each cell's distances summed per label without writing them) gives the
     CPU's sums, Euclidean and cosine, over chunks of cells where labels change mid-chunk, with
     threads holding four cells (the last block's partly past the last cell) or one."""
-    result = subprocess.run(
-        [sys.executable, "-c", SILHOUETTE_KERNEL_SCRIPT],
-        cwd=Path(__file__).parents[1],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "NUMBA_ENABLE_CUDASIM": "1"},
-        check=False,
-    )
-    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
+    run_under_cuda_simulator(SILHOUETTE_KERNEL_SCRIPT)
 
 
 NEIGHBOUR_CANDIDATES_SCRIPT = """
@@ -261,15 +266,7 @@ def test_the_gpu_neighbour_candidates_hold_every_exact_neighbour():
     kernel) hold each cell's exact nearest though the search found only every other cell; a cell
     without a bound, or with too many candidates, is searched by brute force; ordered by exact
     distances, ties by index, they are the CPU's neighbours."""
-    result = subprocess.run(
-        [sys.executable, "-c", NEIGHBOUR_CANDIDATES_SCRIPT],
-        cwd=Path(__file__).parents[1],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "NUMBA_ENABLE_CUDASIM": "1"},
-        check=False,
-    )
-    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
+    run_under_cuda_simulator(NEIGHBOUR_CANDIDATES_SCRIPT)
 
 
 def test_a_silhouette_asked_again_is_computed_once(merged, monkeypatch):
