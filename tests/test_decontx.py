@@ -151,6 +151,15 @@ def test_entry_sums_same_on_both_paths(cells: Cells):
         for on_gpu in (True, False)
     )
     assert by_bincount.cluster_gene_by_entry is None
+    # Their matrices keep every cluster-gene pair and gene where the last genes have no counts.
+    padded = sparse.hstack([cells.counts, sparse.csr_matrix((cells.counts.shape[0], 3))]).tocsr()
+    padded_by_product, padded_by_bincount = (
+        _entries(padded, cells.cell_type, xp=np, sparse_module=sparse, bins_by_product=on_gpu)
+        for on_gpu in (True, False)
+    )
+    assert padded_by_product.by_cell.shape == padded_by_bincount.by_cell.shape == padded.shape
+    n_bins = len(np.unique(cells.cell_type)) * padded.shape[1]
+    assert padded_by_product.cluster_gene_by_entry.shape == (n_bins, padded.nnz)
     np.testing.assert_array_equal(by_product.per_cluster_gene(values), by_bincount.per_cluster_gene(values))
     with_values = sparse.csr_matrix((values, cells.counts.indices, cells.counts.indptr), shape=cells.counts.shape)
     np.testing.assert_array_equal(by_product.per_cell(values), with_values @ np.ones(with_values.shape[1]))
