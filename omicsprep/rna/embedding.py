@@ -17,11 +17,9 @@ from omicsprep.options import (
 )
 from omicsprep.provenance import StepTimer
 from omicsprep.rna import clustering
+from omicsprep.rna.distances import squared_distances_to
 
 log = logging.getLogger(__name__)
-
-DIFFERENCES_BYTES = 1 << 28
-"""The most memory the neighbours' coordinate differences take at once (rows in blocks)."""
 
 
 def neighbor_graph(adata: AnnData, *, options: NeighborsOptions, use_rep: str, backend: Backend) -> None:
@@ -64,7 +62,8 @@ def exact_neighbors(embedding: Any, n_neighbors: int, *, backend: Backend) -> tu
     brute force took 11-13 s for a million rows' 90 nearest on an H100). On both, the distances
     are computed again from the coordinates' differences in float64 and the neighbours ordered
     by them, ties by index: float32's |x|^2 + |y|^2 - 2xy loses digits, which scIB's kBET turned
-    into differences of 0.03 between the backends. The embedding may be a CuPy or NumPy array on the GPU.
+    into differences of 0.03 between the backends. The embedding may be a CuPy or NumPy array on
+    the GPU.
 
     Returns
     -------
@@ -98,13 +97,7 @@ def nearest_by_exact_distances(embedding: Any, candidates: Any, n_neighbors: int
     """
     # In order of index, so that the stable order of distances breaks their ties by index.
     candidates = xp.sort(xp.asarray(candidates, dtype=xp.int64), axis=1)
-    points = xp.asarray(embedding)
-    distances = xp.empty(candidates.shape, dtype=xp.float64)
-    block = max(DIFFERENCES_BYTES // (8 * candidates.shape[1] * points.shape[1]), 1)
-    for start in range(0, candidates.shape[0], block):
-        rows = candidates[start : start + block]
-        differences = points[rows].astype(xp.float64) - points[start : start + block, None, :].astype(xp.float64)
-        distances[start : start + block] = xp.where(rows >= 0, xp.sqrt((differences * differences).sum(axis=2)), xp.inf)
+    distances = xp.sqrt(squared_distances_to(xp.asarray(embedding), candidates, xp=xp))
     order = xp.argsort(distances, axis=1, kind="stable")[:, :n_neighbors]
     indices = xp.take_along_axis(candidates, order, axis=1)
     return indices, xp.take_along_axis(distances, order, axis=1).astype(xp.float32)

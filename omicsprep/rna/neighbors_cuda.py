@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
+from omicsprep.rna.distances import squared_distances_to
+
 MAX_CANDIDATES = 256
 """The most candidates kept for a cell (int32 each); a cell with more is searched by brute force."""
 # The most bytes of one block of products (cells of the block x all cells), float32.
@@ -30,6 +32,7 @@ PRODUCT_BLOCK_BYTES = 1 << 32
 THREADS_PER_BLOCK = 256
 COLUMNS_PER_THREAD = 16  # a CUDA block's share of a row: THREADS_PER_BLOCK x this many cells
 UNIT_ROUNDOFF = 2.0**-24  # float32's
+TWO = np.float32(2)  # Numba takes a global by its type: the kernel's arithmetic stays in float32
 
 
 def rounding_margin(n_dims: int) -> np.float32:
@@ -56,7 +59,7 @@ def _within_bounds_kernel() -> Any:
         last = min(first + cuda.blockDim.x * COLUMNS_PER_THREAD, n_cells)
         for column in range(first, last, cuda.blockDim.x):
             pair = own + squares[column]
-            if pair - 2 * products[row, column] <= bound + rounding * pair:
+            if pair - TWO * products[row, column] <= bound + rounding * pair:
                 slot = cuda.atomic.add(counts, cell, 1)
                 if slot < capacity:
                     candidates[cell, slot] = column
@@ -83,13 +86,7 @@ def _upper_bounds(points: Any, n_neighbors: int, *, xp: ModuleType, cuml: Any) -
     # Cells of the data, each once (a search short of cells may fill its rows with -1 or repeats).
     in_order = xp.sort(found, axis=1)
     valid = (in_order[:, 0] >= 0) & (in_order[:, -1] < points.shape[0]) & (xp.diff(in_order, axis=1) > 0).all(axis=1)
-    found = xp.where(valid[:, None], found, 0)
-    bounds = xp.empty(points.shape[0], dtype=xp.float64)
-    block = max((1 << 28) // (8 * n_neighbors * points.shape[1]), 1)
-    for start in range(0, points.shape[0], block):
-        rows = slice(start, start + block)
-        differences = points[found[rows]].astype(xp.float64) - points[rows, None, :].astype(xp.float64)
-        bounds[rows] = (differences * differences).sum(axis=2).max(axis=1)
+    bounds = squared_distances_to(points, xp.where(valid[:, None], found, 0), xp=xp).max(axis=1)
     bounds[~valid] = xp.inf
     return bounds
 
