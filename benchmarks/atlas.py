@@ -351,7 +351,7 @@ def part_scib_profile(cells: ad.AnnData, *, backend: str, cache: Path) -> list[d
     from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
     from omicsprep.backend import array_module, synchronize
-    from omicsprep.rna.embedding import exact_neighbors
+    from omicsprep.rna.embedding import exact_neighbors, nearest_by_exact_distances
 
     xp, rows = array_module(backend), []
 
@@ -387,6 +387,17 @@ def part_scib_profile(cells: ad.AnnData, *, backend: str, cache: Path) -> list[d
                 timed(f"cuVS's brute force, {k} neighbours", lambda k=k: brute_force.search(index, on_device, k))
         except Exception as error:  # noqa: BLE001
             rows.append({"step": "scib_profile: cuVS's brute force", "value": f"failed: {error!r}"})
+    if backend == "gpu":
+        from omicsprep.rna import neighbors_cuda
+
+        bounds_of = neighbors_cuda._upper_bounds  # noqa: SLF001
+        timed("exact_neighbors' IVF-Flat bounds", lambda: bounds_of(on_device, 90, xp=xp, cuml=cuml()))
+        candidates = timed("exact_neighbors' candidates (bounds, products pass)",
+                           lambda: neighbors_cuda.neighbour_candidates(on_device, 90, xp=xp, cuml=cuml()))  # fmt: skip
+        rows.append({"step": "scib_profile: candidates a cell", "value": f"{candidates.shape[1]} columns, "
+                     f"{int((candidates >= 0).sum()) / candidates.shape[0]:.1f} kept on average"})  # fmt: skip
+        timed("exact_neighbors' order by float64 distances",
+              lambda: nearest_by_exact_distances(on_device, candidates, 90, xp=xp))  # fmt: skip
     indices, distances = timed("exact_neighbors (search, float64 distances, order)",
                                lambda: exact_neighbors(embedding, 90, backend=backend))  # fmt: skip
     neighbours = timed(
