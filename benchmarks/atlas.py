@@ -344,14 +344,18 @@ def part_scib(cells: ad.AnnData, *, backend: str, cache: Path) -> list[dict[str,
 
 
 def part_scib_profile(cells: ad.AnnData, *, backend: str, cache: Path) -> list[dict[str, Any]]:
-    """Seconds of the parts of one embedding's scIB metrics that lead at a million cells."""
+    """Seconds of the parts of one embedding's scIB metrics that lead at a million cells.
+
+    (cuML's and cuVS's brute-force searches of 90 neighbours, profiled here until 2026-12-06: 11.2
+    and 11.1 s on an H100, RESULTS.md.)
+    """
     import gc
 
     import scib_metrics
     from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
     from omicsprep.backend import array_module, synchronize
-    from omicsprep.rna.embedding import exact_neighbors, nearest_by_exact_distances
+    from omicsprep.rna.embedding import exact_neighbors_and_label_sums
 
     xp, rows = array_module(backend), []
 
@@ -365,41 +369,18 @@ def part_scib_profile(cells: ad.AnnData, *, backend: str, cache: Path) -> list[d
         return result
 
     embedding = cells.obsm["X_pca"].astype(np.float32)
-    labels = cells.obs["cell_type"].astype(str).to_numpy()
-    batches = cells.obs["sample"].astype(str).to_numpy()
+    labels = pd.Categorical(cells.obs["cell_type"].astype(str)).codes
+    batches = pd.Categorical(cells.obs["sample"].astype(str)).codes
     if backend == "gpu":
-        from cuvs.neighbors import brute_force
-
         from omicsprep.backend import cuml
-
-        on_device = xp.asarray(embedding)
-        search = cuml().neighbors.NearestNeighbors(n_neighbors=90, algorithm="brute")
-        timed(
-            "cuML's search, NumPy in and out",
-            lambda: search.fit(embedding).kneighbors(embedding, return_distance=False),
-        )
-        timed(
-            "cuML's search, CuPy in and out", lambda: search.fit(on_device).kneighbors(on_device, return_distance=False)
-        )
-        try:  # a probe of cuVS's own API: its failure leaves the rest of the profile
-            index = brute_force.build(on_device, metric="sqeuclidean")
-            for k in (90, 64):
-                timed(f"cuVS's brute force, {k} neighbours", lambda k=k: brute_force.search(index, on_device, k))
-        except Exception as error:  # noqa: BLE001
-            rows.append({"step": "scib_profile: cuVS's brute force", "value": f"failed: {error!r}"})
-    if backend == "gpu":
         from omicsprep.rna import neighbors_cuda
 
         bounds_of = neighbors_cuda._upper_bounds  # noqa: SLF001
-        timed("exact_neighbors' IVF-Flat bounds", lambda: bounds_of(on_device, 90, xp=xp, cuml=cuml()))
-        candidates = timed("exact_neighbors' candidates (bounds, products pass)",
-                           lambda: neighbors_cuda.neighbour_candidates(on_device, 90, xp=xp, cuml=cuml()))  # fmt: skip
-        rows.append({"step": "scib_profile: candidates a cell", "value": f"{candidates.shape[1]} columns, "
-                     f"{int((candidates >= 0).sum()) / candidates.shape[0]:.1f} kept on average"})  # fmt: skip
-        timed("exact_neighbors' order by float64 distances",
-              lambda: nearest_by_exact_distances(on_device, candidates, 90, xp=xp))  # fmt: skip
-    indices, distances = timed("exact_neighbors (search, float64 distances, order)",
-                               lambda: exact_neighbors(embedding, 90, backend=backend))  # fmt: skip
+        timed("exact neighbours' IVF-Flat bounds", lambda: bounds_of(xp.asarray(embedding), 90, xp=xp, cuml=cuml()))
+    indices, distances, _ = timed(
+        "exact neighbours and the silhouettes' sums (bounds, pass over pairs, order)",
+        lambda: exact_neighbors_and_label_sums(embedding, 90, labels=labels, backend=backend),
+    )
     neighbours = timed(
         "to scib-metrics' NeighborsResults on the host",
         lambda: integration_scores._neighbors_on_host(indices, distances, backend=backend),  # noqa: SLF001
@@ -407,14 +388,14 @@ def part_scib_profile(cells: ad.AnnData, *, backend: str, cache: Path) -> list[d
     for_kbet = timed(
         "scib-metrics' subsets of 15, 50, 90", lambda: [neighbours.subset_neighbors(n=n) for n in (15, 50, 90)]
     )[1]
-    with integration_scores._steps_on_backend(backend):  # noqa: SLF001
+    with integration_scores._steps_on_backend(backend, integration_scores.SilhouetteMemory(backend)):  # noqa: SLF001
         timed("kBET per label", lambda: scib_metrics.kbet_per_label(for_kbet, batches, labels))
-    timed("silhouettes", lambda: integration_scores.silhouette_samples(embedding, labels, backend=backend))
+    timed("silhouettes alone", lambda: integration_scores.silhouette_samples(embedding, labels, backend=backend))
     n_clusters = len(np.unique(labels))
     timed("k-means, ours, first (compiles)", lambda: integration_scores.kmeans_labels(embedding, n_clusters))
     clusters = timed("k-means, ours, again", lambda: integration_scores.kmeans_labels(embedding, n_clusters))
     timed(
-        "NMI and ARI (host)",
+        "NMI and ARI (host, label codes)",
         lambda: (normalized_mutual_info_score(labels, clusters), adjusted_rand_score(labels, clusters)),
     )
     timed("gc.collect()", gc.collect)
@@ -459,9 +440,12 @@ def part_silhouettes(
     n_labels, rows = int(codes.max()) + 1, []
     sums_of, way = integration_scores.label_distance_sums, "matrix products"
     if backend == "gpu":
-        from omicsprep.rna import silhouette_cuda
+        from omicsprep.rna import pairs_cuda
 
-        sums_of, way = silhouette_cuda.label_distance_sums_gpu, "kernel"
+        def sums_of(points: Any, labels: Any, n_labels: int, *, cosine: bool, xp: Any) -> Any:
+            return pairs_cuda.pair_sums_gpu(points, labels, n_labels, cosine=cosine, xp=xp).sums
+
+        way = "kernel"
     labels = xp.asarray(codes)
     for name in cached_embeddings(cells, cache):
         points = xp.asarray(cells.obsm[name], dtype=xp.float32)

@@ -181,9 +181,9 @@ def run_under_cuda_simulator(script: str) -> None:
 
 SILHOUETTE_KERNEL_SCRIPT = """
 import numpy as np
-from omicsprep.rna import integration_scores, silhouette_cuda
-silhouette_cuda.CELLS_PER_CHUNK = 64  # several chunks, labels changing inside them
-silhouette_cuda.THREADS_PER_BLOCK = 16  # several blocks, the last one's threads holding fewer cells
+from omicsprep.rna import integration_scores, pairs_cuda
+pairs_cuda.CELLS_PER_CHUNK = 64  # several chunks, labels changing inside them
+pairs_cuda.THREADS_PER_BLOCK = 16  # several blocks, the last one's threads holding fewer cells
 rng = np.random.default_rng(0)
 # 7 coordinates: 4 cells a thread; 70: one.
 for n_cells, n_dims in ((200, 7), (90, 70)):
@@ -192,7 +192,7 @@ for n_cells, n_dims in ((200, 7), (90, 70)):
     for cosine in (False, True):
         if cosine:
             points /= np.sqrt((points * points).sum(axis=1, keepdims=True))
-        kernel = silhouette_cuda.label_distance_sums_gpu(points, codes, 5, cosine=cosine, xp=np)
+        kernel = pairs_cuda.pair_sums_gpu(points, codes, 5, cosine=cosine, xp=np).sums
         # In float64: float32's |x|^2 + |y|^2 - 2xy loses more digits than the kernel's differences.
         # The kernel is 7e-8 from them; a distance missed or added twice moves a sum by 1e-2 or more.
         products = integration_scores.label_distance_sums(points.astype(np.float64), codes, 5, cosine=cosine, xp=np)
@@ -213,11 +213,10 @@ NEIGHBOUR_CANDIDATES_SCRIPT = """
 import types
 import numpy as np
 from sklearn.neighbors import NearestNeighbors
-from omicsprep.rna import neighbors_cuda
+from omicsprep.rna import integration_scores, neighbors_cuda, pairs_cuda
 from omicsprep.rna.embedding import exact_neighbors, nearest_by_exact_distances
-neighbors_cuda.THREADS_PER_BLOCK = 4
-neighbors_cuda.COLUMNS_PER_THREAD = 4  # 6 chunks of 16 columns a row, the last one shorter
-neighbors_cuda.PRODUCT_BLOCK_BYTES = 4 * 90 * 25  # blocks of 25 rows
+pairs_cuda.THREADS_PER_BLOCK = 4  # 8 cells a thread: 3 blocks, the last one's threads partly past the last cell
+pairs_cuda.CELLS_PER_CHUNK = 16  # 6 chunks of other cells, the last one shorter, labels changing inside them
 neighbors_cuda.MAX_CANDIDATES = 40
 k, asked = 10, []
 
@@ -243,8 +242,10 @@ class Search:  # cuML's NearestNeighbors; its IVF-Flat search misses cells for t
 rng = np.random.default_rng(0)
 points = (rng.normal(size=(90, 8)) + 50).astype(np.float32)
 points[6] = points[5]  # a tie, ordered by index
-candidates = neighbors_cuda.neighbour_candidates(
-    points, k, xp=np, cuml=types.SimpleNamespace(neighbors=types.SimpleNamespace(NearestNeighbors=Search))
+codes = rng.integers(0, 3, 90)
+candidates, sums = neighbors_cuda.neighbour_candidates(
+    points, k, xp=np, cuml=types.SimpleNamespace(neighbors=types.SimpleNamespace(NearestNeighbors=Search)),
+    codes=codes, n_labels=3,
 )
 expected = exact_neighbors(points, k, backend="cpu")
 assert all(np.isin(nearest, row).all() for nearest, row in zip(expected[0], candidates))
@@ -257,6 +258,9 @@ ours = nearest_by_exact_distances(points, candidates, k, xp=np)
 np.testing.assert_array_equal(ours[0], expected[0])
 np.testing.assert_array_equal(ours[1], expected[1])
 assert list(expected[0][5][:2]) == [5, 6] and list(expected[0][6][:2]) == [5, 6]
+# The same pass summed each cell's distances per label, in the cells' order.
+products = integration_scores.label_distance_sums(points.astype(np.float64), codes, 3, cosine=False, xp=np)
+np.testing.assert_allclose(sums, products, rtol=1e-5)
 print("ok")
 """
 
@@ -271,7 +275,8 @@ def test_the_gpu_neighbour_candidates_hold_every_exact_neighbour():
 
 def test_a_silhouette_asked_again_is_computed_once(merged, monkeypatch):
     """Isolated labels and the label silhouette ask for the same silhouettes (the second with
-    scib-metrics' defaults spelled out): one pass; other labels or another metric: a pass each."""
+    scib-metrics' defaults spelled out): one pass; other labels or another metric: a pass each;
+    silhouettes given for an embedding (the GPU's neighbour search's) are its, for those labels."""
     computed = []
     compute = integration_scores.silhouette_samples
 
@@ -281,7 +286,7 @@ def test_a_silhouette_asked_again_is_computed_once(merged, monkeypatch):
         return compute(*args, **kwargs)
 
     monkeypatch.setattr(integration_scores, "silhouette_samples", counted)
-    silhouettes = integration_scores._remembering_silhouettes("cpu")
+    silhouettes = integration_scores.SilhouetteMemory("cpu")
     points = np.asarray(merged.cells.obsm["X_harmony"], dtype=np.float32)
     types, samples = (merged.cells.obs[key].astype(str).to_numpy() for key in ("cell_type", "sample"))
     first = silhouettes(points, types)
@@ -292,6 +297,14 @@ def test_a_silhouette_asked_again_is_computed_once(merged, monkeypatch):
     assert [labels is samples for labels in computed] == [False, True, False]
     np.testing.assert_array_equal(again, compute(points, types, backend="cpu"))
     assert not np.array_equal(again, by_sample) and not np.array_equal(again, cosine)
+    # Given by the GPU's neighbour search: kept for that array (by identity) and those labels only.
+    given, same_values = np.full(len(points), 0.5, dtype=np.float32), points.copy()
+    silhouettes.remember(same_values, types, given)
+    np.testing.assert_array_equal(silhouettes(same_values, types), given)
+    np.testing.assert_array_equal(silhouettes(points, types), again)
+    assert len(computed) == 3
+    silhouettes(same_values, samples)
+    assert len(computed) == 4
 
 
 def test_kmeans_clusters_are_scib_metrics_own(merged):

@@ -198,7 +198,7 @@ from dataclasses import replace
 
 CUDA_KERNELS = (  # imported by the GPU path only
     "omicsprep.reads.umi_cuda", "omicsprep.cells.montecarlo_cuda", "omicsprep.rna.neighbors_cuda",
-    "omicsprep.rna.silhouette_cuda",
+    "omicsprep.rna.pairs_cuda",
 )
 GPU = ("cupy", "cupyx", "cudf", "cuml", "cugraph", "pylibcugraph", "rapids_singlecell", "dask_cuda", "numba.cuda")
 GPU += CUDA_KERNELS

@@ -700,10 +700,14 @@ def test_exact_neighbors_on_the_gpu_are_the_cpus_to_the_last_digit(generated_stu
     """scIB's neighbours (90 per cell) on the GPU: their distances exact (cuML's own float32
     distances lose digits, which kBET, through scib-metrics' diffusion map and pynndescent, turned
     into 0.03) and so the CPU's, neighbours ordered alike (the 90th may differ within float32's
-    rounding of cuML's search)."""
+    rounding of cuML's search); the silhouettes' sums from the same pass over pairs are the
+    CPU's products', and the silhouettes from them scib-metrics' own."""
     import cupy as cp
+    import jax
+    from scib_metrics.utils import silhouette_samples
 
-    from omicsprep.rna.embedding import exact_neighbors
+    from omicsprep.rna import integration_scores
+    from omicsprep.rna.embedding import exact_neighbors, exact_neighbors_and_label_sums
 
     counts = generated_study["batch0"].layers["counts"]
     rng = np.random.default_rng(0)
@@ -715,6 +719,20 @@ def test_exact_neighbors_on_the_gpu_are_the_cpus_to_the_last_digit(generated_stu
     np.testing.assert_allclose(on_gpu[1], exact, rtol=1e-6)
     np.testing.assert_array_equal(on_gpu[0][:, :80], on_cpu[0][:, :80])
     np.testing.assert_array_equal(on_gpu[1][:, :80], on_cpu[1][:, :80])
+    labels = generated_study["batch0"].obs["cell_type"].astype(str).to_numpy()
+    codes = pd.Categorical(labels).codes
+    indices, _, sums = exact_neighbors_and_label_sums(embedding, 90, labels=codes, backend="gpu")
+    np.testing.assert_array_equal(cp.asnumpy(indices), on_gpu[0])
+    products = integration_scores.label_distance_sums(
+        embedding.astype(np.float64), codes.astype(np.int64), codes.max() + 1, cosine=False, xp=np
+    )
+    np.testing.assert_allclose(cp.asnumpy(sums), products, rtol=1e-5)
+    ours = integration_scores.silhouettes_from_sums(
+        sums, cp.asarray(codes, dtype=cp.int64), between_cluster_distances="nearest", xp=cp
+    )
+    with jax.default_matmul_precision("float32"):
+        theirs = silhouette_samples(embedding, labels)
+    np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-4)
 
 
 def test_scib_silhouettes_and_kbet_neighbours_on_the_gpu_are_the_cpus(generated_study):

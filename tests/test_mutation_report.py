@@ -134,7 +134,7 @@ def test_the_atlas_files_are_a_target_of_their_own_within_rna(mutate, tmp_path):
     assert all((mutate.ROOT / file).is_file() for file in atlas_files) and "omicsprep/rna/latent.py" in atlas_files
     assert settings["rna"]["source_paths"] == settings["atlas"]["source_paths"] == ["omicsprep/rna/"]
     assert settings["atlas"]["only_mutate"] == atlas_files
-    launchers = ["omicsprep/rna/neighbors_cuda.py", "omicsprep/rna/silhouette_cuda.py"]
+    launchers = ["omicsprep/rna/neighbors_cuda.py", "omicsprep/rna/pairs_cuda.py"]
     assert settings["rna"]["do_not_mutate"] == [*atlas_files, *launchers]
     assert settings["atlas"]["do_not_mutate"] == launchers
     assert "only_mutate" not in settings["rna"]

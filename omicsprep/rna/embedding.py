@@ -70,22 +70,51 @@ def exact_neighbors(embedding: Any, n_neighbors: int, *, backend: Backend) -> tu
     The neighbours' indices and their distances (float32), nearest first: CuPy arrays on the
     GPU, NumPy arrays on the CPU.
     """
+    indices, distances, _ = exact_neighbors_and_label_sums(embedding, n_neighbors, labels=None, backend=backend)
+    return indices, distances
+
+
+def exact_neighbors_and_label_sums(
+    embedding: Any, n_neighbors: int, *, labels: Any, backend: Backend
+) -> tuple[Any, Any, Any]:
+    """:func:`exact_neighbors`, and on the GPU each row's summed distance to each label's rows from the same pass.
+
+    The GPU's search passes over all pairs of rows (:mod:`omicsprep.rna.pairs_cuda`); the
+    silhouettes' sums per label ride along. ``labels``: each row's label code, ``0 ..``; None:
+    no sums wanted.
+
+    Returns
+    -------
+    The indices and distances of :func:`exact_neighbors`, and rows x labels of summed
+    distances (float64, on the device), or None: on the CPU, without ``labels``, or for an
+    embedding wider than the pass takes.
+    """
     xp = array_module(backend)
     if backend == "gpu":
         from omicsprep.rna import neighbors_cuda
 
         # On the device first: a million cells' 90 neighbours' indices are 720 MB to copy.
         embedding = xp.asarray(embedding)
-        candidates = neighbors_cuda.neighbour_candidates(embedding, n_neighbors, xp=xp, cuml=cuml())
+        codes, n_labels = None, 1
+        if labels is not None:
+            codes = xp.asarray(labels, dtype=xp.int32)
+            n_labels = int(codes.max()) + 1
+        candidates, sums = neighbors_cuda.neighbour_candidates(
+            embedding, n_neighbors, xp=xp, cuml=cuml(), codes=codes, n_labels=n_labels
+        )
+        sums = None if labels is None else sums
     else:
         from sklearn.neighbors import NearestNeighbors
 
-        candidates = (
-            NearestNeighbors(n_neighbors=n_neighbors, algorithm="brute")
-            .fit(embedding)
-            .kneighbors(embedding, return_distance=False)
+        candidates, sums = (
+            (
+                NearestNeighbors(n_neighbors=n_neighbors, algorithm="brute")
+                .fit(embedding)
+                .kneighbors(embedding, return_distance=False)
+            ),
+            None,
         )
-    return nearest_by_exact_distances(embedding, candidates, n_neighbors, xp=xp)
+    return *nearest_by_exact_distances(embedding, candidates, n_neighbors, xp=xp), sums
 
 
 def nearest_by_exact_distances(embedding: Any, candidates: Any, n_neighbors: int, *, xp: ModuleType) -> tuple[Any, Any]:

@@ -62,7 +62,7 @@ from omicsprep.backend import (
 )
 from omicsprep.errors import InputError
 from omicsprep.jit_cache import cache_scib_compilations
-from omicsprep.rna.embedding import exact_neighbors
+from omicsprep.rna.embedding import exact_neighbors, exact_neighbors_and_label_sums
 from omicsprep.rna.latent import UNLABELLED, known_labels
 
 log = logging.getLogger(__name__)
@@ -81,13 +81,30 @@ MIN_KMEANS_STEPS = 300  # scib-metrics' KMeans' max_iter, which its loop takes a
 LANCZOS_TOLERANCE = 1e-12
 
 
-def scib_neighbors(embedding: np.ndarray, n_neighbors: int, *, backend: Backend) -> Any:
+def scib_neighbors(
+    embedding: np.ndarray,
+    n_neighbors: int,
+    *,
+    backend: Backend,
+    labels: Any = None,
+    memory: SilhouetteMemory | None = None,
+) -> Any:
     """:func:`omicsprep.rna.embedding.exact_neighbors` as scib-metrics takes them (``NeighborsResults``).
 
     On the GPU their UMAP connectivities (kBET's graph) come from cuML, as rapids-singlecell's:
-    umap-learn's took 15 s or more a million cells on the CPU, for each embedding.
+    umap-learn's took 15 s or more a million cells on the CPU, for each embedding. With
+    ``labels`` (codes) and ``memory``, the silhouettes of ``embedding`` against them that the
+    GPU's search summed on its way are kept in ``memory`` for scib-metrics' label silhouette and
+    isolated labels: one pass over all pairs of cells for both.
     """
-    indices, distances = exact_neighbors(embedding, n_neighbors, backend=backend)
+    indices, distances, sums = exact_neighbors_and_label_sums(
+        embedding, n_neighbors, labels=labels if memory is not None else None, backend=backend
+    )
+    if sums is not None and memory is not None:
+        xp = array_module(backend)
+        codes = xp.asarray(labels, dtype=xp.int64)
+        silhouettes = silhouettes_from_sums(sums, codes, between_cluster_distances="nearest", xp=xp)
+        memory.remember(embedding, labels, silhouettes)
     return _neighbors_on_host(indices, distances, backend=backend)
 
 
@@ -185,9 +202,14 @@ def scib_benchmarker(
     known = (labels != UNLABELLED).to_numpy()
     if labels[known].nunique() < 2:
         raise InputError(f"the scIB metrics need two known labels or more in obs[{label_key!r}]")
+    # As codes in the names' sorted order (scib-metrics' order of labels): its metrics sort and
+    # compare them as strings otherwise, 4 s of NMI and ARI a million cells.
     cells = AnnData(
         obs=pd.DataFrame(
-            {"batch": adata.obs[batch_key].astype(str).to_numpy()[known], "label": labels.to_numpy()[known]},
+            {
+                "batch": pd.Categorical(adata.obs[batch_key].astype(str).to_numpy()[known]).codes,
+                "label": pd.Categorical(labels.to_numpy()[known]).codes,
+            },
             index=adata.obs_names[known],
         ),
         obsm={key: np.asarray(adata.obsm[key])[known] for key in {*embeddings, "X_pca"}},
@@ -200,8 +222,10 @@ def scib_benchmarker(
         pre_integrated_embedding_obsm_key="X_pca",
         progress_bar=False,
     )
-    with _steps_on_backend(backend), _collecting_new_objects_only():
-        benchmarker.prepare(neighbor_computer=_timed("neighbours", partial(scib_neighbors, backend=backend)))
+    memory = SilhouetteMemory(backend)
+    neighbours = partial(scib_neighbors, backend=backend, labels=cells.obs["label"].to_numpy(), memory=memory)
+    with _steps_on_backend(backend, memory), _collecting_new_objects_only():
+        benchmarker.prepare(neighbor_computer=_timed("neighbours", neighbours))
         benchmarker.benchmark()
     return benchmarker
 
@@ -222,17 +246,17 @@ def _collecting_new_objects_only() -> Iterator[None]:
 
 
 @contextmanager
-def _steps_on_backend(backend: Backend) -> Iterator[None]:
+def _steps_on_backend(backend: Backend, silhouettes: SilhouetteMemory) -> Iterator[None]:
     """scib-metrics' silhouettes, kBET's diffusion neighbours and test, and k-means replaced by ours while it runs.
 
     Its metric functions look these helpers up in their modules' globals, which is where they
-    are replaced (scib-metrics 0.5; a version without them fails here, by name).
+    are replaced (scib-metrics 0.5; a version without them fails here, by name). The
+    silhouettes come from ``silhouettes``, which keeps those it computed or was given.
     """
     import scib_metrics
     from scib_metrics.benchmark import BatchCorrection, BioConservation
     from scib_metrics.metrics import _isolated_labels, _kbet, _nmi_ari, _silhouette
 
-    silhouettes = _remembering_silhouettes(backend)
     replacements = [
         (_silhouette, "silhouette_samples", silhouettes),
         (_isolated_labels, "silhouette_samples", silhouettes),
@@ -263,15 +287,27 @@ def _timed(step: str, function: Callable[..., Any]) -> Callable[..., Any]:
     return timed
 
 
-def _remembering_silhouettes(backend: Backend) -> Callable[..., np.ndarray]:
-    """:func:`silhouette_samples` that gives its last result again when asked again for it.
+class SilhouetteMemory:
+    """:func:`silhouette_samples` that gives a result again when asked again for it.
 
     scib-metrics' isolated labels and label silhouette each ask for every cell's silhouette of
-    the same embedding and labels: a pass over all pairs of cells, computed once.
+    the same embedding and labels: a pass over all pairs of cells, computed once, or given
+    before (:meth:`remember`) by the GPU's neighbour search, which passes over the pairs too.
+    An embedding is known by identity (scib-metrics passes the same array to each metric).
     """
-    last: dict[str, Any] = {}
 
-    def silhouettes(
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.kept: list[tuple[Any, np.ndarray, tuple[str, str], np.ndarray]] = []
+
+    def remember(
+        self, X: Any, labels: Any, silhouettes: np.ndarray, asked: tuple[str, str] = ("euclidean", "nearest")
+    ) -> None:
+        """Keep ``silhouettes`` of ``X`` against ``labels``, for the ``asked`` metric and between-label distances."""
+        self.kept.append((X, np.asarray(labels), asked, silhouettes))
+
+    def __call__(
+        self,
         X: Any,  # scib-metrics' names; it passes the settings by keyword, chunk_size (unused) too
         labels: Any,
         *,
@@ -279,16 +315,16 @@ def _remembering_silhouettes(backend: Backend) -> Callable[..., np.ndarray]:
         between_cluster_distances: Literal["nearest", "mean_other"] = "nearest",
         **_: Any,
     ) -> np.ndarray:
-        labels = np.asarray(labels)
-        asked = (metric, between_cluster_distances)
-        if not (last and last["X"] is X and last["asked"] == asked and np.array_equal(last["labels"], labels)):
-            result = silhouette_samples(
-                X, labels, metric=metric, between_cluster_distances=between_cluster_distances, backend=backend
-            )
-            last.update(X=X, labels=labels, asked=asked, result=result)
-        return last["result"].copy()
-
-    return silhouettes
+        """scib-metrics' ``silhouette_samples(X, labels, ...)``: a copy of the kept result, or computed and kept."""
+        labels, asked = np.asarray(labels), (metric, between_cluster_distances)
+        for kept_X, kept_labels, kept_asked, silhouettes in self.kept:
+            if kept_X is X and kept_asked == asked and np.array_equal(kept_labels, labels):
+                return silhouettes.copy()
+        silhouettes = silhouette_samples(
+            X, labels, metric=metric, between_cluster_distances=between_cluster_distances, backend=self.backend
+        )
+        self.remember(X, labels, silhouettes, asked)
+        return silhouettes.copy()
 
 
 def silhouette_samples(
@@ -331,15 +367,40 @@ def silhouette_samples(
         points = points / xp.sqrt((points * points).sum(axis=1, keepdims=True))
     else:  # centred: smaller norms lose fewer digits in |x|^2 + |y|^2 - 2xy
         points = points - points.mean(axis=0)
-    n_cells, n_labels, cosine = points.shape[0], int(codes.max()) + 1, metric == "cosine"
+    n_labels, cosine = int(codes.max()) + 1, metric == "cosine"
     sums = None
     if backend == "gpu":
-        from omicsprep.rna import silhouette_cuda
+        from omicsprep.rna import pairs_cuda
 
-        if points.shape[1] <= silhouette_cuda.MAX_DIMS:
-            sums = silhouette_cuda.label_distance_sums_gpu(points, codes, n_labels, cosine=cosine, xp=xp)
+        if points.shape[1] <= pairs_cuda.MAX_DIMS:
+            sums = pairs_cuda.pair_sums_gpu(points, codes, n_labels, cosine=cosine, xp=xp).sums
     if sums is None:
         sums = label_distance_sums(points, codes, n_labels, cosine=cosine, xp=xp)
+    return silhouettes_from_sums(sums, codes, between_cluster_distances=between_cluster_distances, xp=xp)
+
+
+def silhouettes_from_sums(
+    sums: Any, codes: Any, *, between_cluster_distances: Literal["nearest", "mean_other"], xp: ModuleType
+) -> np.ndarray:
+    """Each cell's silhouette from its summed distance to each label's cells (scib-metrics' ``silhouette_samples``).
+
+    Parameters
+    ----------
+    sums
+        Cells x labels (NumPy or CuPy; overwritten).
+    codes
+        Each cell's label, ``0 ..``, in the array module of ``sums``.
+    between_cluster_distances
+        ``"nearest"``: the mean distance to the nearest other label (the silhouette);
+        ``"mean_other"``: the mean distance to all cells of other labels (BRAS).
+    xp
+        NumPy or CuPy: the array module of ``sums`` and ``codes``.
+
+    Returns
+    -------
+    The silhouettes, float32 on the host, 0 where undefined.
+    """
+    n_cells, n_labels = sums.shape
     sizes = xp.bincount(codes, minlength=n_labels).astype(sums.dtype)
     own = (xp.arange(n_cells), codes)
     within = sums[own]

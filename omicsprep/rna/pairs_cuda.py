@@ -1,12 +1,16 @@
-"""The silhouettes' sums on the GPU: each cell's summed distance to the cells of each label.
+"""One pass over all pairs of cells on the GPU: each cell's summed distance to each label, and the cells near it.
 
-A million cells are 10^12 pairs. As matrix products (the CPU's way, in
-:func:`omicsprep.rna.integration_scores.silhouette_samples`) each block of distances is
-written to device memory, read back for the square root and again for the sums per label,
-several terabytes of memory traffic per pass. Here each thread holds a few cells' coordinates
-and walks a chunk of the other cells, sorted by label, adding their distances in float64 and
-each label's sum to the result once: only coordinates are read. Imported on the GPU path only
-(or under Numba's CUDA simulator, which the tests use on machines without a GPU).
+The silhouettes (scIB) need every cell's summed distance to the cells of each label; exact
+neighbours need, for each cell, the cells within a bound of its k-th nearest distance
+(:mod:`omicsprep.rna.neighbors_cuda`). A million cells are 10^12 pairs. As matrix products
+(the CPU's way, in :func:`omicsprep.rna.integration_scores.silhouette_samples`) each block of
+distances is written to device memory and read back, several terabytes of memory traffic per
+pass (9 s a million cells for the neighbours' pass on an H100). Here each thread holds a few
+cells' coordinates and walks a chunk of the other cells, sorted by label, adding their distances
+in float64 and each label's sum to the result once, and keeping the cells within its bound: only
+coordinates are read, and scIB's neighbours and silhouettes of an embedding come from one pass.
+Imported on the GPU path only (or under Numba's CUDA simulator, which the tests use on machines
+without a GPU).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 import math
 from functools import cache
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 import numba
 from numba import cuda
@@ -39,18 +43,34 @@ def cells_per_thread(width: int) -> int:
     return max(1, min(MAX_CELLS_PER_THREAD, MAX_DIMS // width))
 
 
+class PairSums(NamedTuple):
+    """What a pass over all pairs gives, in the cells' order.
+
+    ``sums``: cells x labels, each cell's summed distance to each label's cells (float64).
+    ``counts``: each cell's cells within its bound, itself among them; ``candidates``: cells x
+    the most kept, their indices (-1 after a row's last; a row whose count is larger keeps some).
+    Both None in a pass without bounds.
+    """
+
+    sums: Any
+    counts: Any
+    candidates: Any
+
+
 @cache
-def _label_sums_kernel(width: int) -> Any:
+def _pairs_kernel(width: int, *, find_candidates: bool) -> Any:
     """The kernel for ``width`` coordinates, a constant: a thread's cells in registers, the loops unrolled.
 
     (With the width read at run time, a thread's coordinates sat in local memory and a pair
     cost some 28 instructions per dimension; compiled for sm_90, 2026-12-06.) A block holds
     ``cells_per_thread(width)`` runs of consecutive cells, one per thread in each (coalesced loads).
+    ``find_candidates``, a constant too: whether the pass keeps each cell's cells within its
+    squared-distance limit (Euclidean only).
     """
     held = cells_per_thread(width)
 
     @cuda.jit
-    def label_sums(points, codes, chunk, cosine, sums):
+    def pairs(points, codes, chunk, cosine, limits, counts, candidates, sums):
         n_cells = points.shape[0]
         first_cell = cuda.blockIdx.x * cuda.blockDim.x * held + cuda.threadIdx.x
         if first_cell >= n_cells:
@@ -58,12 +78,16 @@ def _label_sums_kernel(width: int) -> Any:
         own = cuda.local.array((held, width), numba.float32)
         totals = cuda.local.array(held, numba.float64)
         pair = cuda.local.array(held, numba.float32)
+        limit = cuda.local.array(held, numba.float32)
         for j in range(held):
             cell = first_cell + j * cuda.blockDim.x
+            limit[j] = -1.0  # a cell past the last keeps none
             for k in range(width):
                 own[j, k] = 0.0
                 if cell < n_cells:  # a branch, not a select: no load past the last cell
                     own[j, k] = points[cell, k]
+            if find_candidates and cell < n_cells:
+                limit[j] = limits[cell]
             totals[j] = 0.0
         first = cuda.blockIdx.y * chunk
         last = first + chunk
@@ -100,18 +124,51 @@ def _label_sums_kernel(width: int) -> Any:
                         pair[j] += difference * difference
                 for j in range(held):
                     totals[j] += math.sqrt(pair[j])
+                    if find_candidates and pair[j] <= limit[j]:
+                        cell = first_cell + j * cuda.blockDim.x
+                        slot = cuda.atomic.add(counts, cell, 1)
+                        if slot < candidates.shape[1]:
+                            candidates[cell, slot] = other
         for j in range(held):
             cell = first_cell + j * cuda.blockDim.x
             if cell < n_cells:
                 cuda.atomic.add(sums, (cell, label), totals[j])
 
-    return label_sums
+    return pairs
 
 
-def label_distance_sums_gpu(points: Any, codes: Any, n_labels: int, *, cosine: bool, xp: ModuleType) -> Any:
-    """:func:`omicsprep.rna.integration_scores.label_distance_sums` by the kernel: float64 sums, on the device.
+def pair_sums_gpu(
+    points: Any,
+    codes: Any,
+    n_labels: int,
+    *,
+    cosine: bool,
+    xp: ModuleType,
+    limits: Any = None,
+    max_candidates: int = 0,
+) -> PairSums:
+    """Each cell's summed distance to each label's cells, and with ``limits`` the cells within them, by the kernel.
 
-    ``points`` has at most :data:`MAX_DIMS` coordinates; ``xp`` is CuPy (NumPy under the simulator).
+    Parameters
+    ----------
+    points
+        Cells x at most :data:`MAX_DIMS` coordinates, float32 (unit rows for ``cosine``).
+    codes
+        Each cell's label, ``0 .. n_labels - 1``.
+    n_labels
+        How many labels.
+    cosine
+        1 - cosine similarity instead of the Euclidean distance.
+    xp
+        CuPy (NumPy under the simulator).
+    limits
+        Each cell's largest squared distance (float32) of a cell it keeps; Euclidean only.
+    max_candidates
+        The most cells kept a cell.
+
+    Returns
+    -------
+    The sums (float64) and, with ``limits``, the counts and candidates (int64 indices of ``points``), on the device.
     """
     order = xp.argsort(codes, kind="stable")
     n_cells, n_dims = points.shape
@@ -122,8 +179,21 @@ def label_distance_sums_gpu(points: Any, codes: Any, n_labels: int, *, cosine: b
     codes = xp.ascontiguousarray(codes[order], dtype=xp.int32)
     chunk = max(CELLS_PER_CHUNK, -(-n_cells // 65_535))
     sums = xp.zeros((n_cells, n_labels), dtype=xp.float64)
+    find_candidates = limits is not None
+    counts = xp.zeros(n_cells if find_candidates else 1, dtype=xp.int32)
+    candidates = xp.full((n_cells, max_candidates) if find_candidates else (1, 1), -1, dtype=xp.int32)
+    limits = xp.ascontiguousarray(limits[order], dtype=xp.float32) if find_candidates else counts.astype(xp.float32)
     grid = (-(-n_cells // (THREADS_PER_BLOCK * cells_per_thread(width))), -(-n_cells // chunk))
-    _label_sums_kernel(width)[grid, THREADS_PER_BLOCK](padded, codes, chunk, cosine, sums)
+    _pairs_kernel(width, find_candidates=find_candidates)[grid, THREADS_PER_BLOCK](
+        padded, codes, chunk, cosine, limits, counts, candidates, sums
+    )
     in_order = xp.empty_like(sums)
     in_order[order] = sums
-    return in_order
+    if not find_candidates:
+        return PairSums(in_order, None, None)
+    kept = candidates[:, : int(min(int(counts.max()), max_candidates))].astype(xp.int64)
+    # Rows and indices back from the label order to the cells'.
+    kept = xp.where(kept >= 0, order[xp.maximum(kept, 0)], -1)
+    in_order_kept, in_order_counts = xp.empty_like(kept), xp.empty_like(counts)
+    in_order_kept[order], in_order_counts[order] = kept, counts
+    return PairSums(in_order, in_order_counts, in_order_kept)
