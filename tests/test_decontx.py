@@ -60,15 +60,30 @@ def test_same_as_pydecontx(cells: Cells, *, estimate_delta: bool, delta: tuple[f
     np.testing.assert_allclose(ours.corrected.data, expected.data, rtol=1e-9, atol=1e-9)
 
 
-@pytest.mark.parametrize("with_zeros", [False, True])
-def test_dirichlet_fit_same_as_pydecontx(*, with_zeros: bool):
-    """MCMCprecision's fit, as pydecontx ports it; zeros take the branch that shifts shares off 0."""
+@pytest.mark.parametrize(("with_zeros", "beta"), [(False, (2.0, 15.0)), (True, (2.0, 15.0)), (False, (0.3, 3.0))])
+def test_dirichlet_fit_same_as_pydecontx(*, with_zeros: bool, beta: tuple[float, float]):
+    """MCMCprecision's fit, as pydecontx ports it; zeros take the branch that shifts shares off 0;
+    shares of Beta(0.3, 3) start the fixed point below 1 (the start's floor is 0.01)."""
     pydecontx = pytest.importorskip("pydecontx")
-    contamination = np.random.default_rng(0).beta(2.0, 15.0, size=1000)
+    contamination = np.random.default_rng(0).beta(*beta, size=1000)
     if with_zeros:
         contamination[:10] = 0.0
     expected = pydecontx.fit_dirichlet(np.column_stack([1 - contamination, contamination]))["alpha"]
     np.testing.assert_allclose(fit_dirichlet_shares(contamination, xp=np), expected, rtol=1e-12)
+
+
+@pytest.mark.parametrize(("share", "rtol"), [(0.2, 1e-12), (0.5, 1e-4)])
+def test_dirichlet_fit_of_cells_all_alike_is_pydecontx(share: float, rtol: float):
+    """Cells all alike have no maximum: the fixed point runs towards infinite precision. At 0.2 the
+    moments give a start (the variance rounds to 1e-17) and both reach the same float64 values; at
+    0.5 the variance is 0, no start, and MCMCprecision draws one at random (ours: 1): both stop
+    within the fit's tolerance, 1e-5 apart."""
+    pydecontx = pytest.importorskip("pydecontx")
+    contamination = np.full(50, share)
+    expected = pydecontx.fit_dirichlet(np.column_stack([1 - contamination, contamination]))["alpha"]
+    ours = fit_dirichlet_shares(contamination, xp=np)
+    assert np.isfinite(ours).all()
+    np.testing.assert_allclose(ours, expected, rtol=rtol)
 
 
 def test_contamination_against_planted_truth(cells: Cells, result: DecontXResult):
