@@ -3,9 +3,11 @@
 Bio conservation (isolated labels, k-means NMI and ARI, label silhouette, cLISI) and batch
 correction (BRAS, iLISI, kBET, graph connectivity, PCR comparison), their means and the total
 (0.6 bio, 0.4 batch), computed by scib-metrics on the cells whose label is known. The
-neighbours scib-metrics needs (90 per cell) are exact: scikit-learn's on the CPU, cuML's
-brute-force search on the GPU (scib-metrics' own approximate search, pynndescent, is what
-stalled for hours at 900k cells); scib-metrics' JAX metrics run on JAX's default device.
+neighbours scib-metrics needs (90 per cell) are exact: scikit-learn's on the CPU; on the GPU the
+cells within an approximate search's bound, found in the pass over all pairs that also sums the
+silhouettes' distances, kept for the label silhouette and isolated labels (:func:`scib_neighbors`)
+(scib-metrics' own approximate search, pynndescent, is what stalled for hours at 900k cells);
+scib-metrics' JAX metrics run on JAX's default device.
 What they compile is kept on disk for later runs (:func:`omicsprep.jit_cache.cache_scib_compilations`).
 
 Four of scib-metrics' steps cost seconds to hours at a million cells, and are computed here
@@ -340,7 +342,7 @@ def silhouette_samples(
 
     Each cell's summed distance to each label's cells comes from blocks of matrix products on
     the CPU (and on the GPU for embeddings of over 128 dimensions), else from
-    :mod:`omicsprep.rna.silhouette_cuda`'s kernel, which keeps the distances out of memory.
+    :mod:`omicsprep.rna.pairs_cuda`'s kernel, which keeps the distances out of memory.
 
     Parameters
     ----------
