@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import sparse
 
-from omicsprep.cells.decontx import DecontXResult, _entries, decontx, fit_dirichlet_shares
+from omicsprep.cells.decontx import DecontXResult, _entries, _inverse_digamma, decontx, fit_dirichlet_shares
 from omicsprep.errors import InputError
 from omicsprep.testing.droplets import generate_raw_droplets
 
@@ -70,6 +70,15 @@ def test_dirichlet_fit_same_as_pydecontx(*, with_zeros: bool, beta: tuple[float,
         contamination[:10] = 0.0
     expected = pydecontx.fit_dirichlet(np.column_stack([1 - contamination, contamination]))["alpha"]
     np.testing.assert_allclose(fit_dirichlet_shares(contamination, xp=np), expected, rtol=1e-12)
+
+
+def test_inverse_digamma_inverts_digamma():
+    """Minka's start and Newton's steps give the x of each digamma value the fit meets, from
+    concentrations of 0.01 (-100) to 10^17 (40), either side of the start's switch at -2.22."""
+    from scipy.special import digamma
+
+    targets = np.linspace(-100.0, 40.0, 2801)
+    np.testing.assert_allclose(digamma(_inverse_digamma(targets)), targets, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize(("share", "rtol"), [(0.2, 1e-12), (0.5, 1e-4)])
