@@ -261,15 +261,25 @@ assert list(expected[0][5][:2]) == [5, 6] and list(expected[0][6][:2]) == [5, 6]
 # The same pass summed each cell's distances per label, in the cells' order.
 products = integration_scores.label_distance_sums(points.astype(np.float64), codes, 3, cosine=False, xp=np)
 np.testing.assert_allclose(sums, products, rtol=1e-5)
+# Wider than the pass's registers: every cell by brute force, no sums.
+wide = rng.normal(size=(30, pairs_cuda.MAX_DIMS + 1)).astype(np.float32)
+asked.clear()
+candidates, sums = neighbors_cuda.neighbour_candidates(
+    wide, k, xp=np, cuml=types.SimpleNamespace(neighbors=types.SimpleNamespace(NearestNeighbors=Search))
+)
+assert asked == [("brute", 30)] and sums is None
+wide_nearest = nearest_by_exact_distances(wide, candidates, k, xp=np)[0]
+np.testing.assert_array_equal(wide_nearest, exact_neighbors(wide, k, backend="cpu")[0])
 print("ok")
 """
 
 
 def test_the_gpu_neighbour_candidates_hold_every_exact_neighbour():
-    """The GPU's candidates (cells within a bound from an approximate search, by products and a
-    kernel) hold each cell's exact nearest though the search found only every other cell; a cell
-    without a bound, or with too many candidates, is searched by brute force; ordered by exact
-    distances, ties by index, they are the CPU's neighbours."""
+    """The GPU's candidates (cells within a bound from an approximate search, kept by the pass over
+    all pairs) hold each cell's exact nearest though the search found only every other cell; a cell
+    without a bound, or with too many candidates, is searched by brute force, and every cell of an
+    embedding wider than the pass takes; ordered by exact distances, ties by index, they are the
+    CPU's neighbours; the pass's sums per label are the matrix products'."""
     run_under_cuda_simulator(NEIGHBOUR_CANDIDATES_SCRIPT)
 
 
