@@ -261,15 +261,27 @@ assert list(expected[0][5][:2]) == [5, 6] and list(expected[0][6][:2]) == [5, 6]
 # The same pass summed each cell's distances per label, in the cells' order.
 products = integration_scores.label_distance_sums(points.astype(np.float64), codes, 3, cosine=False, xp=np)
 np.testing.assert_allclose(sums, products, rtol=1e-5)
-# Wider than the pass's registers: every cell by brute force, no sums.
-wide = rng.normal(size=(30, pairs_cuda.MAX_DIMS + 1)).astype(np.float32)
+stand_in = types.SimpleNamespace(neighbors=types.SimpleNamespace(NearestNeighbors=Search))
+# Wider than the pass's registers: the cells within the bound from matrix products, no sums.
+wide = (rng.normal(size=(60, pairs_cuda.MAX_DIMS + 1)) + 50).astype(np.float32)
 asked.clear()
-candidates, sums = neighbors_cuda.neighbour_candidates(
-    wide, k, xp=np, cuml=types.SimpleNamespace(neighbors=types.SimpleNamespace(NearestNeighbors=Search))
-)
-assert asked == [("brute", 30)] and sums is None
-wide_nearest = nearest_by_exact_distances(wide, candidates, k, xp=np)[0]
-np.testing.assert_array_equal(wide_nearest, exact_neighbors(wide, k, backend="cpu")[0])
+candidates, sums = neighbors_cuda.neighbour_candidates(wide, k, xp=np, cuml=stand_in)
+assert asked[0] == ("ivfflat", 60) and sums is None and ((candidates >= 0).sum(axis=1)[::2] == k).all()
+wide_nearest = nearest_by_exact_distances(wide, candidates, k, xp=np)
+for ours, cpu in zip(wide_nearest, exact_neighbors(wide, k, backend="cpu")):
+    np.testing.assert_array_equal(ours, cpu)
+# Bounds at each cell's exact k-th distance: the products keep its k nearest, float32's rounding allowed for.
+squared = ((wide[:, None, :].astype(np.float64) - wide[None, :, :]) ** 2).sum(axis=2)
+counts, kept_by_products = neighbors_cuda._within_bounds_by_products(wide, np.sort(squared, axis=1)[:, k - 1], xp=np)
+assert (counts >= k).all()
+assert all(np.isin(nearest, row).all() for nearest, row in zip(wide_nearest[0], kept_by_products))
+# float64 coordinates, two dense clusters far apart: the pass reads them centred and rounded to
+# float32, which moves distances by more than their own rounding; the limits allow for it.
+dense = np.concatenate([100 + 1e-3 * rng.normal(size=(150, 8)), -100 + 1e-3 * rng.normal(size=(150, 8))])
+candidates, _ = neighbors_cuda.neighbour_candidates(dense, k, xp=np, cuml=stand_in)
+# (scikit-learn's float64 |x|^2 + |y|^2 - 2xy would blur these: compared with the differences' order.)
+exact = np.argsort(((dense[:, None, :] - dense[None, :, :]) ** 2).sum(axis=2), axis=1, kind="stable")[:, :k]
+np.testing.assert_array_equal(nearest_by_exact_distances(dense, candidates, k, xp=np)[0], exact)
 print("ok")
 """
 
@@ -286,7 +298,8 @@ def test_the_gpu_neighbour_candidates_hold_every_exact_neighbour():
 def test_a_silhouette_asked_again_is_computed_once(merged, monkeypatch):
     """Isolated labels and the label silhouette ask for the same silhouettes (the second with
     scib-metrics' defaults spelled out): one pass; other labels or another metric: a pass each;
-    silhouettes given for an embedding (the GPU's neighbour search's) are its, for those labels."""
+    silhouettes given for an embedding (the GPU's neighbour search's) are its, for those labels,
+    and stay; of those computed, the last only."""
     computed = []
     compute = integration_scores.silhouette_samples
 
@@ -307,14 +320,17 @@ def test_a_silhouette_asked_again_is_computed_once(merged, monkeypatch):
     assert [labels is samples for labels in computed] == [False, True, False]
     np.testing.assert_array_equal(again, compute(points, types, backend="cpu"))
     assert not np.array_equal(again, by_sample) and not np.array_equal(again, cosine)
-    # Given by the GPU's neighbour search: kept for that array (by identity) and those labels only.
+    # Given by the GPU's neighbour search: kept for that array (by identity) and those labels only,
+    # for good; of what it computed, the last only (the cosine one here).
     given, same_values = np.full(len(points), 0.5, dtype=np.float32), points.copy()
     silhouettes.remember(same_values, types, given)
     np.testing.assert_array_equal(silhouettes(same_values, types), given)
-    np.testing.assert_array_equal(silhouettes(points, types), again)
     assert len(computed) == 3
+    np.testing.assert_array_equal(silhouettes(points, types), again)
     silhouettes(same_values, samples)
-    assert len(computed) == 4
+    assert len(computed) == 5
+    np.testing.assert_array_equal(silhouettes(same_values, types), given)
+    assert len(computed) == 5
 
 
 def test_kmeans_clusters_are_scib_metrics_own(merged):

@@ -295,18 +295,20 @@ class SilhouetteMemory:
     scib-metrics' isolated labels and label silhouette each ask for every cell's silhouette of
     the same embedding and labels: a pass over all pairs of cells, computed once, or given
     before (:meth:`remember`) by the GPU's neighbour search, which passes over the pairs too.
-    An embedding is known by identity (scib-metrics passes the same array to each metric).
+    An embedding is known by identity (scib-metrics passes the same array to each metric). What
+    was given is kept; of what it computed, the last result only (BRAS asks for one per label).
     """
+
+    Kept = tuple[Any, np.ndarray, tuple[str, str], np.ndarray]
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
-        self.kept: list[tuple[Any, np.ndarray, tuple[str, str], np.ndarray]] = []
+        self.given: list[SilhouetteMemory.Kept] = []
+        self.last: list[SilhouetteMemory.Kept] = []
 
-    def remember(
-        self, X: Any, labels: Any, silhouettes: np.ndarray, asked: tuple[str, str] = ("euclidean", "nearest")
-    ) -> None:
-        """Keep ``silhouettes`` of ``X`` against ``labels``, for the ``asked`` metric and between-label distances."""
-        self.kept.append((X, np.asarray(labels), asked, silhouettes))
+    def remember(self, X: Any, labels: Any, silhouettes: np.ndarray) -> None:
+        """Keep ``silhouettes`` of ``X`` against ``labels``: Euclidean, against the nearest other label."""
+        self.given.append((X, np.asarray(labels), ("euclidean", "nearest"), silhouettes))
 
     def __call__(
         self,
@@ -317,15 +319,15 @@ class SilhouetteMemory:
         between_cluster_distances: Literal["nearest", "mean_other"] = "nearest",
         **_: Any,
     ) -> np.ndarray:
-        """scib-metrics' ``silhouette_samples(X, labels, ...)``: a copy of the kept result, or computed and kept."""
+        """scib-metrics' ``silhouette_samples(X, labels, ...)``: a copy of a kept result, or computed and kept."""
         labels, asked = np.asarray(labels), (metric, between_cluster_distances)
-        for kept_X, kept_labels, kept_asked, silhouettes in self.kept:
+        for kept_X, kept_labels, kept_asked, silhouettes in self.given + self.last:
             if kept_X is X and kept_asked == asked and np.array_equal(kept_labels, labels):
                 return silhouettes.copy()
         silhouettes = silhouette_samples(
             X, labels, metric=metric, between_cluster_distances=between_cluster_distances, backend=self.backend
         )
-        self.remember(X, labels, silhouettes, asked)
+        self.last = [(X, labels, asked, silhouettes)]
         return silhouettes.copy()
 
 

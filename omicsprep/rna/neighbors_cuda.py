@@ -8,10 +8,10 @@ in float64, bounds the k-th nearest distance from above; then one pass over all 
 pass) keeps the cells within the bound, widened by float32's rounding of the pairs' squared
 distances. Every one of the k nearest is among them, whatever the approximate search missed:
 :func:`omicsprep.rna.embedding.exact_neighbors` orders them by exact distances. A cell with
-more candidates than :data:`MAX_CANDIDATES` (a bound far off, or many cells at one distance),
-and every cell of an embedding wider than the pass takes, is searched by brute force. Imported
-on the GPU path only (or under Numba's CUDA simulator, which the tests use on machines without
-a GPU).
+more candidates than :data:`MAX_CANDIDATES` (a bound far off, or many cells at one distance)
+is searched by brute force. An embedding wider than the pass's registers takes a pass of matrix
+products instead. Imported on the GPU path only (or under Numba's CUDA simulator, which the
+tests use on machines without a GPU).
 """
 
 from __future__ import annotations
@@ -27,6 +27,9 @@ from omicsprep.rna.distances import squared_distances_to
 
 MAX_CANDIDATES = 256
 """The most candidates kept for a cell (int32 each); a cell with more is searched by brute force."""
+# The most bytes of one block of products (cells of the block x all cells), float32: embeddings
+# wider than the pass takes.
+PRODUCT_BLOCK_BYTES = 1 << 30
 UNIT_ROUNDOFF = 2.0**-24  # float32's
 
 
@@ -41,6 +44,21 @@ def rounded_up_limits(bounds: Any, n_dims: int, *, xp: ModuleType) -> Any:
     return xp.nextafter(widened, xp.float32(np.inf))
 
 
+def _pass_points_and_limits(points: Any, bounds: Any, *, xp: ModuleType) -> tuple[Any, Any]:
+    """The float32 points the pass reads and each cell's limit, for ``bounds`` on ``points``' own distances.
+
+    float32 points are read as they are. Others are centred and rounded to float32, which moves
+    each cell by at most a unit roundoff of its norm: each distance by at most ``u`` times the
+    two cells' norms, added to the bound's distance (twice, for the centring's own rounding).
+    """
+    if points.dtype == xp.float32:
+        return points, rounded_up_limits(bounds, points.shape[1], xp=xp)
+    centred = points - points.mean(axis=0)
+    norms = xp.sqrt((centred * centred).sum(axis=1))
+    reach = xp.sqrt(bounds) + 2 * UNIT_ROUNDOFF * (norms + norms.max())
+    return centred.astype(xp.float32), rounded_up_limits(reach * reach, points.shape[1], xp=xp)
+
+
 def _ivf_settings(n_cells: int) -> dict[str, int]:
     """The IVF-Flat search's lists (about the square root of the cells) and those probed per cell."""
     lists = max(1, math.isqrt(n_cells))
@@ -48,21 +66,51 @@ def _ivf_settings(n_cells: int) -> dict[str, int]:
 
 
 def _upper_bounds(points: Any, n_neighbors: int, *, xp: ModuleType, cuml: Any) -> Any:
-    """Each cell's squared distance, in float64, to the farthest of ``n_neighbors`` cells an approximate search found.
+    """Each cell's squared distance (float64, on ``points``) to the farthest of the cells an approximate search found.
 
     Any ``n_neighbors`` distinct cells bound the ``n_neighbors``-th nearest distance from above;
-    a cell for which the search found fewer gets no bound (infinity).
+    a cell for which the search found fewer gets no bound (infinity). The search reads float32.
     """
     search = cuml.neighbors.NearestNeighbors(
         n_neighbors=n_neighbors, algorithm="ivfflat", algo_params=_ivf_settings(points.shape[0])
     )
-    found = xp.asarray(search.fit(points).kneighbors(points, return_distance=False)).astype(xp.int64)
+    searched = xp.ascontiguousarray(points, dtype=xp.float32)
+    found = xp.asarray(search.fit(searched).kneighbors(searched, return_distance=False)).astype(xp.int64)
     # Cells of the data, each once (a search short of cells may fill its rows with -1 or repeats).
     in_order = xp.sort(found, axis=1)
     valid = (in_order[:, 0] >= 0) & (in_order[:, -1] < points.shape[0]) & (xp.diff(in_order, axis=1) > 0).all(axis=1)
     bounds = squared_distances_to(points, xp.where(valid[:, None], found, 0), xp=xp).max(axis=1)
     bounds[~valid] = xp.inf
     return bounds
+
+
+def _within_bounds_by_products(points: Any, bounds: Any, *, xp: ModuleType) -> tuple[Any, Any]:
+    """Each cell's count of cells within its bound and up to :data:`MAX_CANDIDATES` of them, from matrix products.
+
+    For embeddings wider than the pass's registers. Centred coordinates in float32: each of
+    ``|x|^2``, ``|y|^2`` and ``xy`` is within ``d`` unit roundoffs of its own scale, the sums, the
+    centring and the rounding to float32 add 8 (Higham's bounds), allowed as a share of
+    ``|x|^2 + |y|^2``.
+    """
+    n_cells, n_dims = points.shape
+    centred = (points - points.mean(axis=0)).astype(xp.float32)
+    squares = (centred * centred).sum(axis=1)
+    margin = (2 * n_dims + 8) * UNIT_ROUNDOFF
+    counts = xp.zeros(n_cells, dtype=xp.int64)
+    candidates = xp.full((n_cells, MAX_CANDIDATES), -1, dtype=xp.int64)
+    block = max(PRODUCT_BLOCK_BYTES // (4 * n_cells), 1)
+    for start in range(0, n_cells, block):
+        rows = slice(start, min(start + block, n_cells))
+        pair = squares[rows, None] + squares[None, :]
+        kept = pair - 2 * (centred[rows] @ centred.T) <= bounds[rows, None] + margin * pair
+        row, column = xp.nonzero(kept)
+        row_counts = kept.sum(axis=1)
+        counts[rows] = row_counts
+        # Each kept cell's place in its row (nonzero's order is the rows').
+        slot = xp.arange(row.size) - (xp.cumsum(row_counts) - row_counts)[row]
+        fits = slot < MAX_CANDIDATES
+        candidates[start + row[fits], slot[fits]] = column[fits]
+    return counts, candidates
 
 
 def neighbour_candidates(
@@ -73,7 +121,8 @@ def neighbour_candidates(
     Parameters
     ----------
     points
-        Cells x coordinates on the device (CuPy; NumPy under the simulator).
+        Cells x coordinates on the device (CuPy; NumPy under the simulator), float32 or float64:
+        the distances the candidates are exact for are those of these coordinates.
     n_neighbors
         The nearest cells each cell needs, itself among them.
     xp
@@ -90,19 +139,21 @@ def neighbour_candidates(
     -------
     The candidates' indices (int64), each row's after its last -1; and each cell's summed
     distance to each label's cells (float64), or None for an embedding wider than
-    :data:`omicsprep.rna.pairs_cuda.MAX_DIMS`.
+    :data:`omicsprep.rna.pairs_cuda.MAX_DIMS` (its candidates from matrix products).
     """
     n_cells, n_dims = points.shape
-    points = xp.ascontiguousarray(points, dtype=xp.float32)
-    if n_dims > pairs_cuda.MAX_DIMS:  # the pass's registers: brute force for every cell
-        candidates, sums, searched = xp.full((n_cells, 0), -1, dtype=xp.int64), None, xp.arange(n_cells)
+    bounds = _upper_bounds(points, n_neighbors, xp=xp, cuml=cuml)
+    if n_dims > pairs_cuda.MAX_DIMS:  # beyond the pass's registers
+        counts, candidates = _within_bounds_by_products(points, bounds, xp=xp)
+        sums = None
     else:
-        limits = rounded_up_limits(_upper_bounds(points, n_neighbors, xp=xp, cuml=cuml), n_dims, xp=xp)
+        read, limits = _pass_points_and_limits(points, bounds, xp=xp)
         codes = xp.zeros(n_cells, dtype=xp.int32) if codes is None else codes
         sums, counts, candidates = pairs_cuda.pair_sums_gpu(
-            points, codes, n_labels, cosine=False, xp=xp, limits=limits, max_candidates=MAX_CANDIDATES
+            read, codes, n_labels, cosine=False, xp=xp, limits=limits, max_candidates=MAX_CANDIDATES
         )
-        searched = xp.flatnonzero((counts > MAX_CANDIDATES) | (counts < n_neighbors))
+    candidates = candidates[:, : pairs_cuda.fitting_width(counts, MAX_CANDIDATES, xp=xp)].astype(xp.int64)
+    searched = xp.flatnonzero((counts > MAX_CANDIDATES) | (counts < n_neighbors))
     if searched.size:
         brute = cuml.neighbors.NearestNeighbors(n_neighbors=n_neighbors, algorithm="brute").fit(points)
         nearest = xp.asarray(brute.kneighbors(points[searched], return_distance=False)).astype(xp.int64)

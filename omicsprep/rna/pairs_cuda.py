@@ -137,6 +137,15 @@ def _pairs_kernel(width: int, *, find_candidates: bool) -> Any:
     return pairs
 
 
+def fitting_width(counts: Any, max_candidates: int, *, xp: ModuleType) -> int:
+    """The most cells kept by a cell that keeps at most ``max_candidates``: the candidates' width worth holding.
+
+    (One cell over it, searched otherwise, would widen every row to ``max_candidates``.)
+    """
+    fitting = counts[counts <= max_candidates]
+    return int(fitting.max()) if fitting.size else 0
+
+
 def pair_sums_gpu(
     points: Any,
     codes: Any,
@@ -168,7 +177,7 @@ def pair_sums_gpu(
 
     Returns
     -------
-    The sums (float64) and, with ``limits``, the counts and candidates (int64 indices of ``points``), on the device.
+    The sums (float64) and, with ``limits``, the counts and candidates (int32 indices of ``points``), on the device.
     """
     order = xp.argsort(codes, kind="stable")
     n_cells, n_dims = points.shape
@@ -191,9 +200,9 @@ def pair_sums_gpu(
     in_order[order] = sums
     if not find_candidates:
         return PairSums(in_order, None, None)
-    kept = candidates[:, : int(min(int(counts.max()), max_candidates))].astype(xp.int64)
+    kept = candidates[:, : fitting_width(counts, max_candidates, xp=xp)]
     # Rows and indices back from the label order to the cells'.
-    kept = xp.where(kept >= 0, order[xp.maximum(kept, 0)], -1)
+    kept = xp.where(kept >= 0, order.astype(xp.int32)[xp.maximum(kept, 0)], -1)
     in_order_kept, in_order_counts = xp.empty_like(kept), xp.empty_like(counts)
     in_order_kept[order], in_order_counts[order] = kept, counts
     return PairSums(in_order, in_order_counts, in_order_kept)
