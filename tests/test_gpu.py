@@ -700,8 +700,9 @@ def test_exact_neighbors_on_the_gpu_are_the_cpus_to_the_last_digit(generated_stu
     """scIB's neighbours (90 per cell) on the GPU: their distances exact (cuML's own float32
     distances lose digits, which kBET, through scib-metrics' diffusion map and pynndescent, turned
     into 0.03) and so the CPU's, neighbours ordered alike (the 90th may differ within float32's
-    rounding of cuML's search); the silhouettes' sums from the same pass over pairs are the
-    CPU's products', and the silhouettes from them scib-metrics' own."""
+    rounding of cuML's search), for float64 coordinates and 160 dimensions too; the silhouettes'
+    sums from the same pass over pairs are the CPU's products', and the silhouettes from them
+    scib-metrics' own."""
     import cupy as cp
     import jax
     from scib_metrics.utils import silhouette_samples
@@ -719,6 +720,12 @@ def test_exact_neighbors_on_the_gpu_are_the_cpus_to_the_last_digit(generated_stu
     np.testing.assert_allclose(on_gpu[1], exact, rtol=1e-6)
     np.testing.assert_array_equal(on_gpu[0][:, :80], on_cpu[0][:, :80])
     np.testing.assert_array_equal(on_gpu[1][:, :80], on_cpu[1][:, :80])
+    # float64 coordinates (the pass reads them rounded, its bound widened) and 160 dimensions
+    # (beyond the pass's registers: matrix products).
+    for other in (embedding.astype(np.float64), np.tile(embedding, 8)):
+        cpu_nearest = exact_neighbors(other, 30, backend="cpu")[0]
+        gpu_nearest = cp.asnumpy(exact_neighbors(cp.asarray(other), 30, backend="gpu")[0])
+        np.testing.assert_array_equal(gpu_nearest[:, :25], cpu_nearest[:, :25])
     labels = generated_study["batch0"].obs["cell_type"].astype(str).to_numpy()
     codes = pd.Categorical(labels).codes
     indices, _, sums = exact_neighbors_and_label_sums(embedding, 90, labels=codes, backend="gpu")
