@@ -160,14 +160,9 @@ def pair_sums_gpu(
 
     Parameters
     ----------
-    points
-        Cells x at most :data:`MAX_DIMS` coordinates, float32 (unit rows for ``cosine``).
-    codes
-        Each cell's label, ``0 .. n_labels - 1``.
-    n_labels
-        How many labels.
-    cosine
-        1 - cosine similarity instead of the Euclidean distance.
+    points, codes, n_labels, cosine
+        As :func:`omicsprep.rna.integration_scores.label_distance_sums` takes them; ``points``
+        has at most :data:`MAX_DIMS` coordinates.
     xp
         CuPy (NumPy under the simulator).
     limits
