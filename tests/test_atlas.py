@@ -218,6 +218,7 @@ from omicsprep.rna.embedding import exact_neighbors, nearest_by_exact_distances
 pairs_cuda.THREADS_PER_BLOCK = 4  # 8 cells a thread: 3 blocks, the last one's threads partly past the last cell
 pairs_cuda.CELLS_PER_CHUNK = 16  # 6 chunks of other cells, the last one shorter, labels changing inside them
 neighbors_cuda.MAX_CANDIDATES = 40
+neighbors_cuda.PRODUCT_BLOCK_BYTES = 4 * 60 * 7  # products of the wide embedding in blocks of 7 rows
 k, asked = 10, []
 
 

@@ -47,15 +47,16 @@ def rounded_up_limits(bounds: Any, n_dims: int, *, xp: ModuleType) -> Any:
 def _pass_points_and_limits(points: Any, bounds: Any, *, xp: ModuleType) -> tuple[Any, Any]:
     """The float32 points the pass reads and each cell's limit, for ``bounds`` on ``points``' own distances.
 
-    float32 points are read as they are. Others are centred and rounded to float32, which moves
-    each cell by at most a unit roundoff of its norm: each distance by at most ``u`` times the
-    two cells' norms, added to the bound's distance (twice, for the centring's own rounding).
+    float32 points are read as they are. float64 ones are centred and rounded to float32, which
+    moves each cell by at most a unit roundoff of its norm: each distance by at most ``u`` times
+    the two cells' norms (twice, for the centring's own rounding), added to the bound's distance.
+    A cell within the bound is at most that distance farther from the centre than the cell.
     """
     if points.dtype == xp.float32:
         return points, rounded_up_limits(bounds, points.shape[1], xp=xp)
     centred = points - points.mean(axis=0)
-    norms = xp.sqrt((centred * centred).sum(axis=1))
-    reach = xp.sqrt(bounds) + 2 * UNIT_ROUNDOFF * (norms + norms.max())
+    norms, distance = xp.sqrt((centred * centred).sum(axis=1)), xp.sqrt(bounds)
+    reach = distance + 2 * UNIT_ROUNDOFF * (2 * norms + distance)
     return centred.astype(xp.float32), rounded_up_limits(reach * reach, points.shape[1], xp=xp)
 
 
@@ -121,8 +122,8 @@ def neighbour_candidates(
     Parameters
     ----------
     points
-        Cells x coordinates on the device (CuPy; NumPy under the simulator), float32 or float64:
-        the distances the candidates are exact for are those of these coordinates.
+        Cells x coordinates on the device (CuPy; NumPy under the simulator), float32 or another
+        float type (taken as float64): the candidates are exact for these coordinates' distances.
     n_neighbors
         The nearest cells each cell needs, itself among them.
     xp
@@ -142,6 +143,8 @@ def neighbour_candidates(
     :data:`omicsprep.rna.pairs_cuda.MAX_DIMS` (its candidates from matrix products).
     """
     n_cells, n_dims = points.shape
+    if points.dtype != xp.float32:  # float16's rounding is coarser than the limits allow: as float64
+        points = points.astype(xp.float64)
     bounds = _upper_bounds(points, n_neighbors, xp=xp, cuml=cuml)
     if n_dims > pairs_cuda.MAX_DIMS:  # beyond the pass's registers
         counts, candidates = _within_bounds_by_products(points, bounds, xp=xp)
