@@ -9,7 +9,9 @@ pass) keeps the cells within the bound, widened by float32's rounding of the pai
 distances. Every one of the k nearest is among them, whatever the approximate search missed:
 :func:`omicsprep.rna.embedding.exact_neighbors` orders them by exact distances. A cell with
 more candidates than :data:`MAX_CANDIDATES` (a bound far off, or many cells at one distance)
-is searched by brute force. An embedding wider than the pass's registers takes a pass of matrix
+is searched by brute force: cuML's picks its k in float32 (then ordered in float64), so at a
+near-tie of the k-th such a cell may differ from the CPU's (none at a million cells of the atlas
+study: 191 candidates at most). An embedding wider than the pass's registers takes a pass of matrix
 products instead. Imported on the GPU path only (or under Numba's CUDA simulator, which the
 tests use on machines without a GPU).
 """
