@@ -885,6 +885,34 @@ def test_scvi_scanvi_and_scib_metrics_on_the_gpu(generated_study):
     np.testing.assert_allclose(on_gpu["KBET"], on_cpu["KBET"], rtol=0, atol=4.5e-3)
 
 
+def test_scib_on_the_gpu_takes_its_label_silhouettes_from_the_neighbour_pass(generated_study, monkeypatch):
+    """On the GPU, isolated labels and the label silhouette use the silhouettes the neighbour search
+    summed in its pass over all pairs (no pass of their own: only BRAS's per-label cosine ones
+    run; the CPU computes them once), and give the CPU's values."""
+    import anndata
+
+    from omicsprep.rna import integration_scores
+
+    cells = anndata.concat(generated_study, label="sample")
+    compute, asked, tables = integration_scores.silhouette_samples, {}, {}
+    for backend in ("gpu", "cpu"):
+        asked[backend] = []
+
+        def counted(*args, backend=backend, **kwargs):
+            asked[backend].append((kwargs["metric"], kwargs["between_cluster_distances"]))
+            return compute(*args, backend=backend, **kwargs)
+
+        monkeypatch.setattr(integration_scores, "silhouette_samples", counted)
+        benchmarker = integration_scores.scib_benchmarker(
+            cells, embeddings=["X_pca"], batch_key="sample", label_key="known_type", backend=backend
+        )
+        tables[backend] = integration_scores.scib_table(benchmarker).set_index("embedding")
+    assert asked["gpu"] and set(asked["gpu"]) == {("cosine", "mean_other")}
+    assert asked["cpu"].count(("euclidean", "nearest")) == 1
+    columns = ["Isolated labels", "Silhouette label"]
+    pd.testing.assert_frame_equal(tables["gpu"][columns], tables["cpu"][columns], atol=1e-4, rtol=0)
+
+
 def test_resident_counts_gathered_from_csr_on_the_gpu_are_the_dense_rows(generated_study):
     """On the device, a batch gathered from CSR counts (for counts too large to hold dense) is the
     batch of the dense counts, rows in the order asked, repeated rows and empty rows included."""
