@@ -85,6 +85,8 @@ CASES: dict[str, tuple[Callable[[], np.ndarray], dict[str, Any]]] = {
     ),
     # 4 unique totals above 100: fewer than 4 points between the bounds, so no spline (knee at the left bound).
     "no_spline": (lambda: np.array([5_000, 4_000, 300, 150] + [3] * 50 + [1] * 50), {}),
+    # 3 unique totals above 100, the least of them 101: the fewest DropletUtils goes on with.
+    "three_unique": (lambda: np.array([5_000, 4_000, 101, 100] + [3] * 50 + [1] * 50), {}),
     # 2 unique totals above 100: DropletUtils stops.
     "too_few": (lambda: np.array([5_000, 5_000, 200] + [3] * 100), {}),
 }
@@ -149,6 +151,15 @@ def test_smooth_spline_merges_close_x_as_r(tmp_path: Path) -> None:
     np.testing.assert_array_equal(fit.x, r_out[1 : n + 1])
     np.testing.assert_allclose(fit.y, r_out[n + 1 : 2 * n + 1], rtol=1e-8)
     np.testing.assert_allclose(fit.derivative(fit.x, 2), r_out[2 * n + 1 :], rtol=1e-6, atol=1e-8)
+
+
+def test_float32_totals_rank_as_float64() -> None:
+    """Totals summed in float32 (counts matrices are) give the knee, inflection and fit of the same
+    totals in float64: they are rounded in float64, as R's doubles."""
+    totals = _real_like_totals(4)
+    ours, double = barcode_ranks(totals.astype(np.float32)), barcode_ranks(totals)
+    assert (ours.knee, ours.inflection) == (double.knee, double.inflection)
+    np.testing.assert_array_equal(ours.fitted, double.fitted)
 
 
 def test_fit_bounds_restrict_the_fit() -> None:
