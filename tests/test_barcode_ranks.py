@@ -78,6 +78,16 @@ CASES: dict[str, tuple[Callable[[], np.ndarray], dict[str, Any]]] = {
     "real_like": (lambda: _real_like_totals(4), {}),
     "options": (lambda: _generated_totals(500, 30_000, 1), {"lower": 50, "exclude_from": 100, "df": 12.5}),
     "fit_bounds": (lambda: _real_like_totals(5), {"fit_bounds": (300.0, 20_000.0)}),
+    # Totals at the fit's bounds: left out of the fit (R compares strictly).
+    "fit_bounds_at_totals": (
+        lambda: np.concatenate([_real_like_totals(5), [300, 20_000]]),
+        {"fit_bounds": (300.0, 20_000.0)},
+    ),
+    # Exactly 4 unique totals within the bounds: the fewest that R fits a spline to.
+    "four_in_bounds": (
+        lambda: np.array([5_000, 4_000, 3_000, 2_000, 1_000, 500, 300, 150] + [3] * 50),
+        {"fit_bounds": (600.0, 4_500.0)},
+    ),
     # 12 unique totals above 100: fewer than df=20 points to fit, so R's smooth.spline falls back to GCV.
     "few_unique": (
         lambda: np.array([5_000, 4_000, 3_500, 3_000, 2_000, 1_500, 900, 600, 400, 300, 200, 150] + [3] * 200),
