@@ -163,6 +163,16 @@ def test_smooth_spline_merges_close_x_as_r(tmp_path: Path) -> None:
     np.testing.assert_allclose(fit.derivative(fit.x, 2), r_out[2 * n + 1 :], rtol=1e-6, atol=1e-8)
 
 
+def test_spline_fitted_values_only_at_its_own_x() -> None:
+    """R's ``fitted``: the smoothed value at each of the spline's own x, NaN between them and past the last."""
+    rng = np.random.default_rng(0)
+    x = np.sort(rng.uniform(0, 5, 40))
+    fit = smooth_spline(x, np.sin(x) + rng.normal(0, 0.1, x.size), df=8.0)
+    values = fit.fitted(np.array([x[3], (x[3] + x[4]) / 2, x[-1], x[-1] + 1]))
+    np.testing.assert_array_equal(values[[0, 2]], fit.y[[3, -1]])
+    assert np.isnan(values[[1, 3]]).all()
+
+
 def test_float32_totals_rank_as_float64() -> None:
     """Totals summed in float32 (counts matrices are) give the knee, inflection and fit of the same
     totals in float64: they are rounded in float64, as R's doubles."""
