@@ -89,7 +89,7 @@ def exact_neighbors_and_label_sums(
     distances (float64, on the device), or None: on the CPU, without ``labels``, or for an
     embedding wider than the pass takes.
     """
-    xp = array_module(backend)
+    xp, sums = array_module(backend), None
     if backend == "gpu":
         from omicsprep.rna import neighbors_cuda
 
@@ -106,13 +106,10 @@ def exact_neighbors_and_label_sums(
     else:
         from sklearn.neighbors import NearestNeighbors
 
-        candidates, sums = (
-            (
-                NearestNeighbors(n_neighbors=n_neighbors, algorithm="brute")
-                .fit(embedding)
-                .kneighbors(embedding, return_distance=False)
-            ),
-            None,
+        candidates = (
+            NearestNeighbors(n_neighbors=n_neighbors, algorithm="brute")
+            .fit(embedding)
+            .kneighbors(embedding, return_distance=False)
         )
     return *nearest_by_exact_distances(embedding, candidates, n_neighbors, xp=xp), sums
 
