@@ -97,6 +97,16 @@ CASES: dict[str, tuple[Callable[[], np.ndarray], dict[str, Any]]] = {
     "no_spline": (lambda: np.array([5_000, 4_000, 300, 150] + [3] * 50 + [1] * 50), {}),
     # 3 unique totals above 100, the least of them 101: the fewest DropletUtils goes on with.
     "three_unique": (lambda: np.array([5_000, 4_000, 101, 100] + [3] * 50 + [1] * 50), {}),
+    # The steepest fall between ranks 50 and 51: exclude_from=50 skips the slope from rank 50 (R counts x <= it).
+    "fall_at_exclude_from": (
+        lambda: np.concatenate([np.linspace(10_000, 5_000, 50).round(), np.linspace(500, 200, 40).round(), [3] * 200]),
+        {},
+    ),
+    # The flattest slope before the inflection lies right after it: R looks no further than the inflection.
+    "flat_after_inflection": (
+        lambda: np.array([10_000 - 10 * i for i in range(50)] + [8_000, 4_000, 2_000, 1_000, 110, *range(109, 100, -1)] + [3] * 200),
+        {},
+    ),
     # 2 unique totals above 100: DropletUtils stops.
     "too_few": (lambda: np.array([5_000, 5_000, 200] + [3] * 100), {}),
 }

@@ -176,6 +176,11 @@ def smooth_spline(x: np.ndarray, y: np.ndarray, *, df: float) -> SmoothingSpline
     Returns
     -------
     SmoothingSpline
+
+    Notes
+    -----
+    Where GCV's minimum lies at interpolation (a few points on a smooth curve), the
+    criterion there is rounding noise in R as here, and the spar found may differ from R's.
     """
     order = np.argsort(x, kind="stable")
     x, y = x[order], y[order]
@@ -186,7 +191,9 @@ def smooth_spline(x: np.ndarray, y: np.ndarray, *, df: float) -> SmoothingSpline
     unique_x = x[first]
     weights = np.bincount(group_of).astype(float)
     y_mean = np.bincount(group_of, weights=y) / weights
-    residual_ss = float(np.sum(y**2) - np.sum(weights * y_mean**2))
+    # Per group, as R: a lone x adds exactly 0, where one global difference would add rounding noise
+    # that GCV, near interpolation, takes for residual.
+    residual_ss = float(np.sum(np.bincount(group_of, weights=y**2) - weights * y_mean**2))
     if len(unique_x) <= 3:
         raise ValueError("need at least four unique 'x' values")
     x_range = float(unique_x[-1] - unique_x[0])
