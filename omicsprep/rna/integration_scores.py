@@ -460,21 +460,38 @@ def label_distance_sums(points: Any, codes: Any, n_labels: int, *, cosine: bool,
 def diffusion_neighbors(connectivities: Any, k: int, n_comps: int = 100, *, backend: Backend) -> Any:
     """Each cell's ``k + 1`` nearest cells in ``connectivities``' diffusion map, as scib-metrics' ``diffusion_nn``.
 
-    The same map (scanpy's density-normalized transitions, their ``n_comps`` eigenvectors of
-    largest magnitude in float64, scaled by ``e / (1 - e)``, in float32), all of it on the
-    backend: the eigenvectors from its Lanczos solver (ARPACK's on the CPU, as scib-metrics) and
-    the neighbours from the exact search (pynndescent's in scib-metrics, one thread).
+    The map is :func:`diffusion_map`'s; the neighbours come from the exact search
+    (pynndescent's in scib-metrics, one thread).
 
     Returns
     -------
     ``NeighborsResults``: indices and distances, nearest first.
     """
     start = time.perf_counter()
+    embedding = diffusion_map(connectivities, n_comps, backend=backend)
+    synchronize(backend=backend)
+    mapped = time.perf_counter()
+    indices, distances = exact_neighbors(embedding, k + 1, backend=backend)
+    result = _neighbors_on_host(indices, distances, backend=backend)
+    log.info(
+        "scIB kBET's diffusion map of %d cells %.2f s, its neighbours %.2f s",
+        embedding.shape[0],
+        mapped - start,
+        time.perf_counter() - mapped,
+    )
+    return result
+
+
+def diffusion_map(connectivities: Any, n_comps: int, *, backend: Backend) -> Any:
+    """``connectivities``' diffusion map as scib-metrics computes it for kBET, on ``backend``.
+
+    scanpy's density-normalized transitions, their ``n_comps`` eigenvectors of largest magnitude
+    in float64 (from the backend's Lanczos solver; ARPACK's on the CPU, as scib-metrics), scaled
+    by ``e / (1 - e)``, in float32.
+    """
     xp = array_module(backend)
     transitions = _diffusion_transitions(connectivities, backend=backend)
     n_comps = min(transitions.shape[0] - 1, n_comps)
-    synchronize(backend=backend)
-    mapped = time.perf_counter()
     # CuPy's Lanczos needs more vectors than components below the graph's size (ARPACK: as many).
     if backend == "gpu" and transitions.shape[0] > 2 * n_comps + 1:
         # CuPy's Lanczos starts from an unseeded random vector: a seeded one, so that a run's
@@ -486,23 +503,11 @@ def diffusion_neighbors(connectivities: Any, k: int, n_comps: int = 100, *, back
     else:
         values, vectors = scipy.sparse.linalg.eigsh(asnumpy(transitions), k=n_comps, which="LM")
     values, vectors = xp.asarray(values), xp.asarray(vectors)
-    synchronize(backend=backend)
-    solved = time.perf_counter()
     order = xp.argsort(values)[::-1]
     values = values[order].astype(xp.float32) + xp.float32(DIFFUSION_EPS)
     vectors = vectors[:, order].astype(xp.float32)
     with np.errstate(divide="ignore"):  # the eigenvalue 1, kept as it is
-        embedding = vectors * xp.where(values == 1, values, values / (1 - values))
-    indices, distances = exact_neighbors(embedding, k + 1, backend=backend)
-    result = _neighbors_on_host(indices, distances, backend=backend)
-    log.info(
-        "scIB kBET's diffusion map of %d cells: transitions %.2f s, eigenvectors %.2f s, neighbours %.2f s",
-        transitions.shape[0],
-        mapped - start,
-        solved - mapped,
-        time.perf_counter() - solved,
-    )
-    return result
+        return vectors * xp.where(values == 1, values, values / (1 - values))
 
 
 def _diffusion_transitions(connectivities: Any, *, backend: Backend) -> Any:
