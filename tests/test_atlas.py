@@ -374,6 +374,38 @@ def test_diffusion_neighbours_are_scib_metrics_own_and_give_its_kbet(merged):
     np.testing.assert_allclose(mine[2], theirs[2], atol=1e-6)
 
 
+def test_kbet_per_label_is_scib_metrics_loop(merged, monkeypatch):
+    """Our kBET per label takes each label's graph, components, k0 and diffusion components as
+    scib-metrics' loop does: with the same search and test inside, the same score per label, in
+    every branch: too few cells, one batch, two far types (two components, each kept), cells
+    scattered in components too small to keep, and a label small enough to lower the diffusion
+    components of the labels after it (scib-metrics keeps the lower number)."""
+    from scib_metrics.metrics import _kbet
+
+    cells = merged.cells
+    # scVI's space, where the batches mix: kBET above 0.
+    neighbours = integration_scores.scib_neighbors(np.asarray(cells.obsm["X_scvi"]), 50, backend="cpu")
+    types, batches = cells.obs["cell_type"].astype(str).to_numpy(), cells.obs["sample"].to_numpy()
+    rng = np.random.default_rng(0)
+    labels = types.copy()
+    labels[rng.choice(np.flatnonzero(types == "type02"), 80, replace=False)] = "a_small"
+    labels[np.flatnonzero(types == "type03")[:5]] = "few"
+    labels[(types == "type04") & (batches == "batch0")] = "one_batch"
+    labels[np.isin(types, ["type05", "type06"])] = "two_types"
+    for scattered in ("type08", "type09", "type10"):
+        labels[rng.choice(np.flatnonzero(types == scattered), 12, replace=False)] = "scattered"
+    ours, table = integration_scores.kbet_per_label(neighbours, batches, labels, return_df=True, backend="cpu")
+    kbet_of = dict(zip(table["cluster"], table["kBET"], strict=True))
+    assert np.isnan(kbet_of["few"]) and np.isnan(kbet_of["one_batch"])
+    assert kbet_of["scattered"] == 0
+    assert 0 < kbet_of["two_types"] < 1 and 0 < kbet_of["a_small"] <= 1
+    monkeypatch.setattr(_kbet, "diffusion_nn", functools.partial(integration_scores.diffusion_neighbors, backend="cpu"))
+    monkeypatch.setattr(_kbet, "kbet", integration_scores.kbet)
+    theirs, their_table = _kbet.kbet_per_label(neighbours, batches, labels, return_df=True)
+    pd.testing.assert_frame_equal(table, their_table)
+    assert ours == theirs
+
+
 def test_neighbours_found_for_the_gpu_take_kbets_graph_from_cuml_in_every_subset(merged, monkeypatch):
     """On the GPU, scib-metrics' neighbours, and the 50 of them its Benchmarker hands kBET, build
     their connectivities with cuML (here a stand-in), never with umap-learn on the host."""

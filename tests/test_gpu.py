@@ -790,7 +790,7 @@ def test_scib_silhouettes_and_kbet_neighbours_on_the_gpu_are_the_cpus(generated_
     on_cpu = integration_scores.scib_neighbors(embedding, 50, backend="cpu")
     graph = on_cpu.knn_graph_connectivities
     # kBET's graph: cuML's UMAP connectivities are umap-learn's, edge for edge.
-    by_cuml = integration_scores.umap_connectivities_on_gpu(on_cpu.indices, on_cpu.distances)
+    by_cuml = integration_scores.umap_connectivities_on_gpu(on_cpu.indices, on_cpu.distances).get()
     assert ((by_cuml != 0) != (graph != 0)).nnz == 0
     measure(
         "test_scib_silhouettes_and_kbet_neighbours_on_the_gpu_are_the_cpus",
