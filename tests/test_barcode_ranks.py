@@ -104,7 +104,9 @@ CASES: dict[str, tuple[Callable[[], np.ndarray], dict[str, Any]]] = {
     ),
     # The flattest slope before the inflection lies right after it: R looks no further than the inflection.
     "flat_after_inflection": (
-        lambda: np.array([10_000 - 10 * i for i in range(50)] + [8_000, 4_000, 2_000, 1_000, 110, *range(109, 100, -1)] + [3] * 200),
+        lambda: np.array(
+            [10_000 - 10 * i for i in range(50)] + [8_000, 4_000, 2_000, 1_000, 110, *range(109, 100, -1)] + [3] * 200
+        ),
         {},
     ),
     # 2 unique totals above 100: DropletUtils stops.

@@ -273,15 +273,15 @@ def _steps_on_backend(backend: Backend, silhouettes: SilhouetteMemory) -> Iterat
         (_isolated_labels, "silhouette_samples", silhouettes),
         (_nmi_ari, "_compute_clustering_kmeans", kmeans_labels),
     ]
-    ours = {"kbet_per_label": partial(kbet_per_label, backend=backend)}
+    our_metrics: dict[str, Callable[..., Any]] = {"kbet_per_label": partial(kbet_per_label, backend=backend)}
     # Each metric timed in the log, as the Benchmarker looks it up by name.
     metrics = [*asdict(BioConservation()), *asdict(BatchCorrection())]
     replacements += [
-        (scib_metrics, name, _timed(name, ours.get(name) or getattr(scib_metrics, name))) for name in metrics
+        (scib_metrics, name, _timed(name, our_metrics.get(name) or getattr(scib_metrics, name))) for name in metrics
     ]
     with ExitStack() as stack:
-        for module, name, ours in replacements:
-            stack.enter_context(mock.patch.object(module, name, ours))
+        for module, name, replacement in replacements:
+            stack.enter_context(mock.patch.object(module, name, replacement))
         yield
 
 
