@@ -13,6 +13,7 @@ import pytest
 
 from omicsprep.cells.ranks import BarcodeRanks, barcode_ranks, smooth_spline
 from omicsprep.testing.droplets import generate_raw_droplets
+from omicsprep.testing.reference_runs import run_reference
 
 BARCODE_RANKS_R = r"""
 suppressMessages(library(DropletUtils))
@@ -124,7 +125,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[np.nd
         options = {"lower": 100, "exclude_from": 50, "df": 20.0, "fit_bounds": (np.nan, np.nan)} | CASES[name][1]
         row = [options["lower"], options["exclude_from"], options["df"], *options["fit_bounds"]]
         np.savetxt(folder / f"{name}.options", [row])
-    subprocess.run(["Rscript", "-e", BARCODE_RANKS_R, *(str(folder / name) for name in CASES)], check=True)
+    run_reference(["Rscript", "-e", BARCODE_RANKS_R, *(str(folder / name) for name in CASES)], folder, check=True)
     return {name: (values, folder / name) for name, values in totals.items()}
 
 
@@ -163,7 +164,9 @@ def test_smooth_spline_merges_close_x_as_r(tmp_path: Path) -> None:
     x[100:110] = x[100] + np.arange(10) * 1e-9
     y = np.sin(x) + rng.normal(0, 0.2, x.size)
     np.savetxt(tmp_path / "xy", np.column_stack([x, y]), fmt="%.17g")
-    subprocess.run(["Rscript", "-e", SMOOTH_SPLINE_R, str(tmp_path / "xy"), "20", str(tmp_path / "fit")], check=True)
+    run_reference(
+        ["Rscript", "-e", SMOOTH_SPLINE_R, str(tmp_path / "xy"), "20", str(tmp_path / "fit")], tmp_path, check=True
+    )
     r_out = _read_r(tmp_path / "fit")
     fit = smooth_spline(x, y, df=20.0)
     n = len(fit.x)

@@ -22,6 +22,7 @@ from omicsprep.cells import montecarlo
 from omicsprep.cells.emptydrops import empty_drops, empty_drops_cell_ranger
 from omicsprep.errors import InputError
 from omicsprep.testing.droplets import RawDroplets, generate_raw_droplets
+from omicsprep.testing.reference_runs import run_reference
 
 NITERS = 2000
 CALLED = 0.001
@@ -107,9 +108,7 @@ def dropletutils(tmp_path_factory):
     script = directory / "run.R"
     script.write_text(R_SCRIPT)
     calls = [f"{case}={r_call}" for case, (_, r_call) in CASES.items()]
-    run = subprocess.run(
-        ["Rscript", str(script), str(matrix_path), *calls], capture_output=True, text=True, check=False
-    )
+    run = run_reference(["Rscript", str(script), str(matrix_path), *calls], directory, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
     results = {}
     for case in CASES:

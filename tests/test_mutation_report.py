@@ -140,3 +140,33 @@ def test_the_atlas_files_are_a_target_of_their_own_within_rna(mutate, tmp_path):
     assert "only_mutate" not in settings["rna"]
     assert mutate.gpu_launchers("cells") == ["omicsprep/cells/montecarlo_cuda.py"]
     assert settings["atlas"]["pytest_add_cli_args_test_selection"] == ["tests/test_atlas.py"]
+
+
+def test_a_reference_run_is_kept_by_its_command_and_inputs_only_when_asked(tmp_path, monkeypatch):
+    """A mutation run gets R's outputs back for the same command and input files, in another
+    folder too; other inputs run the command again; without the variable every call runs."""
+    import sys
+
+    from omicsprep.testing.reference_runs import CACHE_VARIABLE, run_reference
+
+    runs = tmp_path / "runs"
+    script = f"import pathlib, sys; f = pathlib.Path(sys.argv[1]); open({str(runs)!r}, 'a').write('x');"
+    script += " f.with_suffix('.out').write_text(f.read_text().upper()); print('done')"
+
+    def run(folder: Path, text: str) -> str:
+        folder.mkdir(exist_ok=True)
+        (folder / "in.txt").write_text(text)
+        completed = run_reference(
+            [sys.executable, "-c", script, str(folder / "in.txt")], folder, capture_output=True, text=True, check=True
+        )
+        assert completed.stdout == "done\n"
+        return (folder / "in.out").read_text()
+
+    assert run(tmp_path / "a", "abc") == "ABC" and run(tmp_path / "a", "abc") == "ABC"
+    assert runs.read_text() == "xx"
+    monkeypatch.setenv(CACHE_VARIABLE, str(tmp_path / "cache"))
+    assert run(tmp_path / "b", "abc") == "ABC"
+    assert run(tmp_path / "c", "abc") == "ABC"  # kept: another folder, the same inputs
+    assert runs.read_text() == "xxx"
+    assert run(tmp_path / "d", "abd") == "ABD"
+    assert runs.read_text() == "xxxx"

@@ -33,6 +33,7 @@ from typing import Any
 
 from omicsprep.io import atomic_path
 from omicsprep.testing import CHECKOUT as ROOT
+from omicsprep.testing.reference_runs import CACHE_VARIABLE
 
 HERE = ROOT / "tests" / "mutation"
 RESULTS = HERE / "results"
@@ -249,6 +250,8 @@ def retest_undecided(folder: Path) -> int:
 def mutmut(folder: Path, *arguments: str) -> str:
     # One BLAS/OpenMP/Numba thread per forked worker: pools started before a fork do not survive it.
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
+    # R's outputs for the same inputs kept between mutants (omicsprep.testing.reference_runs).
+    env.setdefault(CACHE_VARIABLE, str(folder.parent / "reference-cache"))
     command = [sys.executable, "-c", LAUNCHER, *arguments]
     return subprocess.run(command, cwd=folder, env=env, check=True, capture_output=True, text=True).stdout
 
