@@ -218,6 +218,7 @@ from omicsprep.rna.embedding import exact_neighbors, nearest_by_exact_distances
 pairs_cuda.THREADS_PER_BLOCK = 4  # 8 cells a thread: 3 blocks, the last one's threads partly past the last cell
 pairs_cuda.CELLS_PER_CHUNK = 16  # 6 chunks of other cells, the last one shorter, labels changing inside them
 neighbors_cuda.MAX_CANDIDATES = 40
+neighbors_cuda.BRUTE_FORCE_BOUND_MAX_CELLS = 0  # the bounds from the IVF-Flat stand-in, below
 neighbors_cuda.PRODUCT_BLOCK_BYTES = 4 * 60 * 7  # products of the wide embedding in blocks of 7 rows
 k, asked = 10, []
 
@@ -283,6 +284,12 @@ candidates, _ = neighbors_cuda.neighbour_candidates(dense, k, xp=np, cuml=stand_
 # (scikit-learn's float64 |x|^2 + |y|^2 - 2xy would blur these: compared with the differences' order.)
 exact = np.argsort(((dense[:, None, :] - dense[None, :, :]) ** 2).sum(axis=2), axis=1, kind="stable")[:, :k]
 np.testing.assert_array_equal(nearest_by_exact_distances(dense, candidates, k, xp=np)[0], exact)
+# Few cells: their bounds from the brute force, each cell's exact k-th distance, so k candidates a cell.
+neighbors_cuda.BRUTE_FORCE_BOUND_MAX_CELLS = 90
+asked.clear()
+candidates, _ = neighbors_cuda.neighbour_candidates(points, k, xp=np, cuml=stand_in, codes=codes, n_labels=3)
+assert asked == [("brute", 90)] and ((candidates >= 0).sum(axis=1) == k).all()
+np.testing.assert_array_equal(nearest_by_exact_distances(points, candidates, k, xp=np)[0], expected[0])
 print("ok")
 """
 

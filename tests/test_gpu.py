@@ -696,18 +696,19 @@ def test_atac_rule_chain_and_wnn_agree_on_cpu_and_gpu():
     assert edges_differing == 0
 
 
-def test_exact_neighbors_on_the_gpu_are_the_cpus_to_the_last_digit(generated_study):
+def test_exact_neighbors_on_the_gpu_are_the_cpus_to_the_last_digit(generated_study, monkeypatch):
     """scIB's neighbours (90 per cell) on the GPU: their distances exact (cuML's own float32
     distances lose digits, which kBET, through scib-metrics' diffusion map and pynndescent, turned
     into 0.03) and so the CPU's, neighbours ordered alike (the 90th may differ within float32's
     rounding of cuML's search), for float64 coordinates and 160 dimensions too; the silhouettes'
     sums from the same pass over pairs are the CPU's products', and the silhouettes from them
-    scib-metrics' own."""
+    scib-metrics' own. The bounds from cuML's brute force (these few cells) or its IVF-Flat (a
+    million cells) give the same neighbours."""
     import cupy as cp
     import jax
     from scib_metrics.utils import silhouette_samples
 
-    from omicsprep.rna import integration_scores
+    from omicsprep.rna import integration_scores, neighbors_cuda
     from omicsprep.rna.embedding import exact_neighbors, exact_neighbors_and_label_sums
 
     counts = generated_study["batch0"].layers["counts"]
@@ -734,6 +735,11 @@ def test_exact_neighbors_on_the_gpu_are_the_cpus_to_the_last_digit(generated_stu
 
     # All 90, the last ones too, where a candidate missed near the bound would show.
     np.testing.assert_array_equal(on_gpu[0], nearest_by_differences(embedding, 90))
+    with monkeypatch.context() as patched:
+        patched.setattr(neighbors_cuda, "BRUTE_FORCE_BOUND_MAX_CELLS", 0)
+        by_ivf_bounds = exact_neighbors(cp.asarray(embedding), 90, backend="gpu")
+    for ours, theirs in zip(by_ivf_bounds, on_gpu, strict=True):
+        np.testing.assert_array_equal(cp.asnumpy(ours), theirs)
     # float64 coordinates (the pass reads them rounded, its bound widened) and 160 dimensions
     # (beyond the pass's registers: matrix products).
     for other in (embedding.astype(np.float64), np.tile(embedding, 8)):
