@@ -37,12 +37,12 @@ scib
     scIB's metrics (:mod:`omicsprep.rna.integration_scores`) of every embedding in the cache,
     and their seconds.
 scib_profile
-    Where one embedding's scIB time goes (``X_pca``): the neighbour search's parts (cuML's
-    brute force, cuVS's at 90 neighbours and at 64, where it fuses the distances with the
-    selection, :func:`omicsprep.rna.embedding.exact_neighbors`, the copy to the host,
-    scib-metrics' subsets), kBET (scib-metrics' ``kbet_per_label`` with ours inside), the
-    silhouettes' pass, our k-means (twice: the first compiles), NMI and ARI, and a
-    ``gc.collect()`` (scib-metrics runs one before each metric).
+    Where one embedding's scIB time goes (``X_pca``): the neighbour search's parts (the
+    IVF-Flat bounds, :func:`omicsprep.rna.embedding.exact_neighbors_and_label_sums`, the copy
+    to the host, scib-metrics' subsets), kBET per label, and one label's parts (its graph,
+    components, diffusion map, its neighbours' bounds, the cells within them by the pass and by
+    matrix products, its exact search), the silhouettes' pass, our k-means (twice: the first
+    compiles), NMI and ARI, and a ``gc.collect()`` (scib-metrics runs one before each metric).
 scib_check
     scIB's metrics on 20,000 of the cells: ours on the backend against scib-metrics' own
     ``Benchmarker`` with exact neighbours on the CPU (largest difference).
@@ -407,9 +407,21 @@ def part_scib_profile(cells: ad.AnnData, *, backend: str, cache: Path) -> list[d
         lambda: integration_scores.diffusion_map(one_label, 100, backend=backend),
     )
     if backend == "gpu":
-        timed("kBET: its 71 neighbours' IVF-Flat bounds", lambda: bounds_of(mapped, 71, xp=xp, cuml=cuml()))
-        brute = cuml().neighbors.NearestNeighbors(n_neighbors=71, algorithm="brute")
-        timed("kBET: cuML's brute force of its 71", lambda: brute.fit(mapped).kneighbors(mapped))
+        from omicsprep.rna import pairs_cuda
+
+        bounds = timed("kBET: its 71 neighbours' bounds", lambda: bounds_of(mapped, 71, xp=xp, cuml=cuml()))
+        read, limits = neighbors_cuda._pass_points_and_limits(mapped, bounds, xp=xp)  # noqa: SLF001
+        one_code = xp.zeros(len(read), dtype=xp.int32)
+        timed(
+            "kBET: the cells within them by the pass",
+            lambda: pairs_cuda.pair_sums_gpu(
+                read, one_code, 1, cosine=False, xp=xp, limits=limits, max_candidates=neighbors_cuda.MAX_CANDIDATES
+            ),
+        )
+        timed(
+            "kBET: the cells within them by products",
+            lambda: neighbors_cuda._within_bounds_by_products(mapped, bounds, xp=xp),  # noqa: SLF001
+        )
     timed("kBET: its 71 exact neighbours", lambda: exact_neighbors(mapped, 71, backend=backend))
     timed("silhouettes alone", lambda: integration_scores.silhouette_samples(embedding, labels, backend=backend))
     n_clusters = len(np.unique(labels))
