@@ -158,10 +158,13 @@ def test_too_few_unique_totals_stop_as_in_dropletutils(reference: dict[str, tupl
 
 @needs_r
 def test_smooth_spline_merges_close_x_as_r(tmp_path: Path) -> None:
-    """x closer than R's tol (1e-6 IQR) are one point with the mean y; df=20 among 300 points."""
+    """x closer than R's tol (1e-6 IQR) are one point with the mean y, as R groups them; df=20 among 300 points."""
     rng = np.random.default_rng(5)
     x = np.sort(rng.uniform(0, 5, 300))
     x[100:110] = x[100] + np.arange(10) * 1e-9
+    # Pairs at gaps about tol: which of them merge follows tol (its quartiles) to the percent.
+    tol = 1e-6 * np.subtract(*np.percentile(x, [75, 25]))
+    x[200:240:2] = x[201:241:2] - tol * np.linspace(0.3, 1.5, 20)
     y = np.sin(x) + rng.normal(0, 0.2, x.size)
     np.savetxt(tmp_path / "xy", np.column_stack([x, y]), fmt="%.17g")
     run_reference(
