@@ -181,6 +181,30 @@ def test_smooth_spline_merges_close_x_as_r(tmp_path: Path) -> None:
     np.testing.assert_allclose(fit.derivative(fit.x, 2), r_out[2 * n + 1 :], rtol=1e-6, atol=1e-8)
 
 
+@needs_r
+def test_smooth_spline_falls_back_to_gcv_as_r(tmp_path: Path) -> None:
+    """df=20 over 15 unique x (5 of them twice): R's generalised cross-validation, whose criterion
+    counts the spread of y within tied x; the same smoothing as R's, the same fitted values."""
+    rng = np.random.default_rng(7)
+    x = np.sort(rng.uniform(0, 5, 15))
+    x = np.concatenate([x, x[:5]])
+    y = np.sin(x) + rng.normal(0, 0.3, x.size)
+    np.savetxt(tmp_path / "xy", np.column_stack([x, y]), fmt="%.17g")
+    run_reference(
+        ["Rscript", "-e", SMOOTH_SPLINE_R, str(tmp_path / "xy"), "20", str(tmp_path / "fit")], tmp_path, check=True
+    )
+    r_out = _read_r(tmp_path / "fit")
+    fit = smooth_spline(x, y, df=20.0)
+    assert len(fit.x) == 15 and 4 < fit.df < 5
+    assert fit.df == pytest.approx(r_out[0], rel=1e-8)
+    np.testing.assert_allclose(fit.y, r_out[16:31], rtol=1e-8)
+
+
+def test_smooth_spline_needs_four_unique_x_as_r() -> None:
+    with pytest.raises(ValueError, match=r"^need at least four unique 'x' values$"):
+        smooth_spline(np.array([1.0, 2.0, 3.0, 3.0]), np.array([1.0, 2.0, 3.0, 4.0]), df=2.0)
+
+
 def test_spline_fitted_values_only_at_its_own_x() -> None:
     """R's ``fitted``: the smoothed value at each of the spline's own x, NaN between them and past the last."""
     rng = np.random.default_rng(0)
