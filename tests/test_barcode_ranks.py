@@ -210,6 +210,17 @@ def test_smooth_spline_takes_or_refuses_df_as_r(tmp_path: Path, df: float, rtol:
     np.testing.assert_allclose(fit.y, r_out[16:31], rtol=rtol)
 
 
+@needs_r
+def test_spline_knots_are_rs_for_every_range_of_unique_x() -> None:
+    """R's .nknots.smspl, to its rounding: 2^log2(50) is just under 50, so 50 unique x get 49 knots."""
+    from omicsprep.cells.ranks import _n_knots
+
+    sizes = sorted({*range(4, 4_001, 11), 49, 50, 51, 199, 200, 201, 799, 800, 801, 3199, 3200, 3201, 10_000})
+    script = f"cat(sapply(c({', '.join(map(str, sizes))}), .nknots.smspl))"
+    theirs = subprocess.run(["Rscript", "-e", script], capture_output=True, text=True, check=True).stdout.split()
+    assert [_n_knots(n) for n in sizes] == [int(value) for value in theirs]
+
+
 def test_smooth_spline_needs_four_unique_x_as_r() -> None:
     with pytest.raises(ValueError, match=r"^need at least four unique 'x' values$"):
         smooth_spline(np.array([1.0, 2.0, 3.0, 3.0]), np.array([1.0, 2.0, 3.0, 4.0]), df=2.0)
