@@ -86,11 +86,10 @@ def _upper_bounds(points: Any, n_neighbors: int, *, xp: ModuleType, cuml: Any) -
     a cell for which the search found fewer gets no bound (infinity). The search reads float32.
     """
     if points.shape[0] <= BRUTE_FORCE_BOUND_MAX_CELLS:
-        search = cuml.neighbors.NearestNeighbors(n_neighbors=n_neighbors, algorithm="brute")
+        algorithm: dict[str, Any] = {"algorithm": "brute"}
     else:
-        search = cuml.neighbors.NearestNeighbors(
-            n_neighbors=n_neighbors, algorithm="ivfflat", algo_params=_ivf_settings(points.shape[0])
-        )
+        algorithm = {"algorithm": "ivfflat", "algo_params": _ivf_settings(points.shape[0])}
+    search = cuml.neighbors.NearestNeighbors(n_neighbors=n_neighbors, **algorithm)
     searched = xp.ascontiguousarray(points, dtype=xp.float32)
     found = xp.asarray(search.fit(searched).kneighbors(searched, return_distance=False)).astype(xp.int64)
     # Cells of the data, each once (a search short of cells may fill its rows with -1 or repeats).
@@ -104,10 +103,11 @@ def _upper_bounds(points: Any, n_neighbors: int, *, xp: ModuleType, cuml: Any) -
 def _within_bounds_by_products(points: Any, bounds: Any, *, xp: ModuleType) -> tuple[Any, Any]:
     """Each cell's count of cells within its bound and up to :data:`MAX_CANDIDATES` of them, from matrix products.
 
-    For embeddings wider than the pass's registers. Centred coordinates in float32: each of
-    ``|x|^2``, ``|y|^2`` and ``xy`` is within ``d`` unit roundoffs of its own scale, the sums, the
-    centring and the rounding to float32 add 8 (Higham's bounds), allowed as a share of
-    ``|x|^2 + |y|^2``.
+    For embeddings wider than the pass's registers. The candidates' columns are as many as the
+    most cells one cell keeps (:func:`omicsprep.rna.pairs_cuda.fitting_width`), as the pass's.
+    Centred coordinates in float32: each of ``|x|^2``, ``|y|^2`` and ``xy`` is within ``d`` unit
+    roundoffs of its own scale, the sums, the centring and the rounding to float32 add 8
+    (Higham's bounds), allowed as a share of ``|x|^2 + |y|^2``.
     """
     n_cells, n_dims = points.shape
     centred = (points - points.mean(axis=0)).astype(xp.float32)
@@ -127,7 +127,7 @@ def _within_bounds_by_products(points: Any, bounds: Any, *, xp: ModuleType) -> t
         slot = xp.arange(row.size) - (xp.cumsum(row_counts) - row_counts)[row]
         fits = slot < MAX_CANDIDATES
         candidates[start + row[fits], slot[fits]] = column[fits]
-    return counts, candidates
+    return counts, candidates[:, : pairs_cuda.fitting_width(counts, MAX_CANDIDATES, xp=xp)]
 
 
 def neighbour_candidates(
@@ -173,7 +173,7 @@ def neighbour_candidates(
         sums, counts, candidates = pairs_cuda.pair_sums_gpu(
             read, codes, n_labels, cosine=False, xp=xp, limits=limits, max_candidates=MAX_CANDIDATES
         )
-    candidates = candidates[:, : pairs_cuda.fitting_width(counts, MAX_CANDIDATES, xp=xp)].astype(xp.int64)
+    candidates = candidates.astype(xp.int64)
     searched = xp.flatnonzero((counts > MAX_CANDIDATES) | (counts < n_neighbors))
     if searched.size:
         brute = cuml.neighbors.NearestNeighbors(n_neighbors=n_neighbors, algorithm="brute").fit(points)
