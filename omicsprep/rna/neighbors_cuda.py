@@ -14,9 +14,8 @@ more candidates than :data:`MAX_CANDIDATES` (a bound far off, or many cells at o
 is searched by brute force: cuML's picks its k in float32 (then ordered in float64), so at a
 near-tie of the k-th such a cell may differ from the CPU's (none at a million cells of the atlas
 study: 191 candidates at most). An embedding wider than the pass's registers takes a pass of
-matrix products instead, and so does one wider than 64 dimensions when no sums are wanted.
-Imported on the GPU path only (or under Numba's CUDA simulator, which the tests use on machines
-without a GPU).
+matrix products instead. Imported on the GPU path only (or under Numba's CUDA simulator, which
+the tests use on machines without a GPU).
 """
 
 from __future__ import annotations
@@ -37,12 +36,6 @@ MAX_CANDIDATES = 256
 # The most bytes of one block of products (cells of the block x all cells), float32: embeddings
 # wider than the pass takes.
 PRODUCT_BLOCK_BYTES = 1 << 30
-# Without sums to take along, wider embeddings take the products too: the pass's threads hold one
-# cell each there, a coordinate read serving one pair. kBET's labels (about 83,000 cells of 100
-# dimensions) took 0.52-0.60 s each for their neighbours with the pass, 0.35-0.55 s with the
-# products' way before it (trees 59de272 and 3b38a41, an H100; bounds from IVF-Flat in both).
-# These products, CuPy's element-wise way, are not yet measured there (scib_profile times both).
-PASS_MAX_DIMS_WITHOUT_SUMS = 64
 UNIT_ROUNDOFF = 2.0**-24  # float32's
 
 
@@ -148,23 +141,21 @@ def neighbour_candidates(
         cuML's module (a stand-in under the simulator): its IVF-Flat search bounds the
         distances, its brute force searches the cells with too many candidates.
     codes
-        Each cell's label, ``0 .. n_labels - 1``, for the summed distances per label; none: the
-        sums of one label, or none at all from the products.
+        Each cell's label, ``0 .. n_labels - 1``, for the summed distances per label; none: one label.
     n_labels
         How many labels.
 
     Returns
     -------
     The candidates' indices (int64), each row's after its last -1; and each cell's summed
-    distance to each label's cells (float64), or None where the candidates came from matrix
-    products: an embedding wider than :data:`omicsprep.rna.pairs_cuda.MAX_DIMS`, or than
-    :data:`PASS_MAX_DIMS_WITHOUT_SUMS` without ``codes``.
+    distance to each label's cells (float64), or None for an embedding wider than
+    :data:`omicsprep.rna.pairs_cuda.MAX_DIMS` (its candidates from matrix products).
     """
     n_cells, n_dims = points.shape
     if points.dtype != xp.float32:  # float16's rounding is coarser than the limits allow: as float64
         points = points.astype(xp.float64)
     bounds = _upper_bounds(points, n_neighbors, xp=xp, cuml=cuml)
-    if n_dims > pairs_cuda.MAX_DIMS or (codes is None and n_dims > PASS_MAX_DIMS_WITHOUT_SUMS):
+    if n_dims > pairs_cuda.MAX_DIMS:  # beyond the pass's registers
         counts, candidates = _within_bounds_by_products(points, bounds, xp=xp)
         sums = None
     else:
