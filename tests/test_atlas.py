@@ -220,6 +220,7 @@ pairs_cuda.CELLS_PER_CHUNK = 16  # 6 chunks of other cells, the last one shorter
 neighbors_cuda.MAX_CANDIDATES = 40
 neighbors_cuda.BRUTE_FORCE_BOUND_MAX_CELLS = 0  # the bounds from the IVF-Flat stand-in, below
 neighbors_cuda.PRODUCT_BLOCK_BYTES = 4 * 60 * 7  # products of the wide embedding in blocks of 7 rows
+neighbors_cuda.KEEP_THREADS_PER_BLOCK = 16  # 4 blocks a row of 60 products, the last one's threads partly past it
 k, asked = 10, []
 
 
@@ -277,6 +278,15 @@ squared = ((wide[:, None, :].astype(np.float64) - wide[None, :, :]) ** 2).sum(ax
 counts, kept_by_products = neighbors_cuda._within_bounds_by_products(wide, np.sort(squared, axis=1)[:, k - 1], xp=np)
 assert (counts >= k).all()
 assert all(np.isin(nearest, row).all() for nearest, row in zip(wide_nearest[0], kept_by_products))
+# Without sums wanted, 65 dimensions take the products too; with labels, the pass and its sums.
+mid = (rng.normal(size=(60, neighbors_cuda.PASS_MAX_DIMS_WITHOUT_SUMS + 1)) + 50).astype(np.float32)
+candidates, sums = neighbors_cuda.neighbour_candidates(mid, k, xp=np, cuml=stand_in)
+assert sums is None
+mid_nearest = exact_neighbors(mid, k, backend="cpu")[0]
+np.testing.assert_array_equal(nearest_by_exact_distances(mid, candidates, k, xp=np)[0], mid_nearest)
+candidates, sums = neighbors_cuda.neighbour_candidates(mid, k, xp=np, cuml=stand_in, codes=codes[:60], n_labels=3)
+assert sums.shape == (60, 3)
+np.testing.assert_array_equal(nearest_by_exact_distances(mid, candidates, k, xp=np)[0], mid_nearest)
 # float64 coordinates, two dense clusters far apart: the pass reads them centred and rounded to
 # float32, which moves distances by more than their own rounding; the limits allow for it.
 dense = np.concatenate([100 + 1e-3 * rng.normal(size=(150, 8)), -100 + 1e-3 * rng.normal(size=(150, 8))])

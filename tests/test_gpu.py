@@ -741,7 +741,7 @@ def test_exact_neighbors_on_the_gpu_are_the_cpus_to_the_last_digit(generated_stu
     for ours, theirs in zip(by_ivf_bounds, on_gpu, strict=True):
         np.testing.assert_array_equal(cp.asnumpy(ours), theirs)
     # float64 coordinates (the pass reads them rounded, its bound widened), 100 dimensions (kBET's
-    # diffusion maps: the pass without sums) and 160 (beyond the pass's registers: matrix products).
+    # diffusion maps, no sums wanted: matrix products) and 160 (beyond the pass's registers: matrix products).
     for other in (embedding.astype(np.float64), np.tile(embedding, 5), np.tile(embedding, 8)):
         gpu_nearest = cp.asnumpy(exact_neighbors(cp.asarray(other), 30, backend="gpu")[0])
         np.testing.assert_array_equal(gpu_nearest, nearest_by_differences(other, 30))

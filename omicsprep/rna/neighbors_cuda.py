@@ -13,18 +13,22 @@ them, whatever the float32 search missed:
 more candidates than :data:`MAX_CANDIDATES` (a bound far off, or many cells at one distance)
 is searched by brute force: cuML's picks its k in float32 (then ordered in float64), so at a
 near-tie of the k-th such a cell may differ from the CPU's (none at a million cells of the atlas
-study: 191 candidates at most). An embedding wider than the pass's registers takes a pass of
-matrix products instead. Imported on the GPU path only (or under Numba's CUDA simulator, which
-the tests use on machines without a GPU).
+study: 191 candidates at most). An embedding wider than the pass's registers takes cuBLAS's
+matrix products instead, each block's cells within the bounds kept by a kernel as it reads them,
+and so does one wider than :data:`PASS_MAX_DIMS_WITHOUT_SUMS` when no sums are wanted. Imported
+on the GPU path only (or under Numba's CUDA simulator, which the tests use on machines without a
+GPU).
 """
 
 from __future__ import annotations
 
 import math
+from functools import cache
 from types import ModuleType
 from typing import Any
 
 import numpy as np
+from numba import cuda
 
 from omicsprep.rna import pairs_cuda
 from omicsprep.rna.distances import squared_distances_to
@@ -33,9 +37,15 @@ BRUTE_FORCE_BOUND_MAX_CELLS = 100_000
 """The most cells whose bounds come from cuML's brute force rather than IVF-Flat (kBET's labels, say)."""
 MAX_CANDIDATES = 256
 """The most candidates kept for a cell (int32 each); a cell with more is searched by brute force."""
-# The most bytes of one block of products (cells of the block x all cells), float32: embeddings
-# wider than the pass takes.
+# The most bytes of one block of products (cells of the block x all cells), float32.
 PRODUCT_BLOCK_BYTES = 1 << 30
+KEEP_THREADS_PER_BLOCK = 256
+# Without sums to take along, wider embeddings take the products: the pass's threads hold one cell
+# each there, a coordinate read serving one pair, so kBET's labels (about 83,000 cells of 100
+# dimensions) took 0.54-0.66 s each for their neighbours (an H100, tree 59de272). CuPy's
+# element-wise way over the products took 0.72-0.94 s (fa1f224): it wrote and read each block
+# several times; the kernel reads it once.
+PASS_MAX_DIMS_WITHOUT_SUMS = 64
 UNIT_ROUNDOFF = 2.0**-24  # float32's
 
 
@@ -93,33 +103,52 @@ def _upper_bounds(points: Any, n_neighbors: int, *, xp: ModuleType, cuml: Any) -
     return bounds
 
 
+@cache
+def _keep_kernel() -> Any:
+    """The kernel keeping, from a block of products, each cell's cells within its bound (a thread a pair).
+
+    Consecutive threads read consecutive products of a row (coalesced), each product once; a
+    kept cell takes the next slot of its row (an atomic add: the candidates' order within a row
+    is arbitrary, their exact distances order them).
+    """
+
+    @cuda.jit
+    def keep(products, squares, first_row, bounds, margin, counts, candidates):
+        column, row = cuda.grid(2)
+        if row >= products.shape[0] or column >= products.shape[1]:
+            return
+        cell = first_row + row
+        pair = squares[cell] + squares[column]
+        if pair - 2.0 * products[row, column] <= bounds[cell] + margin * pair:
+            slot = cuda.atomic.add(counts, cell, 1)
+            if slot < candidates.shape[1]:
+                candidates[cell, slot] = column
+
+    return keep
+
+
 def _within_bounds_by_products(points: Any, bounds: Any, *, xp: ModuleType) -> tuple[Any, Any]:
     """Each cell's count of cells within its bound and up to :data:`MAX_CANDIDATES` of them, from matrix products.
 
-    For embeddings wider than the pass's registers. The candidates' columns are as many as the
-    most cells one cell keeps (:func:`omicsprep.rna.pairs_cuda.fitting_width`), as the pass's.
-    Centred coordinates in float32: each of ``|x|^2``, ``|y|^2`` and ``xy`` is within ``d`` unit
-    roundoffs of its own scale, the sums, the centring and the rounding to float32 add 8
-    (Higham's bounds), allowed as a share of ``|x|^2 + |y|^2``.
+    The products by cuBLAS, a block of cells at a time; :func:`_keep_kernel` reads each block
+    once. The candidates' columns are as many as the most cells one cell keeps
+    (:func:`omicsprep.rna.pairs_cuda.fitting_width`), as the pass's. Centred coordinates in
+    float32: each of ``|x|^2``, ``|y|^2`` and ``xy`` is within ``d`` unit roundoffs of its own
+    scale, the sums, the centring and the rounding to float32 add 8 (Higham's bounds), allowed
+    as a share of ``|x|^2 + |y|^2``.
     """
     n_cells, n_dims = points.shape
     centred = (points - points.mean(axis=0)).astype(xp.float32)
     squares = (centred * centred).sum(axis=1)
     margin = (2 * n_dims + 8) * UNIT_ROUNDOFF
-    counts = xp.zeros(n_cells, dtype=xp.int64)
-    candidates = xp.full((n_cells, MAX_CANDIDATES), -1, dtype=xp.int64)
-    block = max(PRODUCT_BLOCK_BYTES // (4 * n_cells), 1)
+    bounds = xp.ascontiguousarray(bounds, dtype=xp.float64)
+    counts = xp.zeros(n_cells, dtype=xp.int32)
+    candidates = xp.full((n_cells, MAX_CANDIDATES), -1, dtype=xp.int32)
+    block = max(PRODUCT_BLOCK_BYTES // (4 * n_cells), 1)  # at most 65,535 rows: a grid's second dimension
     for start in range(0, n_cells, block):
-        rows = slice(start, min(start + block, n_cells))
-        pair = squares[rows, None] + squares[None, :]
-        kept = pair - 2 * (centred[rows] @ centred.T) <= bounds[rows, None] + margin * pair
-        row, column = xp.nonzero(kept)
-        row_counts = kept.sum(axis=1)
-        counts[rows] = row_counts
-        # Each kept cell's place in its row (nonzero's order is the rows').
-        slot = xp.arange(row.size) - (xp.cumsum(row_counts) - row_counts)[row]
-        fits = slot < MAX_CANDIDATES
-        candidates[start + row[fits], slot[fits]] = column[fits]
+        products = centred[start : start + block] @ centred.T
+        grid = (-(-n_cells // KEEP_THREADS_PER_BLOCK), products.shape[0])
+        _keep_kernel()[grid, KEEP_THREADS_PER_BLOCK](products, squares, start, bounds, margin, counts, candidates)
     return counts, candidates[:, : pairs_cuda.fitting_width(counts, MAX_CANDIDATES, xp=xp)]
 
 
@@ -141,21 +170,23 @@ def neighbour_candidates(
         cuML's module (a stand-in under the simulator): its IVF-Flat search bounds the
         distances, its brute force searches the cells with too many candidates.
     codes
-        Each cell's label, ``0 .. n_labels - 1``, for the summed distances per label; none: one label.
+        Each cell's label, ``0 .. n_labels - 1``, for the summed distances per label; none: the
+        sums of one label, or none at all from the products.
     n_labels
         How many labels.
 
     Returns
     -------
     The candidates' indices (int64), each row's after its last -1; and each cell's summed
-    distance to each label's cells (float64), or None for an embedding wider than
-    :data:`omicsprep.rna.pairs_cuda.MAX_DIMS` (its candidates from matrix products).
+    distance to each label's cells (float64), or None where the candidates came from matrix
+    products: an embedding wider than :data:`omicsprep.rna.pairs_cuda.MAX_DIMS`, or than
+    :data:`PASS_MAX_DIMS_WITHOUT_SUMS` without ``codes``.
     """
     n_cells, n_dims = points.shape
     if points.dtype != xp.float32:  # float16's rounding is coarser than the limits allow: as float64
         points = points.astype(xp.float64)
     bounds = _upper_bounds(points, n_neighbors, xp=xp, cuml=cuml)
-    if n_dims > pairs_cuda.MAX_DIMS:  # beyond the pass's registers
+    if n_dims > pairs_cuda.MAX_DIMS or (codes is None and n_dims > PASS_MAX_DIMS_WITHOUT_SUMS):
         counts, candidates = _within_bounds_by_products(points, bounds, xp=xp)
         sums = None
     else:
