@@ -21,7 +21,7 @@ from anndata import AnnData
 from scipy import sparse
 from scipy.special import expit
 
-from omicsprep.backend import Backend, asnumpy, cupy
+from omicsprep.backend import Backend, asnumpy, cupy, matrix_to_device
 from omicsprep.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -56,10 +56,12 @@ def _gpu_scores(expression: AnnData, model: Any) -> np.ndarray:
     scales = cp.asarray(scaler.scale_[columns])
     coef = cp.asarray(classifier.coef_[:, columns], dtype=cp.float64)
     intercept = cp.asarray(classifier.intercept_, dtype=cp.float64)
-    matrix = expression.X[:, np.flatnonzero(shared)].tocsr()
+    kept = cp.asarray(np.flatnonzero(shared))
+    matrix = sparse.csr_matrix(expression.X)
     scores = np.empty((expression.n_obs, coef.shape[0]))
+    # Each block sparse to the device, dense there: the host neither densifies nor selects genes.
     for start in range(0, expression.n_obs, GPU_BLOCK_CELLS):
-        block = cp.asarray(matrix[start : start + GPU_BLOCK_CELLS].toarray(), dtype=cp.float64)
+        block = matrix_to_device(matrix[start : start + GPU_BLOCK_CELLS]).toarray()[:, kept].astype(cp.float64)
         scaled = cp.minimum((block - means) / scales, 10.0)
         scores[start : start + GPU_BLOCK_CELLS] = asnumpy(scaled @ coef.T + intercept)
     return scores
