@@ -22,6 +22,7 @@ GPU).
 
 from __future__ import annotations
 
+import logging
 import math
 from functools import cache
 from types import ModuleType
@@ -47,6 +48,8 @@ KEEP_THREADS_PER_BLOCK = 256
 # several times; the kernel reads it once.
 PASS_MAX_DIMS_WITHOUT_SUMS = 64
 UNIT_ROUNDOFF = 2.0**-24  # float32's
+
+log = logging.getLogger(__name__)
 
 
 def rounded_up_limits(bounds: Any, n_dims: int, *, xp: ModuleType) -> Any:
@@ -198,6 +201,8 @@ def neighbour_candidates(
     candidates = candidates.astype(xp.int64)
     searched = xp.flatnonzero((counts > MAX_CANDIDATES) | (counts < n_neighbors))
     if searched.size:
+        log.info("exact neighbours: %d of %d cells searched by brute force (too many or too few candidates)",
+                 searched.size, n_cells)  # fmt: skip
         brute = cuml.neighbors.NearestNeighbors(n_neighbors=n_neighbors, algorithm="brute").fit(points)
         nearest = xp.asarray(brute.kneighbors(points[searched], return_distance=False)).astype(xp.int64)
         width = max(candidates.shape[1], n_neighbors)
