@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import os
 import shutil
@@ -94,14 +95,18 @@ def droplets() -> RawDroplets:
     return dataclasses.replace(raw, counts=stacked[position])
 
 
-@pytest.fixture(scope="module")
-def dropletutils(tmp_path_factory):
-    """Runs every case in DropletUtils; ``{case: (table, ambient, alpha, retain)}``."""
+def skip_without_dropletutils() -> None:
     if shutil.which("Rscript") is None:
         pytest.skip("Rscript is not installed")
     probe = subprocess.run(["Rscript", "-e", "library(DropletUtils)"], capture_output=True, check=False)
     if probe.returncode:
         pytest.skip("DropletUtils is not installed in R (tests/reference/install.sh installs it)")
+
+
+@pytest.fixture(scope="module")
+def dropletutils(tmp_path_factory):
+    """Runs every case in DropletUtils; ``{case: (table, ambient, alpha, retain)}``."""
+    skip_without_dropletutils()
     directory = tmp_path_factory.mktemp("dropletutils")
     matrix_path = directory / "counts.mtx"
     scipy_io.mmwrite(matrix_path, droplets().counts.T.tocoo())  # genes x barcodes, as R expects
@@ -144,6 +149,8 @@ def test_matches_dropletutils(dropletutils, case):
     # so a few borderline calls flip with the Monte Carlo draws.
     assert (called != called_r).sum() <= 0.05 * called_r.sum()
     np.testing.assert_array_equal(table["fdr"].isna(), theirs["fdr"].isna())
+    retained = table["total"].to_numpy() >= retain  # FDR 0 on both sides, not Benjamini-Hochberg's of small p
+    assert retained.sum() > 0 and (table["fdr"][retained] == 0).all() and (theirs["fdr"][retained] == 0).all()
     # FDR values against DropletUtils' (within the Monte Carlo noise their p-values carry: at
     # most 0.032 apart, 0.0006-0.0054 on average over the four cases), and as Benjamini-Hochberg
     # makes them from p-values: never below them, growing with them, above them for some
@@ -157,6 +164,71 @@ def test_matches_dropletutils(dropletutils, case):
     assert np.all(fdr[adjusted] >= p_all[adjusted] - 1e-12)
     assert np.all(np.diff(fdr[adjusted][order]) >= -1e-12)
     assert (fdr[adjusted] > p_all[adjusted] + 1e-6).sum() > 0.5 * (p_all[adjusted] < 1).sum()
+
+
+R_DEFAULTS = """
+suppressPackageStartupMessages(library(DropletUtils))
+for (name in c(".empty_drops", ".test_empty_drops", ".empty_drops_cell_ranger")) {
+    arguments <- formals(get(name, envir=asNamespace("DropletUtils")))
+    for (argument in names(arguments)) {
+        if (is.symbol(arguments[[argument]]) || is.call(arguments[[argument]])) next
+        value <- arguments[[argument]]
+        cat(argument, if (is.null(value)) "NULL" else format(value, scientific=FALSE), "\\n")
+    }
+}
+"""
+# DropletUtils' argument of each of ours whose default is its (retain: its NULL takes the knee, ours retains none).
+R_ARGUMENTS = {
+    empty_drops: {"lower": "lower", "niters": "niters", "test_ambient": "test.ambient", "ignore": "ignore",
+                  "alpha": "alpha"},
+    empty_drops_cell_ranger: {"expected_cells": "n.expected.cells", "max_percentile": "max.percentile",
+                              "max_min_ratio": "max.min.ratio", "umi_min": "umi.min",
+                              "umi_min_frac_median": "umi.min.frac.median", "candidates_max": "cand.max.n",
+                              "ambient_rank_min": "ind.min", "ambient_rank_max": "ind.max", "niters": "niters"},
+}  # fmt: skip
+
+
+def test_defaults_are_dropletutils_own_and_seed_zero(tmp_path):
+    """Called without them, both take DropletUtils' defaults (its functions' formals, read from R),
+    and the Monte Carlo's seed 0."""
+    skip_without_dropletutils()
+    (tmp_path / "defaults.R").write_text(R_DEFAULTS)
+    run = run_reference(["Rscript", str(tmp_path / "defaults.R")], tmp_path, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    theirs = {}
+    for line in run.stdout.splitlines():
+        argument, value = line.split()
+        theirs[argument] = None if value == "NULL" else {"TRUE": True, "FALSE": False}.get(value, value)
+    for function, arguments in R_ARGUMENTS.items():
+        defaults = inspect.signature(function).parameters
+        for ours, their_name in arguments.items():
+            default = defaults[ours].default
+            expected = theirs[their_name]
+            assert default == (float(expected) if isinstance(expected, str) else expected), (function, ours)
+    counts = droplets().counts
+    pd.testing.assert_frame_equal(
+        empty_drops(counts, niters=20, retain=2000).table, empty_drops(counts, niters=20, retain=2000, seed=0).table
+    )
+
+
+def test_which_barcodes_are_tested_and_counted_in_the_fdr_as_in_dropletutils():
+    """DropletUtils' rules (its ``testEmptyDrops`` and ``.empty_drops``): with test.ambient every
+    barcode with a nonzero total is tested, one count among them; ignore leaves out those at or
+    below it, and without test.ambient the ambient ones stay untested whatever ignore; a retained
+    total counts as p 0 in the FDR even at or below lower (retain is applied before test.ambient's
+    discard)."""
+    counts = droplets().counts
+    with_empty = sparse.vstack([counts, sparse.csr_matrix((3, counts.shape[1]), dtype=counts.dtype)], format="csr")
+    table = empty_drops(with_empty, niters=20, test_ambient=True, retain=2000).table
+    totals = table["total"].to_numpy()
+    assert (totals == 1).sum() > 0 and (totals == 0).sum() == 3
+    np.testing.assert_array_equal(table["p_value"].notna().to_numpy(), totals > 0)
+    ignoring = empty_drops(counts, niters=20, ignore=50, retain=2000).table  # ignore below lower (100)
+    np.testing.assert_array_equal(ignoring["p_value"].notna().to_numpy(), ignoring["total"].to_numpy() > 100)
+    low_retain = empty_drops(counts, niters=20, retain=60).table
+    retained_ambient = ((low_retain["total"] >= 60) & (low_retain["total"] <= 100)).to_numpy()
+    assert retained_ambient.sum() > 0 and low_retain["p_value"][retained_ambient].isna().all()
+    assert (low_retain["fdr"][retained_ambient] == 0).all()
 
 
 def test_cell_ranger_marks_ordmag_cells_as_called_without_testing():
