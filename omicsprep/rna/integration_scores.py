@@ -77,6 +77,14 @@ AGGREGATES = ("Batch correction", "Bio conservation", "Total")
 # The most bytes of one block of distances (cells of the block x all cells), float32.
 DISTANCE_BLOCK_BYTES = 1 << 30
 DIFFUSION_EPS = 1e-8  # scib-metrics' guard against eigenvalues of exactly 1
+# scib-metrics keeps an eigenvalue of exactly 1 (a component's stationary vector) and scales the
+# others by e / (1 - e), in float32. From transitions made in the graph's float32, the stationary
+# eigenvalue comes out a few units of float32 off 1 or on it (1.000000063 on a label of the test
+# study): off it, its vector is scaled by about 1e7, swamps the map, and that label's kBET jumps
+# (0.836 against 0.008) with the graph's last bits, in which cuML's and umap-learn's differ.
+# Eigenvalues this close to 1 are taken as 1, on both backends and in the reference
+# (omicsprep.testing.scib_reference).
+STATIONARY_EIGENVALUE_TOLERANCE = 1e-6
 KMEANS_TOLERANCE = 1e-4  # scib-metrics' KMeans: of the features' mean variance
 MIN_KMEANS_STEPS = 300  # scib-metrics' KMeans' max_iter, which its loop takes as a minimum
 # CuPy's Lanczos stops when the norm of all the components' residuals is below this. Its default,
@@ -500,7 +508,8 @@ def diffusion_map(connectivities: Any, n_comps: int, *, backend: Backend) -> Any
 
     scanpy's density-normalized transitions, their ``n_comps`` eigenvectors of largest magnitude
     in float64 (from the backend's Lanczos solver; ARPACK's on the CPU, as scib-metrics), scaled
-    by ``e / (1 - e)``, in float32.
+    by ``e / (1 - e)``, in float32; eigenvalues within :data:`STATIONARY_EIGENVALUE_TOLERANCE` of
+    1 kept as 1 (scib-metrics keeps exactly 1 only).
     """
     xp = array_module(backend)
     transitions = _diffusion_transitions(connectivities, backend=backend)
@@ -517,10 +526,15 @@ def diffusion_map(connectivities: Any, n_comps: int, *, backend: Backend) -> Any
         values, vectors = scipy.sparse.linalg.eigsh(asnumpy(transitions), k=n_comps, which="LM")
     values, vectors = xp.asarray(values), xp.asarray(vectors)
     order = xp.argsort(values)[::-1]
-    values = values[order].astype(xp.float32) + xp.float32(DIFFUSION_EPS)
+    values = stationary_as_one(values[order].astype(xp.float32), xp=xp) + xp.float32(DIFFUSION_EPS)
     vectors = vectors[:, order].astype(xp.float32)
     with np.errstate(divide="ignore"):  # the eigenvalue 1, kept as it is
         return vectors * xp.where(values == 1, values, values / (1 - values))
+
+
+def stationary_as_one(values: Any, *, xp: ModuleType) -> Any:
+    """Float32 eigenvalues within :data:`STATIONARY_EIGENVALUE_TOLERANCE` of 1 set to exactly 1."""
+    return xp.where(xp.abs(values - 1) <= STATIONARY_EIGENVALUE_TOLERANCE, xp.float32(1), values)
 
 
 def _diffusion_transitions(connectivities: Any, *, backend: Backend) -> Any:

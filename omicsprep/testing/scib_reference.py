@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -31,8 +32,33 @@ def brute_force_neighbors(points: np.ndarray, n_neighbors: int) -> Any:
     return NeighborsResults(indices=indices, distances=distances.astype(np.float32))  # as ours and pynndescent's
 
 
+@contextmanager
+def stationary_eigenvalues_as_one() -> Iterator[None]:
+    """scib-metrics' diffusion maps (kBET's) with eigenvalues near 1 taken as 1, as ours.
+
+    (:data:`omicsprep.rna.integration_scores.STATIONARY_EIGENVALUE_TOLERANCE` says why.)
+    """
+    from scib_metrics.utils import _diffusion_nn
+
+    from omicsprep.rna.integration_scores import stationary_as_one
+
+    compute_eigen = _diffusion_nn._compute_eigen  # noqa: SLF001
+
+    def rounded(*args: Any, **kwargs: Any) -> tuple[np.ndarray, np.ndarray]:
+        values, vectors = compute_eigen(*args, **kwargs)
+        return stationary_as_one(values, xp=np), vectors
+
+    _diffusion_nn._compute_eigen = rounded  # noqa: SLF001
+    try:
+        yield
+    finally:
+        _diffusion_nn._compute_eigen = compute_eigen  # noqa: SLF001
+
+
 def scib_metrics_own(cells: AnnData, *, batch_key: str, label_key: str, embeddings: Sequence[str]) -> pd.DataFrame:
     """scib-metrics' ``Benchmarker`` on ``embeddings`` of ``cells`` (``X_pca`` the unintegrated one), unscaled.
+
+    Its kBET's diffusion maps take eigenvalues near 1 as 1 (:func:`stationary_eigenvalues_as_one`).
 
     Returns
     -------
@@ -49,5 +75,6 @@ def scib_metrics_own(cells: AnnData, *, batch_key: str, label_key: str, embeddin
         progress_bar=False,
     )
     own.prepare(neighbor_computer=brute_force_neighbors)
-    own.benchmark()
+    with stationary_eigenvalues_as_one():
+        own.benchmark()
     return own.get_results(min_max_scale=False).drop(index="Metric Type").astype(float)
