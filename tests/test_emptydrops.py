@@ -209,6 +209,11 @@ def test_defaults_are_dropletutils_own_and_seed_zero(tmp_path):
     pd.testing.assert_frame_equal(
         empty_drops(counts, niters=20, retain=2000).table, empty_drops(counts, niters=20, retain=2000, seed=0).table
     )
+    ranks = {"expected_cells": 300, "umi_min": 30, "ambient_rank_min": 2000, "ambient_rank_max": 15000}
+    pd.testing.assert_frame_equal(
+        empty_drops_cell_ranger(counts, niters=20, **ranks).table,
+        empty_drops_cell_ranger(counts, niters=20, seed=0, **ranks).table,
+    )
 
 
 def test_which_barcodes_are_tested_and_counted_in_the_fdr_as_in_dropletutils():
