@@ -246,6 +246,43 @@ def test_cell_ranger_marks_ordmag_cells_as_called_without_testing():
     assert (result.table["fdr"][ordmag] == 0).all()
 
 
+def test_cell_ranger_ordmag_cells_include_a_total_equal_to_retain_and_retain_is_at_least_one():
+    """DropletUtils' ``ncells.simple <- sum(totals >= retain)``: a barcode whose total is exactly
+    retain is an ordmag cell (untested, FDR 0); and ``retain <- max(round(n.umi.max / 10), 1)``: 1
+    when the total at the expected cells' rank is below 15."""
+    counts = droplets().counts.tolil()
+    totals = np.asarray(counts.sum(axis=1)).ravel()
+    retain = max(round(np.sort(totals)[::-1][2] / 10), 1)  # expected_cells 300: the 3rd largest total
+    below = np.flatnonzero(totals < retain)
+    raised = below[np.argmax(totals[below])]
+    counts[raised, 0] += retain - totals[raised]
+    ranks = {"niters": 20, "expected_cells": 300, "ambient_rank_min": 2000, "ambient_rank_max": 15000}
+    table = empty_drops_cell_ranger(counts.tocsr(), **ranks).table
+    assert table["total"][raised] == retain
+    ordmag = table["total"] >= retain
+    assert table["p_value"][ordmag].isna().all() and (table["fdr"][ordmag] == 0).all()
+    # 1,500,000 expected cells: rank 15,000 of 20,000, a total of 1 or 2, a tenth of it rounds to 0.
+    few = empty_drops_cell_ranger(droplets().counts, niters=20, expected_cells=1_500_000, ambient_rank_min=2000)
+    assert few.retain == 1
+
+
+def test_cell_ranger_candidates_end_at_a_hundredth_of_the_median_ordmag_total():
+    """DropletUtils' ``min.umi <- max(umi.min, round(umi.min.frac.median * totals[o[ncells.simple / 2]]))``
+    with three ordmag cells (index 1: the largest total), and ``keep[o[(ncells.simple + 1):i.cand.last]]``
+    counting down from rank 4 to 3 when no other barcode is above min.umi."""
+    counts = droplets().counts.tolil()
+    totals = np.asarray(counts.sum(axis=1)).ravel()
+    top = np.argsort(-totals, kind="stable")[:3]
+    counts[top] = counts[top] * 1000  # three barcodes far above the rest: the only ordmag cells
+    table = empty_drops_cell_ranger(
+        counts.tocsr(), niters=20, expected_cells=300, umi_min=30, ambient_rank_min=2000, ambient_rank_max=15000
+    ).table
+    totals = table["total"].to_numpy()
+    assert round(0.01 * totals.max()) > np.sort(totals)[::-1][3]  # min.umi above every other barcode
+    ranked = np.argsort(-totals, kind="stable")
+    np.testing.assert_array_equal(np.flatnonzero(table["p_value"].notna()), np.sort(ranked[2:4]))
+
+
 def test_refuses_data_without_ambient_counts():
     counts = droplets().counts
     with pytest.raises(InputError, match="ambient"):
