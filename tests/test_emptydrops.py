@@ -284,6 +284,12 @@ def test_cell_ranger_candidates_end_at_a_hundredth_of_the_median_ordmag_total():
     assert round(0.01 * totals.max()) > np.sort(totals)[::-1][3]  # min.umi above every other barcode
     ranked = np.argsort(-totals, kind="stable")
     np.testing.assert_array_equal(np.flatnonzero(table["p_value"].notna()), np.sort(ranked[2:4]))
+    # No barcode above umi.min: i.cand.last is 0, and R's (ncells.simple + 1):0 runs down to rank 1
+    # (its index 0 selects nothing).
+    table = empty_drops_cell_ranger(
+        counts.tocsr(), niters=20, expected_cells=300, umi_min=10**9, ambient_rank_min=2000, ambient_rank_max=15000
+    ).table
+    np.testing.assert_array_equal(np.flatnonzero(table["p_value"].notna()), np.sort(ranked[:4]))
 
 
 def test_refuses_data_without_ambient_counts():
