@@ -284,6 +284,17 @@ def test_the_defaults_are_soupxs_and_the_configurations():
     assert inspect.signature(remove_soup).parameters["backend"].default == "cpu"
 
 
+def test_called_without_cuts_the_markers_are_autoestconts(droplets):
+    """The defaults at work, not only in the signature: the droplets' markers with tf-idf above
+    autoEstCont's 1 are five (none above 2), and with no other cut the best 100 of 937 are taken."""
+    soup = soup_profile(droplets.raw)
+    markers = estimate_contamination(droplets.cells, soup, clusters=droplets.cell_type).markers
+    assert len(markers) == 5
+    assert markers == estimate_contamination(droplets.cells, soup, clusters=droplets.cell_type, tfidf_min=1.0).markers
+    uncut = estimate_contamination(droplets.cells, soup, clusters=droplets.cell_type, tfidf_min=0.0, soup_quantile=0.0)
+    assert len(uncut.markers) == 100
+
+
 def marker_scores(droplets: Droplets) -> np.ndarray:
     """Each gene's best tf-idf as a marker of the planted types (quickMarkers)."""
     from omicsprep.cells.soupx import _marker_scores
