@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -13,7 +12,7 @@ import pytest
 
 from omicsprep.cells.ranks import BarcodeRanks, barcode_ranks, smooth_spline
 from omicsprep.testing.droplets import generate_raw_droplets
-from omicsprep.testing.reference_runs import run_reference
+from omicsprep.testing.reference_runs import missing_r_package, run_reference
 
 BARCODE_RANKS_R = r"""
 suppressMessages(library(DropletUtils))
@@ -48,15 +47,8 @@ write(sprintf("%.17g", c(fit$df, fit$x, fit$y, predict(fit, deriv = 2)$y, fit$sp
 """
 
 
-def _has_dropletutils() -> bool:
-    if shutil.which("Rscript") is None:
-        return False
-    probe = subprocess.run(["Rscript", "-e", "library(DropletUtils)"], capture_output=True)
-    return probe.returncode == 0
-
-
 needs_r = pytest.mark.skipif(
-    not _has_dropletutils(), reason="needs Rscript with DropletUtils (tests/reference/install.sh)"
+    missing_r_package("DropletUtils") is not None, reason=str(missing_r_package("DropletUtils"))
 )
 
 

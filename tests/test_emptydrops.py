@@ -6,7 +6,6 @@ import dataclasses
 import inspect
 import math
 import os
-import shutil
 import subprocess
 import sys
 from functools import cache
@@ -23,7 +22,7 @@ from omicsprep.cells import montecarlo
 from omicsprep.cells.emptydrops import empty_drops, empty_drops_cell_ranger
 from omicsprep.errors import InputError
 from omicsprep.testing.droplets import RawDroplets, generate_raw_droplets
-from omicsprep.testing.reference_runs import run_reference
+from omicsprep.testing.reference_runs import missing_r_package, run_reference
 
 NITERS = 2000
 CALLED = 0.001
@@ -96,11 +95,8 @@ def droplets() -> RawDroplets:
 
 
 def skip_without_dropletutils() -> None:
-    if shutil.which("Rscript") is None:
-        pytest.skip("Rscript is not installed")
-    probe = subprocess.run(["Rscript", "-e", "library(DropletUtils)"], capture_output=True, check=False)
-    if probe.returncode:
-        pytest.skip("DropletUtils is not installed in R (tests/reference/install.sh installs it)")
+    if reason := missing_r_package("DropletUtils"):
+        pytest.skip(reason)
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import sys
 
 import numpy as np
@@ -12,6 +10,7 @@ from conftest import REPO, import_for_gpu_test
 from scipy import sparse
 
 from omicsprep.cells.soupx import RHO_PROBES, estimate_contamination, remove_soup, soup_profile
+from omicsprep.testing.reference_runs import missing_r_package
 
 sys.path.insert(0, str(REPO / "tests" / "data" / "soupx"))
 import make_reference
@@ -75,11 +74,8 @@ def test_remove_soup_with_a_rho_per_cell_is_soupx(droplets, soupx_reference):
 
 def test_recorded_reference_is_what_r_soupx_gives(droplets, soupx_reference):
     """Re-runs R SoupX (~20 s) where it is installed: the recording must still be its output."""
-    if shutil.which("Rscript") is None:
-        pytest.skip("Rscript is not installed: the recorded SoupX reference is not re-checked")
-    has_soupx = ["Rscript", "-e", "quit(status = !nzchar(system.file(package = 'SoupX')))"]
-    if subprocess.run(has_soupx, capture_output=True, check=False).returncode != 0:
-        pytest.skip("the R package SoupX is not installed: the recorded SoupX reference is not re-checked")
+    if reason := missing_r_package("SoupX"):
+        pytest.skip(f"{reason}: the recorded SoupX reference is not re-checked")
     live, _ = make_reference.run_soupx(droplets)
     assert live.markers == soupx_reference.markers
     assert (live.rho, live.rho_half_max) == (soupx_reference.rho, soupx_reference.rho_half_max)

@@ -15,10 +15,32 @@ import json
 import os
 import shutil
 import subprocess
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 CACHE_VARIABLE = "OMICSPREP_REFERENCE_CACHE"
+
+
+@cache
+def missing_r_package(package: str) -> str | None:
+    """Why R's ``package`` cannot be run here (for a test's skip), or ``None`` where it can.
+
+    Parameters
+    ----------
+    package
+        The R package's name (``DropletUtils``, ``SoupX``).
+
+    Returns
+    -------
+    The reason, naming what installs it; ``None`` where Rscript finds the package.
+    """
+    if shutil.which("Rscript") is None:
+        return "Rscript is not installed (tests/reference/install.sh installs R with DropletUtils)"
+    installed = ["Rscript", "-e", f"quit(status = !nzchar(system.file(package = '{package}')))"]
+    if subprocess.run(installed, capture_output=True, check=False).returncode:
+        return f"the R package {package} is not installed (tests/reference/install.sh installs DropletUtils only)"
+    return None
 
 
 def run_reference(command: list[str], folder: Path, **kwargs: Any) -> subprocess.CompletedProcess:
