@@ -5,8 +5,9 @@ creating a CUDA context before its first step (H200 machine, ``benchmarks/gpu_ch
 probe``): many times the work of a 10,000-cell sample, and, with 16 such samples run side by
 side, more than the CPU backend takes for the whole study. So the workflow starts a pool on
 a machine whose GPU it uses locally (``onstart`` in ``rules/common/pool.smk``): a server and a few
-workers, each of which imports the libraries and creates its CUDA context once, compiles
-nothing twice, and runs job after job in its own process.
+workers, each of which creates its CUDA context and imports the libraries once, compiles
+nothing twice, and runs job after job in its own process. A worker takes jobs once its context
+is up and imports while it waits for them (a job that needs a library sooner imports it).
 
 A GPU job's script hands itself to the pool (:func:`omicsprep.jobs.run_script` calls
 :func:`hand_over` first): a worker takes the job's working folder, environment, arguments,
