@@ -108,6 +108,12 @@ def prepare_gpu(backend: Backend, *, modules: tuple[str, ...] = ("rapids_singlec
     thread.start()
 
 
+def finish_preparation() -> None:
+    """Wait for :func:`prepare_gpu`'s thread, if one was started, to end (before another thread imports)."""
+    for thread in _preparation:
+        thread.join()
+
+
 def gpu_module(name: str) -> ModuleType:
     """Import a GPU library (its seconds count as phase ``gpu_import``).
 
@@ -129,8 +135,7 @@ def gpu_module(name: str) -> ModuleType:
             if name in _prepared:
                 _prepared[name].wait()
             else:
-                for thread in _preparation:
-                    thread.join()
+                finish_preparation()
     try:
         with phase("gpu_import"):
             # Not sys.modules' entry: another thread may still be importing it (import_module waits).

@@ -7,7 +7,8 @@ side, more than the CPU backend takes for the whole study. So the workflow start
 a machine whose GPU it uses locally (``onstart`` in ``rules/common/pool.smk``): a server and a few
 workers, each of which creates its CUDA context and imports the libraries once, compiles
 nothing twice, and runs job after job in its own process. A worker takes jobs once its context
-is up and imports while it waits for them (a job that needs a library sooner imports it).
+is up and imports the GPU libraries while it waits for them (a job that needs one sooner
+imports it).
 
 A GPU job's script hands itself to the pool (:func:`omicsprep.jobs.run_script` calls
 :func:`hand_over` first): a worker takes the job's working folder, environment, arguments,

@@ -1,6 +1,6 @@
-"""A worker's side: create a CUDA context, then run each job sent as its own process would.
+"""A worker's side: import what jobs import and create a CUDA context, then run each job sent as its own process would.
 
-While it waits for a job it imports what jobs import.
+It imports the GPU libraries while it waits for a job.
 
 After a job it gives back what the job took (streams, folder, environment, log handlers,
 device memory); after a job that failed it exits, and the server starts another.
@@ -29,16 +29,18 @@ from omicsprep.pool.protocol import close_all, receive, send
 
 log = logging.getLogger(__name__)
 
-# Each stage's chain of steps (what the rules' scripts call), and what else they import, then the GPU
-# libraries in the order a rule first uses them (those installed). A worker is ready for a job once its
-# CUDA context is up, and imports these while it waits for one, a module between two looks at its
-# channel: a pool's first jobs start without waiting for libraries they may not use (rapids-singlecell
-# alone takes 7 s), and a job imports what is not yet imported itself.
+# Each stage's chain of steps (what the rules' scripts call), and what else they import: each
+# worker imports these before it takes a job (Numba among them, so that every job finds it
+# imported and sets its threads through it, not through its environment).
 STAGE_PIPELINES = tuple(
     f"omicsprep.{stage}.pipeline" for stage in ("rna", "cells", "network", "protein", "atac", "multiome")
 )
 PRELOADED = ("snakemake.iocontainers", "snakemake.logging", "threadpoolctl", *STAGE_PIPELINES, "omicsprep.io")
-PRELOADED_GPU = ("cupyx.scipy.sparse", "rapids_singlecell", "cuml", "pylibcugraph")
+# GPU libraries, in the order a rule first uses them (those installed). A worker takes jobs once
+# its CUDA context is up and imports these while it waits for one, a module between two looks
+# at its channel: a pool's first jobs do not wait for libraries they may not use
+# (rapids-singlecell alone takes 7 s), and a job imports what is not yet imported itself.
+IMPORTED_WHILE_IDLE = ("cupyx.scipy.sparse", "rapids_singlecell", "cuml", "pylibcugraph")
 
 _job: dict[str, Any] = {}  # the job a worker runs: when its own process started, the worker's CPU seconds before
 
@@ -79,7 +81,7 @@ def _reset_peak_rss() -> None:
 
 
 def _boot() -> dict[str, float]:
-    """Fork the figure process; on a usable GPU, import CuPy and create a context. Returns seconds per stage.
+    """Fork the figure process; import what jobs import; on a usable GPU, create a context. Returns seconds per stage.
 
     The figure process is forked first, while this process has no threads and no GPU library
     (a process forked after CUDA started must not be used).
@@ -87,7 +89,10 @@ def _boot() -> dict[str, float]:
     from omicsprep import backend, background
 
     background.keep_figure_process(preload="omicsprep.plotting")
-    seconds = {}
+    seconds, start = {}, time.perf_counter()
+    for name in PRELOADED:
+        importlib.import_module(name)
+    seconds["imports"] = time.perf_counter() - start
     if backend.gpu_unavailable_reason() is None:
         start = time.perf_counter()
         backend.cupy().cuda.runtime.free(0)  # the CUDA context
@@ -95,28 +100,32 @@ def _boot() -> dict[str, float]:
     return {name: round(value, 2) for name, value in seconds.items()}
 
 
-def modules_to_import() -> list[str]:
-    """What a worker imports while it waits for jobs: :data:`PRELOADED`, and on a usable GPU its installed libraries."""
+def gpu_libraries_to_import() -> list[str]:
+    """The installed :data:`IMPORTED_WHILE_IDLE` on a usable GPU, in order; none elsewhere."""
     from omicsprep import backend
 
     if backend.gpu_unavailable_reason() is not None:
-        return list(PRELOADED)
-    return [*PRELOADED, *(name for name in PRELOADED_GPU if importlib.util.find_spec(name.partition(".")[0]))]
+        return []
+    return [name for name in IMPORTED_WHILE_IDLE if importlib.util.find_spec(name.partition(".")[0]) is not None]
 
 
 def import_while_idle(channel: socket.socket, modules: list[str]) -> None:
     """Import ``modules`` in order, taking each off the list, until all are imported or a job waits on ``channel``.
 
-    A module that fails to import is left to the job that needs it to report.
+    A job's GPU preparation still importing is waited for first: a module is never imported by
+    two threads at once. A module that fails to import is left to the job that needs it to report.
     """
     if not modules:
         return
+    from omicsprep import backend
+
+    backend.finish_preparation()
     start = time.perf_counter()
     while modules and not select.select([channel], [], [], 0)[0]:
         with contextlib.suppress(Exception):
             importlib.import_module(modules.pop(0))
     if not modules:
-        log.info("worker %d imported what jobs import while idle (%.2f s)", os.getpid(), time.perf_counter() - start)
+        log.info("worker %d imported the GPU libraries while idle (%.2f s)", os.getpid(), time.perf_counter() - start)
 
 
 def serve_jobs(channel_fd: int) -> None:
@@ -125,7 +134,7 @@ def serve_jobs(channel_fd: int) -> None:
     seconds = _boot()
     log.info("worker %d ready: %s", os.getpid(), seconds)
     send(channel, {"ready": os.getpid()})
-    modules = modules_to_import()
+    modules = gpu_libraries_to_import()
     while True:
         import_while_idle(channel, modules)
         request, fds = receive(channel)
