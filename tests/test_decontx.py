@@ -213,6 +213,10 @@ def test_the_defaults_are_the_configurations_and_one_iteration_is_the_least(cell
         assert parameters[name].default == value, name
     assert DecontxOptions().max_iter == 500
     assert parameters["backend"].default == "cpu"
+    # The default at work too (a signature need not show the default a call takes): where no
+    # change is below the convergence, 500 iterations.
+    few = slice(0, 60)
+    assert decontx(cells.counts[few], clusters=cells.cell_type[few], convergence=0.0).iterations == 500
     assert decontx(cells.counts, clusters=cells.cell_type, max_iter=1).iterations == 1
     with pytest.raises(InputError, match=r"^DecontX needs at least one EM iteration, got max_iter=0$"):
         decontx(cells.counts, clusters=cells.cell_type, max_iter=0)

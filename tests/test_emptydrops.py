@@ -212,6 +212,20 @@ def test_defaults_are_dropletutils_own_and_seed_zero(tmp_path):
     )
 
 
+def test_called_without_them_lower_is_100_and_niters_10000():
+    """The defaults at work (a signature need not show the default a call takes): a barcode of
+    100 counts is ambient and one of 101 is tested, and the smallest p-value is 1 / (10,000 + 1)."""
+    counts = droplets().counts
+    totals = np.asarray(counts.sum(axis=1)).ravel()
+    (at_lower,) = np.flatnonzero(totals == 100)
+    above = counts[at_lower].tolil()
+    above[0, above.rows[0][0]] += 1
+    table = empty_drops(sparse.vstack([counts, above.tocsr()], format="csr"), retain=2000).table
+    assert table["total"].iloc[-1] == 101
+    assert np.isnan(table["p_value"].iloc[at_lower]) and not np.isnan(table["p_value"].iloc[-1])
+    assert table["p_value"].min() == 1 / 10_001
+
+
 def test_which_barcodes_are_tested_and_counted_in_the_fdr_as_in_dropletutils():
     """DropletUtils' rules (its ``testEmptyDrops`` and ``.empty_drops``): with test.ambient every
     barcode with a nonzero total is tested, one count among them; ignore leaves out those at or
