@@ -226,6 +226,17 @@ def test_called_without_them_lower_is_100_and_niters_10000():
     assert table["p_value"].min() == 1 / 10_001
 
 
+def test_genes_counted_in_no_barcode_at_the_end_keep_the_shape_and_change_nothing():
+    """Genes counted nowhere, last in the matrix (where a matrix built from the counts' indices
+    would end early): ambient 0 for them, as DropletUtils drops them, and the same table."""
+    counts = droplets().counts
+    wider = sparse.hstack([counts, sparse.csr_matrix((counts.shape[0], 3), dtype=counts.dtype)], format="csr")
+    narrow, wide = empty_drops(counts, niters=20, retain=2000), empty_drops(wider, niters=20, retain=2000)
+    assert wide.ambient.size == counts.shape[1] + 3 and (wide.ambient[-3:] == 0).all()
+    np.testing.assert_array_equal(wide.ambient[:-3], narrow.ambient)
+    pd.testing.assert_frame_equal(wide.table, narrow.table)
+
+
 def test_which_barcodes_are_tested_and_counted_in_the_fdr_as_in_dropletutils():
     """DropletUtils' rules (its ``testEmptyDrops`` and ``.empty_drops``): with test.ambient every
     barcode with a nonzero total is tested, one count among them; ignore leaves out those at or
