@@ -243,6 +243,18 @@ def test_genes_counted_in_no_barcode_at_the_end_and_counts_rounding_to_zero_chan
     pd.testing.assert_frame_equal(wide.table, narrow.table)
 
 
+def test_limited_marks_the_p_values_at_their_floor():
+    """DropletUtils' Limited: no simulated barcode was as unlikely as this one, so its p-value is
+    the floor 1 / (niters + 1); NA where a barcode is not tested."""
+    table = empty_drops(droplets().counts, niters=20, retain=2000).table
+    tested = table["p_value"].notna().to_numpy()
+    limited = table["limited"]
+    np.testing.assert_array_equal(limited.isna().to_numpy(), ~tested)
+    at_floor = table["p_value"][tested].to_numpy() == 1 / 21
+    np.testing.assert_array_equal(limited[tested].to_numpy(dtype=bool), at_floor)
+    assert 0 < at_floor.sum() < at_floor.size
+
+
 def test_which_barcodes_are_tested_and_counted_in_the_fdr_as_in_dropletutils():
     """DropletUtils' rules (its ``testEmptyDrops`` and ``.empty_drops``): with test.ambient every
     barcode with a nonzero total is tested, one count among them; ignore leaves out those at or
