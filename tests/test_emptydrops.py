@@ -255,6 +255,21 @@ def test_limited_marks_the_p_values_at_their_floor():
     assert 0 < at_floor.sum() < at_floor.size
 
 
+def test_ambient_genes_good_turing_leaves_at_zero_share_a_pseudo_count():
+    """DropletUtils' .safe_good_turing: without singletons Good-Turing gives the unseen genes
+    nothing; they then share 1 / (total counts) equally and the others give it up in proportion
+    (DropletUtils 1.18 gives this profile 0.01315789474 per unseen gene, 0.34509684897 for the 13)."""
+    from omicsprep.cells.emptydrops import _good_turing_proportions, _safe_good_turing
+
+    profile = np.array([0, 0, 2, 2, 2, 3, 3, 5, 8, 13])
+    good_turing = _good_turing_proportions(profile)
+    assert (good_turing[:2] == 0).all() and good_turing.sum() == pytest.approx(1)
+    safe = _safe_good_turing(profile)
+    np.testing.assert_allclose(safe[:2], 1 / 38 / 2, rtol=1e-15)
+    np.testing.assert_allclose(safe[2:], good_turing[2:] * (1 - 1 / 38), rtol=1e-15)
+    np.testing.assert_array_equal(_safe_good_turing(profile + 1), _good_turing_proportions(profile + 1))
+
+
 def test_which_barcodes_are_tested_and_counted_in_the_fdr_as_in_dropletutils():
     """DropletUtils' rules (its ``testEmptyDrops`` and ``.empty_drops``): with test.ambient every
     barcode with a nonzero total is tested, one count among them; ignore leaves out those at or
