@@ -1,9 +1,15 @@
-"""A pool worker's imports: before its first job, and while it waits for jobs (the pool's runs: test_workflow.py)."""
+"""A pool worker's start: forked from the server, which imported what jobs import; the GPU libraries while it
+waits for jobs (the pool's runs: test_workflow.py)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import pool_running
 
 IMPORTS_UNTIL_A_JOB_WAITS = """
 import socket, sys, threading, time
@@ -25,12 +31,21 @@ import_while_idle(ours, modules)
 assert modules == [] and {"colorsys", "wave"} <= set(sys.modules), modules
 """
 
-BOOT_IMPORTS_NUMBA = """
-import importlib, sys
-from omicsprep.pool.worker import PRELOADED
-for name in PRELOADED:
-    importlib.import_module(name)
+PRELOAD_IMPORTS_NUMBA = """
+import sys
+from omicsprep.pool.worker import preload
+preload()
 assert "numba" in sys.modules
+"""
+
+# CUDA_ERROR_NOT_INITIALIZED (3): the driver not started, so that workers forked after this can use it.
+PRELOAD_LEAVES_CUDA_UNSTARTED = """
+import ctypes
+from omicsprep.pool.worker import preload
+preload()
+context = ctypes.c_void_p()
+code = ctypes.CDLL("libcuda.so.1").cuCtxGetCurrent(ctypes.byref(context))
+assert code == 3, f"CUDA started by the server's imports (cuCtxGetCurrent: {code})"
 """
 
 
@@ -43,17 +58,117 @@ def test_a_worker_imports_while_no_job_waits_and_skips_what_fails():
 
 
 def test_every_job_finds_numba_imported_and_the_gpu_libraries_come_while_idle(monkeypatch):
-    """A worker imports Numba before its first job: a job sets Numba's threads through it, where
-    through its environment it would clash with the threads an earlier job started (on the H100,
+    """A worker starts with Numba imported (by the server it is forked from): a job sets Numba's threads
+    through it, where through its environment it would clash with the threads an earlier job started (on the H100,
     53ed1b6: 'Cannot set NUMBA_NUM_THREADS to a different value once the threads have been
     launched'). The GPU libraries are imported while idle, only where the GPU is usable."""
     from omicsprep import backend
     from omicsprep.pool import worker
 
-    run = subprocess.run([sys.executable, "-c", BOOT_IMPORTS_NUMBA], capture_output=True, text=True)
+    run = subprocess.run([sys.executable, "-c", PRELOAD_IMPORTS_NUMBA], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     monkeypatch.setattr(backend, "gpu_unavailable_reason", lambda: "no GPU here")
     assert worker.gpu_libraries_to_import() == []
     monkeypatch.setattr(backend, "gpu_unavailable_reason", lambda: None)
     on_gpu = worker.gpu_libraries_to_import()
     assert on_gpu == [name for name in worker.IMPORTED_WHILE_IDLE if name in on_gpu]
+
+
+@pytest.mark.gpu
+def test_the_servers_imports_leave_cuda_unstarted_for_the_workers_it_forks():
+    """A process forked after CUDA started cannot use it: the server imports what jobs import, not CUDA."""
+    run = subprocess.run([sys.executable, "-c", PRELOAD_LEAVES_CUDA_UNSTARTED], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                status = (entry / "status").read_text()
+            except OSError:  # ended meanwhile
+                continue
+            if f"\nPPid:\t{pid}\n" in status:
+                found.append(int(entry.name))
+    return found
+
+
+def listening_inode(path: Path) -> str:
+    """The inode of the Unix socket listening at ``path`` (``/proc/net/unix``)."""
+    for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
+        fields = line.split()
+        if len(fields) == 8 and fields[7] == str(path):
+            return fields[6]
+    raise AssertionError(f"nothing listens at {path}")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the pool runs on Linux")
+def test_workers_are_forked_from_the_server_and_keep_none_of_its_descriptors():
+    """The server forks its workers after importing what jobs import (the log says how long). A worker
+    holds none of the server's descriptors: one holding its socket would keep accepting jobs that no
+    one serves once the server ended, one holding its lock would keep the next pool from starting."""
+    from omicsprep import pool
+
+    with pool_running(n_workers=2) as env:
+        path = Path(env[pool.POOL])
+        server = pool.status(path)["server"]
+        command = Path(f"/proc/{server}/cmdline").read_bytes()
+        workers = [pid for pid in children(server) if Path(f"/proc/{pid}/cmdline").read_bytes() == command]
+        assert len(workers) == 2, (workers, children(server))
+        held = {str(fd.readlink()) for pid in workers for fd in Path(f"/proc/{pid}/fd").iterdir()}
+        assert f"socket:[{listening_inode(path)}]" not in held
+        assert str(path.with_suffix(".lock")) not in held
+        assert "imported what jobs import in" in path.with_suffix(".log").read_text()
+
+
+# A job whose leftovers, collected by the worker after it, hold the worker until `release` exists.
+JOB_WITH_LEFTOVERS = """
+import gc, sys, time
+from pathlib import Path
+from omicsprep import pool
+
+pool.hand_over(started_at=time.time())  # the rest runs in the worker
+gc.disable()  # so that the cycle below outlives the job, until the worker collects
+
+
+class Leftover:
+    def __del__(self, release=Path(sys.argv[1])):  # the worker's own arguments are back by then
+        while not release.exists():
+            time.sleep(0.05)
+        release.with_name("collected").touch()
+        gc.enable()
+
+
+leftover = Leftover()
+leftover.cycle = leftover
+del leftover
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the pool runs on Linux")
+def test_a_jobs_own_process_ends_before_its_worker_tidies_after_it(tmp_path):
+    """The worker tells the job's own process its exit status first, then collects what the job left
+    (full collections, slow in a process with RAPIDS imported, which Snakemake need not wait for), and only then
+    takes another job."""
+    from omicsprep import pool
+
+    script, release = tmp_path / "job.py", tmp_path / "release"
+    script.write_text(JOB_WITH_LEFTOVERS)
+    with pool_running(n_workers=1) as env:
+        path = Path(env[pool.POOL])
+        try:
+            job = subprocess.run(
+                [sys.executable, str(script), str(release)], env=env, capture_output=True, text=True, timeout=120
+            )
+            assert job.returncode == 0, job.stderr
+            assert not (tmp_path / "collected").exists()
+            assert pool.status(path)["workers"] == ["tidying"]
+        finally:
+            release.touch()  # the worker goes on, and the pool can stop
+        deadline = time.monotonic() + 60
+        while pool.status(path)["workers"] != ["ready"]:
+            assert time.monotonic() < deadline, pool.status(path)
+            time.sleep(0.05)
+        assert (tmp_path / "collected").exists()

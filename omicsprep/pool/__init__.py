@@ -4,16 +4,17 @@ A rule is a process, and a GPU rule's process spends 7-10 s importing RAPIDS and
 creating a CUDA context before its first step (H200 machine, ``benchmarks/gpu_check.sh
 probe``): many times the work of a 10,000-cell sample, and, with 16 such samples run side by
 side, more than the CPU backend takes for the whole study. So the workflow starts a pool on
-a machine whose GPU it uses locally (``onstart`` in ``rules/common/pool.smk``): a server and a few
-workers, each of which creates its CUDA context and imports the libraries once, compiles
-nothing twice, and runs job after job in its own process. A worker takes jobs once its context
-is up and imports the GPU libraries while it waits for them (a job that needs one sooner
-imports it).
+a machine whose GPU it uses locally (``onstart`` in ``rules/common/pool.smk``): a server, which
+imports the stages' code once and forks a few workers from itself, each of which creates its
+CUDA context, compiles nothing twice, and runs job after job in its own process. A worker
+takes jobs once its context is up and imports the GPU libraries while it waits for them (a
+job that needs one sooner imports it).
 
 A GPU job's script hands itself to the pool (:func:`omicsprep.jobs.run_script` calls
 :func:`hand_over` first): a worker takes the job's working folder, environment, arguments,
-umask and standard streams, runs the script, gives back what it took, and tells the server
-the exit status, which the job's own process exits with. A worker whose job failed or was
+umask and standard streams, runs the script, gives them back, and tells the server the exit
+status, which the job's own process exits with; then it collects what the job left (log
+handlers, cycles, device memory) and takes the next. A worker whose job failed or was
 cancelled exits rather than run another (the server starts a new one), so a job runs in a
 process that only ever finished other jobs cleanly. A job's own process that ends (Snakemake
 cancelled it) stops its worker as it would have stopped itself (SIGTERM).

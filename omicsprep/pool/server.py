@@ -1,7 +1,10 @@
 """The pool's server: it keeps its workers, queues the jobs handed over and gives each to a ready worker.
 
 One server per socket (a lock beside it); it stops when asked or after ``idle_seconds``
-without a job.
+without a job. It imports what jobs import once and forks each worker from itself: eight
+workers importing at once took 6-9 s to be ready on the H100 machine (16 cores), against
+about 4 s for one process (``benchmarks/RESULTS.md``), and a worker that replaces a failed one
+is ready at once.
 """
 
 from __future__ import annotations
@@ -19,16 +22,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from omicsprep.pool.protocol import (
-    close_all,
-    difference,
-    fingerprint,
-    module_command,
-    peer_uid,
-    receive,
-    send,
-    socket_path,
-)
+from omicsprep.pool.protocol import close_all, difference, fingerprint, peer_uid, receive, send, socket_path
+from omicsprep.pool.worker import become_worker, preload
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +31,43 @@ CANCEL_GRACE_SECONDS = 10.0
 
 
 @dataclass
+class _Forked:
+    """A process this one forked: the calls of :class:`subprocess.Popen` that the server makes."""
+
+    pid: int
+    returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, *, timeout: float) -> int | None:
+        deadline = time.monotonic() + timeout
+        while self.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self.returncode
+
+    def terminate(self) -> None:
+        self._signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._signal(signal.SIGKILL)
+
+    def _signal(self, signum: int) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signum)
+
+
+@dataclass
 class _Worker:
-    process: subprocess.Popen
+    process: _Forked
     channel: socket.socket
-    ready: bool = False
+    ready: bool = False  # takes a job: booted, or done tidying after its last one
+    booted: bool = False
     client: socket.socket | None = None  # the job's own process, while the worker runs its job
     cancelled_at: float | None = None  # when its job's process ended: killed if still running after the grace
 
@@ -60,11 +88,11 @@ class _Server:
 
     def start_worker(self) -> None:
         ours, theirs = socket.socketpair()
-        process = subprocess.Popen(
-            module_command("worker", str(theirs.fileno())), pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL
-        )
+        pid = os.fork()
+        if pid == 0:
+            become_worker(theirs.fileno())
         theirs.close()
-        worker = _Worker(process, ours)
+        worker = _Worker(_Forked(pid), ours)
         self.workers.append(worker)
         self.selector.register(ours, selectors.EVENT_READ, worker)
 
@@ -130,20 +158,23 @@ class _Server:
         with contextlib.suppress(OSError):
             message, _ = receive(worker.channel)
             if message is not None and "ready" in message:
-                worker.ready = True
+                worker.ready = worker.booted = True
                 return
             if message is not None and "exit" in message and worker.client is not None:
+                worker.ready = False  # it tidies after its job, then says it is ready
                 with contextlib.suppress(OSError):
                     send(worker.client, {"exit": message["exit"]})
                 with contextlib.suppress(KeyError, ValueError):  # unregistered already if cancelled
                     self.selector.unregister(worker.client)
                 worker.client.close()
                 worker.client, self.last_active = None, time.monotonic()
+                if message["exit"] != 0:  # it exits at once (worker.serve_jobs): reaped and replaced below
+                    worker.process.wait(timeout=1)
+                elif self.stopping:  # asked to stop while it ran the job
+                    worker.process.terminate()
                 return
-        with contextlib.suppress(KeyError, ValueError):  # the worker is exiting; reaped below
+        with contextlib.suppress(KeyError, ValueError):  # the worker is exiting; reaped once it has
             self.selector.unregister(worker.channel)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            worker.process.wait(timeout=1)
 
     def cancel(self, client: socket.socket) -> None:
         """The job's own process ended: stop its worker as the process would have stopped (SIGTERM)."""
@@ -192,7 +223,7 @@ class _Server:
                 with contextlib.suppress(OSError):
                     send(worker.client, {"exit": worker.process.returncode or 1})
                 worker.client.close()
-            elif not worker.ready and not self.stopping:  # it could not boot: jobs run in their own processes
+            elif not worker.booted and not self.stopping:  # it could not boot: jobs run in their own processes
                 log.error(
                     "worker %d exited before it was ready (%d): stopping", worker.process.pid, worker.process.returncode
                 )
@@ -222,7 +253,9 @@ class _Server:
                 worker.process.terminate()
 
     def status(self) -> dict[str, Any]:
-        states = ["busy" if w.client else "ready" if w.ready else "booting" for w in self.workers]
+        states = [
+            "busy" if w.client else "ready" if w.ready else "tidying" if w.booted else "booting" for w in self.workers
+        ]
         return {"server": os.getpid(), "fingerprint": self.fingerprint, "workers": states, "waiting": len(self.waiting)}
 
 
@@ -242,8 +275,16 @@ def serve(*, n_workers: int, idle_seconds: float) -> None:
     path.chmod(0o600)
     listener.listen(64)
     kernels = subprocess.Popen([sys.executable, "-P", "-m", "omicsprep.kernels", "--ahead"], stdin=subprocess.DEVNULL)
+    seconds = preload()  # a failure ends the server: jobs then run in their own processes, and report it
     server = _Server(n_workers, idle_seconds, listener, fingerprint(), kernels, socket_inode=path.stat().st_ino)
     signal.signal(signal.SIGTERM, lambda signum, frame: server.stop())
-    log.info("pool %d at %s: %d workers, stops after %.0f idle seconds", os.getpid(), path, n_workers, idle_seconds)
+    log.info(
+        "pool %d at %s: %d workers, stops after %.0f idle seconds; imported what jobs import in %.2f s",
+        os.getpid(),
+        path,
+        n_workers,
+        idle_seconds,
+        seconds,
+    )
     server.serve()
     lock.close()

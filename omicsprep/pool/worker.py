@@ -1,9 +1,11 @@
-"""A worker's side: import what jobs import and create a CUDA context, then run each job sent as its own process would.
+"""A worker's side: forked from the server, which imported what jobs import, it creates a CUDA context.
 
-It imports the GPU libraries while it waits for a job.
+Then it runs each job sent as its own process would, and imports the GPU libraries while it
+waits for a job.
 
-After a job it gives back what the job took (streams, folder, environment, log handlers,
-device memory); after a job that failed it exits, and the server starts another.
+After a job it gives back its streams, folder and environment, reports its exit status, then
+collects what it left (log handlers, cycles, device memory) and says it is ready again; after
+a job that failed it exits, and the server starts another.
 """
 
 from __future__ import annotations
@@ -23,19 +25,28 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from omicsprep.pool.protocol import close_all, receive, send
 
 log = logging.getLogger(__name__)
 
-# Each stage's chain of steps (what the rules' scripts call), and what else they import: each
-# worker imports these before it takes a job (Numba among them, so that every job finds it
-# imported and sets its threads through it, not through its environment).
+# Each stage's chain of steps (what the rules' scripts call), and what else they import: the
+# server imports these once and forks its workers from itself, so that each starts with them
+# (Numba among them, so that every job finds it imported and sets its threads through it, not
+# through its environment). None of them touches CUDA: a process forked after CUDA started
+# cannot use it.
 STAGE_PIPELINES = tuple(
     f"omicsprep.{stage}.pipeline" for stage in ("rna", "cells", "network", "protein", "atac", "multiome")
 )
-PRELOADED = ("snakemake.iocontainers", "snakemake.logging", "threadpoolctl", *STAGE_PIPELINES, "omicsprep.io")
+PRELOADED = (
+    "snakemake.iocontainers",
+    "snakemake.logging",
+    "threadpoolctl",
+    *STAGE_PIPELINES,
+    "omicsprep.io",
+    "omicsprep.plotting",
+)
 # GPU libraries, in the order a rule first uses them (those installed). A worker takes jobs once
 # its CUDA context is up and imports these while it waits for one, a module between two looks
 # at its channel: a pool's first jobs do not wait for libraries they may not use
@@ -80,19 +91,25 @@ def _reset_peak_rss() -> None:
         Path("/proc/self/clear_refs").write_text("5")
 
 
+def preload() -> float:
+    """Import :data:`PRELOADED` (in the server, before it forks workers); the seconds taken."""
+    start = time.perf_counter()
+    for name in PRELOADED:
+        importlib.import_module(name)
+    return round(time.perf_counter() - start, 2)
+
+
 def _boot() -> dict[str, float]:
-    """Fork the figure process; import what jobs import; on a usable GPU, create a context. Returns seconds per stage.
+    """Fork the figure process; on a usable GPU, create a context. Returns seconds per stage.
 
     The figure process is forked first, while this process has no threads and no GPU library
     (a process forked after CUDA started must not be used).
     """
     from omicsprep import backend, background
 
-    background.keep_figure_process(preload="omicsprep.plotting")
     seconds, start = {}, time.perf_counter()
-    for name in PRELOADED:
-        importlib.import_module(name)
-    seconds["imports"] = time.perf_counter() - start
+    background.keep_figure_process(preload="omicsprep.plotting")
+    seconds["figures"] = time.perf_counter() - start
     if backend.gpu_unavailable_reason() is None:
         start = time.perf_counter()
         backend.cupy().cuda.runtime.free(0)  # the CUDA context
@@ -128,7 +145,27 @@ def import_while_idle(channel: socket.socket, modules: list[str]) -> None:
         log.info("worker %d imported the GPU libraries while idle (%.2f s)", os.getpid(), time.perf_counter() - start)
 
 
-def serve_jobs(channel_fd: int) -> None:
+def become_worker(channel_fd: int) -> NoReturn:
+    """In a process just forked from the server: keep only ``channel_fd`` and the standard streams, serve jobs, exit.
+
+    The server's other descriptors (its socket, its lock, other workers' channels, jobs'
+    connections) are closed, so that none outlives the server in a worker; its signal
+    handler is undone. Never returns into the server's code.
+    """
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.closerange(3, channel_fd)
+        os.closerange(channel_fd + 1, os.sysconf("SC_OPEN_MAX"))
+        serve_jobs(channel_fd)
+    except BaseException:  # noqa: BLE001 - reported in the pool's log, as an uncaught one in a process of its own
+        traceback.print_exc()
+    finally:  # serve_jobs ends the process itself; here only after a failure
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        os._exit(1)
+
+
+def serve_jobs(channel_fd: int) -> NoReturn:
     """A worker's life: boot, say so on ``channel_fd``, then run each job sent; exit after a job that failed."""
     channel = socket.socket(fileno=channel_fd)
     seconds = _boot()
@@ -140,14 +177,20 @@ def serve_jobs(channel_fd: int) -> None:
         request, fds = receive(channel)
         if request is None:
             os._exit(0)
-        code = _run_job(request, fds)
-        send(channel, {"exit": code})
+        code, job_logging = _run_job(request, fds)
+        send(channel, {"exit": code})  # its own process exits now: Snakemake goes on while this one tidies
         if code != 0:  # a failed or cancelled job may have left this process in any state
             os._exit(0)
+        _forget_job_state(*job_logging)
+        send(channel, {"ready": os.getpid()})
 
 
-def _run_job(request: dict[str, Any], fds: list[int]) -> int:
-    """Run one job's script as its own process would, then give back what it took; its exit status."""
+def _run_job(request: dict[str, Any], fds: list[int]) -> tuple[int, tuple[list[logging.Handler], int]]:
+    """Run one job's script as its own process would, then give back its streams, folder and environment.
+
+    Returns its exit status, and the log handlers and level the process had before it, for
+    :func:`_forget_job_state`.
+    """
     saved_fds = [os.dup(fd) for fd in (0, 1, 2)]
     saved = (sys.stdin, sys.stdout, sys.stderr, list(sys.argv), list(sys.path), dict(os.environ), Path.cwd())
     root = logging.getLogger()
@@ -165,7 +208,7 @@ def _run_job(request: dict[str, Any], fds: list[int]) -> int:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     _job.update(started_at=request["started_at"], cpu_before=usage.ru_utime + usage.ru_stime)
     try:
-        return _run(sys.argv[0])
+        code = _run(sys.argv[0])
     finally:
         _job.clear()
         with contextlib.suppress(OSError, ValueError):
@@ -180,11 +223,16 @@ def _run_job(request: dict[str, Any], fds: list[int]) -> int:
         os.chdir(cwd)
         os.umask(previous_umask)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        _forget_job_state(*saved_logging)
+    return code, saved_logging
 
 
 def _forget_job_state(handlers: list[logging.Handler], level: int) -> None:
-    """What a job leaves in the process beside its outputs, given back: log handlers, timings, device memory."""
+    """What a job leaves in the process beside its outputs, given back: log handlers, timings, device memory.
+
+    After the job's own process was told its exit status: a full collection takes 0.07-0.1 s in a
+    process with the stages imported (a CPU machine), more with RAPIDS, which the next job in the
+    sample's chain need not wait for.
+    """
     from omicsprep import backend, timings
 
     root = logging.getLogger()
@@ -197,9 +245,10 @@ def _forget_job_state(handlers: list[logging.Handler], level: int) -> None:
     root.setLevel(level)
     logging.captureWarnings(capture=False)
     timings.reset_phases()
-    gc.collect()
     if "cupy" in sys.modules:
-        backend.release_device_memory()
+        backend.release_device_memory()  # a full collection first: arrays in cycles hold their blocks
+    else:
+        gc.collect()
 
 
 def _run(script: str) -> int:
