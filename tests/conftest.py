@@ -16,6 +16,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import fields
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 
@@ -105,6 +106,28 @@ def multiome_rna() -> AnnData:
 
 
 REQUIRE_GPU_ENV = "OMICSPREP_REQUIRE_GPU"
+
+
+# Snakemake's SLURM executor plugin runs `scontrol show config` when it is imported, which every
+# snakemake command does; where SLURM's commands are installed (make test installs them for
+# test_slurm.py) but no controller runs, that waits for the plugin's 10 s timeout: 10 s of each of
+# the suite's many snakemake commands. Answered at once while no slurmctld runs.
+SCONTROL_WITHOUT_CONTROLLER = """#!/bin/sh
+if [ "$1 $2" = "show config" ] && ! pgrep -x slurmctld >/dev/null; then exit 1; fi
+exec {scontrol} "$@"
+"""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Put the quick ``scontrol`` (:data:`SCONTROL_WITHOUT_CONTROLLER`) first on the tests' ``PATH``."""
+    scontrol = shutil.which("scontrol")
+    if scontrol is None:
+        return
+    folder = Path(tempfile.mkdtemp(prefix="omicsprep-scontrol-"))
+    config.add_cleanup(partial(shutil.rmtree, folder, ignore_errors=True))
+    (folder / "scontrol").write_text(SCONTROL_WITHOUT_CONTROLLER.format(scontrol=scontrol))
+    (folder / "scontrol").chmod(0o755)
+    os.environ["PATH"] = f"{folder}{os.pathsep}{os.environ['PATH']}"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
