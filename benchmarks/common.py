@@ -133,9 +133,18 @@ def machine() -> str:
             .stdout.strip()
             .splitlines()[0]
         )
-    return f"{platform.node()}: {os.cpu_count()} CPU cores, {platform.processor() or platform.machine()}" + (
+    return f"{platform.node()}: {os.cpu_count()} CPU cores ({cpu_model()}), {platform.machine()}" + (
         f", {gpu}" if gpu else ""
     )
+
+
+def cpu_model() -> str:
+    """The CPU model (Linux): leases of one GPU kind came with other CPUs, and CPU-backend runs differ by them."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    return platform.processor() or "unknown CPU"
 
 
 def append_results(path: Path, *, title: str, note: str, table: pd.DataFrame, level: str = "###") -> str:

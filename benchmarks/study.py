@@ -10,7 +10,8 @@ and prints one table: wall seconds per run and the CPU's over each GPU run's, th
 seconds of each rule summed over samples, its process start-up (from the rules' logs) and
 the most rules that ran at once. The GPU runs twice: first with no pool of warm processes
 (the run starts it, as a user's first run does), then again with the pool the first left
-(as the next run, after a changed setting, finds it).
+(as the next run, after a changed setting, finds it). With ``--results``, each run's logs
+(``logs_<study>_<run>.tgz``) and the pool's log go beside the tables.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import shutil
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -29,6 +32,7 @@ from scipy import sparse
 
 from benchmarks.common import REPO, machine, stop_pool, user_environment
 from omicsprep.jobs import read_phases
+from omicsprep.pool import socket_path
 from omicsprep.testing import snakemake_command
 from omicsprep.testing.generate import CHUNK, chunk_counts, profiles, write_10x_h5
 
@@ -121,6 +125,14 @@ def rule_table(rundir: Path, label: str, *, timeline: Path | None = None) -> tup
     return table.round(2), int(running.max())
 
 
+def keep_logs(rundir: Path, archive: Path) -> None:
+    """The rules' logs and Snakemake's of a run, in one archive."""
+    with tarfile.open(archive, "w:gz") as tar:
+        for folder in ("logs", ".snakemake/log"):
+            if (rundir / folder).exists():
+                tar.add(rundir / folder, arcname=folder)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", type=int, default=16)
     parser.add_argument("--cells", type=int, default=10_000)
@@ -164,6 +176,11 @@ def run(args: argparse.Namespace) -> None:
         timeline = args.results.with_name(f"timeline_{name}_{label}.csv") if args.results else None
         table, at_once[label] = rule_table(rundir, label, timeline=timeline)
         tables.append(table)
+        if args.results:  # the next run of the folder writes over them
+            keep_logs(rundir, args.results.with_name(f"logs_{name}_{label}.tgz"))
+    pool_log = socket_path().with_suffix(".log")
+    if args.results and pool_log.exists():
+        shutil.copyfile(pool_log, args.results.with_name("pool.log"))
     summary = pd.DataFrame(
         {"wall_s": {label: round(s, 2) for label, s in walls.items()}, "most_rules_at_once": at_once}
     ).rename_axis("run")
