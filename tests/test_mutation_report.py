@@ -170,3 +170,29 @@ def test_a_reference_run_is_kept_by_its_command_and_inputs_only_when_asked(tmp_p
     assert runs.read_text() == "xxx"
     assert run(tmp_path / "d", "abd") == "ABD"
     assert runs.read_text() == "xxxx"
+
+
+def test_a_run_in_progress_is_continued_from_its_checkpoint_on_another_machine(mutate, tmp_path):
+    """The verdicts so far go into the tree (a machine and its scratch folder may be gone by the
+    next session); restored, they seed mutmut's .meta files, and the report shows the progress."""
+    meta = tmp_path / "run" / "mutants" / "omicsprep" / "cells" / "calling.py.meta"
+    meta.parent.mkdir(parents=True)
+    verdicts = {"x_a__mutmut_1": 1, "x_a__mutmut_2": 0, "x_a__mutmut_3": None, "x_a__mutmut_4": 33, "x_a__mutmut_5": 35}
+    written = {
+        "exit_code_by_key": verdicts,
+        "hash_by_function_name": {"x_a": "h"},
+        "type_check_error_by_key": {},
+        "durations_by_key": {"x_a__mutmut_1": 1.5},
+        "estimated_durations_by_key": {},
+    }
+    meta.write_text(json.dumps(written))
+    (meta.parent / "half-written.py.meta").write_text('{"exit_code_by_key": {')  # mutmut writing it: skipped
+    mutate.save_checkpoint(tmp_path / "run", "cells", tree="abc1234")
+    mutate.restore_checkpoint(tmp_path / "elsewhere", "cells")
+    restored = json.loads((tmp_path / "elsewhere" / "mutants" / "omicsprep" / "cells" / "calling.py.meta").read_text())
+    assert restored == {**written, "durations_by_key": {}}  # mutmut's SourceFileMutationData.load needs every key
+    assert not (tmp_path / "elsewhere" / "mutants" / "omicsprep" / "cells" / "half-written.py.meta").exists()
+    mutate.write_report()
+    row = next(line for line in mutate.REPORT.read_text().splitlines() if line.startswith("| cells |"))
+    assert row.startswith("| cells | 5 | 1 | 1 | 1 | 1 | | | - | in progress: 1 not yet tested (checkpoint ")
+    assert row.endswith(", tree abc1234) |")

@@ -6,7 +6,10 @@ module (``COVERING_TESTS``) that reach the mutated function. A mutant that no te
 test to write, or an equivalent mutant (one that behaves as the original) explained in
 ``tests/mutation/equivalent.toml``. Each module's outcome is kept in
 ``tests/mutation/results/<module>.tsv.gz`` (gzipped: a row per mutant, the work tree travels to the
-GPU machine); ``docs/mutation.md`` is written from all of them.
+GPU machine); ``docs/mutation.md`` is written from all of them. A run in progress keeps its
+verdicts so far in ``tests/mutation/results/<module>.partial.json.gz`` every few minutes, so that
+``--resume`` continues it on another machine once that file is committed (a module takes longer
+than a working session: cells, 1-1.5 mutants a minute on two cores).
 
 A target is a package, but for ``atlas``: the scVI, scIB and CellTypist files of ``rna``
 (``FILES_OF``), which ``rna``'s target leaves out. Not in CI: a target takes minutes to hours on
@@ -223,6 +226,7 @@ def scratch_copy(module: str, workdir: Path, *, resume: bool) -> Path:
 
 # Exit codes in mutmut's verdicts that are kills (a failing test, pytest's internal error, a timeout, a segfault).
 KILLING_EXIT_CODES = {1, 3, 36, -24, 24, 152, 255, -11}
+NO_TESTS = 33
 
 
 def retest_undecided(folder: Path) -> int:
@@ -247,13 +251,79 @@ def retest_undecided(folder: Path) -> int:
     return forgotten
 
 
-def mutmut(folder: Path, *arguments: str) -> str:
+def mutmut_command(folder: Path, *arguments: str) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment that run mutmut (with :data:`LAUNCHER`'s changes) in ``folder``."""
     # One BLAS/OpenMP/Numba thread per forked worker: pools started before a fork do not survive it.
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
     # R's outputs for the same inputs kept between mutants (omicsprep.testing.reference_runs).
     env.setdefault(CACHE_VARIABLE, str(folder.parent / "reference-cache"))
-    command = [sys.executable, "-c", LAUNCHER, *arguments]
+    return [sys.executable, "-c", LAUNCHER, *arguments], env
+
+
+def mutmut(folder: Path, *arguments: str) -> str:
+    command, env = mutmut_command(folder, *arguments)
     return subprocess.run(command, cwd=folder, env=env, check=True, capture_output=True, text=True).stdout
+
+
+def run_with_checkpoints(folder: Path, module: str, *, children: int, tree: str) -> None:
+    """``mutmut run`` in ``folder``, its verdicts so far saved to the module's checkpoint every few minutes."""
+    command, env = mutmut_command(folder, "run", "--max-children", str(children))
+    with subprocess.Popen(command, cwd=folder, env=env, stdout=subprocess.DEVNULL) as process:
+        while True:
+            try:
+                process.wait(timeout=CHECKPOINT_SECONDS)
+                break
+            except subprocess.TimeoutExpired:
+                save_checkpoint(folder, module, tree=tree)
+    if process.returncode:
+        raise subprocess.CalledProcessError(process.returncode, "mutmut run")
+
+
+CHECKPOINT_SECONDS = 300
+# What a checkpoint keeps of each of mutmut's .meta files; the rest (durations) mutmut refills.
+CHECKPOINTED_KEYS = ("exit_code_by_key", "hash_by_function_name")
+
+
+def checkpoint_path(module: str) -> Path:
+    return RESULTS / f"{module}.partial.json.gz"
+
+
+def read_checkpoint(module: str) -> dict[str, Any]:
+    path = checkpoint_path(module)
+    return json.loads(gzip.decompress(path.read_bytes())) if path.exists() else {"metas": {}}
+
+
+def save_checkpoint(folder: Path, module: str, *, tree: str) -> None:
+    """mutmut's verdicts so far, with the hashes of the functions they judge, into the module's checkpoint.
+
+    A .meta file mutmut is writing at that moment (it rewrites one after each mutant) keeps
+    the previous checkpoint's copy.
+    """
+    checkpoint = read_checkpoint(module)
+    for meta_path in sorted((folder / "mutants").rglob("*.py.meta")):
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        relative = str(meta_path.relative_to(folder / "mutants"))
+        checkpoint["metas"][relative] = {key: meta[key] for key in CHECKPOINTED_KEYS}
+    checkpoint.update(saved=f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC", tree=tree)
+    text = json.dumps(checkpoint, sort_keys=True, separators=(",", ":"))
+    with atomic_path(checkpoint_path(module), timed=False) as temporary:
+        temporary.write_bytes(gzip.compress(text.encode(), mtime=0))
+
+
+def restore_checkpoint(folder: Path, module: str) -> None:
+    """Seed ``folder``'s ``mutants/`` with the checkpoint's verdicts.
+
+    mutmut then writes the mutants again and keeps the verdicts of the functions whose hash is
+    unchanged (``create_mutants_for_file``), as after an interrupted run on this machine.
+    """
+    for relative, kept in read_checkpoint(module)["metas"].items():
+        meta = {**kept, "type_check_error_by_key": {}, "durations_by_key": {}, "estimated_durations_by_key": {}}
+        meta_path = folder / "mutants" / relative
+        meta_path.parent.mkdir(parents=True, exist_ok=True)
+        write_text(meta_path, json.dumps(meta, indent=4))
 
 
 def statuses(folder: Path) -> dict[str, str]:
@@ -278,12 +348,18 @@ def write_text(path: Path, text: str) -> None:
 
 def run_module(module: str, *, workdir: Path, children: int, tree: str, resume: bool) -> None:
     started = datetime.now(UTC)
-    resume = resume and (workdir / module / "mutants").is_dir()
+    here = (workdir / module / "mutants").is_dir()
+    resume = resume and (here or checkpoint_path(module).exists())
     folder = scratch_copy(module, workdir, resume=resume)
     print(f"{module}: mutating in {folder}", flush=True)
+    if resume and not here:
+        print(f"{module}: continuing from {checkpoint_path(module)}", flush=True)
+        restore_checkpoint(folder, module)
     if resume:
         print(f"{module}: continuing the run there; {retest_undecided(folder)} survivors to test again", flush=True)
-    mutmut(folder, "run", "--max-children", str(children))
+    else:
+        checkpoint_path(module).unlink(missing_ok=True)
+    run_with_checkpoints(folder, module, children=children, tree=tree)
     found = statuses(folder)
     rows = ["mutant\tstatus\tdiff"]
     for name, status in sorted(found.items(), key=lambda item: mutant_order(item[0])):
@@ -298,6 +374,7 @@ def run_module(module: str, *, workdir: Path, children: int, tree: str, resume: 
         f"{started:%Y-%m-%d}, tree {tree}, {took}, {children} workers on {os.cpu_count()} cores "
         f"({platform.machine()}), mutmut {version('mutmut')}\n",
     )
+    checkpoint_path(module).unlink(missing_ok=True)
     print(f"{module}: {len(found)} mutants, results in {RESULTS / f'{module}.tsv.gz'}", flush=True)
 
 
@@ -309,6 +386,17 @@ def mutant_order(name: str) -> tuple[str, int]:
 def read_results(module: str) -> dict[str, tuple[str, str]]:
     lines = gzip.decompress((RESULTS / f"{module}.tsv.gz").read_bytes()).decode().splitlines()[1:]
     return {name: (status, change) for name, status, change in (line.split("\t") for line in lines)}
+
+
+def progress_row(module: str) -> str:
+    """The report's row of a module whose run is in progress: the verdicts of its checkpoint."""
+    checkpoint = read_checkpoint(module)
+    verdicts = [code for meta in checkpoint["metas"].values() for code in meta["exit_code_by_key"].values()]
+    killed = sum(code in KILLING_EXIT_CODES for code in verdicts)
+    untested, survived, unreached = (verdicts.count(code) for code in (None, 0, NO_TESTS))
+    unclear = len(verdicts) - killed - untested - survived - unreached
+    progress = f"in progress: {untested} not yet tested (checkpoint {checkpoint['saved']}, tree {checkpoint['tree']})"
+    return f"| {module} | {len(verdicts)} | {killed} | {survived} | {unreached} | {unclear} | | | - | {progress} |"
 
 
 def write_report() -> None:
@@ -340,7 +428,8 @@ def write_report() -> None:
     sections = []
     for module in COVERING_TESTS:
         if not (RESULTS / f"{module}.tsv.gz").exists():
-            lines.append(f"| {module} | not run | | | | | | | | |")
+            not_run = f"| {module} | not run | | | | | | | | |"
+            lines.append(progress_row(module) if checkpoint_path(module).exists() else not_run)
             continue
         found = read_results(module)
         explained = equivalent.get(module, {})
