@@ -2,7 +2,9 @@
 
 From the tables the rules write: the droplets and the cells called among them, the cells each
 QC filter removed, doublets, the cells kept with their median genes, UMIs and mitochondrial
-share, the ambient fraction, the clusters and the seconds the sample's rules took.
+share, the ambient fraction and the clusters. It waits for no other rule (the seconds each rule
+took are ``results/run_times.tsv``'s, the workflow's last job), so that it runs beside the
+rules that follow clustering.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ def sample_row(
     obs: pd.DataFrame,
     clusters: str,
     barcodes: pd.DataFrame | None = None,
-    seconds: float | None = None,
 ) -> dict[str, float]:
     """One sample's line of the summary.
 
@@ -48,8 +49,6 @@ def sample_row(
     barcodes
         Every droplet's barcode with ``is_cell`` and ``ambient_fraction``, where cells were
         called (rule call_cells' ``cells/barcodes.parquet``).
-    seconds
-        The wall seconds of the sample's rules.
 
     Returns
     -------
@@ -79,7 +78,6 @@ def sample_row(
         round(float(ambient.median()), 4) if ambient is not None and len(ambient) else np.nan
     )
     row["clusters"] = int(obs[clusters].nunique())
-    row["seconds"] = np.nan if seconds is None else round(seconds, 1)
     return row
 
 
@@ -100,12 +98,6 @@ def study_summary(rows: Mapping[str, dict[str, float]]) -> pd.DataFrame:
     return table[[*HEADLINE, *(column for column in table if column not in HEADLINE)]]
 
 
-def seconds_per_sample(run_times: pd.DataFrame) -> pd.Series:
-    """Wall seconds of each sample's rules, summed (``results/run_times.tsv``'s ``total`` rows)."""
-    totals = run_times[run_times["step"] == "total"]
-    return totals.groupby("sample")["seconds"].sum()
-
-
 # The summary's columns as MultiQC shows them: title, description and number format (a
 # removal column's are made from its filter's name).
 WHOLE, TENTHS = "{:,.0f}", "{:,.1f}"
@@ -120,7 +112,6 @@ COLUMN_HEADERS = {
     "cells_called": ("Cells called", "Droplets called cells (emptyDrops, or the chosen method)", WHOLE),
     "cells_in": ("Cells into QC", "Cells that entered QC", WHOLE),
     "median_ambient_fraction": ("Ambient", "Median ambient RNA fraction of the called cells", "{:.3f}"),
-    "seconds": ("Seconds", "Wall seconds of the sample's rules", TENTHS),
 }
 
 

@@ -8,9 +8,8 @@ snakemake = snakemake  # noqa: F821 - injected by Snakemake
 def main() -> None:
     from omicsprep import io
     from omicsprep.io.multiqc import write_multiqc_report
-    from omicsprep.summary import multiqc_sections, sample_row, seconds_per_sample, study_summary
+    from omicsprep.summary import multiqc_sections, sample_row, study_summary
 
-    seconds = seconds_per_sample(io.read_table(snakemake.input.run_times))
     barcodes = dict(zip(snakemake.params.called, snakemake.input.barcodes, strict=True))
     rows = {
         sample: sample_row(
@@ -18,7 +17,6 @@ def main() -> None:
             obs=io.read_table(obs),
             clusters=snakemake.params.clusters,
             barcodes=io.read_table(barcodes[sample]) if sample in barcodes else None,
-            seconds=seconds.get(sample),
         )
         for sample, metrics, obs in zip(
             snakemake.params.samples, snakemake.input.metrics, snakemake.input.obs, strict=True

@@ -575,7 +575,16 @@ def test_the_study_summary_counts_each_samples_cells_through_qc(cpu_run):
         assert row["median_genes"] == kept["n_genes_by_counts"].median()
         assert row["median_umis"] == kept["total_counts"].median()
         assert row["clusters"] == obs["leiden_1.0"].nunique()
-        assert pd.isna(row["barcodes"]) and row["seconds"] > 0  # no droplets: no barcodes
+        assert pd.isna(row["barcodes"])  # no droplets: no barcodes
+
+
+def test_the_summary_and_multiqc_wait_for_clustering_not_for_the_rules_after_it():
+    """MultiQC takes 2-4 s: run beside co-expression and the other late rules, not after the
+    last of them (which run_times, reading every rule's timings, must wait for)."""
+    result = snakemake("-n", "--forceall", "results/summary.tsv")
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = set(re.findall(r"^rule (\w+):$", result.stdout + result.stderr, flags=re.MULTILINE))
+    assert {"qc", "cluster", "summary"} <= jobs and not jobs & {"coexpression", "run_times"}, jobs
 
 
 def test_multiqc_report_holds_the_study_summary(cpu_run):
