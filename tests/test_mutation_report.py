@@ -101,23 +101,29 @@ def test_each_function_is_tested_by_every_test_of_the_files_that_reach_it(mutate
     compile(mutate.LAUNCHER, "launcher", "exec")
 
 
-def test_each_functions_tests_run_fastest_file_first_and_fastest_test_first(mutate):
-    """mutmut stops at a mutant's first failing test: the quick ones go first, a file's together."""
+def test_each_functions_tests_run_fastest_file_first_and_those_that_ran_it_first(mutate):
+    """mutmut stops at a mutant's first failing test: the quick ones go first, a file's together, and
+    in a file those that ran the function before those that can fail only through a fixture."""
     durations = {
         "tests/test_cells.py::test_slow": 16.0,
         "tests/test_cells.py::test_quick": 0.5,
+        "tests/test_cells.py::test_quicker_elsewhere": 0.2,
         "tests/test_emptydrops.py::test_a": 2.0,
         "tests/test_emptydrops.py::test_b": 1.0,
     }
-    tests_by_function = {"omicsprep.cells.calling.x_call_cells": set(durations), "omicsprep.cells.x_none": set()}
-    mutate.fastest_first(tests_by_function, durations)
-    assert tests_by_function["omicsprep.cells.calling.x_call_cells"] == [
+    function = "omicsprep.cells.calling.x_call_cells"
+    tests_by_function = {function: set(durations), "omicsprep.cells.x_none": set()}
+    reached = {function: set(durations) - {"tests/test_cells.py::test_quicker_elsewhere"}}
+    mutate.fastest_first(tests_by_function, durations, reached)
+    assert tests_by_function[function] == [
         "tests/test_emptydrops.py::test_b",
         "tests/test_emptydrops.py::test_a",
         "tests/test_cells.py::test_quick",
         "tests/test_cells.py::test_slow",
+        "tests/test_cells.py::test_quicker_elsewhere",
     ]
     assert tests_by_function["omicsprep.cells.x_none"] == []
+    compile(mutate.LAUNCHER, "launcher", "exec")
 
 
 def test_the_atlas_files_are_a_target_of_their_own_within_rna(mutate, tmp_path):

@@ -122,30 +122,37 @@ def widen_to_test_files(tests_by_function: dict[str, set[str]], all_tests: Itera
             reached |= by_file.get(path, set())
 
 
-def fastest_first(tests_by_function: dict[str, Any], duration_by_test: dict[str, float]) -> None:
-    """Each function's tests as a list, in place, fastest file first and fastest test first in a file.
+def fastest_first(
+    tests_by_function: dict[str, Any], duration_by_test: dict[str, float], reached: dict[str, set[str]]
+) -> None:
+    """Each function's tests as a list, in place: fastest file first; in a file, the tests that ran the function first.
 
     mutmut stops a mutant's run at its first failing test (``-x``), and pytest runs the tests in
     the order mutmut lists them, a set's (any): a mutant that a quick test kills could first sit
     through the file's slowest tests (16 s in ``test_cells.py``). A file's tests stay together,
-    so its module-scoped fixtures are built once.
+    so its module-scoped fixtures are built once. Within a file, the tests that ran the function
+    (``reached``, mutmut's map before :func:`widen_to_test_files`), fastest first, go before the
+    others, which can only fail through what a fixture built: in cells, 2.9 s less before the
+    killing test of an average mutant than fastest first alone.
     """
     file_seconds: dict[str, float] = {}
     for test, seconds in duration_by_test.items():
         path = test.partition("::")[0]
         file_seconds[path] = file_seconds.get(path, 0.0) + seconds
 
-    def order(test: str) -> tuple[float, str, float, str]:
-        path = test.partition("::")[0]
-        return file_seconds.get(path, 0.0), path, duration_by_test.get(test, 0.0), test
-
     for function, tests in tests_by_function.items():
+        ran = reached.get(function, set())
+
+        def order(test: str, ran: set[str] = ran) -> tuple[float, str, bool, float, str]:
+            path = test.partition("::")[0]
+            return file_seconds.get(path, 0.0), path, test not in ran, duration_by_test.get(test, 0.0), test
+
         tests_by_function[function] = sorted(tests, key=order)
 
 
 # mutmut's command line, with three changes: a worker blocks SIGTERM while it switches its mutant
 # on, each function's tests are all the tests of their files (widen_to_test_files), and they run
-# fastest first (fastest_first).
+# fastest first, those that ran the function first (fastest_first).
 LAUNCHER = f"""
 import signal
 from collections.abc import Iterable
@@ -170,8 +177,9 @@ def shielded(mutant_name):
 
 def collect_and_widen(*args, **kwargs):
     collect_or_load_stats(*args, **kwargs)
+    reached = {{function: set(tests) for function, tests in state().tests_by_mangled_function_name.items()}}
     widen_to_test_files(state().tests_by_mangled_function_name, state().duration_by_test)
-    fastest_first(state().tests_by_mangled_function_name, state().duration_by_test)
+    fastest_first(state().tests_by_mangled_function_name, state().duration_by_test, reached)
 
 
 isolation.set_mutant_under_test = shielded
