@@ -88,3 +88,25 @@ def test_what_scib_metrics_compiles_is_kept_in_the_users_cache(tmp_path):
     env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / "chosen")
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert result.stdout.split()[1] == str(tmp_path / "chosen")  # the user's folder wins
+
+
+def test_umap_learn_and_pynndescent_compile_their_import_time_kernels_once_for_later_processes(tmp_path):
+    """Both compile kernels as they are imported (pynndescent's distances among them: 5.5 s of each
+    process on a 2-core vm); imported through cache_umap_kernels, a later process loads them from
+    Numba's cache, and Numba's decorators are Numba's own again after the import."""
+    code = (
+        "import numba\n"
+        "from omicsprep.jit_cache import cache_umap_kernels\n"
+        "cache_umap_kernels()\n"
+        "from pynndescent import distances\n"
+        "kernel = distances.squared_euclidean\n"
+        "print(type(kernel._cache).__name__, sum(kernel._cache_hits.values()), numba.njit.__module__)\n"
+    )
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    runs = [
+        subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.split()
+        for _ in range(2)
+    ]
+    assert runs[0] == ["FunctionCache", "0", "numba.core.decorators"]  # compiled, and written to the cache
+    assert runs[1][:2] == ["FunctionCache", "2"]  # both of its signatures loaded
+    assert any((tmp_path / "numba").glob("pynndescent*/distances.squared_euclidean-*.nbi"))

@@ -253,12 +253,12 @@ def _joint_neighbors(embeddings, nearest, weights, widths, *, k: int, xp: Module
 
 def _store_graph(mdata: MuData, indices: np.ndarray, distances: np.ndarray, *, n_neighbors: int) -> None:
     """Joint neighbours as scanpy stores them: distances, and UMAP connectivities."""
+    cache_umap_kernels()  # before umap-learn's import, which it caches
     from umap.umap_ import fuzzy_simplicial_set
 
     n_cells = indices.shape[0]
     with_self = np.concatenate([np.arange(n_cells)[:, None], indices], axis=1)
     with_zero = np.concatenate([np.zeros((n_cells, 1), np.float32), distances], axis=1)
-    cache_umap_kernels()
     connectivities, _, _ = fuzzy_simplicial_set(
         sparse.coo_matrix((n_cells, 1)), n_neighbors, None, None, knn_indices=with_self, knn_dists=with_zero
     )
