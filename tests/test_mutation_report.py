@@ -69,9 +69,12 @@ def test_a_continued_run_tests_its_survivors_again_and_maps_tests_to_functions_a
         "x_a__mutmut_4": -24,
         "x_a__mutmut_5": None,
     }
+    verdicts["x_a__mutmut_6"] = 0  # a survivor explained as equivalent: no test can kill it
     meta = mutants / "omicsprep" / "atac" / "fragments.py.meta"
     meta.write_text(json.dumps({"exit_code_by_key": verdicts, "hash_by_function_name": {"x_a": "h"}}))
-    assert mutate.retest_undecided(tmp_path / "run") == 2  # the survivor and the one no test reached
+    explained = {"x_a__mutmut_6": "the same either way"}
+    # The unexplained survivor and the one no test reached.
+    assert mutate.retest_undecided(tmp_path / "run", explained=explained) == 2
     kept = json.loads(meta.read_text())
     assert kept["exit_code_by_key"] == {**verdicts, "x_a__mutmut_2": None, "x_a__mutmut_3": None}
     assert kept["hash_by_function_name"] == {"x_a": "h"}  # mutmut's own check of changed functions

@@ -237,22 +237,24 @@ KILLING_EXIT_CODES = {1, 3, 36, -24, 24, 152, 255, -11}
 NO_TESTS = 33
 
 
-def retest_undecided(folder: Path) -> int:
-    """Forget the kept verdicts that are not kills, and which tests reach which function.
+def retest_undecided(folder: Path, *, explained: Iterable[str] = ()) -> int:
+    """Forget the verdicts that are not kills (but the ``explained`` survivors'), and the map of tests to functions.
 
     So that the current tests judge those mutants: a kill stays a kill as tests are added; a
-    survivor may not. mutmut itself forgets the verdicts of functions whose code changed. Its map
-    of tests to functions it only extends with new tests, so functions moved or added since are
-    left with none ("no tests"): the map is collected again (one traced run of the module's tests).
-    Returns how many verdicts were forgotten.
+    survivor may not, unless it is explained as equivalent (no test can kill it; a minute or
+    more each to run every test again). mutmut itself forgets the verdicts of functions whose
+    code changed. Its map of tests to functions it only extends with new tests, so functions
+    moved or added since are left with none ("no tests"): the map is collected again (one
+    traced run of the module's tests). Returns how many verdicts were forgotten.
     """
+    explained = set(explained)
     (folder / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
     forgotten = 0
     for meta_path in (folder / "mutants").rglob("*.py.meta"):
         meta = json.loads(meta_path.read_text())
         verdicts = meta["exit_code_by_key"]
         for name, exit_code in verdicts.items():
-            if exit_code is not None and exit_code not in KILLING_EXIT_CODES:
+            if exit_code is not None and exit_code not in KILLING_EXIT_CODES and name not in explained:
                 verdicts[name] = None
                 forgotten += 1
         write_text(meta_path, json.dumps(meta, indent=4))
@@ -364,7 +366,9 @@ def run_module(module: str, *, workdir: Path, children: int, tree: str, resume: 
         print(f"{module}: continuing from {checkpoint_path(module)}", flush=True)
         restore_checkpoint(folder, module)
     if resume:
-        print(f"{module}: continuing the run there; {retest_undecided(folder)} survivors to test again", flush=True)
+        explained = tomllib.loads(EQUIVALENT.read_text()).get(module, {}) if EQUIVALENT.exists() else {}
+        forgotten = retest_undecided(folder, explained=explained)
+        print(f"{module}: continuing the run there; {forgotten} survivors to test again", flush=True)
     else:
         checkpoint_path(module).unlink(missing_ok=True)
     run_with_checkpoints(folder, module, children=children, tree=tree)
@@ -414,7 +418,9 @@ def write_report() -> None:
         "",
         "Written by `python tests/mutation/mutate.py --report-only` from `tests/mutation/results/` and",
         "`tests/mutation/equivalent.toml`; a module is (re)run by `make mutate MODULE=<module>` (an interrupted",
-        "run is continued by `mutate.py --resume <module>`: kills of unchanged functions are kept). mutmut",
+        "run is continued by `mutate.py --resume <module>`, on another machine too once its checkpoint",
+        "`results/<module>.partial.json.gz` is committed: kills of unchanged functions are kept, and their",
+        "survivors explained in `equivalent.toml`). mutmut",
         "mutates each function of the module (the atlas module: rna's scVI, scIB and CellTypist files,",
         "`FILES_OF`, which rna's run leaves out; Numba's kernels, being decorated, are not mutated, nor are",
         "the modules that launch CUDA kernels, `*_cuda.py`: the parity tests of the CPU and CUDA kernels",
