@@ -4,7 +4,7 @@
 # make test    set up .venv and run the test suite (GPU tests skip without a GPU)
 # make image   build the CPU container image (envs/containers/build.sh; root, debootstrap, buildah): docs/containers.md
 # make test-image  build it and run the demo in it against the host's run (not in CI: 5-8 minutes)
-# make mutate  mutation testing of the science modules, MODULE=rna|atlas|cells|reads|protein|atac|multiome|network
+# make mutate  mutation testing of the science modules, MODULE=rna|atlas|scib|cells|reads|protein|atac|multiome|network
 #              (default: all, hours on two cores; not in CI): docs/mutation.md
 PYTHON ?= python3
 VENV := .venv

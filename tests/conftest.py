@@ -164,6 +164,7 @@ def import_for_gpu_test(config: pytest.Config, module: str) -> ModuleType:
 LONGEST_FILES = (
     "test_workflow.py",
     "test_atlas.py",
+    "test_scib.py",
     "test_bad_input.py",
     "test_slurm.py",
     "test_schema_boundaries.py",

@@ -129,26 +129,30 @@ def test_each_functions_tests_run_fastest_file_first_and_those_that_ran_it_first
     compile(mutate.LAUNCHER, "launcher", "exec")
 
 
-def test_the_atlas_files_are_a_target_of_their_own_within_rna(mutate, tmp_path):
-    """rna's run leaves the atlas files (whose one covering file takes minutes) to the atlas target,
-    which mutates those alone and runs test_atlas.py; every file of them exists; neither mutates
-    the modules that launch the neighbour and silhouette kernels (no CPU test can call them)."""
+def test_the_atlas_and_scib_files_are_targets_of_their_own_within_rna(mutate, tmp_path):
+    """rna's run leaves the atlas files (whose covering file takes minutes) and scIB's metrics to their
+    own targets, each mutating its files alone and running its own test file (test_scib.py, with no
+    scVI to train, for scIB's); every file of them exists; none mutates another's files or the
+    modules that launch the neighbour and silhouette kernels (no CPU test can call them)."""
     import tomllib
 
     settings = {}
-    for target in ("rna", "atlas"):
+    for target in ("rna", "atlas", "scib"):
         folder = mutate.scratch_copy(target, tmp_path / "work", resume=False)
         settings[target] = tomllib.loads((folder / "pyproject.toml").read_text())["tool"]["mutmut"]
-    atlas_files = mutate.FILES_OF["atlas"]
-    assert all((mutate.ROOT / file).is_file() for file in atlas_files) and "omicsprep/rna/latent.py" in atlas_files
-    assert settings["rna"]["source_paths"] == settings["atlas"]["source_paths"] == ["omicsprep/rna/"]
-    assert settings["atlas"]["only_mutate"] == atlas_files
+    atlas_files, scib_files = mutate.FILES_OF["atlas"], mutate.FILES_OF["scib"]
+    assert all((mutate.ROOT / file).is_file() for file in atlas_files + scib_files)
+    assert "omicsprep/rna/latent.py" in atlas_files and scib_files == ["omicsprep/rna/integration_scores.py"]
+    assert {settings[target]["source_paths"][0] for target in settings} == {"omicsprep/rna/"}
+    assert settings["atlas"]["only_mutate"] == atlas_files and settings["scib"]["only_mutate"] == scib_files
     launchers = ["omicsprep/rna/neighbors_cuda.py", "omicsprep/rna/pairs_cuda.py"]
-    assert settings["rna"]["do_not_mutate"] == [*atlas_files, *launchers]
-    assert settings["atlas"]["do_not_mutate"] == launchers
+    assert settings["rna"]["do_not_mutate"] == [*atlas_files, *scib_files, *launchers]
+    assert settings["atlas"]["do_not_mutate"] == [*scib_files, *launchers]
+    assert settings["scib"]["do_not_mutate"] == [*atlas_files, *launchers]
     assert "only_mutate" not in settings["rna"]
     assert mutate.gpu_launchers("cells") == ["omicsprep/cells/montecarlo_cuda.py"]
     assert settings["atlas"]["pytest_add_cli_args_test_selection"] == ["tests/test_atlas.py"]
+    assert settings["scib"]["pytest_add_cli_args_test_selection"] == ["tests/test_scib.py"]
 
 
 def test_a_reference_run_is_kept_by_its_command_and_inputs_only_when_asked(tmp_path, monkeypatch):

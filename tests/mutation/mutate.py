@@ -11,8 +11,8 @@ verdicts so far in ``tests/mutation/results/<module>.partial.json.gz`` every few
 ``--resume`` continues it on another machine once that file is committed (a module takes longer
 than a working session: cells, 1-1.5 mutants a minute on two cores).
 
-A target is a package, but for ``atlas``: the scVI, scIB and CellTypist files of ``rna``
-(``FILES_OF``), which ``rna``'s target leaves out. Not in CI: a target takes minutes to hours on
+A target is a package, but for ``atlas`` and ``scib``: the scVI and CellTypist files of ``rna``,
+and its scIB metrics (``FILES_OF``), which ``rna``'s target leaves out. Not in CI: a target takes minutes to hours on
 two cores.
 """
 
@@ -61,23 +61,18 @@ COVERING_TESTS = {
     "multiome": ["test_multiome.py"],
     "network": ["test_coexpression.py", "test_clustering.py"],
     "atlas": ["test_atlas.py"],
+    "scib": ["test_scib.py"],
 }
 
-# Targets that mutate some files of another's package: the atlas steps (scVI, scIB, CellTypist) are
-# rna's files whose one covering file, test_atlas.py, takes minutes a run. Kept in rna's target,
-# every mutant of a function it reaches (most of rna) would run it whole.
-PACKAGE_OF = {"atlas": "rna"}
+# Targets that mutate some files of another's package: the atlas steps (scVI, CellTypist) and scIB's
+# metrics are rna's files whose covering files take minutes a run (test_atlas.py trains scVI and
+# scANVI) or one and a half (test_scib.py). Kept in rna's target, every mutant of a function they
+# reach (most of rna) would run them whole; scIB's apart from the atlas, its mutants run
+# test_scib.py alone, on a merge without scVI.
+PACKAGE_OF = {"atlas": "rna", "scib": "rna"}
 FILES_OF = {
-    "atlas": [
-        f"omicsprep/rna/{name}.py"
-        for name in (
-            "latent",
-            "resident_batches",
-            "epoch_logging",
-            "integration_scores",
-            "annotation",
-        )
-    ]
+    "atlas": [f"omicsprep/rna/{name}.py" for name in ("latent", "resident_batches", "epoch_logging", "annotation")],
+    "scib": ["omicsprep/rna/integration_scores.py"],
 }
 
 
@@ -421,8 +416,9 @@ def write_report() -> None:
         "run is continued by `mutate.py --resume <module>`, on another machine too once its checkpoint",
         "`results/<module>.partial.json.gz` is committed: kills of unchanged functions are kept, and their",
         "survivors explained in `equivalent.toml`). mutmut",
-        "mutates each function of the module (the atlas module: rna's scVI, scIB and CellTypist files,",
-        "`FILES_OF`, which rna's run leaves out; Numba's kernels, being decorated, are not mutated, nor are",
+        "mutates each function of the module (the atlas and scib modules: rna's scVI and CellTypist files",
+        "and its scIB metrics, `FILES_OF`, which rna's run leaves out; Numba's kernels, being decorated, are",
+        "not mutated, nor are",
         "the modules that launch CUDA kernels, `*_cuda.py`: the parity tests of the CPU and CUDA kernels",
         "cover them) and runs every test of the module's test files",
         "(`COVERING_TESTS` in `tests/mutation/mutate.py`) that reach it, each file whole (a module-scoped",
