@@ -6,10 +6,10 @@ that cost would recur in every run. Turning caching on before
 their first call stores the machine code in Numba's cache directory (``NUMBA_CACHE_DIR``
 or ``__pycache__``), where later processes find it. umap-learn and pynndescent also compile
 kernels as they are imported (those declared with their types), which nothing can cache after
-the import: they are imported with Numba's decorators asking for the cache. scib-metrics compiles more, on either
-backend: its metrics through JAX (65 s of a 2,400-cell table on 2 cores, 37 s with these caches
-filled, when its kBET also compiled pynndescent's kernels, which it no longer runs:
-:mod:`omicsprep.rna.integration_scores`).
+the import: they are imported with Numba's decorators asking for the cache. scib-metrics
+compiles more, on either backend: its metrics through JAX (65 s of a 2,400-cell table on 2
+cores, 37 s with these caches filled, when its kBET also compiled pynndescent's kernels, which
+it no longer runs: :mod:`omicsprep.rna.integration_scores`).
 
 Numba keys a cached function by its own source file only: a function whose machine code
 holds another module's function (``umi.count_groups`` calls ``umi_kernels``' kernel) kept
