@@ -270,6 +270,11 @@ def mutmut(folder: Path, *arguments: str) -> str:
     return subprocess.run(command, cwd=folder, env=env, check=True, capture_output=True, text=True).stdout
 
 
+CHECKPOINT_SECONDS = 300
+# What a checkpoint keeps of each of mutmut's .meta files; the rest (durations) mutmut refills.
+CHECKPOINTED_KEYS = ("exit_code_by_key", "hash_by_function_name")
+
+
 def run_with_checkpoints(folder: Path, module: str, *, children: int, tree: str) -> None:
     """``mutmut run`` in ``folder``, its verdicts so far saved to the module's checkpoint every few minutes."""
     command, env = mutmut_command(folder, "run", "--max-children", str(children))
@@ -282,11 +287,6 @@ def run_with_checkpoints(folder: Path, module: str, *, children: int, tree: str)
                 save_checkpoint(folder, module, tree=tree)
     if process.returncode:
         raise subprocess.CalledProcessError(process.returncode, "mutmut run")
-
-
-CHECKPOINT_SECONDS = 300
-# What a checkpoint keeps of each of mutmut's .meta files; the rest (durations) mutmut refills.
-CHECKPOINTED_KEYS = ("exit_code_by_key", "hash_by_function_name")
 
 
 def checkpoint_path(module: str) -> Path:
