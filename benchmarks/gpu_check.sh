@@ -54,6 +54,8 @@
 #             $OUT/trace_$E2E_TRACE.json.gz, summarized by benchmarks/trace_summary.py; the rules' logs of
 #             the runs at $E2E_CELLS go to $OUT/rule_logs_<time>.tgz; the GPU memory in use is sampled
 #             during the runs ($OUT/gpu_memory_e2e.csv, its peak printed) and the outputs' sizes printed
+#   first_calls benchmarks/first_calls.py: in a process set up as a pool worker, the steps whose first call
+#             costs more (co-expression's metacells, Leiden, Louvain), the first profiled
 #   codecs    benchmarks/output_codecs.py on the qc.h5ad and processed.h5ad of the e2e section's latest run at
 #             $CODECS_CELLS (100000) cells (run e2e first, in the same call or on the same machine)
 #   study     benchmarks/study.py: the bundled demo and a study of $STUDY_SAMPLES (16) x $STUDY_CELLS (10000) cells
@@ -340,6 +342,11 @@ python3 -c "$imports"; python3 -c "$imports"
 for i in $(seq "$(nproc)"); do python3 -c "$imports" & done | sort -n | tr '\n' ' '; echo
 python3 -X importtime -c 'import omicsprep.rna.pipeline, rapids_singlecell, cuml, pylibcugraph' 2>&1 \
   | sort -t'|' -k2 -n | tail -n 25
+fi
+
+if wants first_calls; then
+echo "== a pool worker's first calls: benchmarks/first_calls.py"
+python3 -m benchmarks first_calls --out "$out" 2>&1 | tail -n 160
 fi
 
 if wants codecs; then

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from omicsprep import pool
 from omicsprep.errors import BackendUnavailableError, InputError, OutOfMemoryError, OutOfSpaceError
+from omicsprep.jit_cache import cache_sparse_matrix_kernels
 from omicsprep.timings import phase, phase_seconds
 
 if TYPE_CHECKING:
@@ -76,6 +77,8 @@ def run_script(
     )
     logging.captureWarnings(capture=True)
     limit_threads(threads)
+    if backend is not None:  # a computing rule: it imports Numba anyway
+        cache_sparse_matrix_kernels()
     return_freed_memory()
     started = time.perf_counter()
     try:

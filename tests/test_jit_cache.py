@@ -110,3 +110,34 @@ def test_umap_learn_and_pynndescent_compile_their_import_time_kernels_once_for_l
     assert runs[0] == ["FunctionCache", "0", "numba.core.decorators"]  # compiled, and written to the cache
     assert runs[1][:2] == ["FunctionCache", "2"]  # both of its signatures loaded
     assert any((tmp_path / "numba").glob("pynndescent*/distances.squared_euclidean-*.nbi"))
+
+
+def test_fast_array_utils_kernels_over_sparse_matrices_compile_once_for_later_processes(tmp_path):
+    """fast-array-utils' classes typing SciPy's sparse matrices for Numba claim the module ``abc``:
+    Numba's cache index kept them by value and a new process never found its signature again
+    (7.1 s compiling in each GPU pool worker's first co-expression job). After
+    name_sparse_matrix_types a second process loads the kernel; without it, it compiles again."""
+    code = (
+        "import sys\n"
+        "import numpy as np\n"
+        "from scipy import sparse\n"
+        "from omicsprep.jit_cache import name_sparse_matrix_types\n"
+        "if sys.argv[1] == 'fixed':\n"
+        "    name_sparse_matrix_types()\n"
+        "from fast_array_utils import stats\n"
+        "matrix = sparse.random(50, 20, density=0.3, format='csr', dtype=np.float32, random_state=0)\n"
+        "means, variances = stats.mean_var(matrix, axis=1)\n"
+        "assert np.allclose(means, matrix.toarray().mean(axis=1))\n"
+    )
+    saves = {}
+    for case in ("unfixed", "fixed"):
+        env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / case), "NUMBA_DEBUG_CACHE": "1"}
+        saves[case] = [
+            subprocess.run(
+                [sys.executable, "-c", code, case], env=env, capture_output=True, text=True, check=True
+            ).stdout.count("data saved")
+            for _ in range(2)
+        ]
+    assert saves["unfixed"][0] > 0
+    assert saves["unfixed"][1] == saves["unfixed"][0]  # fast-array-utils' own: compiled again
+    assert saves["fixed"] == [saves["unfixed"][0], 0]  # loaded from the cache
