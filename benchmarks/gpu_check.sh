@@ -107,8 +107,9 @@ rm -rf /tmp/gpu-extra; python3 -m pip install -q --no-deps --target /tmp/gpu-ext
     [ -e "$wheel" ] && python3 -m pip install -q --no-deps --target /tmp/gpu-extra "$wheel" >/dev/null 2>&1
   done
 [ -d /tmp/gpu-extra ] && export PYTHONPATH=/tmp/gpu-extra:$PYTHONPATH PATH=/tmp/gpu-extra/bin:$PATH
-# Wheels too large to carry beside the work tree (polars' runtime, for MultiQC: 54 MB) come in
-# parts, one per call before this one, as the bundle does (split -b 27M -d -a 1 WHEEL .gpu/large/WHEEL.part-):
+# Wheels too large to carry beside the work tree (polars' runtime, for MultiQC: 54 MB; pip download
+# --no-deps --python-version 3.12 --only-binary=:all: polars-runtime-32==2.1.0, which the polars wheel above
+# needs) come in parts, one per call before this one, as the bundle does (split -b 27M -d -a 1 WHEEL .gpu/large/WHEEL.part-):
 #   carry [".gpu/large/<wheel>.part-0"], command: mkdir -p /tmp/gpu-large && cp .gpu/large/* /tmp/gpu-large/
 # and the same for part-1; joined and installed here once, kept while the machine stays warm.
 if ls /tmp/gpu-large/*.part-0 >/dev/null 2>&1 && [ ! -d /tmp/gpu-large/site ]; then
