@@ -141,3 +141,22 @@ def test_fast_array_utils_kernels_over_sparse_matrices_compile_once_for_later_pr
     assert saves["unfixed"][0] > 0
     assert saves["unfixed"][1] == saves["unfixed"][0]  # fast-array-utils' own: compiled again
     assert saves["fixed"] == [saves["unfixed"][0], 0]  # loaded from the cache
+
+
+def test_sparse_matrix_types_are_named_only_where_scanpy_uses_fast_array_utils(monkeypatch):
+    """The rules' call names the types where scanpy requires fast-array-utils (1.12), and imports nothing elsewhere."""
+    import importlib.metadata
+
+    from omicsprep import jit_cache
+
+    for requirements, named in (
+        (["fast-array-utils[accel,sparse]>=1.4", "numba>=0.57"], True),
+        (["numba>=0.57"], False),
+    ):
+        monkeypatch.setattr(importlib.metadata, "requires", lambda name, given=requirements: given)
+        jit_cache.cache_sparse_matrix_kernels.cache_clear()
+        assert jit_cache.cache_sparse_matrix_kernels() is named
+    jit_cache.cache_sparse_matrix_kernels.cache_clear()
+    from fast_array_utils._plugins import numba_sparse
+
+    assert all(getattr(numba_sparse, kind.__qualname__) is kind for kind in numba_sparse.TYPES)
