@@ -88,10 +88,10 @@ def run(args: argparse.Namespace) -> None:
 
         backend.cupy().cuda.runtime.free(0)
         idle_start = time.perf_counter()
-        for name in worker.gpu_libraries_to_import():
+        for name in worker.libraries_to_import():
             importlib.import_module(name)
         idle = time.perf_counter() - idle_start
-    print(f"worker set-up: server imports {imported:.2f} s, GPU libraries {idle:.2f} s")
+    print(f"worker set-up: server imports {imported:.2f} s, libraries imported while idle {idle:.2f} s")
 
     import scanpy as sc
 

@@ -36,12 +36,13 @@ def run_script(
     sample: str | None = None,
     threads: int = 1,
     backend: str | None = None,
+    pooled: bool = False,
 ) -> None:
     """Run a rule's script body with logging to ``log_path`` and one-line user errors.
 
-    A job whose backend may be the GPU (``backend`` ``auto`` or ``gpu``) first hands itself
-    to the workflow's pool of warm processes, where one runs (:func:`omicsprep.pool.hand_over`);
-    the script then runs in a worker of the pool, and this process exits with its status.
+    A pooled job first hands itself to the workflow's pool of warm processes, where one runs
+    (:func:`omicsprep.pool.hand_over`); the script then runs in a worker of the pool, and this
+    process exits with its status.
     Logging, warnings and standard error (the C libraries' too, such as HDF5's error
     stack) go to the log. Bad input, an unusable backend, a full disk (or too little room
     to start an output) and memory running out while writing end the rule with a single
@@ -63,9 +64,11 @@ def run_script(
         The rule's threads: BLAS/OpenMP pools and Numba use no more.
     backend
         The rule's configured backend, for a rule that may use the GPU.
+    pooled
+        Whether the workflow's pool of warm processes runs the job, where there is one.
     """
     startup = seconds_since_process_start()
-    if backend in ("auto", "gpu"):
+    if pooled:
         pool.hand_over(started_at=time.time() - (startup or 0.0))
     console = os.fdopen(os.dup(2), "w", buffering=1)
     log_file = Path(log_path).open("w", buffering=1)  # noqa: SIM115 - closed at the end (a pool worker goes on)
@@ -105,7 +108,9 @@ def run_script(
     exit_at_once(log_file, console)
 
 
-def run_rule(main: Callable[[], None], snakemake: Any, *, sample: str | None = None, pooled: bool = True) -> None:
+def run_rule(
+    main: Callable[[], None], snakemake: Any, *, sample: str | None = None, pooled: bool | None = None
+) -> None:
     """:func:`run_script` for a rule's script: its log, sample, threads and backend from ``snakemake``.
 
     Parameters
@@ -117,14 +122,17 @@ def run_rule(main: Callable[[], None], snakemake: Any, *, sample: str | None = N
     sample
         The sample named in errors, where the rule has no ``sample`` wildcard.
     pooled
-        Whether the GPU pool may run a rule whose params hold a backend.
+        Whether the workflow's pool of warm processes runs the job, where there is one; by
+        default, where the rule's params hold a backend that may be the GPU.
     """
+    backend = snakemake.params.get("backend")
     run_script(
         main,
         log_path=snakemake.log[0],
         sample=sample or snakemake.wildcards.get("sample"),
         threads=snakemake.threads,
-        backend=snakemake.params.get("backend") if pooled else None,
+        backend=backend,
+        pooled=backend in ("auto", "gpu") if pooled is None else pooled,
     )
 
 

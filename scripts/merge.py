@@ -72,4 +72,4 @@ def main() -> None:
 if __name__ == "__main__":
     snakemake = snakemake  # noqa: F821 - injected by Snakemake
     # Not in the GPU pool with Dask's workers, which start by running this file as their main module.
-    run_rule(main, snakemake, sample="merged", pooled=not snakemake.params.merge["dask"])
+    run_rule(main, snakemake, sample="merged", pooled=False if snakemake.params.merge["dask"] else None)

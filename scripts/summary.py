@@ -35,4 +35,5 @@ def main() -> None:
     )
 
 
-run_rule(main, snakemake, sample="summary")
+# In the GPU pool where there is one: its workers imported MultiQC (1-4 s in a new process) while idle.
+run_rule(main, snakemake, sample="summary", pooled=True)

@@ -61,17 +61,18 @@ def test_every_job_finds_numba_imported_and_the_gpu_libraries_come_while_idle(mo
     """A worker starts with Numba imported (by the server it is forked from): a job sets Numba's threads
     through it, where through its environment it would clash with the threads an earlier job started (on the H100,
     53ed1b6: 'Cannot set NUMBA_NUM_THREADS to a different value once the threads have been
-    launched'). The GPU libraries are imported while idle, only where the GPU is usable."""
+    launched'). The GPU libraries are imported while idle, only where the GPU is usable; MultiQC (rule
+    summary's) after them, everywhere."""
     from omicsprep import backend
     from omicsprep.pool import worker
 
     run = subprocess.run([sys.executable, "-c", PRELOAD_IMPORTS_NUMBA], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     monkeypatch.setattr(backend, "gpu_unavailable_reason", lambda: "no GPU here")
-    assert worker.gpu_libraries_to_import() == []
+    assert worker.libraries_to_import() == ["multiqc"]
     monkeypatch.setattr(backend, "gpu_unavailable_reason", lambda: None)
-    on_gpu = worker.gpu_libraries_to_import()
-    assert on_gpu == [name for name in worker.IMPORTED_WHILE_IDLE if name in on_gpu]
+    on_gpu = worker.libraries_to_import()
+    assert on_gpu == [name for name in (*worker.IMPORTED_WHILE_IDLE, "multiqc") if name in on_gpu]
 
 
 @pytest.mark.gpu

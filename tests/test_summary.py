@@ -64,3 +64,30 @@ def test_multiqc_sections_add_starsolo_statistics():
     assert section["data"] == {"f": starsolo.to_dict()}
     assert section["headers"]["Reads With Valid Barcodes"]["format"] == "{:.3f}"
     assert section["headers"]["Number of Reads"]["format"] == "{:,.0f}"
+
+
+def test_the_multiqc_report_leaves_the_rules_log_as_it_found_it(tmp_path):
+    """MultiQC replaces the root logger's handlers with its own (WARNING and up): the rule's log lost
+    every later line, its phases line among them (rule summary's log was empty)."""
+    import logging
+
+    from omicsprep.io.multiqc import write_multiqc_report
+
+    root = logging.getLogger()
+    rule_log = logging.FileHandler(tmp_path / "summary.log")
+    before = (list(root.handlers), root.level)
+    root.addHandler(rule_log)
+    root.setLevel(logging.INFO)
+    try:
+        sections = multiqc_sections(study_summary({"a": _row(1000), "b": _row(500)}))
+        write_multiqc_report(
+            sections, star_logs={}, report=tmp_path / "multiqc" / "report.html", data=tmp_path / "multiqc" / "data"
+        )
+        logging.getLogger("omicsprep").info("after MultiQC")
+        assert root.handlers[-1] is rule_log and root.level == logging.INFO
+    finally:
+        root.removeHandler(rule_log)
+        rule_log.close()
+        root.handlers[:], root.level = before
+    assert "after MultiQC" in (tmp_path / "summary.log").read_text()
+    assert (tmp_path / "multiqc" / "report.html").is_file()

@@ -326,21 +326,25 @@ def assert_same_outputs(ours: Path, theirs: Path) -> None:
 
 
 def test_the_pool_runs_jobs_as_their_own_processes_do(cpu_run, tmp_path, gpu_pool):
-    """Jobs handed to the pool (backend auto) write what they write in their own processes, one worker
-    running job after job; a failing job reports as it does there, leaves nothing, and its worker is replaced."""
+    """Jobs handed to the pool (backend auto, and the study summary) write what they write in their own
+    processes, one worker running job after job; a failing job reports as it does there, leaves nothing,
+    and its worker is replaced."""
     from omicsprep import pool
 
     sheet = write_sheet(tmp_path / "samples.tsv", [f"pbmc_h5\t{PBMC_H5}\t\tb1"], header="sample\tinput\tformat\tbatch")
     workdir = tmp_path / "run"
     targets = [f"results/pbmc_h5/{name}" for name in ("processed.h5ad", "plots/umap_qc.png", "plots/qc_scatter.png")]
+    targets.append("results/summary.tsv")
     result = snakemake(*targets, "--cores", "2", "--config", f"samples={sheet}", workdir=workdir, env=gpu_pool)
     assert result.returncode == 0, result.stderr[-5000:]
-    workers = {
-        rule: read_phases(workdir / "logs" / rule / "pbmc_h5.log").get("pool_worker") for rule in ("qc", "cluster")
-    }
+    logs = {rule: workdir / "logs" / rule / "pbmc_h5.log" for rule in ("qc", "cluster")}
+    logs["summary"] = workdir / "logs" / "summary" / "all.log"
+    workers = {rule: (read_phases(log) or {}).get("pool_worker") for rule, log in logs.items()}
     pool_log = Path(gpu_pool[pool.POOL]).with_suffix(".log").read_text()
-    assert workers["qc"] is not None and workers["qc"] == workers["cluster"], (workers, result.stderr, pool_log)
+    assert workers["qc"] is not None and len(set(workers.values())) == 1, (workers, result.stderr, pool_log)
     assert_same_outputs(workdir / "results" / "pbmc_h5", cpu_run / "results" / "pbmc_h5")
+    summary, alone = (pd.read_csv(run / "results" / "summary.tsv", sep="\t", index_col=0) for run in (workdir, cpu_run))
+    pd.testing.assert_series_equal(summary.loc["pbmc_h5"], alone.loc["pbmc_h5", summary.columns])
 
     empty = tmp_path / "empty.h5ad"
     ad.AnnData(sparse.csr_matrix((0, 5), dtype=np.float32)).write_h5ad(empty)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 
 def write_multiqc_report(
@@ -59,9 +61,29 @@ def write_multiqc_report(
             quiet=True,
             cl_config=["show_analysis_paths: false"],  # the temporary folder means nothing to a reader
         )
-        result = run(str(found), cfg=config, interactive=False)
+        result = _run_keeping_logging(run, str(found), cfg=config, interactive=False)
         if result.sys_exit_code != 0:
             raise RuntimeError(f"{report}: MultiQC failed: {result.message}")
         shutil.rmtree(data, ignore_errors=True)
         (written / f"{report.stem}_data").replace(data)
         (written / report.name).replace(report)
+
+
+def _run_keeping_logging(run: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``run(*args, **kwargs)`` with the root logger's handlers and level given back after it.
+
+    MultiQC replaces them with its own (WARNING and up, to standard error): the rule's log
+    would lose every later line, its ``phases`` line among them.
+    """
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        return run(*args, **kwargs)
+    finally:
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+            if handler not in handlers:
+                handler.close()
+        for handler in handlers:
+            root.addHandler(handler)
+        root.setLevel(level)

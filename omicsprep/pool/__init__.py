@@ -1,4 +1,4 @@
-"""Warm processes that run the workflow's GPU jobs one after another.
+"""Warm processes that run the workflow's GPU jobs one after another (and its last jobs, the summaries).
 
 A rule is a process, and a GPU rule's process spends 7-10 s importing RAPIDS and AnnData and
 creating a CUDA context before its first step (H200 machine, ``benchmarks/gpu_check.sh

@@ -52,6 +52,8 @@ PRELOADED = (
 # at its channel: a pool's first jobs do not wait for libraries they may not use
 # (rapids-singlecell alone takes 7 s), and a job imports what is not yet imported itself.
 IMPORTED_WHILE_IDLE = ("cupyx.scipy.sparse", "rapids_singlecell", "cuml", "pylibcugraph")
+# Then MultiQC, for rule summary (pooled): 1-4 s to import in a new process, at the run's end.
+IMPORTED_WHILE_IDLE_LAST = ("multiqc",)
 
 _job: dict[str, Any] = {}  # the job a worker runs: when its own process started, the worker's CPU seconds before
 
@@ -117,13 +119,12 @@ def _boot() -> dict[str, float]:
     return {name: round(value, 2) for name, value in seconds.items()}
 
 
-def gpu_libraries_to_import() -> list[str]:
-    """The installed :data:`IMPORTED_WHILE_IDLE` on a usable GPU, in order; none elsewhere."""
+def libraries_to_import() -> list[str]:
+    """The installed :data:`IMPORTED_WHILE_IDLE` (on a usable GPU only), then :data:`IMPORTED_WHILE_IDLE_LAST`."""
     from omicsprep import backend
 
-    if backend.gpu_unavailable_reason() is not None:
-        return []
-    return [name for name in IMPORTED_WHILE_IDLE if importlib.util.find_spec(name.partition(".")[0]) is not None]
+    gpu = IMPORTED_WHILE_IDLE if backend.gpu_unavailable_reason() is None else ()
+    return [name for name in (*gpu, *IMPORTED_WHILE_IDLE_LAST) if importlib.util.find_spec(name.partition(".")[0])]
 
 
 def import_while_idle(channel: socket.socket, modules: list[str]) -> None:
@@ -142,7 +143,7 @@ def import_while_idle(channel: socket.socket, modules: list[str]) -> None:
         with contextlib.suppress(Exception):
             importlib.import_module(modules.pop(0))
     if not modules:
-        log.info("worker %d imported the GPU libraries while idle (%.2f s)", os.getpid(), time.perf_counter() - start)
+        log.info("worker %d imported its libraries while idle (%.2f s)", os.getpid(), time.perf_counter() - start)
 
 
 def become_worker(channel_fd: int) -> NoReturn:
@@ -171,7 +172,7 @@ def serve_jobs(channel_fd: int) -> NoReturn:
     seconds = _boot()
     log.info("worker %d ready: %s", os.getpid(), seconds)
     send(channel, {"ready": os.getpid()})
-    modules = gpu_libraries_to_import()
+    modules = libraries_to_import()
     while True:
         import_while_idle(channel, modules)
         request, fds = receive(channel)
