@@ -86,7 +86,7 @@ def hand_over(*, started_at: float) -> None:
 
 
 def status(path: Path | None = None) -> dict[str, Any] | None:
-    """The running pool's server, fingerprint, workers' states and jobs waiting; ``None`` when none runs.
+    """The running pool's server, fingerprint, workers' states and imports, jobs waiting; ``None`` when none runs.
 
     ``path``: its socket (by default this user's, :func:`socket_path`).
     """

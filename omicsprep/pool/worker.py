@@ -5,7 +5,8 @@ waits for a job.
 
 After a job it gives back its streams, folder and environment, reports its exit status, then
 collects what it left (log handlers, cycles, device memory) and says it is ready again; after
-a job that failed it exits, and the server starts another.
+a job that failed it exits, and the server starts another. Once nothing is left to import it
+says so, and the server gives jobs to such workers first.
 """
 
 from __future__ import annotations
@@ -173,8 +174,12 @@ def serve_jobs(channel_fd: int) -> NoReturn:
     log.info("worker %d ready: %s", os.getpid(), seconds)
     send(channel, {"ready": os.getpid()})
     modules = libraries_to_import()
+    settled = False
     while True:
         import_while_idle(channel, modules)
+        if not modules and not settled:  # the server gives jobs to settled workers first
+            send(channel, {"settled": os.getpid()})
+            settled = True
         request, fds = receive(channel)
         if request is None:
             os._exit(0)
