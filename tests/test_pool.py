@@ -107,25 +107,25 @@ def listening_inode(path: Path) -> str:
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the pool runs on Linux")
 def test_workers_are_forked_from_the_server_and_keep_none_of_its_descriptors():
-    """The server forks its workers after importing what jobs import (the log says how long). A worker
-    holds none of the server's descriptors: one holding its socket would keep accepting jobs that no
-    one serves once the server ended, one holding its lock would keep the next pool from starting."""
+    """The server forks its workers after importing what jobs import (the log says how long); each says
+    when it is done importing while idle (MultiQC, here). A worker holds none of the server's
+    descriptors: one holding its socket would keep accepting jobs that no one serves once the server
+    ended, one holding its lock would keep the next pool from starting."""
     from omicsprep import pool
 
     with pool_running(n_workers=2) as env:
         path = Path(env[pool.POOL])
-        server = pool.status(path)["server"]
-        command = Path(f"/proc/{server}/cmdline").read_bytes()
-        workers = [pid for pid in children(server) if Path(f"/proc/{pid}/cmdline").read_bytes() == command]
-        assert len(workers) == 2, (workers, children(server))
+        deadline = time.monotonic() + 60
+        while (state := pool.status(path))["workers"] != ["ready"] * 2 or state["importing"]:
+            assert time.monotonic() < deadline, f"the workers did not settle: {state}"
+            time.sleep(0.1)
+        command = Path(f"/proc/{state['server']}/cmdline").read_bytes()
+        workers = [pid for pid in children(state["server"]) if Path(f"/proc/{pid}/cmdline").read_bytes() == command]
+        assert len(workers) == 2, (workers, children(state["server"]))
         held = {str(fd.readlink()) for pid in workers for fd in Path(f"/proc/{pid}/fd").iterdir()}
         assert f"socket:[{listening_inode(path)}]" not in held
         assert str(path.with_suffix(".lock")) not in held
         assert "imported what jobs import in" in path.with_suffix(".log").read_text()
-        deadline = time.monotonic() + 60
-        while pool.status(path)["importing"] and time.monotonic() < deadline:  # MultiQC, here
-            time.sleep(0.1)
-        assert pool.status(path)["importing"] == 0, "no worker said it was done importing while idle"
 
 
 def test_jobs_go_first_to_workers_done_importing_while_idle():
