@@ -60,7 +60,8 @@
 #             $CODECS_CELLS (100000) cells (run e2e first, in the same call or on the same machine)
 #   study     benchmarks/study.py: the bundled demo and a study of $STUDY_SAMPLES (16) x $STUDY_CELLS (10000) cells
 #             ($STUDY_WHAT: demo study), each with the mission's command on $STUDY_BACKENDS (gpu cpu); tables in
-#             $OUT/study.md ($STUDY_EXTRA: more Snakemake arguments, a tuning tip)
+#             $OUT/study.md ($STUDY_EXTRA: more Snakemake arguments, a tuning tip; STUDY_WARMUP=1: each backend
+#             runs the study once, unmeasured, first, so that both find its kernels compiled)
 #   atlas     benchmarks/atlas.py (issue 46) at $ATLAS_CELLS (1000000) cells x 2,000 genes on the GPU, the
 #             parts $ATLAS_PARTS (ours celltypist scib_check: the merge's scVI at batch sizes $ATLAS_BATCH_SIZES
 #             (0: its default; 4096:16: 4,096 cells a step, 16 epochs) with where a step's time goes, CellTypist,
@@ -312,7 +313,8 @@ echo "== studies as users run them: snakemake --cores $(nproc) --resources gpu=1
 for what in ${STUDY_WHAT:-demo study}; do
   if [ "$what" = demo ]; then which=(--demo); else which=(--samples "${STUDY_SAMPLES:-16}" --cells "${STUDY_CELLS:-10000}"); fi
   python3 -m benchmarks study "${which[@]}" --backends ${STUDY_BACKENDS:-gpu cpu} --cores "$(nproc)" \
-    --workdir /tmp/study --results "$out/study.md" ${STUDY_EXTRA:+--extra "$STUDY_EXTRA"} 2>&1 | tail -n 40
+    --workdir /tmp/study --results "$out/study.md" ${STUDY_EXTRA:+--extra "$STUDY_EXTRA"} \
+    ${STUDY_WARMUP:+--warm-up} 2>&1 | tail -n 40
 done
 fi
 

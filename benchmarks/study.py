@@ -10,8 +10,11 @@ and prints one table: wall seconds per run and the CPU's over each GPU run's, th
 seconds of each rule summed over samples, its process start-up (from the rules' logs) and
 the most rules that ran at once. The GPU runs twice: first with no pool of warm processes
 (the run starts it, as a user's first run does), then again with the pool the first left
-(as the next run, after a changed setting, finds it). With ``--results``, each run's logs
-(``logs_<study>_<run>.tgz``) and the pool's log go beside the tables.
+(as the next run, after a changed setting, finds it). With ``--warm-up``, each backend first runs
+the study once, unmeasured, so that both find the study's kernels compiled (a machine's first
+run compiles its Numba and CUDA kernels for the study's types once, and the GPU tests compile
+others). With ``--results``, each run's logs (``logs_<study>_<run>.tgz``) and the pool's log go
+beside the tables.
 """
 
 from __future__ import annotations
@@ -142,6 +145,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cores", type=int, default=16)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/omicsprep-study"))
     parser.add_argument("--extra", default="", help="more Snakemake arguments (a tuning tip, not the default)")
+    parser.add_argument("--warm-up", action="store_true", help="run each backend once, unmeasured, first")
     parser.add_argument("--results", type=Path, help="append the tables to this Markdown file")
 
 
@@ -161,7 +165,8 @@ def run(args: argparse.Namespace) -> None:
         for backend in args.backends
         for label in ((f"{backend}-first", f"{backend}-next") if backend == "gpu" else (backend,))
     ]
-    for label in runs:
+    warm_ups = [f"{backend}-warm-up" for backend in args.backends] if args.warm_up else []
+    for label in [*warm_ups, *runs]:
         backend = label.split("-")[0]
         rundir = args.workdir / f"{name}_{backend}"
         if args.demo:  # the demo's sheet names files under resources/
@@ -170,9 +175,13 @@ def run(args: argparse.Namespace) -> None:
             (rundir / "resources").symlink_to(REPO / "resources")
         if label == "gpu-first":
             stop_pool()
-        walls[label] = run_study(
+        wall = run_study(
             rundir, sheet=sheet, configfiles=configfiles, backend=backend, cores=args.cores, extra=args.extra.split()
         )
+        if label in warm_ups:
+            print(f"{label}: {wall:.2f} s (not measured)", flush=True)
+            continue
+        walls[label] = wall
         timeline = args.results.with_name(f"timeline_{name}_{label}.csv") if args.results else None
         table, at_once[label] = rule_table(rundir, label, timeline=timeline)
         tables.append(table)
