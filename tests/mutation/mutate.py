@@ -221,6 +221,10 @@ def scratch_copy(module: str, workdir: Path, *, resume: bool) -> Path:
         # main process, which ran them, they inherit its used OpenMP pool ("fork() called from a
         # process already using GNU OpenMP") and compute garbage, so every mutant looks killed.
         'process_isolation = "forkserver"',
+        # A mutant's CPU time limit is (its tests' time + 1 s) x this x 2: at mutmut's 15, a mutant that
+        # loops ran 12 minutes and more (7 of cells' first 2,254 mutants timed out); at 3 a mutant must
+        # still slow its tests sixfold to be stopped (and counted killed).
+        "timeout_multiplier = 3.0",
     ]
     with (target / "pyproject.toml").open("a") as config:
         config.write("\n[tool.mutmut]\n" + "".join(f"{line}\n" for line in settings))
