@@ -38,7 +38,8 @@
 #   transfers benchmarks/transfers.py: a CSR matrix of $TRANSFER_NNZ (800000000) non-zeros to the GPU and back,
 #             CuPy's copies against omicsprep.backend's staged ones in 1, 2, 4 and 8 threads
 #   doublets  benchmarks/doublets.py: Scrublet's stages in one group of $DOUBLETS_CELLS (20000) cells, on
-#             $DOUBLETS_BACKENDS (gpu cpu), $DOUBLETS_REPEATS (3) times, after one of $DOUBLETS_WARM_UP_CELLS (0: none)
+#             $DOUBLETS_BACKENDS (gpu cpu), $DOUBLETS_REPEATS (3) times, after one of $DOUBLETS_WARM_UP_CELLS (0: none);
+#             with $DOUBLETS_GROUPS: that many groups scored in pools of 1, 2 and 4 threads instead
 #   deflate   benchmarks/deflate_threads.py at $DEFLATE_CELLS (500000) cells: a Cell Ranger matrix read, .h5ad
 #             matrices written and read, HDF5's one-thread gzip against omicsprep.io.deflated's threads
 #   kernels   benchmarks/kernel_compile.py: warm-kernels' steps from empty caches (CuPy's kernel requests
@@ -267,7 +268,8 @@ fi
 if wants doublets; then
 echo "== Scrublet's stages in one group of ${DOUBLETS_CELLS:-20000} cells (benchmarks/doublets.py)"
 python3 -m benchmarks doublets --cells "${DOUBLETS_CELLS:-20000}" --backends ${DOUBLETS_BACKENDS:-gpu cpu} \
-  --repeats "${DOUBLETS_REPEATS:-3}" --warm-up-cells "${DOUBLETS_WARM_UP_CELLS:-0}" 2>&1 | tail -n 30
+  --repeats "${DOUBLETS_REPEATS:-3}" --warm-up-cells "${DOUBLETS_WARM_UP_CELLS:-0}" \
+  ${DOUBLETS_GROUPS:+--groups "$DOUBLETS_GROUPS"} 2>&1 | tail -n 30
 fi
 if wants deflate; then
 echo "== deflate in threads against HDF5's gzip, ${DEFLATE_CELLS:-500000} cells (benchmarks/deflate_threads.py)"
