@@ -73,6 +73,7 @@ def test_every_job_finds_numba_imported_and_the_gpu_libraries_come_while_idle(mo
     monkeypatch.setattr(backend, "gpu_unavailable_reason", lambda: None)
     on_gpu = worker.libraries_to_import()
     assert on_gpu == [name for name in (*worker.IMPORTED_WHILE_IDLE, "multiqc") if name in on_gpu]
+    assert on_gpu[-1] == "multiqc"
 
 
 @pytest.mark.gpu
@@ -200,3 +201,35 @@ def test_a_jobs_own_process_ends_before_its_worker_tidies_after_it(tmp_path):
             assert time.monotonic() < deadline, pool.status(path)
             time.sleep(0.05)
         assert (tmp_path / "collected").exists()
+
+
+# A job that reports the temporary folder Python gives it.
+JOB_REPORTING_ITS_TEMPORARY_FOLDER = """
+import sys, tempfile, time
+from pathlib import Path
+from omicsprep import pool
+
+pool.hand_over(started_at=time.time())  # the rest runs in the worker
+Path(sys.argv[1]).write_text(f"{tempfile.gettempdir()} {pool.in_worker()}")
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the pool runs on Linux")
+def test_each_job_in_a_worker_gets_its_own_temporary_folder(tmp_path):
+    """Python finds its temporary folder once per process, from TMPDIR (which Snakemake sets per job from
+    its tmpdir resource): a worker's later jobs were given its first job's, gone after it (MultiQC, run
+    by rule summary in the pool, asks for one in every run)."""
+    script = tmp_path / "job.py"
+    script.write_text(JOB_REPORTING_ITS_TEMPORARY_FOLDER)
+    with pool_running(n_workers=1) as env:
+        for name in ("first", "second"):
+            (tmp_path / name).mkdir()
+            job = subprocess.run(
+                [sys.executable, str(script), str(tmp_path / f"{name}.txt")],
+                env={**env, "TMPDIR": str(tmp_path / name)},
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert job.returncode == 0, job.stderr
+            assert (tmp_path / f"{name}.txt").read_text() == f"{tmp_path / name} True"  # run by the worker

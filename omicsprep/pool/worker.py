@@ -23,6 +23,7 @@ import select
 import signal
 import socket
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -213,10 +214,12 @@ def _run_job(request: dict[str, Any], fds: list[int]) -> tuple[int, tuple[list[l
     _reset_peak_rss()
     usage = resource.getrusage(resource.RUSAGE_SELF)
     _job.update(started_at=request["started_at"], cpu_before=usage.ru_utime + usage.ru_stime)
+    tempfile.tempdir = None  # found again from the job's TMPDIR (Snakemake's tmpdir resource), not an earlier job's
     try:
         code = _run(sys.argv[0])
     finally:
         _job.clear()
+        tempfile.tempdir = None
         with contextlib.suppress(OSError, ValueError):
             sys.stdout.flush()
             sys.stderr.flush()
