@@ -37,6 +37,7 @@ def run_script(
     threads: int = 1,
     backend: str | None = None,
     pooled: bool = False,
+    wait_for_worker: bool = True,
 ) -> None:
     """Run a rule's script body with logging to ``log_path`` and one-line user errors.
 
@@ -66,10 +67,12 @@ def run_script(
         The rule's configured backend, for a rule that may use the GPU.
     pooled
         Whether the workflow's pool of warm processes runs the job, where there is one.
+    wait_for_worker
+        Whether a pooled job waits for a worker, or runs in its own process when none is free.
     """
     startup = seconds_since_process_start()
     if pooled:
-        pool.hand_over(started_at=time.time() - (startup or 0.0))
+        pool.hand_over(started_at=time.time() - (startup or 0.0), wait=wait_for_worker)
     console = os.fdopen(os.dup(2), "w", buffering=1)
     log_file = Path(log_path).open("w", buffering=1)  # noqa: SIM115 - closed at the end (a pool worker goes on)
     os.dup2(log_file.fileno(), 2)
@@ -109,7 +112,12 @@ def run_script(
 
 
 def run_rule(
-    main: Callable[[], None], snakemake: Any, *, sample: str | None = None, pooled: bool | None = None
+    main: Callable[[], None],
+    snakemake: Any,
+    *,
+    sample: str | None = None,
+    pooled: bool | None = None,
+    wait_for_worker: bool = True,
 ) -> None:
     """:func:`run_script` for a rule's script: its log, sample, threads and backend from ``snakemake``.
 
@@ -124,6 +132,8 @@ def run_rule(
     pooled
         Whether the workflow's pool of warm processes runs the job, where there is one; by
         default, where the rule's params hold a backend that may be the GPU.
+    wait_for_worker
+        Whether a pooled job waits for a worker, or runs in its own process when none is free.
     """
     backend = snakemake.params.get("backend")
     run_script(
@@ -133,6 +143,7 @@ def run_rule(
         threads=snakemake.threads,
         backend=backend,
         pooled=backend in ("auto", "gpu") if pooled is None else pooled,
+        wait_for_worker=wait_for_worker,
     )
 
 

@@ -20,5 +20,6 @@ def main() -> None:
     io.write_table(run_time_table(benchmarks, provenance, phases), snakemake.output.table)
 
 
-# In the GPU pool where there is one, as rule summary: the run's last job, whose imports are its whole time.
-run_rule(main, snakemake, pooled=True)
+# In a free worker of the GPU pool where there is one, as rule summary: the run's last job, whose imports
+# are its whole time.
+run_rule(main, snakemake, pooled=True, wait_for_worker=False)

@@ -35,5 +35,6 @@ def main() -> None:
     )
 
 
-# In the GPU pool where there is one: its workers imported MultiQC (1-4 s in a new process) while idle.
-run_rule(main, snakemake, sample="summary", pooled=True)
+# In a free worker of the GPU pool where there is one: they imported MultiQC (1-4 s in a new process)
+# while idle. Not waiting for one behind GPU jobs: it runs beside them in its own process then.
+run_rule(main, snakemake, sample="summary", pooled=True, wait_for_worker=False)

@@ -152,6 +152,34 @@ def test_jobs_go_first_to_workers_done_importing_while_idle():
     assert receive(channels[1][1])[0]["run"] == ["qc.py"]
 
 
+def test_a_job_that_would_rather_not_wait_runs_in_its_own_process_when_no_worker_is_free():
+    """The run's last jobs (rules summary and run_times) take a free worker, but do not queue behind GPU
+    jobs (nor hold them up): the pool says it is busy, and the job runs in its own process."""
+    import os
+    import socket
+
+    from omicsprep.pool.protocol import receive
+    from omicsprep.pool.server import _Forked, _Server, _Worker
+
+    listener, _ = socket.socketpair()
+    server = _Server(n_workers=0, idle_seconds=60, listener=listener, fingerprint={}, kernels=None)
+    ours, _theirs = socket.socketpair()
+    worker = _Worker(_Forked(os.getpid()), ours, ready=True, booted=True, settled=True)
+    server.workers = [worker]
+    request = {"run": ["summary.py"], "cwd": "/", "env": {}, "umask": 0o022, "started_at": 0.0, "fingerprint": {}}
+    gpu_job, _ = socket.socketpair()
+    server.waiting.append((gpu_job, {**request, "run": ["qc.py"]}, []))
+    summary, its_process = socket.socketpair()
+    its_process.settimeout(10)  # no answer: the job would wait in the pool
+    server.answer(summary, {**request, "wait": False}, [])
+    assert receive(its_process)[0] == {"busy": True} and len(server.waiting) == 1
+    server.waiting.clear()
+    worker.ready = False  # tidying after its last job: free in a moment
+    summary, its_process = socket.socketpair()
+    server.answer(summary, {**request, "wait": False}, [])
+    assert [job for job, _, _ in server.waiting] == [summary]
+
+
 # A job whose leftovers, collected by the worker after it, hold the worker until `release` exists.
 JOB_WITH_LEFTOVERS = """
 import gc, sys, time

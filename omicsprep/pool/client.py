@@ -31,16 +31,18 @@ log = logging.getLogger(__name__)
 IDLE_SECONDS = 600.0
 
 
-def hand_over(*, started_at: float) -> None:
+def hand_over(*, started_at: float, wait: bool = True) -> None:
     """Have a worker of the pool run this script, when the workflow started one; exit with its status.
 
-    Returns (the job runs here) without a pool, in a worker, or when the pool refuses the job
-    (saying why on standard error).
+    Returns (the job runs here) without a pool, in a worker, when the pool refuses the job
+    (saying why on standard error), or, with ``wait`` false, when no worker is free.
 
     Parameters
     ----------
     started_at
         When this process started (seconds since the epoch): the job's start-up counts from it.
+    wait
+        Whether the job waits in the pool for a worker, or runs here when none is free.
     """
     path = os.environ.get(POOL)
     if not path or path == "off" or in_worker() or sys.platform != "linux" or not Path(path).exists():
@@ -57,6 +59,7 @@ def hand_over(*, started_at: float) -> None:
         "umask": current_umask(),
         "started_at": started_at,
         "fingerprint": fingerprint(),
+        "wait": wait,
     }
     conn = socket.socket(socket.AF_UNIX)
     try:
@@ -67,6 +70,9 @@ def hand_over(*, started_at: float) -> None:
         answer, _ = receive(conn)
     except OSError as exc:  # a pool stopping or gone
         answer = {"refused": f"{type(exc).__name__}: {exc}"}
+    if answer is not None and "busy" in answer:
+        conn.close()
+        return
     if answer is None or "refused" in answer:
         reason = "the pool closed the connection" if answer is None else answer["refused"]
         print(

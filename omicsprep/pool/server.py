@@ -150,10 +150,20 @@ class _Server:
             send(conn, {"refused": "the pool is stopping" if self.stopping else reason})
             close_all(fds)
             conn.close()
+        elif not request.get("wait", True) and self.free_workers() <= len(self.waiting):
+            send(conn, {"busy": True})  # a job that would rather run in its own process than wait
+            close_all(fds)
+            conn.close()
         else:
             conn.settimeout(None)
             self.waiting.append((conn, request, fds))
             self.last_active = time.monotonic()
+
+    def free_workers(self) -> int:
+        """Workers without a job, ready or tidying after their last (a second at most), the GPU kernels compiled."""
+        if self.kernels is not None and self.kernels.poll() is None:
+            return 0
+        return sum(worker.booted and worker.client is None for worker in self.workers)
 
     def hear_from(self, worker: _Worker) -> None:
         with contextlib.suppress(OSError):
