@@ -227,6 +227,34 @@ def test_called_without_them_lower_is_100_and_niters_10000():
     assert table["p_value"].min() == 1 / 10_001
 
 
+def test_cell_ranger_called_without_them_takes_ranks_45000_to_90000_as_ambient_and_niters_10000():
+    """The Cell Ranger defaults at work, not only in the signature (test_defaults_are_dropletutils_own_and_seed_zero
+    reads that, which mutmut's wrapper keeps as the original's): 100,000 one-count droplets behind the
+    generated ones put ranks 45,000 and 90,000 among them, where one droplet more or less changes the
+    ambient profile; the smallest p-value is 1 / (10,000 + 1)."""
+    counts = droplets().counts
+    rng = np.random.default_rng(5)
+    n_small = 100_000
+    small = sparse.csr_matrix(
+        (np.ones(n_small), (np.arange(n_small), rng.integers(counts.shape[1], size=n_small))),
+        shape=(n_small, counts.shape[1]),
+    )
+    many = sparse.vstack([counts, small], format="csr")
+    called = {"expected_cells": 300, "umi_min": 30}
+    ranks = {"ambient_rank_min": 45_000, "ambient_rank_max": 90_000}
+    for shifted in ({"ambient_rank_min": 45_001}, {"ambient_rank_max": 90_001}):
+        assert not np.array_equal(
+            empty_drops_cell_ranger(many, niters=20, **called, **ranks).ambient,
+            empty_drops_cell_ranger(many, niters=20, **called, **(ranks | shifted)).ambient,
+        ), shifted
+    np.testing.assert_array_equal(
+        empty_drops_cell_ranger(many, niters=20, **called).ambient,
+        empty_drops_cell_ranger(many, niters=20, **called, **ranks).ambient,
+    )
+    table = empty_drops_cell_ranger(counts, **called, ambient_rank_min=2000, ambient_rank_max=15000).table
+    assert table["p_value"].min() == 1 / 10_001
+
+
 def test_genes_counted_in_no_barcode_at_the_end_and_counts_rounding_to_zero_change_nothing():
     """Genes counted nowhere, last in the matrix (where a matrix built from the counts' indices
     would end early): ambient 0 for them, as DropletUtils drops them; stored counts that round to
