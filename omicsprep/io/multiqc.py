@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-import logging
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+from omicsprep.logs import restore_root_logging, root_logging
 
 
 def write_multiqc_report(
@@ -75,15 +76,8 @@ def _run_keeping_logging(run: Callable[..., Any], *args: Any, **kwargs: Any) -> 
     MultiQC replaces them with its own (WARNING and up, to standard error): the rule's log
     would lose every later line, its ``phases`` line among them.
     """
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
+    saved = root_logging()
     try:
         return run(*args, **kwargs)
     finally:
-        for handler in list(root.handlers):
-            root.removeHandler(handler)
-            if handler not in handlers:
-                handler.close()
-        for handler in handlers:
-            root.addHandler(handler)
-        root.setLevel(level)
+        restore_root_logging(*saved)

@@ -29,6 +29,7 @@ import traceback
 from pathlib import Path
 from typing import Any, NoReturn
 
+from omicsprep.logs import restore_root_logging, root_logging
 from omicsprep.pool.protocol import close_all, receive, send
 
 log = logging.getLogger(__name__)
@@ -200,8 +201,7 @@ def _run_job(request: dict[str, Any], fds: list[int]) -> tuple[int, tuple[list[l
     """
     saved_fds = [os.dup(fd) for fd in (0, 1, 2)]
     saved = (sys.stdin, sys.stdout, sys.stderr, list(sys.argv), list(sys.path), dict(os.environ), Path.cwd())
-    root = logging.getLogger()
-    saved_logging = (list(root.handlers), root.level)
+    saved_logging = root_logging()
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
     close_all(fds)
@@ -244,14 +244,7 @@ def _forget_job_state(handlers: list[logging.Handler], level: int) -> None:
     """
     from omicsprep import backend, timings
 
-    root = logging.getLogger()
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
-        if handler not in handlers:
-            handler.close()
-    for handler in handlers:
-        root.addHandler(handler)
-    root.setLevel(level)
+    restore_root_logging(handlers, level)
     logging.captureWarnings(capture=False)
     timings.reset_phases()
     if "cupy" in sys.modules:
