@@ -38,6 +38,7 @@ def run_script(
     backend: str | None = None,
     pooled: bool = False,
     wait_for_worker: bool = True,
+    inputs: list[str] | None = None,
 ) -> None:
     """Run a rule's script body with logging to ``log_path`` and one-line user errors.
 
@@ -69,10 +70,12 @@ def run_script(
         Whether the workflow's pool of warm processes runs the job, where there is one.
     wait_for_worker
         Whether a pooled job waits for a worker, or runs in its own process when none is free.
+    inputs
+        The job's input files, for the pool to choose its worker.
     """
     startup = seconds_since_process_start()
     if pooled:
-        pool.hand_over(started_at=time.time() - (startup or 0.0), wait=wait_for_worker)
+        pool.hand_over(started_at=time.time() - (startup or 0.0), inputs=inputs or (), wait=wait_for_worker)
     console = os.fdopen(os.dup(2), "w", buffering=1)
     log_file = Path(log_path).open("w", buffering=1)  # noqa: SIM115 - closed at the end (a pool worker goes on)
     os.dup2(log_file.fileno(), 2)
@@ -144,6 +147,7 @@ def run_rule(
         backend=backend,
         pooled=backend in ("auto", "gpu") if pooled is None else pooled,
         wait_for_worker=wait_for_worker,
+        inputs=[str(path) for path in snakemake.input],
     )
 
 

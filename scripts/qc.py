@@ -81,7 +81,7 @@ def write_qc(adata: "AnnData", metrics: "pd.DataFrame") -> None:
 
     to_host(adata)
     io.write_table(metrics, snakemake.output.metrics, index=True)
-    io.write_h5ad(adata, snakemake.output.h5ad, compression=snakemake.config["h5ad_compression"])
+    io.write_h5ad(adata, snakemake.output.h5ad, compression=snakemake.config["h5ad_compression"], keep_matrix=True)
 
 
 run_rule(main, snakemake)

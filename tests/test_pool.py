@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import pool_running
+from conftest import MULTIOME, pool_running
 
 IMPORTS_UNTIL_A_JOB_WAITS = """
 import socket, sys, threading, time
@@ -145,7 +145,9 @@ def test_jobs_go_first_to_workers_done_importing_while_idle():
     settled.settled = True
     server.workers = [importing, settled]
     job, _its_process = socket.socketpair()
-    server.waiting.append((job, {"run": ["qc.py"], "cwd": "/", "env": {}, "umask": 0o022, "started_at": 0.0}, []))
+    server.waiting.append(
+        (job, {"run": ["qc.py"], "cwd": "/", "env": {}, "umask": 0o022, "started_at": 0.0, "inputs": []}, [])
+    )
     assert server.status()["importing"] == 1
     server.dispatch()
     assert settled.client is job and importing.client is None
@@ -166,7 +168,15 @@ def test_a_job_that_would_rather_not_wait_runs_in_its_own_process_when_no_worker
     ours, _theirs = socket.socketpair()
     worker = _Worker(_Forked(os.getpid()), ours, ready=True, booted=True, settled=True)
     server.workers = [worker]
-    request = {"run": ["summary.py"], "cwd": "/", "env": {}, "umask": 0o022, "started_at": 0.0, "fingerprint": {}}
+    request = {
+        "run": ["summary.py"],
+        "cwd": "/",
+        "env": {},
+        "umask": 0o022,
+        "started_at": 0.0,
+        "fingerprint": {},
+        "inputs": [],
+    }
     gpu_job, _ = socket.socketpair()
     server.waiting.append((gpu_job, {**request, "run": ["qc.py"]}, []))
     summary, its_process = socket.socketpair()
@@ -178,6 +188,45 @@ def test_a_job_that_would_rather_not_wait_runs_in_its_own_process_when_no_worker
     summary, its_process = socket.socketpair()
     server.answer(summary, {**request, "wait": False}, [])
     assert [job for job, _, _ in server.waiting] == [summary]
+
+
+def test_a_job_goes_to_the_worker_that_keeps_its_inputs_matrix_and_waits_while_it_tidies():
+    """Rule cluster reads the file whose matrix rule qc's job left in its worker: the job goes there,
+    even while that worker tidies after qc and another is ready; a job reading other files does not. A
+    worker that wrote the file again makes the other's copy stale."""
+    import os
+    import socket
+
+    from omicsprep.pool.protocol import receive, send
+    from omicsprep.pool.server import _Forked, _Server, _Worker
+
+    listener, _ = socket.socketpair()
+    server = _Server(n_workers=0, idle_seconds=60, listener=listener, fingerprint={}, kernels=None)
+    channels = [socket.socketpair() for _ in range(2)]
+    keeping, other = (_Worker(_Forked(os.getpid()), ours, booted=True, settled=True) for ours, _ in channels)
+    keeping.kept, other.ready = frozenset({"/results/a/qc.h5ad"}), True
+    server.workers = [keeping, other]
+    request = {"cwd": "/", "env": {}, "umask": 0o022, "started_at": 0.0, "inputs": []}
+    cluster, _cluster_process = socket.socketpair()
+    server.waiting.append((cluster, {**request, "run": ["cluster.py"], "inputs": ["/results/a/qc.h5ad"]}, []))
+    server.dispatch()  # the keeping worker tidies: the job waits for it
+    assert [job for job, _, _ in server.waiting] == [cluster] and other.client is None
+    other_sample, _other_process = socket.socketpair()
+    server.waiting.append((other_sample, {**request, "run": ["cluster.py"], "inputs": ["/results/b/qc.h5ad"]}, []))
+    server.dispatch()
+    assert other.client is other_sample and [job for job, _, _ in server.waiting] == [cluster]
+    keeping.ready = True
+    server.dispatch()
+    assert keeping.client is cluster and not server.waiting
+    assert receive(channels[0][1])[0]["take"] == ["/results/a/qc.h5ad"]
+    assert keeping.kept == frozenset()  # the worker takes it in the job, or drops it
+
+    keeping.kept = frozenset({"/results/a/qc.h5ad"})  # a stale copy: rule qc ran again in the other worker
+    other.channel.close()
+    other.channel, theirs = socket.socketpair()
+    send(theirs, {"exit": 0, "kept": ["/results/a/qc.h5ad"]})
+    server.hear_from(other)
+    assert other.kept == frozenset({"/results/a/qc.h5ad"}) and keeping.kept == frozenset()
 
 
 # A job whose leftovers, collected by the worker after it, hold the worker until `release` exists.
@@ -261,3 +310,73 @@ def test_each_job_in_a_worker_gets_its_own_temporary_folder(tmp_path):
             )
             assert job.returncode == 0, job.stderr
             assert (tmp_path / f"{name}.txt").read_text() == f"{tmp_path / name} True"  # run by the worker
+
+
+# Rule qc's end and rule cluster's start, as jobs of one worker: "write" writes a sample's counts as qc
+# writes its cells (deflated, the matrix kept, marked here), "read" reads the file as cluster does and
+# pickles what it got; "other" reads nothing.
+JOB_WRITING_OR_READING_A_MATRIX = """
+import pickle, sys, time
+from omicsprep import io, pool
+
+what, h5ad, counts = sys.argv[1:]
+pool.hand_over(started_at=time.time(), inputs=[h5ad] if what == "read" else [counts])
+if what == "write":
+    adata = io.read_counts(counts)
+    adata.X.marked_by_the_writer = True
+    io.write_h5ad(adata, h5ad, compression="gzip", keep_matrix=True)
+elif what == "read":
+    matrix = io.read_h5ad(h5ad).X
+    taken = getattr(matrix, "marked_by_the_writer", False)
+    with open(h5ad + ".read.pickle", "wb") as report:
+        pickle.dump((taken, pool.in_worker(), matrix), report)
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the pool runs on Linux")
+def test_a_matrix_left_by_a_job_is_taken_from_memory_by_the_next_that_reads_its_file(tmp_path):
+    """Rule cluster read again the 1.1 GB that rule qc had just written at a million cells (3.4-3.6 s on
+    an H100). In a worker it takes the matrix qc's job left, as reading gives it (type, dtypes, values),
+    and reads the file when another job ran in between or the file is no longer the one written."""
+    import os
+    import pickle
+
+    import anndata as ad
+
+    script, h5ad = tmp_path / "job.py", tmp_path / "qc.h5ad"
+    script.write_text(JOB_WRITING_OR_READING_A_MATRIX)
+    counts = MULTIOME / "rna.h5ad"
+    with pool_running(n_workers=1) as env:
+
+        def run(*steps: str) -> tuple[bool, bool, object]:
+            for what in steps:
+                job = subprocess.run(
+                    [sys.executable, str(script), what, str(h5ad), str(counts)],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                )
+                assert job.returncode == 0, job.stderr
+            with Path(f"{h5ad}.read.pickle").open("rb") as report:
+                return pickle.load(report)
+
+        taken, in_worker, matrix = run("write", "read")
+        assert taken and in_worker
+        from_disk = ad.read_h5ad(h5ad).X
+        assert type(matrix) is type(from_disk) and matrix.shape == from_disk.shape
+        assert [a.dtype for a in (matrix.data, matrix.indices, matrix.indptr)] == [
+            a.dtype for a in (from_disk.data, from_disk.indices, from_disk.indptr)
+        ]
+        assert (matrix != from_disk).nnz == 0
+        assert run("read")[0] is False  # taken once
+        assert run("write", "other", "read")[0] is False  # dropped by a job that did not read it
+        run("write")
+        os.utime(h5ad)  # as Snakemake touches each output after its job
+        assert run("read")[0] is True
+        run("write")
+        copy = tmp_path / "copy.h5ad"
+        ad.read_h5ad(h5ad).write_h5ad(copy)
+        copy.replace(h5ad)  # written again by another process
+        taken, _, matrix = run("read")
+        assert not taken and (matrix != from_disk).nnz == 0

@@ -342,6 +342,7 @@ def test_the_pool_runs_jobs_as_their_own_processes_do(cpu_run, tmp_path, gpu_poo
     workers = {rule: (read_phases(log) or {}).get("pool_worker") for rule, log in logs.items()}
     pool_log = Path(gpu_pool[pool.POOL]).with_suffix(".log").read_text()
     assert workers["qc"] is not None and len(set(workers.values())) == 1, (workers, result.stderr, pool_log)
+    assert "its matrix taken from this worker's memory" in logs["cluster"].read_text()  # as rule qc left it
     assert_same_outputs(workdir / "results" / "pbmc_h5", cpu_run / "results" / "pbmc_h5")
     summary, alone = (pd.read_csv(run / "results" / "summary.tsv", sep="\t", index_col=0) for run in (workdir, cpu_run))
     pd.testing.assert_series_equal(summary.loc["pbmc_h5"], alone.loc["pbmc_h5", summary.columns])

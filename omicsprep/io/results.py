@@ -38,14 +38,25 @@ def read_h5ad(path: str | Path, *, skip: Collection[str] = ()) -> AnnData:
         Elements left unread (``"X"``, ``"obsm"``, ``"layers/counts"``, ...): they come back
         as ``None`` or empty, and take no memory or time (a file of anndata before 0.8 is
         read whole).
+
+    In a pool worker, ``X`` comes from memory when the job that wrote the file left it there
+    (:func:`omicsprep.pool.worker.take_kept`).
     """
     import anndata as ad
     from anndata.experimental import read_dispatched
 
+    from omicsprep.pool.worker import take_kept
+
     skipped = {f"/{name.strip('/')}" for name in skip}
+    kept = None if "/X" in skipped else take_kept(path)
+    if kept is not None:
+        skipped.add("/X")
     with h5py.File(path, "r") as handle:
         if handle.attrs.get("encoding-type") == "anndata":
-            return read_dispatched(handle, partial(_read_deflated_arrays, skipped=skipped))
+            adata = read_dispatched(handle, partial(_read_deflated_arrays, skipped=skipped))
+            if kept is not None:
+                adata.X = kept
+            return adata
     return ad.read_h5ad(path)
 
 

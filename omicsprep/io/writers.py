@@ -158,15 +158,27 @@ def _structure_bytes(matrix: Any) -> int:
     return int(matrix.indices.nbytes + matrix.indptr.nbytes)
 
 
-def write_h5ad(adata: AnnData, path: str | Path, *, compression: Literal["lzf", "gzip"] | None = None) -> None:
+def write_h5ad(
+    adata: AnnData,
+    path: str | Path,
+    *,
+    compression: Literal["lzf", "gzip"] | None = None,
+    keep_matrix: bool = False,
+) -> None:
     """Write ``adata`` to ``path`` atomically, as anndata writes it (:class:`H5adParts`).
 
     Uncompressed by default (anndata's default), or with one of HDF5's filters that every
     h5ad reader has: ``gzip`` (deflate, compressed in several threads) or ``lzf``. It does
-    not start without room for the file as :func:`h5ad_in_parts` estimates it.
+    not start without room for the file as :func:`h5ad_in_parts` estimates it. With
+    ``keep_matrix`` (the caller changes ``adata.X`` no more), a pool worker keeps the matrix for
+    its next job, which reads the file (:func:`omicsprep.pool.worker.keep_for_next_job`).
     """
     with h5ad_in_parts(adata, path, compression=compression, timed=True) as whole:
         whole.finish(adata)
+    if keep_matrix and not is_dask_array(adata.X):
+        from omicsprep.pool.worker import keep_for_next_job
+
+        keep_for_next_job(path, adata.X)
 
 
 class H5adParts:

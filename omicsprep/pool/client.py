@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omicsprep.background import current_umask
 from omicsprep.pool.protocol import (
@@ -26,12 +26,15 @@ from omicsprep.pool.protocol import (
 )
 from omicsprep.pool.worker import in_worker
 
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
 log = logging.getLogger(__name__)
 
 IDLE_SECONDS = 600.0
 
 
-def hand_over(*, started_at: float, wait: bool = True) -> None:
+def hand_over(*, started_at: float, inputs: Sequence[str] = (), wait: bool = True) -> None:
     """Have a worker of the pool run this script, when the workflow started one; exit with its status.
 
     Returns (the job runs here) without a pool, in a worker, when the pool refuses the job
@@ -41,6 +44,8 @@ def hand_over(*, started_at: float, wait: bool = True) -> None:
     ----------
     started_at
         When this process started (seconds since the epoch): the job's start-up counts from it.
+    inputs
+        The job's input files: it goes to a worker that keeps one's matrix, if any does.
     wait
         Whether the job waits in the pool for a worker, or runs here when none is free.
     """
@@ -58,6 +63,7 @@ def hand_over(*, started_at: float, wait: bool = True) -> None:
         "env": dict(os.environ),
         "umask": current_umask(),
         "started_at": started_at,
+        "inputs": [os.path.realpath(path) for path in inputs],
         "fingerprint": fingerprint(),
         "wait": wait,
     }
