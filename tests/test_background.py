@@ -77,13 +77,23 @@ def test_the_errors_users_read_survive_pickling(tmp_path):
 
 
 def test_background_writes_overlap_the_block_in_order_and_count_apart():
+    """Threads switch often meanwhile: the writer waited for the interpreter's lock at every chunk,
+    held for Python's whole 5 ms interval by a busy main thread (a deflated write took 3-4x as long)."""
+    import sys
+
+    from omicsprep.background import WRITING_SWITCH_INTERVAL_S
+
     before = phase_seconds()
+    interval = sys.getswitchinterval()
+    assert interval > WRITING_SWITCH_INTERVAL_S
     written = []
     started = time.perf_counter()
     with background_writes() as write_later:
         write_later(lambda name: (time.sleep(0.3), written.append(name)), "first")
         write_later(written.append, "second")
+        assert sys.getswitchinterval() == pytest.approx(WRITING_SWITCH_INTERVAL_S)
         time.sleep(0.3)  # the block's own work, meanwhile
+    assert sys.getswitchinterval() == interval
     assert written == ["first", "second"]
     assert time.perf_counter() - started < 0.5  # overlapped, not 0.6 s in a row
     after = phase_seconds()
