@@ -328,10 +328,11 @@ def test_a_gzip_h5ad_is_deflated_in_threads_and_read_back_by_any_reader(tmp_path
     """``h5ad_compression: gzip``: HDF5's own filters, so anndata reads the file; its matrices take less than half."""
     from omicsprep.io import deflated, writers
 
-    monkeypatch.setattr(deflated, "CHUNK_BYTES", 4096)  # many chunks, the last partial
+    monkeypatch.setattr(deflated, "CHUNK_BYTES", 1024)  # many chunks, the last partial
     monkeypatch.setattr(writers, "DEFLATED_MIN_BYTES", 1024)  # X_umap deflated here too
     adata = clustered_cells()
     adata.obsm["X_pca"] = np.random.default_rng(0).normal(size=(adata.n_obs, 30)).astype(np.float32)
+    adata.obs["score"] = np.linspace(0, 1, adata.n_obs)  # a column of a data frame, deflated here too
     adata.copy().write_h5ad(tmp_path / "anndata.h5ad", compression="gzip")
     io.write_h5ad(adata.copy(), tmp_path / "plain.h5ad")
     io.write_h5ad(adata.copy(), tmp_path / "gzip.h5ad", compression="gzip")
@@ -340,6 +341,7 @@ def test_a_gzip_h5ad_is_deflated_in_threads_and_read_back_by_any_reader(tmp_path
         assert filters(written["X/indices"]) == ["shuffle", "deflate"] and filters(written["X/data"]) == ["deflate"]
         assert written["X/indices"].id.get_num_chunks() > 1 and filters(written["obsm/X_pca"]) == ["deflate"]
         assert written["layers/counts/indices"] == written["X/indices"]
+        assert filters(written["obs/score"]) == ["deflate"] and written["obs/score"].id.get_num_chunks() > 1
         matrices = ("X/data", "X/indices", "X/indptr", "layers/counts/data")
         stored = sum(written[name].id.get_storage_size() for name in matrices)
     assert stored < sum(written_plain_bytes(tmp_path / "plain.h5ad", matrices)) / 2

@@ -284,8 +284,10 @@ class H5adParts:
             group = _encoded_group(parent, key, "dict")
             for name, member in value.items():
                 self._write(group, name, member)
-        elif self._deflate and deflatable(value) and value.nbytes >= DEFLATED_MIN_BYTES:
-            _encode(create_deflated(parent, key, value), "array", version="0.2.0")
+        elif self._deflate:  # data frames too: their columns and categories' codes deflated here
+            from anndata.experimental import write_dispatched
+
+            write_dispatched(parent, key, value, callback=_deflating_large_arrays, dataset_kwargs=self._dataset_kwargs)
         else:
             write_elem(parent, key, value, dataset_kwargs=self._dataset_kwargs)
 
@@ -352,6 +354,20 @@ class _GrowingDataset:
 
     def close(self) -> Any:
         return self.dataset
+
+
+def _deflating_large_arrays(
+    write: Callable[..., None], store: Any, name: str, elem: Any, *, iospec: Any, dataset_kwargs: Mapping[str, Any]
+) -> None:
+    """Write one element as anndata does, but arrays of :data:`DEFLATED_MIN_BYTES` or more deflated in threads.
+
+    A data frame's columns went through HDF5's gzip in one thread: ``obs`` of 200,000 cells
+    and 17 columns took 0.69 s (0.30 s so, 2-core vm), and qc and cluster each write one.
+    """
+    if iospec.encoding_type == "array" and deflatable(elem) and elem.nbytes >= DEFLATED_MIN_BYTES:
+        _encode(create_deflated(store, name, elem), "array", version="0.2.0")
+    else:
+        write(store, name, elem, dataset_kwargs=dataset_kwargs)
 
 
 def _encoded_group(parent: Any, key: str, encoding: str) -> Any:
