@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
 import numpy as np
@@ -19,8 +18,6 @@ log = logging.getLogger(__name__)
 
 # Metrics that MAD filtering looks at, on the log scale where counts are skewed.
 MAD_METRICS = ("log1p_total_counts", "log1p_n_genes_by_counts")
-# Doublet groups scored at once on the GPU (benchmarks/doublets.py --groups).
-GPU_GROUPS_AT_ONCE = 4
 
 
 def annotate_gene_groups(adata: AnnData, *, patterns: dict[str, str]) -> None:
@@ -174,32 +171,22 @@ def score_doublets(
         log.info("doublets: %d cells scored in %d groups", adata.n_obs, n_groups)
     scores = np.full(adata.n_obs, np.nan)
     predicted = np.zeros(adata.n_obs, dtype=bool)
-    records: list[dict[str, Any]] = [{}] * n_groups
-
-    def score(label: int) -> None:
+    records = {}
+    for label in range(n_groups):
         cells = np.flatnonzero(group == label)
         result = doublets.scrublet(
-            take_rows(adata.X, cells), expected_rate=expected_rate, n_comps=n_comps, seed=seed, backend=backend
+            take_rows(adata.X, cells),
+            expected_rate=expected_rate,
+            n_comps=n_comps,
+            seed=seed,
+            backend=backend,
         )
         scores[cells[result.scored]] = result.scores
         predicted[cells[result.scored]] = result.predicted
-        records[label] = result.record
-
-    # The first group alone (imports, kernels compiled or loaded, libraries' handles), then on
-    # the GPU the others side by side: a 20,000-cell group leaves the device idle while the
-    # host prepares its next steps. A group's scores depend on its cells and the seed only.
-    score(0)
-    if backend == "gpu" and n_groups > 2:
-        with ThreadPoolExecutor(GPU_GROUPS_AT_ONCE) as pool:
-            list(pool.map(score, range(1, n_groups)))
-    else:
-        for label in range(1, n_groups):
-            score(label)
+        records[str(label)] = result.record
     adata.obs["doublet_score"] = scores
     adata.obs["predicted_doublet"] = predicted
-    adata.uns["scrublet"] = (
-        records[0] if n_groups == 1 else {"batches": {str(label): record for label, record in enumerate(records)}}
-    )
+    adata.uns["scrublet"] = records["0"] if n_groups == 1 else {"batches": records}
 
 
 def filter_genes(adata: AnnData, *, min_cells: int, backend: Backend) -> None:
