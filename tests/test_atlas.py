@@ -460,9 +460,12 @@ RULE_DRIVER = """
 import runpy, sys
 from types import SimpleNamespace
 
-class Names(SimpleNamespace):
+class Names(SimpleNamespace):  # as Snakemake's named lists: by name, or each value in turn
     def get(self, key, default=None):
         return getattr(self, key, default)
+
+    def __iter__(self):
+        return iter(vars(self).values())
 
 h5ad, model, out = sys.argv[1:]
 snakemake = SimpleNamespace(
