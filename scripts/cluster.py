@@ -96,13 +96,11 @@ def write_normalized(processed: "H5adParts", adata: "AnnData", *, counts: object
     """The processed AnnData's normalized matrix and counts, final before clustering ends.
 
     ``counts`` are as read from rule qc's output, in host memory (``layers["counts"]`` holds the
-    same values, on the GPU there).
+    same values, on the GPU there): stored as that file stores them, they are copied from it.
     """
     from omicsprep.backend import asnumpy
 
-    normalized = asnumpy(adata.X)
-    processed.write("X", normalized)
-    processed.write_layers({"counts": counts}, x=normalized)
+    processed.write_with_counts(asnumpy(adata.X), counts=counts, counts_file=snakemake.input.h5ad)
 
 
 def write_clustering(adata: "AnnData", markers: "pd.DataFrame", *, h5ad: "H5adParts") -> None:

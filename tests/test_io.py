@@ -278,6 +278,46 @@ def test_layers_link_only_to_the_matrix_written_as_x(tmp_path):
     assert (ad.read_h5ad(tmp_path / "a.h5ad").layers["counts"] != adata.layers["counts"]).nnz == 0
 
 
+@pytest.mark.parametrize(
+    ("qc_compression", "changed", "copied"), [("gzip", False, True), (None, False, False), ("gzip", True, False)]
+)
+def test_counts_stored_as_here_are_copied_from_the_file_they_were_read_from(
+    tmp_path, monkeypatch, qc_compression, changed, copied
+):
+    """Rule cluster writes qc's counts again beside their normalized values. Stored in qc's file as this one
+    stores them (compression, types), the counts' values and the indices they share with X are copied as
+    stored, not compressed again; stored otherwise, or not the file's (a value changed), they are written."""
+    from omicsprep.io import deflated
+
+    cells = clustered_cells()
+    qc = ad.AnnData(cells.layers["counts"].copy(), obs=cells.obs[[]], var=cells.var)
+    monkeypatch.setattr(deflated, "CHUNK_BYTES", 4096)
+    io.write_h5ad(qc, tmp_path / "qc.h5ad", compression=qc_compression)
+    counts = io.read_h5ad(tmp_path / "qc.h5ad").X
+    if changed:
+        counts.data[0] += 1
+    normalized = counts.copy()
+    normalized.data = np.log1p(normalized.data)
+    monkeypatch.setattr(deflated, "CHUNK_BYTES", 8192)  # what this file compresses is told apart by its chunks
+    with io.h5ad_in_parts(cells, tmp_path / "processed.h5ad", compression="gzip") as parts:
+        parts.write_with_counts(normalized, counts=counts, counts_file=tmp_path / "qc.h5ad")
+        cells.X, cells.layers["counts"] = normalized.copy(), counts.copy()
+        parts.finish(cells)
+    back = ad.read_h5ad(tmp_path / "processed.h5ad")
+    np.testing.assert_array_equal(back.X.toarray(), normalized.toarray())
+    np.testing.assert_array_equal(back.layers["counts"].toarray(), counts.toarray())
+    assert encodings(tmp_path / "processed.h5ad")["layers/counts"] == encodings(tmp_path / "processed.h5ad")["X"]
+    with h5py.File(tmp_path / "qc.h5ad") as source, h5py.File(tmp_path / "processed.h5ad") as written:
+        for part in ("indices", "indptr"):
+            assert written[f"layers/counts/{part}"] == written[f"X/{part}"]
+        assert filters(written["X/indices"]) == ["shuffle", "deflate"] and filters(written["X/data"]) == ["deflate"]
+        as_in_qc = [
+            written[ours].chunks == source[theirs].chunks
+            for ours, theirs in (("X/indices", "X/indices"), ("layers/counts/data", "X/data"))
+        ]
+        assert as_in_qc == [copied, copied] and written["X/data"].chunks != source["X/data"].chunks
+
+
 def test_an_h5ad_in_parts_leaves_nothing_unless_finished_with_what_was_written(tmp_path):
     adata = clustered_cells()
     with pytest.raises(RuntimeError, match="not finished"), io.h5ad_in_parts(adata, tmp_path / "a.h5ad") as parts:

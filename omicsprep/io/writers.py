@@ -231,6 +231,60 @@ class H5adParts:
                 self._write(group, name, matrix)
         self._written["layers"] = _shapes(layers)
 
+    def write_with_counts(self, x: Any, *, counts: Any, counts_file: str | Path) -> None:
+        """Write ``x`` as ``X`` and ``counts``, the ``X`` of ``counts_file`` as read, as ``layers["counts"]``.
+
+        Where ``x`` has the counts' non-zero entries (their normalized values) and the file
+        stores its matrix as this one would (CSR, the same data types and compression), the
+        counts' values and the indices and index pointers they share with ``x`` are copied
+        from it as stored, compressed: only ``x``'s values are compressed here, a third of the
+        work (rule cluster wrote these three arrays of a million cells beside its steps in 16 s
+        on an H100, 5 s past them). Else as :meth:`write` and :meth:`write_layers` write them.
+        """
+        import h5py
+
+        with h5py.File(counts_file, "r") as source:
+            stored = source.get("X")
+            if not (_same_layout(counts, x) and self._stores_as_here(stored, counts)):
+                self.write("X", x)
+                self.write_layers({"counts": counts}, x=x)
+                return
+            group = _encoded_group(self._opened(), "X", "csr_matrix")
+            group.attrs["shape"] = x.shape
+            self._write_array(group, "data", x.data)
+            for part in ("indices", "indptr"):
+                source.copy(stored[part], group, name=part)
+            layers = _encoded_group(self._file, "layers", "dict")
+            layer = _encoded_group(layers, "counts", "csr_matrix")
+            layer.attrs["shape"] = counts.shape
+            source.copy(stored["data"], layer, name="data")
+            layer["indices"], layer["indptr"] = group["indices"], group["indptr"]
+        self._written["X"], self._written["layers"] = _shapes(x), {"counts": counts.shape}
+        self._written_x = weakref.ref(x)
+
+    def _stores_as_here(self, stored: Any, counts: Any) -> bool:
+        """Whether HDF5 group ``stored`` holds ``counts`` (a CSR matrix in host memory) as this file would store it.
+
+        Its shape, data types, compression and index pointers are compared, and its first
+        values: not every value (it would be read whole), so ``counts`` must be what was read.
+        """
+        import h5py
+
+        if stored is None or is_dask_array(counts) or _sparse_format(counts) != "csr":
+            return False
+        if stored.attrs.get("encoding-type") != "csr_matrix" or tuple(stored.attrs.get("shape", ())) != counts.shape:
+            return False
+        compression = (self._dataset_kwargs.get("compression"), self._dataset_kwargs.get("compression_opts"))
+        for part in ("data", "indices", "indptr"):
+            dataset, array = stored.get(part), getattr(counts, part)
+            if not isinstance(dataset, h5py.Dataset) or (dataset.shape, dataset.dtype) != (array.shape, array.dtype):
+                return False
+            if (dataset.compression, dataset.compression_opts) != compression:
+                return False
+        first = min(counts.nnz, 1 << 16)
+        same_values = (stored["data"][:first] == counts.data[:first]).all()
+        return bool(same_values and (stored["indptr"][...] == counts.indptr).all())
+
     def finish(self, adata: AnnData) -> None:
         """Write every element of ``adata`` not written yet, and close the file.
 
@@ -301,10 +355,14 @@ class H5adParts:
             self._write_row_blocks(group, matrix, values_only=structure is not None)
             return
         for part in ("data",) if structure is not None else ("data", "indices", "indptr"):
-            if self._deflate and deflatable(getattr(matrix, part)):
-                create_deflated(group, part, getattr(matrix, part))
-            else:
-                group.create_dataset(part, data=getattr(matrix, part), **self._dataset_kwargs)
+            self._write_array(group, part, getattr(matrix, part))
+
+    def _write_array(self, group: Any, name: str, array: np.ndarray) -> None:
+        """One of a sparse matrix's arrays, deflated in threads where the file is deflated."""
+        if self._deflate and deflatable(array):
+            create_deflated(group, name, array)
+        else:
+            group.create_dataset(name, data=array, **self._dataset_kwargs)
 
     def _write_row_blocks(self, group: Any, matrix: Any, *, values_only: bool) -> None:
         """A CSR matrix in row blocks (on the GPU, say), brought to host memory and appended block by block.
