@@ -287,9 +287,10 @@ OMICSPREP_CLI = [sys.executable, "-c", "from omicsprep.cli import main; main()"]
 
 
 @contextlib.contextmanager
-def pool_running(*, n_workers: int) -> Iterator[dict[str, str]]:
-    """A pool of warm processes (omicsprep.pool) in a runtime folder of its own, its workers ready;
-    yields the environment whose jobs it runs (the workflow then starts none of its own).
+def pool_running(*, n_workers: int, cwd: Path | None = None) -> Iterator[dict[str, str]]:
+    """A pool of warm processes (omicsprep.pool) in a runtime folder of its own, its workers ready,
+    started from ``cwd`` (by default this one); yields the environment whose jobs it runs (the
+    workflow then starts none of its own).
 
     The folder is short (under /tmp): a socket's path has at most 107 bytes.
     """
@@ -297,7 +298,7 @@ def pool_running(*, n_workers: int) -> Iterator[dict[str, str]]:
 
     env = {**os.environ, "XDG_RUNTIME_DIR": tempfile.mkdtemp(prefix="pool-", dir="/tmp")}
     code = f"from omicsprep import pool; print(pool.start(n_workers={n_workers}, idle_seconds=300))"
-    started = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    started = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, cwd=cwd)
     env[pool.POOL] = started.stdout.strip()
     deadline = time.monotonic() + 300
     while (state := pool.status(Path(env[pool.POOL]))) is None or "ready" not in state["workers"]:

@@ -380,3 +380,27 @@ def test_a_matrix_left_by_a_job_is_taken_from_memory_by_the_next_that_reads_its_
         copy.replace(h5ad)  # written again by another process
         taken, _, matrix = run("read")
         assert not taken and (matrix != from_disk).nnz == 0
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the pool runs on Linux")
+def test_a_pool_outlives_the_folder_it_was_started_from(tmp_path):
+    """The pool outlives the run that started it; a worker went back to that run's folder after each
+    job, and once the folder was deleted it failed every job."""
+    import shutil
+
+    script, run = tmp_path / "job.py", tmp_path / "run"
+    script.write_text(JOB_REPORTING_ITS_TEMPORARY_FOLDER)
+    run.mkdir()
+    with pool_running(n_workers=1, cwd=run) as env:
+        shutil.rmtree(run)
+        for name in ("first", "second"):
+            job = subprocess.run(
+                [sys.executable, str(script), str(tmp_path / f"{name}.txt")],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                cwd=tmp_path,
+            )
+            assert job.returncode == 0, job.stderr
+            assert (tmp_path / f"{name}.txt").read_text().endswith(" True")  # run by the worker

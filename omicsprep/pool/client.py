@@ -136,6 +136,7 @@ def start(*, n_workers: int, idle_seconds: float = IDLE_SECONDS) -> Path | None:
             stdout=log_file,
             stderr=log_file,
             start_new_session=True,  # outlives the run, and the terminal's signals
+            cwd="/",  # its workers come back here after each job: not the run's folder, which may be deleted
         )
     deadline = time.monotonic() + 10
     while not path.exists() and time.monotonic() < deadline:
