@@ -216,6 +216,10 @@ def test_a_job_goes_to_the_worker_that_keeps_its_inputs_matrix_and_waits_while_i
     server.dispatch()
     assert other.client is other_sample and [job for job, _, _ in server.waiting] == [cluster]
     keeping.ready = True
+    assert server.worker_for({"/results/c/counts.h5"}) is keeping  # the only one free
+    other.client = None
+    assert server.worker_for({"/results/c/counts.h5"}) is other  # keeping nothing: the kept matrix stays
+    other.client = other_sample
     server.dispatch()
     assert keeping.client is cluster and not server.waiting
     assert receive(channels[0][1])[0]["take"] == ["/results/a/qc.h5ad"]
@@ -337,9 +341,11 @@ elif what == "read":
 def test_a_matrix_left_by_a_job_is_taken_from_memory_by_the_next_that_reads_its_file(tmp_path):
     """Rule cluster read again the 1.1 GB that rule qc had just written at a million cells (3.4-3.6 s on
     an H100). In a worker it takes the matrix qc's job left, as reading gives it (type, dtypes, values),
-    and reads the file when another job ran in between or the file is no longer the one written."""
+    and reads the file when another job ran in between or the file is no longer the one written (replaced,
+    or written again in place: the same inode, maybe the same size)."""
     import os
     import pickle
+    import shutil
 
     import anndata as ad
 
@@ -374,12 +380,14 @@ def test_a_matrix_left_by_a_job_is_taken_from_memory_by_the_next_that_reads_its_
         run("write")
         os.utime(h5ad)  # as Snakemake touches each output after its job
         assert run("read")[0] is True
-        run("write")
         copy = tmp_path / "copy.h5ad"
         ad.read_h5ad(h5ad).write_h5ad(copy)
-        copy.replace(h5ad)  # written again by another process
-        taken, _, matrix = run("read")
-        assert not taken and (matrix != from_disk).nnz == 0
+        for replace in (copy.replace, lambda target: shutil.copyfile(copy, target)):  # another file; in place
+            run("write")
+            ad.read_h5ad(h5ad).write_h5ad(copy)
+            replace(h5ad)  # written again by another process
+            taken, _, matrix = run("read")
+            assert not taken and (matrix != from_disk).nnz == 0
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the pool runs on Linux")
@@ -404,3 +412,25 @@ def test_a_pool_outlives_the_folder_it_was_started_from(tmp_path):
             )
             assert job.returncode == 0, job.stderr
             assert (tmp_path / f"{name}.txt").read_text().endswith(" True")  # run by the worker
+
+
+def test_jobs_and_their_pool_see_the_same_packages_through_a_relative_python_path(tmp_path):
+    """The server runs in /, jobs in their runs' folders: with PYTHONPATH=extra each found other packages
+    (and the server would import from /extra), so the pool refused every job and was started again in every
+    run. The server is given the folders as found from the run's (client.start); both see the same."""
+    import json
+    import os
+
+    run = tmp_path / "run"
+    (run / "extra").mkdir(parents=True)
+    code = "import json; from omicsprep.pool import protocol; print(json.dumps(protocol.fingerprint()))"
+
+    def fingerprint(python_path: str, cwd: Path) -> dict:
+        env = {**os.environ, "PYTHONPATH": python_path}
+        done = subprocess.run([sys.executable, "-c", code], env=env, cwd=cwd, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    job, server = fingerprint("extra", run), fingerprint(str(run / "extra"), Path("/"))
+    assert (job["settings"], job["packages"]) == (server["settings"], server["packages"])
+    assert len(job["packages"]) == len(fingerprint("", run)["packages"]) + 1  # the folder is counted

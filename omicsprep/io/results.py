@@ -45,15 +45,15 @@ def read_h5ad(path: str | Path, *, skip: Collection[str] = ()) -> AnnData:
     import anndata as ad
     from anndata.experimental import read_dispatched
 
+    from omicsprep.io.writers import STAMP
     from omicsprep.pool.worker import take_kept
 
     skipped = {f"/{name.strip('/')}" for name in skip}
-    kept = None if "/X" in skipped else take_kept(path)
-    if kept is not None:
-        skipped.add("/X")
     with h5py.File(path, "r") as handle:
         if handle.attrs.get("encoding-type") == "anndata":
-            adata = read_dispatched(handle, partial(_read_deflated_arrays, skipped=skipped))
+            kept = None if "/X" in skipped else take_kept(path, stamp=handle.attrs.get(STAMP))
+            unread = skipped | {"/X"} if kept is not None else skipped
+            adata = read_dispatched(handle, partial(_read_deflated_arrays, skipped=unread))
             if kept is not None:
                 adata.X = kept
             return adata

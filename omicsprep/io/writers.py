@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import tempfile
+import uuid
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -39,6 +40,9 @@ DEFLATED_MIN_BYTES = 1 << 16
 # (gzip: 0.20-0.28, lzf: 0.45-0.53 of generated and real samples): a write is refused before
 # it starts only where even that does not fit; a disk that fills later is reported then.
 COMPRESSED_SHARE = {None: 1.0, "gzip": 0.2, "lzf": 0.45}
+# A root attribute naming one write of an .h5ad whose matrix a pool worker keeps: the file read
+# later is that write (or a copy of it) only if it carries the same token.
+STAMP = "omicsprep-write"
 
 
 @contextlib.contextmanager
@@ -173,12 +177,14 @@ def write_h5ad(
     ``keep_matrix`` (the caller changes ``adata.X`` no more), a pool worker keeps the matrix for
     its next job, which reads the file (:func:`omicsprep.pool.worker.keep_for_next_job`).
     """
-    with h5ad_in_parts(adata, path, compression=compression, timed=True) as whole:
+    keep = keep_matrix and not is_dask_array(adata.X)
+    stamp = uuid.uuid4().hex if keep else None
+    with h5ad_in_parts(adata, path, compression=compression, timed=True, stamp=stamp) as whole:
         whole.finish(adata)
-    if keep_matrix and not is_dask_array(adata.X):
+    if keep:
         from omicsprep.pool.worker import keep_for_next_job
 
-        keep_for_next_job(path, adata.X)
+        keep_for_next_job(path, adata.X, stamp=stamp)
 
 
 class H5adParts:
@@ -196,8 +202,9 @@ class H5adParts:
     (:func:`~omicsprep.io.deflated.create_deflated`), the rest by HDF5; all at the same level.
     """
 
-    def __init__(self, path: Path, *, compression: Literal["lzf", "gzip"] | None) -> None:
+    def __init__(self, path: Path, *, compression: Literal["lzf", "gzip"] | None, stamp: str | None = None) -> None:
         self._path = path
+        self._stamp = stamp
         self._deflate = compression == "gzip"
         self._dataset_kwargs: dict[str, Any] = {"compression": compression} if compression else {}
         if self._deflate:
@@ -327,6 +334,8 @@ class H5adParts:
             import h5py
 
             self._file = _encode(h5py.File(self._path, "w"), "anndata", version="0.1.0")  # as write_h5ad marks it
+            if self._stamp is not None:
+                self._file.attrs[STAMP] = self._stamp
         return self._file
 
     def _write(self, parent: Any, key: str, value: Any) -> None:
@@ -513,6 +522,7 @@ def h5ad_in_parts(
     compression: Literal["lzf", "gzip"] | None = None,
     expected_bytes: int | None = None,
     timed: bool = False,
+    stamp: str | None = None,
 ) -> Iterator[H5adParts]:
     """Yield an :class:`H5adParts` for ``path``, put in place atomically when the block ends.
 
@@ -523,7 +533,8 @@ def h5ad_in_parts(
     uncompressed (by default, ``adata``'s matrices and tables as they are), compressed
     to :data:`COMPRESSED_SHARE` of that.
 
-    ``timed`` counts the block as phase ``write`` (where it does nothing else).
+    ``timed`` counts the block as phase ``write`` (where it does nothing else). ``stamp``, a
+    token of this write, goes to the file's attribute :data:`STAMP`.
 
     Raises
     ------
@@ -533,7 +544,7 @@ def h5ad_in_parts(
     expected = stored_bytes(adata) if expected_bytes is None else expected_bytes
     expected = round(expected * COMPRESSED_SHARE[compression])
     with atomic_path(path, expected_bytes=expected, check_space=True, timed=timed) as tmp:
-        parts = H5adParts(tmp, compression=compression)
+        parts = H5adParts(tmp, compression=compression, stamp=stamp)
         try:
             yield parts
         finally:

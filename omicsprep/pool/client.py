@@ -15,6 +15,7 @@ from omicsprep.background import current_umask
 from omicsprep.pool.protocol import (
     MAX_SOCKET_PATH,
     POOL,
+    absolute_python_path,
     ask,
     difference,
     fingerprint,
@@ -129,6 +130,9 @@ def start(*, n_workers: int, idle_seconds: float = IDLE_SECONDS) -> Path | None:
     if info.st_uid != os.getuid() or info.st_mode & 0o022 or len(str(path).encode()) > MAX_SOCKET_PATH:
         log.warning("no pool of warm processes: %s is not private to this user, or too long a path", path.parent)
         return None
+    env = dict(os.environ)
+    if "PYTHONPATH" in env:  # its folders as found from here: the server runs in /
+        env["PYTHONPATH"] = absolute_python_path(env["PYTHONPATH"])
     with path.with_suffix(".log").open("a") as log_file:
         subprocess.Popen(
             module_command("serve", str(n_workers), str(idle_seconds)),
@@ -137,6 +141,7 @@ def start(*, n_workers: int, idle_seconds: float = IDLE_SECONDS) -> Path | None:
             stderr=log_file,
             start_new_session=True,  # outlives the run, and the terminal's signals
             cwd="/",  # its workers come back here after each job: not the run's folder, which may be deleted
+            env=env,
         )
     deadline = time.monotonic() + 10
     while not path.exists() and time.monotonic() < deadline:

@@ -40,7 +40,7 @@ def fingerprint() -> dict[str, Any]:
     """What a worker's imports depend on: the interpreter, the package's code, installed packages, settings."""
     sources = [path.stat().st_mtime_ns for path in PACKAGE.rglob("*.py")]
     settings = {
-        name: value
+        name: absolute_python_path(value) if name == "PYTHONPATH" else value
         for name, value in os.environ.items()
         if (name in IMPORT_TIME_NAMES or name.startswith(IMPORT_TIME_PREFIXES)) and name not in RUN_TIME_NAMES
     }
@@ -68,8 +68,18 @@ def _installed(folder: str) -> str:
 
 
 def _package_folders() -> list[str]:
-    folders = [*site.getsitepackages(), site.getusersitepackages(), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    python_path = absolute_python_path(os.environ.get("PYTHONPATH", "")).split(os.pathsep)
+    folders = [*site.getsitepackages(), site.getusersitepackages(), *python_path]
     return [folder for folder in folders if folder and Path(folder).is_dir()]
+
+
+def absolute_python_path(value: str) -> str:
+    """A ``PYTHONPATH`` with its folders made absolute from this process's folder (empty entries kept).
+
+    The pool's server runs in ``/``, its jobs in their runs' folders: relative folders would
+    name other places in each.
+    """
+    return os.pathsep.join(str(Path(folder).absolute()) if folder else "" for folder in value.split(os.pathsep))
 
 
 def difference(ours: dict[str, Any], theirs: dict[str, Any]) -> str | None:

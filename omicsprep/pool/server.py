@@ -222,13 +222,17 @@ class _Server:
                 self.give(worker, *waiting)
 
     def worker_for(self, inputs: set[str]) -> _Worker | None:
-        """The worker for a job reading ``inputs``: the one keeping one of them, else a free one, settled first."""
+        """The worker for a job reading ``inputs``: the one keeping one of them, else a free one.
+
+        Free ones keeping nothing come first (another's kept matrix waits for its own job),
+        then settled ones.
+        """
         free = [worker for worker in self.workers if worker.booted and worker.client is None]
         keeping = [worker for worker in free if worker.kept & inputs]
         if keeping:
             return keeping[0] if keeping[0].ready else None
         ready = [worker for worker in free if worker.ready]
-        return min(ready, key=lambda worker: not worker.settled, default=None)
+        return min(ready, key=lambda worker: (bool(worker.kept), not worker.settled), default=None)
 
     def give(self, worker: _Worker, conn: socket.socket, request: dict[str, Any], fds: list[int]) -> None:
         """Send the job to ``worker``, and tell the job's process which worker runs it."""

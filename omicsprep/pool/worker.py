@@ -10,9 +10,11 @@ says so, and the server gives jobs to such workers first.
 
 A job may leave the matrix of an ``.h5ad`` it wrote in the worker (:func:`keep_for_next_job`):
 the server gives the job that reads that file to this worker, whose reading takes the matrix
-from memory (:func:`take_kept`) as long as the file is the one written (the same inode and size). Rule qc's output at a
-million cells is 1.1 GB that rule cluster, next in the sample's chain, read again in 3.4-3.6 s
-on an H100 (``benchmarks/RESULTS.md``). Any other job drops it.
+from memory (:func:`take_kept`) as long as the file is the one written (it carries the write's
+token: Snakemake touches each output after its job, and a file may be replaced under its name). Rule qc's output at a
+million cells is 1.1 GB that rule cluster, next in the sample's chain, read again in 3.4-5.1 s
+on an H100 (``benchmarks/RESULTS.md``). Any other job drops it, and so does a worker that gets
+no job for :data:`KEPT_IDLE_SECONDS`.
 """
 
 from __future__ import annotations
@@ -63,12 +65,15 @@ PRELOADED = (
 IMPORTED_WHILE_IDLE = ("cupyx.scipy.sparse", "rapids_singlecell", "cuml", "pylibcugraph")
 # Then MultiQC, for rule summary (pooled): 1-4 s to import in a new process, at the run's end.
 IMPORTED_WHILE_IDLE_LAST = ("multiqc",)
+# A kept matrix is dropped after this long without a job: the job that reads it comes within a
+# second or two, and a pool outlives its run.
+KEPT_IDLE_SECONDS = 30.0
 
 _job: dict[str, Any] = {}  # the job a worker runs: when its own process started, the worker's CPU seconds before
 # Matrices of files written by this worker's last job ("kept"), and those of them that the job
-# it runs reads ("offered"): the file's real path -> (its identity when written, the matrix).
-_kept: dict[str, tuple[tuple[int, ...] | None, Any]] = {}
-_offered: dict[str, tuple[tuple[int, ...] | None, Any]] = {}
+# it runs reads ("offered"): the file's real path -> (the token of that write, the matrix).
+_kept: dict[str, tuple[str, Any]] = {}
+_offered: dict[str, tuple[str, Any]] = {}
 
 
 def job_started_at() -> float | None:
@@ -93,35 +98,23 @@ def job_usage() -> dict[str, float]:
     }
 
 
-def keep_for_next_job(path: str | Path, matrix: Any) -> None:
+def keep_for_next_job(path: str | Path, matrix: Any, *, stamp: str) -> None:
     """In a worker, keep ``matrix``, the ``X`` of the ``.h5ad`` just put in place at ``path``, for the next job.
 
-    The caller changes it no more. Elsewhere (a job in its own process) nothing is kept.
+    ``stamp`` is the token the file carries (:data:`omicsprep.io.writers.STAMP`). The caller
+    changes the matrix no more. Elsewhere (a job in its own process) nothing is kept.
     """
     if _job:
-        _kept[os.path.realpath(path)] = (_identity(path), matrix)
+        _kept[os.path.realpath(path)] = (stamp, matrix)
 
 
-def take_kept(path: str | Path) -> Any:
-    """The matrix kept for this job as the ``X`` of ``path``, if the file is still the one written; else ``None``."""
-    real = os.path.realpath(path)
-    identity, matrix = _offered.pop(real, (None, None))
-    if matrix is None or identity is None or identity != _identity(path):
+def take_kept(path: str | Path, *, stamp: str | None) -> Any:
+    """The matrix kept for this job as ``path``'s ``X``, if the file's token ``stamp`` is its write's; else ``None``."""
+    kept_stamp, matrix = _offered.pop(os.path.realpath(path), (None, None))
+    if matrix is None or stamp != kept_stamp:
         return None
     log.info("%s: its matrix taken from this worker's memory, where the job that wrote it left it", path)
     return matrix
-
-
-def _identity(path: str | Path) -> tuple[int, ...] | None:
-    """Device, inode and size: a file written again atomically is another inode, or gone.
-
-    Not its modification time: Snakemake touches each output after its job.
-    """
-    try:
-        info = Path(path).stat()
-    except OSError:  # gone: its reader says so
-        return None
-    return (info.st_dev, info.st_ino, info.st_size)
 
 
 def _peak_rss_kb() -> int:
@@ -223,6 +216,8 @@ def serve_jobs(channel_fd: int) -> NoReturn:
         if not modules and not settled:  # the server gives jobs to settled workers first
             send(channel, {"settled": os.getpid()})
             settled = True
+        if _kept and not select.select([channel], [], [], KEPT_IDLE_SECONDS)[0]:
+            _kept.clear()
         request, fds = receive(channel)
         if request is None:
             os._exit(0)
