@@ -55,6 +55,8 @@
 #             $OUT/trace_$E2E_TRACE.json.gz, summarized by benchmarks/trace_summary.py; the rules' logs of
 #             the runs at $E2E_CELLS go to $OUT/rule_logs_<time>.tgz; the GPU memory in use is sampled
 #             during the runs ($OUT/gpu_memory_e2e.csv, its peak printed) and the outputs' sizes printed
+#   stalls    benchmarks/writer_stalls.py at $STALLS_CELLS (200000) cells: how long each cluster step holds the
+#             interpreter's lock at once, and the normalized matrix's background write beside the steps and alone
 #   first_calls benchmarks/first_calls.py: in a process set up as a pool worker, the steps whose first call
 #             costs more (co-expression's metacells, Leiden, Louvain), the first profiled
 #   codecs    benchmarks/output_codecs.py on the qc.h5ad and processed.h5ad of the e2e section's latest run at
@@ -347,6 +349,11 @@ python3 -c "$imports"; python3 -c "$imports"
 for i in $(seq "$(nproc)"); do python3 -c "$imports" & done | sort -n | tr '\n' ' '; echo
 python3 -X importtime -c 'import omicsprep.rna.pipeline, rapids_singlecell, cuml, pylibcugraph' 2>&1 \
   | sort -t'|' -k2 -n | tail -n 25
+fi
+
+if wants stalls; then
+echo "== how long the cluster steps hold the interpreter (benchmarks/writer_stalls.py)"
+python3 -m benchmarks writer_stalls --cells "${STALLS_CELLS:-200000}" --backend gpu 2>&1 | tail -n 20
 fi
 
 if wants first_calls; then
