@@ -177,11 +177,10 @@ def write_h5ad(
     ``keep_matrix`` (the caller changes ``adata.X`` no more), a pool worker keeps the matrix for
     its next job, which reads the file (:func:`omicsprep.pool.worker.keep_for_next_job`).
     """
-    keep = keep_matrix and not is_dask_array(adata.X)
-    stamp = uuid.uuid4().hex if keep else None
+    stamp = uuid.uuid4().hex if keep_matrix and not is_dask_array(adata.X) else None
     with h5ad_in_parts(adata, path, compression=compression, timed=True, stamp=stamp) as whole:
         whole.finish(adata)
-    if keep:
+    if stamp is not None:
         from omicsprep.pool.worker import keep_for_next_job
 
         keep_for_next_job(path, adata.X, stamp=stamp)
