@@ -318,14 +318,16 @@ def test_each_job_in_a_worker_gets_its_own_temporary_folder(tmp_path):
 
 # Rule qc's end and rule cluster's start, as jobs of one worker: "write" writes a sample's counts as qc
 # writes its cells (deflated, the matrix kept, marked here), "read" reads the file as cluster does and
-# pickles what it got; "other" reads nothing.
+# pickles what it got, "obs" reads the file but not its matrix; "other" reads nothing.
 JOB_WRITING_OR_READING_A_MATRIX = """
 import pickle, sys, time
 from omicsprep import io, pool
 
 what, h5ad, counts = sys.argv[1:]
-pool.hand_over(started_at=time.time(), inputs=[h5ad] if what == "read" else [counts])
-if what == "write":
+pool.hand_over(started_at=time.time(), inputs=[h5ad] if what in ("read", "obs") else [counts])
+if what == "obs":  # reads the file, but not its matrix (rule atac reads qc's cells)
+    io.read_h5ad(h5ad, skip=("X",))
+elif what == "write":
     adata = io.read_counts(counts)
     adata.X.marked_by_the_writer = True
     io.write_h5ad(adata, h5ad, compression="gzip", keep_matrix=True)
@@ -377,6 +379,7 @@ def test_a_matrix_left_by_a_job_is_taken_from_memory_by_the_next_that_reads_its_
         assert (matrix != from_disk).nnz == 0
         assert run("read")[0] is False  # taken once
         assert run("write", "other", "read")[0] is False  # dropped by a job that did not read it
+        assert run("write", "obs", "read")[0] is True  # left by a job that read the file but not the matrix
         run("write")
         os.utime(h5ad)  # as Snakemake touches each output after its job
         assert run("read")[0] is True

@@ -13,8 +13,9 @@ the server gives the job that reads that file to this worker, whose reading take
 from memory (:func:`take_kept`) as long as the file is the one written (it carries the write's
 token: Snakemake touches each output after its job, and a file may be replaced under its name). Rule qc's output at a
 million cells is 1.1 GB that rule cluster, next in the sample's chain, read again in 3.4-5.1 s
-on an H100 (``benchmarks/RESULTS.md``). Any other job drops it, and so does a worker that gets
-no job for :data:`KEPT_IDLE_SECONDS`.
+on an H100 (``benchmarks/RESULTS.md``). A job that reads the file but not its matrix (rule atac
+reads qc's cells) leaves it kept; any other job drops it, and so does a worker that gets no job
+for :data:`KEPT_IDLE_SECONDS`.
 """
 
 from __future__ import annotations
@@ -260,6 +261,8 @@ def _run_job(request: dict[str, Any], fds: list[int]) -> tuple[int, tuple[list[l
         code = _run(sys.argv[0])
     finally:
         _job.clear()
+        for path, entry in _offered.items():  # not read (its obs only, say): kept for the file's next reader
+            _kept.setdefault(path, entry)
         _offered.clear()
         tempfile.tempdir = None
         with contextlib.suppress(OSError, ValueError):
