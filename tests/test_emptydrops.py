@@ -276,6 +276,21 @@ def test_genes_counted_in_no_barcode_at_the_end_and_counts_rounding_to_zero_chan
         empty_drops(wider, niters=20, retain=2000, alpha=math.inf)
 
 
+@pytest.mark.parametrize("alpha", [math.inf, 50.0])
+def test_each_total_counts_its_own_simulations_from_none_to_all(alpha):
+    """A barcode less probable than any simulated droplet of its total has none below it, one more
+    probable than all has every one, in each group of equal totals: the first group too (the
+    comparisons with DropletUtils, whose draws differ, let one count more or less through)."""
+    from omicsprep.cells import emptydrops
+
+    ambient = np.array([0.5, 0.3, 0.2])
+    totals = np.array([20, 20, 20, 50, 50])
+    data_p = np.array([-1e300, 1e300, -3.0, -1e300, 1e300])
+    below = emptydrops._count_below(totals, data_p, ambient, alpha=alpha, niters=40, seed=0, backend="cpu")
+    assert [below[0], below[1], below[3], below[4]] == [0, 40, 0, 40]
+    assert 0 <= below[2] <= 40
+
+
 def test_limited_marks_the_p_values_at_their_floor():
     """DropletUtils' Limited: no simulated barcode was as unlikely as this one, so its p-value is
     the floor 1 / (niters + 1); NA where a barcode is not tested."""
