@@ -291,6 +291,19 @@ def test_each_total_counts_its_own_simulations_from_none_to_all(alpha):
     assert 0 <= below[2] <= 40
 
 
+def test_benjamini_hochberg_is_rs_p_adjust_with_one_p_value_or_ties():
+    """R's p.adjust(p, "BH"): NaN stays NaN and does not count, so one p-value is its own FDR; tied
+    p-values share one (R 4.2.2: p.adjust(c(NA, 0.01, 0.04, 0.04, 0.03), "BH") is NA, 0.04, 0.04, 0.04, 0.04)."""
+    from omicsprep.cells import emptydrops
+
+    np.testing.assert_array_equal(
+        emptydrops._benjamini_hochberg(np.array([np.nan, 0.2, np.nan])), [np.nan, 0.2, np.nan]
+    )
+    np.testing.assert_allclose(
+        emptydrops._benjamini_hochberg(np.array([np.nan, 0.01, 0.04, 0.04, 0.03])), [np.nan, 0.04, 0.04, 0.04, 0.04]
+    )
+
+
 def test_limited_marks_the_p_values_at_their_floor():
     """DropletUtils' Limited: no simulated barcode was as unlikely as this one, so its p-value is
     the floor 1 / (niters + 1); NA where a barcode is not tested."""
