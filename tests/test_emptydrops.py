@@ -291,6 +291,16 @@ def test_each_total_counts_its_own_simulations_from_none_to_all(alpha):
     assert 0 <= below[2] <= 40
 
 
+def test_the_monte_carlo_reads_log_counts_up_to_the_largest_total():
+    """The kernels read log(count + 1) for each count a gene reaches, up to a droplet's whole total; a
+    shorter table is read past its end (Numba checks no bounds) when one gene takes nearly all of it."""
+    ambient = np.array([0.98, 0.01, 0.01])
+    inputs = montecarlo.simulation_inputs(ambient, math.inf, np.array([3, 7]), np.array([2, 1]), np.zeros(3))
+    log_count = inputs[4]
+    assert log_count.size == 7 + 1
+    np.testing.assert_allclose(log_count[1:], np.log(np.arange(1, 8)))
+
+
 def test_benjamini_hochberg_is_rs_p_adjust_with_one_p_value_or_ties():
     """R's p.adjust(p, "BH"): NaN stays NaN and does not count, so one p-value is its own FDR; tied
     p-values share one (R 4.2.2: p.adjust(c(NA, 0.01, 0.04, 0.04, 0.03), "BH") is NA, 0.04, 0.04, 0.04, 0.04)."""
