@@ -10,9 +10,11 @@ import platform
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Self
 
 import pandas as pd
 import yaml
@@ -232,3 +234,22 @@ def versions() -> str:
         with contextlib.suppress(md.PackageNotFoundError):
             found.append(f"{name} {md.version(name)}")
     return f"Python {platform.python_version()}, " + ", ".join(found)
+
+
+class BackgroundThread:
+    """A daemon thread running ``self._run`` while the ``with`` block lasts; ``self._stop`` is set at its end."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()

@@ -20,16 +20,14 @@ import argparse
 import os
 import subprocess
 import tempfile
-import threading
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Self
 
 import pandas as pd
 from anndata import AnnData
 
-from benchmarks.common import RESULTS, append_results, bench_settings, clustering_options
+from benchmarks.common import RESULTS, BackgroundThread, append_results, bench_settings, clustering_options
 from benchmarks.merge import BATCH_SIGMA, batches
 from omicsprep import io, plotting
 from omicsprep.backend import resolve_backend
@@ -41,14 +39,14 @@ from omicsprep.testing.genes import gene_names
 LABELS = cluster_key("leiden", 1.0)
 
 
-class GpuMemorySampler:
+class GpuMemorySampler(BackgroundThread):
     """Largest memory in use on each GPU (MB, as nvidia-smi reports) while it runs."""
 
     def __init__(self, interval: float = 0.2) -> None:
-        self.interval, self.peaks, self._stop = interval, {}, threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
+        super().__init__()
+        self.interval, self.peaks = interval, {}
 
-    def _sample(self) -> None:
+    def _run(self) -> None:
         while not self._stop.is_set():
             result = subprocess.run(
                 ["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
@@ -60,14 +58,6 @@ class GpuMemorySampler:
                 index, used = (int(value) for value in line.split(","))
                 self.peaks[index] = max(self.peaks.get(index, 0), used)
             self._stop.wait(self.interval)
-
-    def __enter__(self) -> Self:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def cluster_outputs(n_samples: int, n_cells: int, n_genes: int, jobs: int) -> dict[str, AnnData]:

@@ -19,32 +19,21 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import threading
 import time
 from pathlib import Path
-from typing import Self
 
 import pandas as pd
 
-from benchmarks.common import bench_settings, clustering_options
+from benchmarks.common import BackgroundThread, bench_settings, clustering_options
 from omicsprep.testing.generate import generate
 
 
-class Ticker:
+class Ticker(BackgroundThread):
     """A thread that sleeps a millisecond at a time and keeps each wake-up's time and wait."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.wakes: list[tuple[float, float]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> Self:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
     def _run(self) -> None:
         last = time.perf_counter()
